@@ -1,0 +1,18 @@
+"""numbapos: embedding layers and positional encodings with Numba kernels.
+
+Subpackages
+-----------
+functional
+    Stateless ops, forward and backward (``embedding``, ``embedding_backward``, ...).
+nn
+    Layers with parameters (``Embedding``, ...) and the ``Module`` base.
+optim
+    ``SGD`` for dense and row-sparse gradients.
+"""
+
+from . import functional, nn, optim
+from .sparse import SparseRows
+
+__version__ = "0.1.0"
+
+__all__ = ["SparseRows", "__version__", "functional", "nn", "optim"]

@@ -1,0 +1,202 @@
+"""Every input check and error message of numbapos, in one place.
+
+Numba kernels do not bounds-check, so every array reaches a kernel only after
+passing through here. Each check raises a ``TypeError``, ``ValueError`` or
+``IndexError`` whose message names the argument, the value it got and what was
+expected, and none of them modifies its input.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .kernels.cpu.embedding import index_bounds
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _reject_cuda(x, name):
+    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
+        raise TypeError(
+            f"{name}: got a CUDA array ({type(x).__name__}); this version of numbapos runs on "
+            "the CPU only, pass a NumPy array"
+        )
+
+
+def _describe(x) -> str:
+    if isinstance(x, np.ndarray):
+        return f"array of dtype {x.dtype} and shape {x.shape}"
+    return f"{type(x).__name__} {x!r}"
+
+
+# ---------------------------------------------------------------- scalars
+
+
+def check_int(value, name: str, *, minimum: int | None = None) -> int:
+    """Return ``value`` as a Python int; TypeError if it is not integral (bool included)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an integer, got {_describe(value)}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def check_real(value, name: str) -> float:
+    """Return ``value`` as a Python float; TypeError if it is not a real number."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {_describe(value)}")
+    value = float(value)
+    if np.isnan(value):
+        raise ValueError(f"{name}: expected a number, got nan")
+    return value
+
+
+def check_positive(value, name: str, *, allow_inf: bool = False) -> float:
+    """Return ``value`` as a float > 0 (``inf`` only where ``allow_inf``)."""
+    value = check_real(value, name)
+    if value <= 0 or (np.isinf(value) and not allow_inf):
+        expected = "a positive number (inf allowed)" if allow_inf else "a finite positive number"
+        raise ValueError(f"{name}: expected {expected}, got {value}")
+    return value
+
+
+def check_probability(value, name: str) -> float:
+    """Return ``value`` as a float in [0, 1)."""
+    value = check_real(value, name)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name}: expected a probability in [0, 1), got {value}")
+    return value
+
+
+def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
+    """Return ``dtype`` as float32 or float64; TypeError for anything else."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError as err:
+        raise TypeError(f"{name}: expected float32 or float64, got {dtype!r}") from err
+    if resolved not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected float32 or float64, got {resolved}")
+    return resolved
+
+
+# ---------------------------------------------------------------- arrays
+
+
+def check_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None) -> np.ndarray:
+    """Return ``x`` as a float32/float64 ndarray (no copy), checking its rank."""
+    _reject_cuda(x, name)
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a NumPy array of float32 or float64, got {_describe(x)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected dtype float32 or float64, got {x.dtype}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else ndim
+        if x.ndim not in allowed:
+            want = " or ".join(f"{n}-D" for n in allowed)
+            raise ValueError(f"{name}: expected a {want} array, got shape {x.shape}")
+    return x
+
+
+def check_index_array(indices, name: str = "indices") -> np.ndarray:
+    """Return ``indices`` as an int32 or int64 ndarray of any shape (0-d included).
+
+    Python ints, NumPy integer scalars and nested lists are accepted; integer
+    dtypes other than int32/int64 are converted to int64. Bool and float
+    indices raise ``TypeError``.
+    """
+    _reject_cuda(indices, name)
+    was_array = isinstance(indices, np.ndarray)
+    if isinstance(indices, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected integer indices, got a bool")
+    arr = np.asarray(indices)
+    if not was_array and arr.size == 0 and arr.dtype == np.float64:
+        arr = arr.astype(np.int64)  # an empty Python list has no dtype of its own
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(
+            f"{name}: expected integer indices (int32 or int64), got dtype {arr.dtype}"
+        )
+    if arr.dtype not in INDEX_DTYPES:
+        if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+            bad = int(arr.reshape(-1)[np.argmax(arr.reshape(-1) > np.iinfo(np.int64).max)])
+            raise IndexError(f"{name}: index {bad} is out of range")
+        arr = arr.astype(np.int64)
+    return arr
+
+
+def check_index_range(flat: np.ndarray, size: int, name: str = "indices",
+                      size_name: str = "num_embeddings") -> None:
+    """Raise IndexError naming the first index of ``flat`` outside ``[0, size)``."""
+    if flat.size == 0:
+        return
+    low, high = index_bounds(flat)
+    if low >= 0 and high < size:
+        return
+    bad_mask = (flat < 0) | (flat >= size)
+    position = int(np.argmax(bad_mask))
+    bad = int(flat[position])
+    raise IndexError(
+        f"{name}: index {bad} (at flat position {position}) is out of range for "
+        f"{size_name}={size}; valid indices are 0 <= index < {size}"
+    )
+
+
+def check_weight(weight, name: str = "weight") -> np.ndarray:
+    """An embedding table: a 2-D float32/float64 ndarray."""
+    return check_float_array(weight, name, ndim=2)
+
+
+def check_padding_idx(padding_idx, num_embeddings: int, name: str = "padding_idx") -> int | None:
+    """Return ``padding_idx`` wrapped into ``[0, num_embeddings)``, or None."""
+    if padding_idx is None:
+        return None
+    padding_idx = check_int(padding_idx, name)
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(
+            f"{name}: {padding_idx} is outside [-{num_embeddings}, {num_embeddings}) "
+            f"for num_embeddings={num_embeddings}"
+        )
+    return padding_idx % num_embeddings
+
+
+def check_max_norm(max_norm, norm_type) -> tuple[float | None, float]:
+    """Validate the pair (max_norm, norm_type); max_norm may be None."""
+    norm_type = check_positive(norm_type, "norm_type", allow_inf=True)
+    if max_norm is not None:
+        max_norm = check_positive(max_norm, "max_norm", allow_inf=True)
+    return max_norm, norm_type
+
+
+def check_out(out, shape: tuple, dtype: np.dtype, name: str = "out",
+              avoid: tuple[np.ndarray, ...] = ()) -> np.ndarray:
+    """A caller-owned result buffer: exact shape and dtype, C-contiguous, writeable."""
+    _reject_cuda(out, name)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name}: expected a NumPy array, got {_describe(out)}")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(
+            f"{name}: expected shape {tuple(shape)} and dtype {dtype}, "
+            f"got shape {out.shape} and dtype {out.dtype}"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{name}: expected a C-contiguous, writeable array")
+    for other in avoid:
+        if np.may_share_memory(out, other):
+            raise ValueError(f"{name}: must not share memory with an input array")
+    return out
+
+
+def check_same_shape(x: np.ndarray, expected: tuple, name: str, what: str) -> None:
+    """ValueError unless ``x.shape == expected``."""
+    if x.shape != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)} ({what}), got {x.shape}")
+
+
+def as_rng(seed, name: str = "seed") -> np.random.Generator:
+    """A ``numpy.random.Generator`` from None, an int seed or a Generator."""
+    if seed is None or isinstance(seed, np.random.Generator):
+        return np.random.default_rng(seed)
+    return np.random.default_rng(check_int(seed, name, minimum=0))

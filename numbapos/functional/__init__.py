@@ -1,0 +1,14 @@
+"""Stateless ops, forward and backward: validate the inputs, allocate, run a kernel.
+
+``functional`` is the only layer that knows both the checks and the kernels;
+modules in :mod:`numbapos.nn` are thin owners of parameters over these ops.
+"""
+
+from .embedding import embedding, embedding_backward, embedding_renorm_, padding_mask
+
+__all__ = [
+    "embedding",
+    "embedding_backward",
+    "embedding_renorm_",
+    "padding_mask",
+]

@@ -1,0 +1,250 @@
+"""Embedding lookup, its gradient, max-norm clipping and the padding mask."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks
+from ..kernels.cpu import embedding as kernels
+from ..sparse import SparseRows
+
+# Below this many copied elements a parallel launch costs more than it saves.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+
+def _flat(indices: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(indices).reshape(-1)
+
+
+def _unique_rows(flat_idx: np.ndarray, num_rows: int) -> np.ndarray:
+    """Sorted unique rows of ``flat_idx`` (a mark pass: O(N + V), no sort)."""
+    seen = np.zeros(num_rows, dtype=np.bool_)
+    kernels.mark_rows(flat_idx, seen)
+    return np.flatnonzero(seen)
+
+
+def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
+    """Clip, in place, the rows of ``weight`` referenced by ``indices`` to a maximum norm.
+
+    Every distinct row whose ``norm_type``-norm exceeds ``max_norm`` is multiplied
+    by ``max_norm / (norm + 1e-7)``, once however often it repeats in
+    ``indices`` (PyTorch's ``torch.embedding_renorm_``).
+
+    Parameters
+    ----------
+    weight : ndarray, shape (V, D), float32 or float64
+        Embedding table, modified in place.
+    indices : array_like of int
+        Rows to clip, any shape; every value must lie in ``[0, V)``.
+    max_norm : float
+        Largest norm a row may keep (> 0).
+    norm_type : float, default 2.0
+        The p of the p-norm: any positive float, or ``inf``.
+
+    Returns
+    -------
+    ndarray
+        ``weight`` itself.
+
+    Raises
+    ------
+    TypeError
+        Non-float ``weight`` or non-integer ``indices``.
+    ValueError
+        ``weight`` not 2-D, or ``max_norm`` / ``norm_type`` not positive.
+    IndexError
+        An index outside ``[0, V)``; ``weight`` is then left untouched.
+    """
+    weight = _checks.check_weight(weight)
+    indices = _checks.check_index_array(indices)
+    if max_norm is None:
+        raise TypeError("max_norm: expected a positive number, got None")
+    max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
+    flat = _flat(indices)
+    _checks.check_index_range(flat, weight.shape[0])
+    _renorm(weight, flat, max_norm, norm_type)
+    return weight
+
+
+def _renorm(weight, flat, max_norm, norm_type):
+    if flat.size:
+        kernels.renorm_rows_(weight, _unique_rows(flat, weight.shape[0]), max_norm, norm_type)
+
+
+def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, out=None):
+    """Look up rows of an embedding table (PyTorch's ``F.embedding``).
+
+    Parameters
+    ----------
+    indices : array_like of int
+        Row numbers, any shape (0-d arrays and NumPy integer scalars included),
+        int32 or int64 (other integer dtypes are converted). Each must lie in
+        ``[0, V)``; negative indices are not wrapped.
+    weight : ndarray, shape (V, D), float32 or float64
+        The table. May be non-contiguous.
+    padding_idx : int, optional
+        Row that marks padding; may be negative (wrapped by ``V``). The forward
+        pass returns the row as stored; it only matters for the gradient.
+    max_norm : float, optional
+        If given, rows referenced by ``indices`` whose norm exceeds it are first
+        clipped in place (see :func:`embedding_renorm_`); the result holds the
+        clipped rows.
+    norm_type : float, default 2.0
+        The p of the p-norm for ``max_norm``: any positive float, or ``inf``.
+    out : ndarray, optional
+        C-contiguous buffer of shape ``indices.shape + (D,)`` and ``weight``'s
+        dtype to write the result into.
+
+    Returns
+    -------
+    ndarray, shape ``indices.shape + (D,)``
+        ``weight[indices]``.
+
+    Raises
+    ------
+    TypeError
+        Bool or float indices, non-float weight, ``out`` not an array.
+    ValueError
+        ``weight`` not 2-D, ``padding_idx`` outside ``[-V, V)``, ``max_norm`` or
+        ``norm_type`` not positive, ``out`` of the wrong shape or dtype.
+    IndexError
+        An index outside ``[0, V)``, named in the message. Nothing has been
+        modified when any error is raised.
+    """
+    weight = _checks.check_weight(weight)
+    indices = _checks.check_index_array(indices)
+    num_rows, dim = weight.shape
+    _checks.check_padding_idx(padding_idx, num_rows)
+    max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
+    shape = indices.shape + (dim,)
+    if out is not None:
+        _checks.check_out(out, shape, weight.dtype, avoid=(weight,))
+    flat = _flat(indices)
+    _checks.check_index_range(flat, num_rows)
+
+    if max_norm is not None:
+        _renorm(weight, flat, max_norm, norm_type)
+    if out is None:
+        out = np.empty(shape, dtype=weight.dtype)
+    rows = out.reshape(flat.size, dim)
+    if flat.size * dim >= PARALLEL_MIN_ELEMENTS:
+        kernels.gather_rows_parallel(flat, weight, rows)
+    else:
+        kernels.gather_rows(flat, weight, rows)
+    return out
+
+
+def _group_by_row(flat, num_rows):
+    """Counts per row, segment starts, and positions grouped by row in input order."""
+    counts = np.zeros(num_rows, dtype=np.int64)
+    kernels.count_rows(flat, counts)
+    seg_start = np.empty(num_rows, dtype=np.int64)
+    seg_start[0] = 0
+    np.cumsum(counts[:-1], out=seg_start[1:])
+    order = np.empty(flat.size, dtype=np.int64)
+    kernels.bucket_by_row(flat, seg_start.copy(), order)
+    return counts, seg_start, order
+
+
+def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
+                       scale_grad_by_freq=False, sparse=False):
+    """Gradient of :func:`embedding` with respect to the table.
+
+    The scatter-add is deterministic: positions are grouped by row with a stable
+    counting sort, each row is summed by one thread in input order, so results
+    are bit-identical for any thread count and on every run.
+
+    Parameters
+    ----------
+    grad_output : ndarray, shape ``indices.shape + (D,)``, float32 or float64
+        Gradient of the loss with respect to the lookup's output.
+    indices : array_like of int
+        The indices of the forward pass; each in ``[0, num_embeddings)``.
+    num_embeddings : int
+        Number of rows V of the table.
+    padding_idx : int, optional
+        Row that receives no gradient; may be negative (wrapped by V).
+    scale_grad_by_freq : bool, default False
+        Divide each contribution by the number of times its index occurs in
+        ``indices`` (padding occurrences are counted, as in PyTorch). Unlike
+        PyTorch this also works with ``sparse=True``.
+    sparse : bool, default False
+        Return a :class:`~numbapos.sparse.SparseRows` instead of a dense array.
+
+    Returns
+    -------
+    ndarray of shape (V, D) or SparseRows
+        Dense gradient, or the rows that occur (padding left out, duplicates
+        summed), unique and sorted.
+
+    Raises
+    ------
+    TypeError, ValueError, IndexError
+        As for :func:`embedding`; ValueError when ``grad_output``'s shape is not
+        ``indices.shape + (D,)``.
+    """
+    indices = _checks.check_index_array(indices)
+    num_rows = _checks.check_int(num_embeddings, "num_embeddings", minimum=1)
+    grad_output = _checks.check_float_array(grad_output, "grad_output")
+    if grad_output.ndim != indices.ndim + 1 or grad_output.shape[:-1] != indices.shape:
+        raise ValueError(
+            f"grad_output: expected shape indices.shape + (D,) = {indices.shape + ('D',)}, "
+            f"got {grad_output.shape}"
+        )
+    padding_idx = _checks.check_padding_idx(padding_idx, num_rows)
+    flat = _flat(indices)
+    _checks.check_index_range(flat, num_rows)
+
+    dim = grad_output.shape[-1]
+    grad = np.ascontiguousarray(grad_output).reshape(flat.size, dim)
+    counts, seg_start, order = _group_by_row(flat, num_rows)
+    present = counts > 0
+    if padding_idx is not None:
+        present[padding_idx] = False
+    rows = np.flatnonzero(present)
+    if sparse:
+        values = np.zeros((rows.size, dim), dtype=grad.dtype)
+        dest = np.arange(rows.size, dtype=np.int64)
+        result = SparseRows(rows.astype(np.int64, copy=False), values, num_rows)
+    else:
+        values = np.zeros((num_rows, dim), dtype=grad.dtype)
+        dest = rows
+        result = values
+    if rows.size:
+        kernels.sum_row_segments(grad, order, seg_start, counts, rows, dest,
+                                 bool(scale_grad_by_freq), values)
+    return result
+
+
+def padding_mask(indices, padding_idx, num_embeddings=None):
+    """Boolean mask that is True at real tokens and False at padding.
+
+    Keras' ``mask_zero`` generalised to any padding id.
+
+    Parameters
+    ----------
+    indices : array_like of int
+        Token ids, any shape.
+    padding_idx : int
+        The padding id. A negative id is wrapped by ``num_embeddings``, which
+        must then be given.
+    num_embeddings : int, optional
+        Vocabulary size, only needed to wrap a negative ``padding_idx``.
+
+    Returns
+    -------
+    ndarray of bool, shape ``indices.shape``
+    """
+    indices = _checks.check_index_array(indices)
+    if num_embeddings is None:
+        padding_idx = _checks.check_int(padding_idx, "padding_idx")
+        if padding_idx < 0:
+            raise ValueError(
+                f"padding_idx: {padding_idx} is negative; pass num_embeddings to wrap it"
+            )
+    else:
+        num_rows = _checks.check_int(num_embeddings, "num_embeddings", minimum=1)
+        padding_idx = _checks.check_padding_idx(padding_idx, num_rows)
+    mask = np.empty(indices.shape, dtype=np.bool_)
+    kernels.not_equal_mask(_flat(indices), padding_idx, mask.reshape(-1))
+    return mask

@@ -1,0 +1,1 @@
+"""``@njit`` CPU kernels, one submodule per area (embedding, optim, ...)."""

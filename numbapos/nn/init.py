@@ -1,0 +1,72 @@
+"""Initialisers for parameter arrays.
+
+An initialiser is any callable ``init(shape, rng) -> array_like`` where ``rng``
+is a ``numpy.random.Generator``; :func:`make_array` calls it, checks the shape
+and casts to the parameter's dtype. The factories here return such callables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+Initializer = Callable[[tuple, np.random.Generator], np.ndarray]
+
+
+def normal(mean: float = 0.0, std: float = 1.0) -> Initializer:
+    """Draws from N(mean, std^2) (PyTorch's ``nn.init.normal_``)."""
+
+    def init(shape, rng):
+        return rng.normal(mean, std, size=shape)
+
+    return init
+
+
+def uniform(low: float = -0.1, high: float = 0.1) -> Initializer:
+    """Draws from U(low, high) (PyTorch's ``nn.init.uniform_``)."""
+
+    def init(shape, rng):
+        return rng.uniform(low, high, size=shape)
+
+    return init
+
+
+def xavier_uniform(gain: float = 1.0) -> Initializer:
+    """Glorot uniform: U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)) of a 2-D shape."""
+
+    def init(shape, rng):
+        fan_out, fan_in = shape[0], shape[1] if len(shape) > 1 else 1
+        bound = gain * np.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-bound, bound, size=shape)
+
+    return init
+
+
+def zeros() -> Initializer:
+    """All zeros."""
+
+    def init(shape, rng):
+        return np.zeros(shape)
+
+    return init
+
+
+def ones() -> Initializer:
+    """All ones."""
+
+    def init(shape, rng):
+        return np.ones(shape)
+
+    return init
+
+
+def make_array(init: Initializer, shape: tuple, dtype, rng: np.random.Generator,
+               name: str = "init") -> np.ndarray:
+    """Run ``init(shape, rng)`` and return a fresh C-contiguous array of ``dtype``."""
+    if not callable(init):
+        raise TypeError(f"{name}: expected a callable init(shape, rng), got {init!r}")
+    values = np.asarray(init(tuple(shape), rng))
+    if values.shape != tuple(shape):
+        raise ValueError(f"{name}: returned shape {values.shape}, expected {tuple(shape)}")
+    return np.array(values, dtype=dtype, order="C", copy=True)

@@ -1,0 +1,155 @@
+"""Optimisers. :class:`SGD` updates dense gradients and row-sparse ones."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _checks
+from .kernels.cpu import optim as kernels
+from .nn.parameter import Parameter
+from .sparse import SparseRows
+
+_EMPTY = {np.dtype(np.float32): np.empty(0, np.float32),
+          np.dtype(np.float64): np.empty(0, np.float64)}
+
+
+class SGD:
+    """Stochastic gradient descent with momentum, PyTorch's update rule.
+
+    For a dense gradient ``g`` of parameter ``p`` each step does, exactly as
+    ``torch.optim.SGD``::
+
+        g = -g                                   if maximize
+        g = g + weight_decay * p                 if weight_decay != 0
+        if momentum != 0:
+            b = g                                on the first step
+            b = momentum * b + (1 - dampening) * g   afterwards
+            g = g + momentum * b if nesterov else b
+        p = p - lr * g
+
+    A :class:`~numbapos.sparse.SparseRows` gradient (``Embedding(sparse=True)``)
+    is applied *lazily*: only the listed rows are read and written. Weight decay
+    and momentum act on those rows alone; a row's momentum starts on the first
+    step that touches it and is neither decayed nor applied on steps that do
+    not. This differs from a dense update (which keeps moving every row along
+    its momentum) and is what makes a sparse step cost O(rows used), not O(V).
+    PyTorch's SGD handles sparse gradients only without momentum or weight decay.
+
+    Parameters
+    ----------
+    params : iterable of Parameter, or of dicts
+        Parameters to optimise, or parameter groups: dicts with a ``"params"``
+        entry and any of the options below overriding the defaults.
+    lr : float
+        Learning rate (>= 0).
+    momentum : float, default 0
+    dampening : float, default 0
+    weight_decay : float, default 0
+        L2 penalty coefficient.
+    nesterov : bool, default False
+        Nesterov momentum; needs ``momentum > 0`` and ``dampening == 0``.
+    maximize : bool, default False
+        Ascend the objective instead of descending it.
+    """
+
+    _OPTIONS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")
+
+    def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False, maximize=False):
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+        self.defaults = self._check_options(defaults)
+        params = list(params)
+        if not params:
+            raise ValueError("params: got an empty parameter list")
+        if not isinstance(params[0], dict):
+            params = [{"params": params}]
+        self.param_groups = []
+        for group in params:
+            self.add_param_group(group)
+        self.state: dict[int, dict] = {}
+
+    @staticmethod
+    def _check_options(options):
+        checked = dict(options)
+        for name in ("lr", "momentum", "dampening", "weight_decay"):
+            value = _checks.check_real(checked[name], name)
+            if value < 0 or np.isinf(value):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {value}")
+            checked[name] = value
+        checked["nesterov"] = bool(checked["nesterov"])
+        checked["maximize"] = bool(checked["maximize"])
+        if checked["nesterov"] and (checked["momentum"] <= 0 or checked["dampening"] != 0):
+            raise ValueError("nesterov: requires momentum > 0 and dampening == 0, got "
+                             f"momentum={checked['momentum']}, dampening={checked['dampening']}")
+        return checked
+
+    def add_param_group(self, group: dict) -> None:
+        """Add a group of parameters with its own options."""
+        if not isinstance(group, dict) or "params" not in group:
+            raise TypeError("param group: expected a dict with a 'params' entry")
+        unknown = set(group) - {"params", *self._OPTIONS}
+        if unknown:
+            raise ValueError(f"param group: unknown option(s) {sorted(unknown)}")
+        params = group["params"]
+        params = [params] if isinstance(params, Parameter) else list(params)
+        for param in params:
+            if not isinstance(param, Parameter):
+                raise TypeError(f"params: expected Parameter objects, got {type(param).__name__}")
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in params):
+            raise ValueError("params: a parameter appears in more than one group")
+        options = self._check_options({**self.defaults, **{k: group[k] for k in group
+                                                           if k != "params"}})
+        self.param_groups.append({"params": params, **options})
+
+    def zero_grad(self) -> None:
+        """Drop the gradients of every parameter (``grad = None``)."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                param.grad = None
+
+    def step(self) -> None:
+        """Apply one update to every parameter that has a gradient."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None or not param.requires_grad:
+                    continue
+                self._update(param, group)
+
+    def _update(self, param: Parameter, group: dict) -> None:
+        data = param.data
+        cast = data.dtype.type
+        momentum = group["momentum"]
+        scalars = (cast(group["lr"]), cast(momentum), cast(1.0 - group["dampening"]),
+                   cast(group["weight_decay"]), group["nesterov"], group["maximize"])
+        state = self.state.setdefault(id(param), {})
+        if momentum != 0 and "momentum_buffer" not in state:
+            state["momentum_buffer"] = np.zeros_like(data, order="C")
+            state["row_started"] = np.zeros(data.shape[0] if data.ndim else 1, dtype=np.bool_)
+        buf = state.get("momentum_buffer", _EMPTY[data.dtype])
+        grad = param.grad
+        if isinstance(grad, SparseRows):
+            if data.ndim != 2:
+                raise ValueError("SGD: a SparseRows gradient needs a 2-D parameter")
+            started = state.get("row_started", np.zeros(0, dtype=np.bool_))
+            values = np.ascontiguousarray(grad.values, dtype=data.dtype)
+            kernels.sgd_rows_(data, grad.indices, values, buf, started, *scalars)
+            return
+        grad = np.ascontiguousarray(grad, dtype=data.dtype)
+        first = momentum != 0 and not state.get("dense_started", False)
+        if first and data.ndim == 2 and state["row_started"].any():
+            # Earlier sparse steps started some rows' momentum: continue per row.
+            all_rows = np.arange(data.shape[0], dtype=np.int64)
+            kernels.sgd_rows_(data, all_rows, grad, buf, state["row_started"], *scalars)
+            state["dense_started"] = True
+            return
+        flat = data.reshape(-1) if data.flags.c_contiguous else np.ascontiguousarray(data)
+        if flat.size:
+            kernels.sgd_dense_(flat.reshape(-1), grad.reshape(-1), buf.reshape(-1), first,
+                               *scalars)
+        if not data.flags.c_contiguous:
+            np.copyto(data, flat.reshape(data.shape))
+        if momentum != 0:
+            state["dense_started"] = True
+            state["row_started"][:] = True
