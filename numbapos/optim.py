@@ -9,8 +9,9 @@ from .kernels.cpu import optim as kernels
 from .nn.parameter import Parameter
 from .sparse import SparseRows
 
-_EMPTY = {np.dtype(np.float32): np.empty(0, np.float32),
-          np.dtype(np.float64): np.empty(0, np.float64)}
+# Stand-in momentum buffer when momentum == 0 (the kernels never touch it then).
+_NO_BUFFER = {np.dtype(np.float32): np.empty((0, 0), np.float32),
+              np.dtype(np.float64): np.empty((0, 0), np.float64)}
 
 
 class SGD:
@@ -127,7 +128,7 @@ class SGD:
         if momentum != 0 and "momentum_buffer" not in state:
             state["momentum_buffer"] = np.zeros_like(data, order="C")
             state["row_started"] = np.zeros(data.shape[0] if data.ndim else 1, dtype=np.bool_)
-        buf = state.get("momentum_buffer", _EMPTY[data.dtype])
+        buf = state.get("momentum_buffer", _NO_BUFFER[data.dtype])
         grad = param.grad
         if isinstance(grad, SparseRows):
             if data.ndim != 2:

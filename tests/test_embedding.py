@@ -1,0 +1,245 @@
+"""Embedding lookup, max-norm clipping and the padding mask, against tests/reference.py."""
+
+import importlib
+
+import numpy as np
+import pytest
+import reference as ref
+from conftest import FLOAT_DTYPES, INDEX_DTYPES
+
+import numbapos.functional as F
+
+# The submodule, not the function of the same name that numbapos.functional exports.
+embedding_module = importlib.import_module("numbapos.functional.embedding")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("shape", [(), (0,), (7,), (3, 4), (2, 3, 5), (2, 0, 3)])
+def test_lookup_matches_reference(rng, dtype, index_dtype, shape):
+    weight = rng.normal(size=(11, 6)).astype(dtype)
+    indices = rng.integers(0, 11, size=shape).astype(index_dtype)
+    out = F.embedding(indices, weight)
+    assert out.shape == shape + (6,)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, ref.embedding(indices, weight))
+
+
+def test_empty_indices_give_zero_rows(rng):
+    weight = rng.normal(size=(5, 3)).astype(np.float32)
+    assert F.embedding(np.array([], dtype=np.int64), weight).shape == (0, 3)
+    assert F.embedding([], weight).shape == (0, 3)
+
+
+@pytest.mark.parametrize("index", [np.int64(3), np.int32(3), 3, np.array(3)])
+def test_scalar_indices(rng, index):
+    weight = rng.normal(size=(5, 3))
+    out = F.embedding(index, weight)
+    assert out.shape == (3,)
+    np.testing.assert_array_equal(out, weight[3])
+
+
+@pytest.mark.parametrize("index_dtype", [np.int8, np.uint8, np.int16, np.uint32, np.uint64])
+def test_other_integer_dtypes_are_accepted(rng, index_dtype):
+    weight = rng.normal(size=(5, 3))
+    indices = np.array([[0, 4], [2, 2]], dtype=index_dtype)
+    np.testing.assert_array_equal(F.embedding(indices, weight), weight[indices.astype(int)])
+
+
+def test_non_contiguous_inputs(rng):
+    weight_full = rng.normal(size=(12, 10)).astype(np.float32)
+    weight = weight_full[::2, 1::3]  # strided rows and columns
+    indices = rng.integers(0, 6, size=(4, 6))[:, ::2].T  # transposed, strided
+    assert not weight.flags.c_contiguous and not indices.flags.c_contiguous
+    np.testing.assert_array_equal(F.embedding(indices, weight), weight[indices])
+
+
+def test_parallel_path_matches_serial(rng, monkeypatch):
+    weight = rng.normal(size=(50, 64)).astype(np.float32)
+    indices = rng.integers(0, 50, size=(40, 30))
+    big = F.embedding(indices, weight)
+    monkeypatch.setattr(embedding_module, "PARALLEL_MIN_ELEMENTS", 1 << 62)
+    np.testing.assert_array_equal(big, F.embedding(indices, weight))
+    np.testing.assert_array_equal(big, weight[indices])
+
+
+def test_out_buffer_is_filled_and_returned(rng):
+    weight = rng.normal(size=(9, 4))
+    indices = rng.integers(0, 9, size=(2, 3))
+    out = np.empty((2, 3, 4))
+    result = F.embedding(indices, weight, out=out)
+    assert result is out
+    np.testing.assert_array_equal(out, weight[indices])
+
+
+def test_padding_row_is_returned_as_stored(rng):
+    weight = rng.normal(size=(10, 3))
+    out = F.embedding([8, 1], weight, padding_idx=-2)
+    np.testing.assert_array_equal(out[0], weight[8])
+
+
+# ------------------------------------------------------------------ max_norm
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 0.5, 3.0, np.inf])
+def test_max_norm_matches_reference(rng, dtype, norm_type):
+    weight = (rng.normal(size=(8, 5)) * 3).astype(dtype)
+    expected_weight = weight.copy()
+    indices = np.array([[1, 3, 3], [7, 1, 0]])
+    expected = ref.embedding(indices, expected_weight, max_norm=1.5, norm_type=norm_type)
+    out = F.embedding(indices, weight, max_norm=1.5, norm_type=norm_type)
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(out, expected, rtol=rtol)
+    np.testing.assert_allclose(weight, expected_weight, rtol=rtol)  # clipped in place
+    untouched = [2, 4, 5, 6]
+    norms = [ref.row_norm(weight[r], norm_type) for r in (0, 1, 3, 7)]
+    assert max(norms) <= 1.5 * (1 + 1e-6)
+    assert untouched  # rows never referenced keep their values:
+    np.testing.assert_array_equal(weight[untouched], expected_weight[untouched])
+
+
+def test_repeated_row_is_renormed_once():
+    # A racy or per-occurrence renorm would scale row 0 many times (norm -> 1/50, ...).
+    weight = np.array([[30.0, 40.0], [0.1, 0.1]])
+    out = F.embedding(np.zeros(100_000, dtype=np.int64), weight, max_norm=1.0)
+    np.testing.assert_allclose(weight[0], np.array([0.6, 0.8]) * 50 / (50 + 1e-7), rtol=1e-15)
+    np.testing.assert_array_equal(out[-1], weight[0])
+    np.testing.assert_array_equal(weight[1], [0.1, 0.1])
+
+
+def test_rows_below_max_norm_unchanged(rng):
+    weight = np.array([[0.3, 0.4], [30.0, 40.0]], dtype=np.float32)
+    before = weight.copy()
+    F.embedding([0], weight, max_norm=1.0)
+    np.testing.assert_array_equal(weight, before)
+
+
+def test_from_pretrained_case_norm_type_half():
+    # PyTorch's documented case: max_norm=2, norm_type=0.5.
+    weight = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=np.float32)
+    out = F.embedding(np.array([0, 1]), weight, max_norm=2.0, norm_type=0.5)
+    np.testing.assert_allclose(out, [[0.1163365, 0.2326730, 0.3490095],
+                                     [0.1789842, 0.2237303, 0.2684763]], rtol=1e-6)
+
+
+def test_embedding_renorm_public(rng):
+    weight = rng.normal(size=(6, 4)) * 5
+    expected = ref.embedding_renorm_(weight.copy(), [1, 2, 2], 1.0)
+    assert F.embedding_renorm_(weight, np.array([1, 2, 2]), 1.0) is weight
+    np.testing.assert_allclose(weight, expected, rtol=1e-14)
+
+
+def test_max_norm_inf_never_clips(rng):
+    weight = rng.normal(size=(4, 3)) * 100
+    before = weight.copy()
+    F.embedding([0, 1, 2, 3], weight, max_norm=np.inf)
+    np.testing.assert_array_equal(weight, before)
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("bad", [10, 11, -1, 2**40])
+def test_out_of_range_index_raises_and_changes_nothing(rng, bad):
+    weight = rng.normal(size=(10, 3)) * 10
+    before = weight.copy()
+    indices = np.array([[1, 2], [bad, 3]])
+    with pytest.raises(IndexError, match=rf"index {bad} .*num_embeddings=10.*0 <= index < 10"):
+        F.embedding(indices, weight, max_norm=1.0)
+    np.testing.assert_array_equal(weight, before)  # the renorm had not started
+
+
+def test_first_bad_index_is_named(rng):
+    weight = rng.normal(size=(5, 2))
+    with pytest.raises(IndexError, match=r"index 7 \(at flat position 1\)"):
+        F.embedding([0, 7, -3, 9], weight)
+
+
+@pytest.mark.parametrize("indices", [np.array([1.0, 2.0]), np.array([True, False]), [0.5], True])
+def test_non_integer_indices_raise_type_error(rng, indices):
+    weight = rng.normal(size=(5, 2))
+    with pytest.raises(TypeError, match="indices"):
+        F.embedding(indices, weight)
+
+
+@pytest.mark.parametrize("weight", [np.zeros((4, 3), dtype=np.int64),
+                                    np.zeros((4, 3), dtype=np.float16), [[0.0, 1.0]]])
+def test_non_float_weight_raises_type_error(weight):
+    with pytest.raises(TypeError, match="weight"):
+        F.embedding([0], weight)
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 3, 4), ()])
+def test_weight_not_2d_raises_value_error(shape):
+    with pytest.raises(ValueError, match=r"weight: expected a 2-D array"):
+        F.embedding([0], np.zeros(shape))
+
+
+@pytest.mark.parametrize("padding_idx", [10, -11, 100])
+def test_padding_idx_out_of_range(padding_idx):
+    with pytest.raises(ValueError, match=rf"padding_idx: {padding_idx} is outside \[-10, 10\)"):
+        F.embedding([0], np.zeros((10, 2)), padding_idx=padding_idx)
+
+
+def test_padding_idx_must_be_integer():
+    with pytest.raises(TypeError, match="padding_idx"):
+        F.embedding([0], np.zeros((10, 2)), padding_idx=1.5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_norm=0.0), dict(max_norm=-1.0),
+                                    dict(max_norm=1.0, norm_type=0.0),
+                                    dict(max_norm=1.0, norm_type=-2.0),
+                                    dict(max_norm=np.nan)])
+def test_bad_norm_options(kwargs):
+    weight = np.ones((3, 2))
+    with pytest.raises(ValueError, match="max_norm|norm_type"):
+        F.embedding([0], weight, **kwargs)
+    np.testing.assert_array_equal(weight, np.ones((3, 2)))
+
+
+@pytest.mark.parametrize("out", [np.empty((2, 4)), np.empty((2, 3), dtype=np.float32),
+                                 np.empty((3, 2))[:, ::1].T])
+def test_bad_out_buffer(out):
+    with pytest.raises(ValueError, match="out"):
+        F.embedding([0, 1], np.zeros((5, 3)), out=out)
+
+
+def test_out_aliasing_weight_is_refused():
+    weight = np.zeros((5, 3))
+    with pytest.raises(ValueError, match="share memory"):
+        F.embedding([0, 1], weight, out=weight[:2])
+
+
+def test_renorm_errors_leave_weight_unchanged():
+    weight = np.full((3, 2), 5.0)
+    with pytest.raises(IndexError):
+        F.embedding_renorm_(weight, [0, 3], 1.0)
+    with pytest.raises(TypeError, match="max_norm"):
+        F.embedding_renorm_(weight, [0], None)
+    np.testing.assert_array_equal(weight, np.full((3, 2), 5.0))
+
+
+# ------------------------------------------------------------------ padding mask
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_padding_mask(rng, index_dtype):
+    ids = rng.integers(0, 4, size=(3, 7)).astype(index_dtype)
+    np.testing.assert_array_equal(F.padding_mask(ids, 0), ref.padding_mask(ids, 0))
+    np.testing.assert_array_equal(F.padding_mask(ids, 3), ids != 3)
+
+
+def test_padding_mask_negative_index_needs_vocab():
+    ids = np.array([[1, 9, 9]])
+    np.testing.assert_array_equal(F.padding_mask(ids, -1, num_embeddings=10), [[True, False,
+                                                                                  False]])
+    with pytest.raises(ValueError, match="num_embeddings"):
+        F.padding_mask(ids, -1)
+    with pytest.raises(TypeError, match="indices"):
+        F.padding_mask(np.array([1.0]), 0)
+
+
+def test_padding_mask_shapes():
+    assert F.padding_mask(np.int64(0), 0).shape == ()
+    assert F.padding_mask(np.zeros((0, 4), dtype=np.int64), 0).shape == (0, 4)

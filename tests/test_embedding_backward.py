@@ -1,0 +1,166 @@
+"""Gradient of the embedding lookup: dense, sparse, padding, frequency scaling, determinism."""
+
+import numba
+import numpy as np
+import pytest
+import reference as ref
+from conftest import FLOAT_DTYPES, INDEX_DTYPES
+
+import numbapos.functional as F
+from numbapos import SparseRows
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("padding_idx", [None, 0, 3, -1])
+@pytest.mark.parametrize("scale", [False, True])
+@pytest.mark.parametrize("shape", [(), (0,), (9,), (4, 6), (2, 3, 4)])
+def test_dense_backward_matches_reference(rng, dtype, index_dtype, padding_idx, scale, shape):
+    num, dim = 7, 5
+    indices = rng.integers(0, num, size=shape).astype(index_dtype)
+    grad = rng.normal(size=shape + (dim,)).astype(dtype)
+    got = F.embedding_backward(grad, indices, num, padding_idx=padding_idx,
+                               scale_grad_by_freq=scale)
+    pad = None if padding_idx is None else padding_idx % num
+    expected = ref.embedding_backward(grad, indices, num, pad, scale)
+    assert got.shape == (num, dim) and got.dtype == dtype
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+@pytest.mark.parametrize("scale", [False, True])
+def test_sparse_backward_equals_dense(rng, padding_idx, scale):
+    indices = np.array([[5, 2, 5], [0, 2, 9]])
+    grad = rng.normal(size=(2, 3, 4))
+    dense = F.embedding_backward(grad, indices, 10, padding_idx, scale)
+    sparse = F.embedding_backward(grad, indices, 10, padding_idx, scale, sparse=True)
+    assert isinstance(sparse, SparseRows)
+    expected_rows = [0, 5, 9] if padding_idx == 2 else [0, 2, 5, 9]
+    np.testing.assert_array_equal(sparse.indices, expected_rows)
+    assert sparse.indices.dtype == np.int64
+    assert sparse.shape == (10, 4)
+    np.testing.assert_array_equal(sparse.to_dense(), dense)
+
+
+def test_sparse_backward_of_empty_batch():
+    result = F.embedding_backward(np.zeros((0, 3)), np.zeros(0, dtype=np.int64), 4, sparse=True)
+    assert result.indices.shape == (0,) and result.values.shape == (0, 3)
+
+
+def test_scale_grad_by_freq_pytorch_case():
+    grad = np.array([[1.0, 2.0], [3.0, 5.0], [7.0, 11.0]])
+    got = F.embedding_backward(grad, np.array([1, 1, 2]), 3, scale_grad_by_freq=True)
+    np.testing.assert_array_equal(got, [[0, 0], [2, 3.5], [7, 11]])
+
+
+def test_scale_counts_padding_occurrences():
+    # Row 1 occurs twice next to padding row 0 occurring three times: PyTorch divides
+    # by each row's own count, padding included in the counting.
+    grad = np.ones((5, 1))
+    got = F.embedding_backward(grad, np.array([0, 0, 0, 1, 1]), 2, padding_idx=0,
+                               scale_grad_by_freq=True)
+    np.testing.assert_array_equal(got, [[0.0], [1.0]])
+
+
+@pytest.mark.parametrize("repeats", [1, 2, 1000])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_padding_row_gets_exactly_zero(rng, repeats, sparse):
+    indices = np.array([4] * repeats + [1, 2])
+    grad = rng.normal(size=(indices.size, 3))
+    got = F.embedding_backward(grad, indices, 5, padding_idx=4, sparse=sparse)
+    dense = got.to_dense() if sparse else got
+    assert np.all(dense[4] == 0.0)
+    np.testing.assert_allclose(dense[1], grad[repeats])
+
+
+def test_padding_idx_minus_two_means_row_eight(rng):
+    indices = np.array([8, 8, 3])
+    got = F.embedding_backward(np.ones((3, 2)), indices, 10, padding_idx=-2)
+    np.testing.assert_array_equal(got[8], [0, 0])
+    np.testing.assert_array_equal(got[3], [1, 1])
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("scale", [False, True])
+def test_bit_identical_across_thread_counts_and_runs(rng, sparse, scale):
+    indices = rng.zipf(1.3, size=(64, 128)) % 300  # heavy repeats of the low rows
+    grad = rng.normal(size=(64, 128, 48)).astype(np.float32)
+    threads = numba.get_num_threads()
+    results = []
+    try:
+        for n in sorted({1, threads, max(threads, 2)}):
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+            for _ in range(2):
+                g = F.embedding_backward(grad, indices, 300, padding_idx=0,
+                                         scale_grad_by_freq=scale, sparse=sparse)
+                results.append(g.to_dense() if sparse else g)
+    finally:
+        numba.set_num_threads(threads)
+    for other in results[1:]:
+        assert np.array_equal(results[0].view(np.uint32), other.view(np.uint32))
+
+
+def test_sum_is_in_input_order():
+    # 1e8 + 1 - 1e8 in float32: input order gives 0 + ... exactly as a serial loop.
+    grad = np.array([[1e8], [1.0], [-1e8]], dtype=np.float32)
+    got = F.embedding_backward(grad, np.array([0, 0, 0]), 1)
+    expected = np.float32(0)
+    for g in grad[:, 0]:
+        expected = np.float32(expected + g)
+    assert got[0, 0] == expected
+
+
+def test_gradient_matches_finite_differences(rng):
+    indices = np.array([[1, 3, 1], [0, 3, 3]])
+    weight = rng.normal(size=(5, 4))
+    probe = rng.normal(size=(2, 3, 4))
+
+    def loss():
+        return float(np.sum(np.sin(F.embedding(indices, weight)) * probe))
+
+    grad_out = np.cos(F.embedding(indices, weight)) * probe
+    got = F.embedding_backward(grad_out, indices, 5, padding_idx=0)
+    numeric = ref.finite_difference(loss, weight)
+    numeric[0] = 0  # padding row gets no gradient by definition
+    np.testing.assert_allclose(got, numeric, rtol=1e-6, atol=1e-8)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_grad_shape_mismatch():
+    with pytest.raises(ValueError, match=r"grad_output: expected shape indices.shape \+ \(D,\)"):
+        F.embedding_backward(np.zeros((3, 4)), np.array([[0, 1, 2]]), 5)
+    with pytest.raises(ValueError, match="grad_output"):
+        F.embedding_backward(np.zeros(3), np.array([0, 1, 2]), 5)
+
+
+def test_backward_index_errors():
+    with pytest.raises(IndexError, match=r"index 5 .*num_embeddings=5"):
+        F.embedding_backward(np.zeros((2, 4)), np.array([0, 5]), 5)
+    with pytest.raises(IndexError, match=r"index -1"):
+        F.embedding_backward(np.zeros((2, 4)), np.array([-1, 0]), 5)
+    with pytest.raises(TypeError, match="indices"):
+        F.embedding_backward(np.zeros((2, 4)), np.array([0.0, 1.0]), 5)
+
+
+def test_backward_other_errors():
+    with pytest.raises(TypeError, match="grad_output"):
+        F.embedding_backward(np.zeros((2, 4), dtype=np.int32), np.array([0, 1]), 5)
+    with pytest.raises(ValueError, match="num_embeddings"):
+        F.embedding_backward(np.zeros((2, 4)), np.array([0, 1]), 0)
+    with pytest.raises(ValueError, match="padding_idx"):
+        F.embedding_backward(np.zeros((2, 4)), np.array([0, 1]), 5, padding_idx=5)
+
+
+def test_sparse_rows_merge_and_validation():
+    a = SparseRows(np.array([1, 4]), np.ones((2, 2)), 6)
+    b = SparseRows(np.array([0, 4]), np.full((2, 2), 2.0), 6)
+    merged = a + b
+    np.testing.assert_array_equal(merged.indices, [0, 1, 4])
+    np.testing.assert_array_equal(merged.to_dense(), a.to_dense() + b.to_dense())
+    with pytest.raises(ValueError, match="indices"):
+        SparseRows(np.array([1]), np.ones((2, 2)), 6)
+    with pytest.raises(ValueError, match="shapes"):
+        a + SparseRows(np.array([1]), np.ones((1, 2)), 7)
