@@ -72,6 +72,22 @@ def check_probability(value, name: str) -> float:
     return value
 
 
+def check_unit_interval(value, name: str) -> float:
+    """Return ``value`` as a float in [0, 1] (a probability where 1 is allowed)."""
+    value = check_real(value, name)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name}: expected a probability in [0, 1], got {value}")
+    return value
+
+
+def check_uint64(value, name: str) -> int:
+    """Return ``value`` as a Python int in [0, 2**64) (seeds and counters of hashes)."""
+    value = check_int(value, name, minimum=0)
+    if value >= 1 << 64:
+        raise ValueError(f"{name}: expected an integer < 2**64, got {value}")
+    return value
+
+
 def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
     """Return ``dtype`` as float32 or float64; TypeError for anything else."""
     try:

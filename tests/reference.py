@@ -67,6 +67,49 @@ def sgd_step(param, grad, buf, lr, momentum=0.0, dampening=0.0, weight_decay=0.0
     return param - lr * g, buf
 
 
+# ----------------------------------------------------------------- dropout
+
+_MASK64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+
+
+def splitmix64_mix(z: int) -> int:
+    """Stafford's variant-13 finaliser on a Python int, reduced mod 2**64 by hand."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def dropout_bits(seed: int, counter: int, index: int) -> int:
+    """32 bits for (seed, counter, index): a SplitMix64 stream keyed by (seed, counter)."""
+    key = splitmix64_mix(splitmix64_mix(seed + _GAMMA) + counter * _GAMMA)
+    return splitmix64_mix(key + index * _GAMMA) >> 32
+
+
+def dropout_keep_threshold(p: float) -> int:
+    """Keep iff bits >= this: round(p * 2**32), 2**32 for p == 1, capped below that for p < 1."""
+    if p >= 1.0:
+        return 1 << 32
+    return min(round(p * (1 << 32)), (1 << 32) - 1)
+
+
+def dropout_mask(shape, p, seed, counter=0):
+    """Keep-mask over flat C-order indices, one Python-int hash per element."""
+    size = int(np.prod(shape))
+    threshold = dropout_keep_threshold(p)
+    flat = np.array([dropout_bits(seed, counter, i) >= threshold for i in range(size)],
+                    dtype=bool)
+    return flat.reshape(shape)
+
+
+def dropout(x, p, seed, counter=0):
+    """x * mask * (1 / (1 - p)) with the scale rounded to x's dtype; zeros (NaN kept) for p=1."""
+    mask = dropout_mask(x.shape, p, seed, counter)
+    scale = x.dtype.type(0.0 if p == 1.0 else 1.0 / (1.0 - p))
+    return x * np.where(mask, scale, x.dtype.type(0))
+
+
 # ----------------------------------------------------------------- checking
 
 

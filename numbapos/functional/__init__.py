@@ -4,9 +4,13 @@
 modules in :mod:`numbapos.nn` are thin owners of parameters over these ops.
 """
 
+from .dropout import dropout, dropout_backward, dropout_mask
 from .embedding import embedding, embedding_backward, embedding_renorm_, padding_mask
 
 __all__ = [
+    "dropout",
+    "dropout_backward",
+    "dropout_mask",
     "embedding",
     "embedding_backward",
     "embedding_renorm_",

@@ -1,0 +1,447 @@
+"""Dropout: the counter-based hash, functional forward/backward/mask, and nn.Dropout."""
+
+import importlib
+
+import numba
+import numpy as np
+import pytest
+import reference
+from conftest import FLOAT_DTYPES
+from numba import njit
+
+import numbapos.functional as F
+from numbapos import nn
+from numbapos.kernels.cpu import dropout as kernels
+
+# The attribute numbapos.functional.dropout is the function; this is the module.
+fdropout = importlib.import_module("numbapos.functional.dropout")
+
+
+@njit(cache=False)
+def _bits_range(seed, counter, start, out):
+    for i in range(out.size):
+        out[i] = kernels.dropout_bits(seed, counter, np.uint64(start + i))
+
+
+def bits(seed, counter, n, start=0):
+    out = np.empty(n, dtype=np.uint32)
+    _bits_range(np.uint64(seed), np.uint64(counter), start, out)
+    return out
+
+
+def corr(a, b):
+    return float(np.corrcoef(a.astype(np.float64), b.astype(np.float64))[0, 1])
+
+
+# ----------------------------------------------------------------- the hash
+
+HASH_CASES = [
+    (0, 0), (1, 0), (0, 1), (12345, 7), (2**63, 2**32 + 5), (2**64 - 1, 2**64 - 1),
+]
+
+
+@pytest.mark.parametrize("seed,counter", HASH_CASES)
+def test_bits_match_python_reference(seed, counter):
+    got = bits(seed, counter, 200)
+    want = [reference.dropout_bits(seed, counter, i) for i in range(200)]
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, np.array(want, dtype=np.uint32))
+
+
+def test_bits_match_reference_at_huge_indices():
+    start = 2**64 - 100
+    out = np.empty(100, dtype=np.uint32)
+    for k in range(100):
+        out[k] = kernels.dropout_bits(np.uint64(9), np.uint64(3), np.uint64(start + k))
+    want = [reference.dropout_bits(9, 3, start + k) for k in range(100)]
+    np.testing.assert_array_equal(out, np.array(want, dtype=np.uint32))
+
+
+def test_bits_are_uniform():
+    n = 100_000
+    b = bits(42, 0, n)
+    # Top 4 bits into 16 buckets; chi-square with 15 dof: 99.99th percentile ~ 44.3.
+    counts = np.bincount(b >> 28, minlength=16)
+    chi2 = float(((counts - n / 16) ** 2 / (n / 16)).sum())
+    assert chi2 < 44.3
+    # Every bit is set about half the time.
+    for k in range(32):
+        frac = float(((b >> k) & 1).mean())
+        assert abs(frac - 0.5) < 5 * 0.5 / np.sqrt(n)
+
+
+def test_bits_uncorrelated_across_neighbours():
+    n = 100_000
+    limit = 5 / np.sqrt(n)
+    base = bits(7, 3, n)
+    assert abs(corr(base[:-1], base[1:])) < limit            # consecutive indices
+    assert abs(corr(base, bits(7, 4, n))) < limit            # consecutive counters
+    assert abs(corr(base, bits(8, 3, n))) < limit            # consecutive seeds
+    assert abs(corr(base, bits(3, 7, n))) < limit            # seed and counter swapped
+    assert abs(corr(base[1:], bits(7, 4, n)[:-1])) < limit   # shifted by one index
+
+
+def test_keep_threshold():
+    assert kernels.keep_threshold(0.0) == 0
+    assert kernels.keep_threshold(0.5) == 2**31
+    assert kernels.keep_threshold(0.25) == 2**30
+    assert kernels.keep_threshold(1.0) == 2**32
+    assert kernels.keep_threshold(1 - 1e-15) == 2**32 - 1
+
+
+# ----------------------------------------------------------------- functional forward
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_matches_reference(rng, dtype, p):
+    x = rng.standard_normal((3, 5, 7)).astype(dtype)
+    got = F.dropout(x, p, seed=11, counter=2)
+    want = reference.dropout(x, p, 11, 2)
+    assert got.dtype == dtype and got.shape == x.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_scale_is_rounded_to_dtype(dtype):
+    x = np.ones(1000, dtype=dtype)
+    y = F.dropout(x, 0.1, seed=5)
+    scale = dtype(1.0 / 0.9)
+    assert set(np.unique(y).tolist()) == {0.0, float(scale)}
+
+
+def test_same_seed_and_counter_same_mask(rng):
+    x = rng.standard_normal((8, 16))
+    np.testing.assert_array_equal(F.dropout(x, 0.5, 3, counter=4),
+                                  F.dropout(x, 0.5, 3, counter=4))
+    np.testing.assert_array_equal(F.dropout_mask((8, 16), 0.5, 3, counter=4),
+                                  F.dropout_mask((8, 16), 0.5, 3, counter=4))
+
+
+def test_different_counter_or_seed_different_mask():
+    m = F.dropout_mask(1000, 0.5, 3, counter=0)
+    assert not np.array_equal(m, F.dropout_mask(1000, 0.5, 3, counter=1))
+    assert not np.array_equal(m, F.dropout_mask(1000, 0.5, 4, counter=0))
+
+
+def test_mask_matches_reference_and_dropout():
+    mask = F.dropout_mask((4, 6), 0.3, 99, counter=5)
+    np.testing.assert_array_equal(mask, reference.dropout_mask((4, 6), 0.3, 99, 5))
+    x = np.ones((4, 6))
+    y = F.dropout(x, 0.3, 99, counter=5)
+    np.testing.assert_array_equal(y != 0, mask)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_rate(p):
+    n = 100_000
+    mask = F.dropout_mask(n, p, seed=2024)
+    sigma = np.sqrt(p * (1 - p) / n)
+    assert abs(mask.mean() - (1 - p)) < 5 * sigma
+    # Expectation preserved: mean of dropout(ones) is about 1.
+    y = F.dropout(np.ones(n), p, seed=2024)
+    assert abs(y.mean() - 1.0) < 5 * sigma / (1 - p)
+
+
+def test_masks_of_consecutive_counters_and_seeds_uncorrelated():
+    n = 100_000
+    limit = 5 / np.sqrt(n)
+    m = F.dropout_mask(n, 0.5, 10, counter=0)
+    assert abs(corr(m, F.dropout_mask(n, 0.5, 10, counter=1))) < limit
+    assert abs(corr(m, F.dropout_mask(n, 0.5, 11, counter=0))) < limit
+    assert abs(corr(m[:-1], m[1:])) < limit
+
+
+def test_mask_independent_of_thread_count():
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs at least 2 Numba threads")
+    n = 3 * fdropout.PARALLEL_MIN_ELEMENTS + 17
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one_y, one_m = F.dropout(x, 0.4, 77, counter=9), F.dropout_mask(n, 0.4, 77, counter=9)
+        numba.set_num_threads(2)
+        two_y, two_m = F.dropout(x, 0.4, 77, counter=9), F.dropout_mask(n, 0.4, 77, counter=9)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(one_y, two_y)
+    np.testing.assert_array_equal(one_m, two_m)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_serial_and_parallel_kernels_agree(dtype):
+    n = 5000
+    x = np.random.default_rng(1).standard_normal(n).astype(dtype)
+    args = (np.uint64(5), np.uint64(6), np.uint64(kernels.keep_threshold(0.3)), 1 / 0.7)
+    serial = np.empty_like(x)
+    parallel = np.empty_like(x)
+    kernels.dropout_forward(x, *args, serial)
+    kernels.dropout_forward_parallel(x, *args, parallel)
+    np.testing.assert_array_equal(serial, parallel)
+    kernels.dropout_backward(x, *args, serial)
+    kernels.dropout_backward_parallel(x, *args, parallel)
+    np.testing.assert_array_equal(serial, parallel)
+    ms = np.empty(n, dtype=np.bool_)
+    mp = np.empty(n, dtype=np.bool_)
+    kernels.dropout_keep_mask(args[0], args[1], args[2], ms)
+    kernels.dropout_keep_mask_parallel(args[0], args[1], args[2], mp)
+    np.testing.assert_array_equal(ms, mp)
+
+
+def test_functional_paths_agree(monkeypatch, rng):
+    x = rng.standard_normal((20, 30))
+    monkeypatch.setattr(fdropout, "PARALLEL_MIN_ELEMENTS", 1 << 40)
+    serial = F.dropout(x, 0.5, 1, counter=1), F.dropout_mask(x.shape, 0.5, 1, counter=1)
+    monkeypatch.setattr(fdropout, "PARALLEL_MIN_ELEMENTS", 1)
+    parallel = F.dropout(x, 0.5, 1, counter=1), F.dropout_mask(x.shape, 0.5, 1, counter=1)
+    np.testing.assert_array_equal(serial[0], parallel[0])
+    np.testing.assert_array_equal(serial[1], parallel[1])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_p_zero_and_eval_return_input_itself(rng, dtype):
+    x = rng.standard_normal((3, 4)).astype(dtype)
+    assert F.dropout(x, 0.0, 1) is x
+    assert F.dropout(x, 0.7, 1, training=False) is x
+    assert F.dropout_backward(x, 0.7, 1, training=False) is x
+    out = np.empty_like(x)
+    assert F.dropout(x, 0.7, 1, training=False, out=out) is out
+    np.testing.assert_array_equal(out, x)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_p_one_gives_zeros(rng, dtype):
+    x = rng.standard_normal((3, 4)).astype(dtype)
+    y = F.dropout(x, 1.0, 1)
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(y, np.zeros_like(x))
+    assert not F.dropout_mask((3, 4), 1.0, 1).any()
+    assert F.dropout_mask((3, 4), 0.0, 1).all()
+    np.testing.assert_array_equal(F.dropout_backward(x, 1.0, 1), np.zeros_like(x))
+
+
+def test_nan_propagates_like_pytorch():
+    # Dropped elements are multiplied by zero, as torch does: NaN stays NaN.
+    x = np.full(64, np.nan)
+    assert np.isnan(F.dropout(x, 0.5, 0)).all()
+    assert np.isnan(F.dropout(x, 1.0, 0)).all()
+
+
+def test_non_contiguous_input(rng):
+    base = rng.standard_normal((6, 10))
+    for x in (base[:, ::2], base.T, base[::-1]):
+        got = F.dropout(x, 0.5, 8, counter=1)
+        want = reference.dropout(np.ascontiguousarray(x), 0.5, 8, 1)
+        np.testing.assert_array_equal(got, want)
+        assert got.flags.c_contiguous
+
+
+def test_zero_size_and_zero_d():
+    x = np.empty((0, 3), dtype=np.float32)
+    assert F.dropout(x, 0.5, 1).shape == (0, 3)
+    assert F.dropout_mask((0, 3), 0.5, 1).shape == (0, 3)
+    z = np.array(2.0)
+    y = F.dropout(z, 0.5, 1)
+    assert y.shape == () and float(y) in (0.0, 4.0)
+    assert F.dropout_mask(5, 0.5, 1).shape == (5,)
+
+
+def test_out_and_in_place(rng):
+    x = rng.standard_normal((4, 5))
+    want = F.dropout(x, 0.5, 3)
+    out = np.empty_like(x)
+    assert F.dropout(x, 0.5, 3, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    y = x.copy()
+    assert F.dropout(y, 0.5, 3, out=y) is y
+    np.testing.assert_array_equal(y, want)
+
+
+# ----------------------------------------------------------------- functional backward
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_is_mask_times_scale(rng, dtype):
+    g = rng.standard_normal((5, 6)).astype(dtype)
+    mask = F.dropout_mask(g.shape, 0.3, 4, counter=2)
+    got = F.dropout_backward(g, 0.3, 4, counter=2)
+    want = np.where(mask, g * dtype(1 / 0.7), dtype(0))
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_backward_matches_finite_differences(rng):
+    x = rng.standard_normal((3, 4))
+    w = rng.standard_normal((3, 4))
+
+    def loss():
+        return float((F.dropout(x, 0.4, 6, counter=1) * w).sum())
+
+    numeric = reference.finite_difference(loss, x)
+    analytic = F.dropout_backward(w, 0.4, 6, counter=1)
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-7, atol=1e-8)
+
+
+# ----------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("p,exc,match", [
+    (-0.1, ValueError, r"p: expected a probability in \[0, 1\], got -0.1"),
+    (1.5, ValueError, r"p: expected a probability in \[0, 1\], got 1.5"),
+    (float("nan"), ValueError, "p: expected a number, got nan"),
+    ("0.5", TypeError, "p: expected a real number"),
+    (None, TypeError, "p: expected a real number"),
+])
+def test_bad_p(p, exc, match):
+    x = np.ones(4)
+    with pytest.raises(exc, match=match):
+        F.dropout(x, p, 1)
+    with pytest.raises(exc, match=match):
+        F.dropout_backward(x, p, 1)
+    with pytest.raises(exc, match=match):
+        F.dropout_mask(4, p, 1)
+    with pytest.raises(exc, match=match):
+        nn.Dropout(p)
+    np.testing.assert_array_equal(x, np.ones(4))
+
+
+@pytest.mark.parametrize("seed,exc,match", [
+    (-1, ValueError, "seed: expected an integer >= 0, got -1"),
+    (2**64, ValueError, r"seed: expected an integer < 2\*\*64"),
+    (1.5, TypeError, "seed: expected an integer, got float"),
+    (True, TypeError, "seed: expected an integer, got bool"),
+    (None, TypeError, "seed: expected an integer, got NoneType"),
+])
+def test_bad_seed(seed, exc, match):
+    with pytest.raises(exc, match=match):
+        F.dropout(np.ones(4), 0.5, seed)
+    with pytest.raises(exc, match=match):
+        F.dropout_mask(4, 0.5, seed)
+
+
+@pytest.mark.parametrize("counter,exc,match", [
+    (-3, ValueError, "counter: expected an integer >= 0, got -3"),
+    (2**64, ValueError, r"counter: expected an integer < 2\*\*64"),
+    (2.0, TypeError, "counter: expected an integer, got float"),
+])
+def test_bad_counter(counter, exc, match):
+    with pytest.raises(exc, match=match):
+        F.dropout(np.ones(4), 0.5, 1, counter=counter)
+
+
+def test_seed_accepts_numpy_and_large_ints():
+    x = np.ones(16)
+    np.testing.assert_array_equal(F.dropout(x, 0.5, np.int64(5)), F.dropout(x, 0.5, 5))
+    np.testing.assert_array_equal(F.dropout(x, 0.5, np.uint64(2**64 - 1)),
+                                  F.dropout(x, 0.5, 2**64 - 1))
+
+
+@pytest.mark.parametrize("x,match", [
+    (np.ones(4, dtype=np.int64), "x: expected dtype float32 or float64, got int64"),
+    (np.ones(4, dtype=np.float16), "x: expected dtype float32 or float64, got float16"),
+    ([1.0, 2.0], "x: expected a NumPy array of float32 or float64, got list"),
+])
+def test_bad_x(x, match):
+    with pytest.raises(TypeError, match=match):
+        F.dropout(x, 0.5, 1)
+    with pytest.raises(TypeError, match=match.replace("x:", "grad_output:")):
+        F.dropout_backward(x, 0.5, 1)
+
+
+def test_bad_out_leaves_inputs_unchanged():
+    x = np.arange(12, dtype=np.float64).reshape(3, 4)
+    keep = x.copy()
+    with pytest.raises(ValueError, match=r"out: expected shape \(3, 4\) and dtype float64"):
+        F.dropout(x, 0.5, 1, out=np.empty((3, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match="out: must not share memory with an input array"):
+        F.dropout(x, 0.5, 1, out=x.reshape(4, 3).reshape(3, 4))
+    with pytest.raises(ValueError, match="out: expected a C-contiguous"):
+        F.dropout(x, 0.5, 1, out=np.empty((4, 3)).T)
+    with pytest.raises(TypeError, match="out: expected a NumPy array"):
+        F.dropout(x, 0.5, 1, out=[0.0])
+    np.testing.assert_array_equal(x, keep)
+
+
+@pytest.mark.parametrize("shape,exc,match", [
+    (-1, ValueError, "shape: expected an integer >= 0, got -1"),
+    ((2, -1), ValueError, r"shape\[1\]: expected an integer >= 0, got -1"),
+    ((2, 1.5), TypeError, r"shape\[1\]: expected an integer"),
+    ([2, 3], TypeError, "shape: expected an integer"),
+])
+def test_bad_mask_shape(shape, exc, match):
+    with pytest.raises(exc, match=match):
+        F.dropout_mask(shape, 0.5, 1)
+
+
+# ----------------------------------------------------------------- nn.Dropout
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_module_advances_counter(rng, dtype):
+    x = rng.standard_normal((4, 8)).astype(dtype)
+    d = nn.Dropout(0.5, seed=21)
+    assert d.counter == 0 and d.seed == 21
+    y0 = d(x)
+    y1 = d(x)
+    assert d.counter == 2
+    np.testing.assert_array_equal(y0, F.dropout(x, 0.5, 21, counter=0))
+    np.testing.assert_array_equal(y1, F.dropout(x, 0.5, 21, counter=1))
+    assert not np.array_equal(y0, y1)
+    replay = nn.Dropout(0.5, seed=21)
+    np.testing.assert_array_equal(replay(x), y0)
+    np.testing.assert_array_equal(replay(x), y1)
+
+
+def test_module_backward_uses_last_forward_mask(rng):
+    x = rng.standard_normal((4, 8))
+    g = rng.standard_normal((4, 8))
+    d = nn.Dropout(0.3, seed=5)
+    d(x)
+    d(x)                     # counter 1 is the last forward
+    d.p = 0.6                # backward uses the p of that forward
+    got = d.backward(g)
+    mask = F.dropout_mask(x.shape, 0.3, 5, counter=1)
+    np.testing.assert_array_equal(got, np.where(mask, g * (1 / 0.7), 0.0))
+
+
+def test_module_eval_is_identity(rng):
+    x = rng.standard_normal((3, 3))
+    d = nn.Dropout(0.5, seed=1).eval()
+    assert d(x) is x
+    assert d.counter == 0
+    g = rng.standard_normal((3, 3))
+    assert d.backward(g) is g
+    d.train()
+    assert d(x) is not x
+    assert d.counter == 1
+
+
+def test_module_seed_none_and_generator():
+    a, b = nn.Dropout(0.5), nn.Dropout(0.5)
+    assert isinstance(a.seed, int) and 0 <= a.seed < 2**64
+    assert a.seed != b.seed
+    g1 = nn.Dropout(0.5, seed=np.random.default_rng(3))
+    g2 = nn.Dropout(0.5, seed=np.random.default_rng(3))
+    assert g1.seed == g2.seed
+
+
+def test_module_has_no_parameters_and_repr():
+    d = nn.Dropout(0.25, seed=4)
+    assert list(d.parameters()) == []
+    assert d.state_dict() == {}
+    assert repr(d) == "Dropout(p=0.25, seed=4)"
+
+
+def test_module_errors(rng):
+    d = nn.Dropout(0.5, seed=1)
+    with pytest.raises(RuntimeError, match="Dropout.backward called before forward"):
+        d.backward(np.ones(3))
+    d(np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 3\)"):
+        d.backward(np.ones((3, 2)))
+    with pytest.raises(TypeError, match="x: expected dtype float32 or float64"):
+        d(np.ones(3, dtype=np.int32))
+    assert d.counter == 1    # a failed forward does not advance the counter
+    with pytest.raises(ValueError, match="seed: expected an integer >= 0"):
+        nn.Dropout(0.5, seed=-2)
