@@ -203,7 +203,7 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         present[padding_idx] = False
     rows = np.flatnonzero(present)
     if sparse:
-        values = np.zeros((rows.size, dim), dtype=grad.dtype)
+        values = np.empty((rows.size, dim), dtype=grad.dtype)
         dest = np.arange(rows.size, dtype=np.int64)
         result = SparseRows(rows.astype(np.int64, copy=False), values, num_rows)
     else:

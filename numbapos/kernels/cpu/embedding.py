@@ -120,7 +120,8 @@ def sum_row_segments(grad, order, seg_start, counts, rows, dest, scale_by_freq, 
     Each output row is owned by one thread and summed in input order, so the
     result is bit-identical for any thread count. With ``scale_by_freq`` every
     contribution is multiplied by ``1 / count`` (PyTorch's ``scale_grad_by_freq``).
-    ``out`` rows named in ``dest`` must start at zero.
+    The rows named in ``dest`` are overwritten (they need no zeroing); every
+    listed row must occur at least once.
     """
     dim = grad.shape[1]
     one = out.dtype.type(1)
@@ -129,15 +130,16 @@ def sum_row_segments(grad, order, seg_start, counts, rows, dest, scale_by_freq, 
         target = dest[j]
         start = seg_start[row]
         stop = start + counts[row]
-        if scale_by_freq:
-            scale = one / out.dtype.type(counts[row])
-            for k in range(start, stop):
-                i = order[k]
+        scale = one / out.dtype.type(counts[row]) if scale_by_freq else one
+        first = order[start]
+        for d in range(dim):
+            out[target, d] = grad[first, d] * scale if scale_by_freq else grad[first, d]
+        for k in range(start + 1, stop):
+            i = order[k]
+            if scale_by_freq:
                 for d in range(dim):
                     out[target, d] += grad[i, d] * scale
-        else:
-            for k in range(start, stop):
-                i = order[k]
+            else:
                 for d in range(dim):
                     out[target, d] += grad[i, d]
 

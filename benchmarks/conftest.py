@@ -1,0 +1,23 @@
+"""Shared pieces of the benchmark suites (run with ``pytest benchmarks``).
+
+Each group times numbapos next to NumPy and, when installed, PyTorch on the
+same inputs, so ``--benchmark-group-by=group`` shows the ratios directly. JIT
+compilation is excluded: every numbapos case runs once before it is timed.
+"""
+
+import numba
+import pytest
+
+try:
+    import torch
+except ImportError:  # PyTorch is an optional peer
+    torch = None
+else:
+    torch.set_num_threads(numba.get_num_threads())
+
+IMPLEMENTATIONS = ["numbapos", "numpy", "torch"]
+
+
+def skip_without_torch(impl):
+    if impl == "torch" and torch is None:
+        pytest.skip("PyTorch is not installed (pip install torch==2.13.0)")

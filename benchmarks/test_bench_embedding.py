@@ -1,0 +1,113 @@
+"""Embedding lookup, and sparse backward + SGD, against NumPy and PyTorch CPU.
+
+Targets: lookup >= 2x PyTorch, sparse backward + SGD step >= 10x PyTorch.
+"""
+
+import numpy as np
+import pytest
+from conftest import IMPLEMENTATIONS, skip_without_torch, torch
+
+import numbapos.functional as F
+from numbapos import nn, optim
+
+VOCAB, DIM = 30522, 768
+BATCH, SEQ = 32, 128
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(VOCAB, DIM)).astype(np.float32)
+    ids = rng.integers(0, VOCAB, size=(BATCH, SEQ))
+    grad = rng.normal(size=(BATCH, SEQ, DIM)).astype(np.float32)
+    return weight, ids, grad
+
+
+@pytest.mark.benchmark(group="lookup")
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_lookup(benchmark, data, impl):
+    skip_without_torch(impl)
+    weight, ids, _ = data
+    if impl == "numbapos":
+        out = np.empty(ids.shape + (DIM,), np.float32)
+        F.embedding(ids, weight, out=out)
+        result = benchmark(F.embedding, ids, weight, out=out)
+    elif impl == "numpy":
+        result = benchmark(np.take, weight, ids, axis=0)
+    else:
+        t_weight, t_ids = torch.from_numpy(weight), torch.from_numpy(ids)
+        with torch.no_grad():
+            result = benchmark(torch.nn.functional.embedding, t_ids, t_weight).numpy()
+    np.testing.assert_array_equal(result, weight[ids])
+
+
+@pytest.mark.benchmark(group="lookup_alloc")
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_lookup_allocating(benchmark, data, impl):
+    skip_without_torch(impl)
+    weight, ids, _ = data
+    if impl == "numbapos":
+        F.embedding(ids, weight)
+        benchmark(F.embedding, ids, weight)
+    elif impl == "numpy":
+        benchmark(lambda: weight[ids])
+    else:
+        t_weight, t_ids = torch.from_numpy(weight), torch.from_numpy(ids)
+        with torch.no_grad():
+            benchmark(torch.nn.functional.embedding, t_ids, t_weight)
+
+
+@pytest.mark.benchmark(group="sparse_backward_sgd")
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_sparse_backward_and_sgd(benchmark, data, impl):
+    """Gradient of one batch's lookup plus one SGD(momentum=0) step on the table."""
+    skip_without_torch(impl)
+    weight, ids, grad = data
+    if impl == "numbapos":
+        emb = nn.Embedding(VOCAB, DIM, sparse=True, _weight=weight.copy())
+        opt = optim.SGD(emb.parameters(), lr=1e-3)
+        emb(ids)
+
+        def step():
+            emb.zero_grad()
+            emb.backward(grad)
+            opt.step()
+    elif impl == "numpy":
+        table = weight.copy()
+
+        def step():
+            rows, inverse = np.unique(ids, return_inverse=True)
+            values = np.zeros((rows.size, DIM), np.float32)
+            np.add.at(values, inverse.reshape(-1), grad.reshape(-1, DIM))
+            table[rows] -= np.float32(1e-3) * values
+    else:
+        emb = torch.nn.Embedding(VOCAB, DIM, sparse=True, _weight=torch.tensor(weight))
+        opt = torch.optim.SGD(emb.parameters(), lr=1e-3)
+        out = emb(torch.from_numpy(ids))
+        t_grad = torch.from_numpy(grad)
+
+        def step():
+            opt.zero_grad()
+            out.backward(t_grad, retain_graph=True)
+            opt.step()
+    step()
+    benchmark(step)
+
+
+@pytest.mark.benchmark(group="dense_backward")
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_dense_backward(benchmark, data, impl):
+    skip_without_torch(impl)
+    weight, ids, grad = data
+    if impl == "numbapos":
+        F.embedding_backward(grad, ids, VOCAB)
+        benchmark(F.embedding_backward, grad, ids, VOCAB)
+    elif impl == "numpy":
+        def backward():
+            out = np.zeros((VOCAB, DIM), np.float32)
+            np.add.at(out, ids.reshape(-1), grad.reshape(-1, DIM))
+            return out
+        benchmark(backward)
+    else:
+        t_grad, t_ids = torch.from_numpy(grad), torch.from_numpy(ids)
+        benchmark(torch.ops.aten.embedding_dense_backward, t_grad, t_ids, VOCAB, -1, False)
