@@ -110,6 +110,83 @@ def dropout(x, p, seed, counter=0):
     return x * np.where(mask, scale, x.dtype.type(0))
 
 
+# ----------------------------------------------------------------- layer norm and blocks
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """(y, mean, rstd) over the last axis, all in float64 (biased variance, as PyTorch)."""
+    x = np.asarray(x, dtype=np.float64)
+    mean = x.mean(axis=-1)
+    var = ((x - mean[..., None]) ** 2).mean(axis=-1)
+    rstd = 1.0 / np.sqrt(var + eps)
+    y = (x - mean[..., None]) * rstd[..., None]
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y, mean, rstd
+
+
+def layer_norm_backward(grad_y, x, weight=None, eps=1e-5):
+    """(grad_x, grad_weight, grad_bias) in float64, from the textbook formula."""
+    grad_y = np.asarray(grad_y, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    _, mean, rstd = layer_norm(x, eps=eps)
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    g = grad_y * (1.0 if weight is None else np.asarray(weight, dtype=np.float64))
+    grad_x = rstd[..., None] * (g - g.mean(-1, keepdims=True)
+                                - xhat * (g * xhat).mean(-1, keepdims=True))
+    rows = grad_y.reshape(-1, x.shape[-1])
+    grad_w = (rows * xhat.reshape(rows.shape)).sum(0)
+    return grad_x, grad_w, rows.sum(0)
+
+
+def hf_positions_from_attention_mask(attention_mask, length):
+    """Hugging Face's generation convention, verbatim: cumsum - 1, 1 at padding, last L columns."""
+    mask = np.asarray(attention_mask).astype(np.int64)
+    positions = np.cumsum(mask, axis=-1) - 1
+    positions[mask == 0] = 1
+    return positions[..., positions.shape[-1] - length:]
+
+
+def bert_embeddings(input_ids, word, position, token_type, ln_weight, ln_bias, eps=1e-12,
+                    token_type_ids=None, position_ids=None, past_length=0, p=0.0, seed=0,
+                    counter=0):
+    """Dropout(LayerNorm(word[ids] + position[pos] + token_type[types])), LayerNorm in float64.
+
+    The dropout mask is :func:`dropout_mask` over the output's flat C-order
+    indices; the result is float64.
+    """
+    ids = np.asarray(input_ids)
+    length = ids.shape[-1]
+    if position_ids is None:
+        position_ids = np.arange(past_length, past_length + length)
+    if token_type_ids is None:
+        token_type_ids = np.zeros_like(ids)
+    total = (word[ids].astype(np.float64) + position[np.asarray(position_ids)]
+             + token_type[np.asarray(token_type_ids)])
+    y = layer_norm(total, ln_weight, ln_bias, eps)[0]
+    if p:
+        y = y * dropout_mask(y.shape, p, seed, counter) / (1.0 - p)
+    return y
+
+
+def gpt2_embeddings(input_ids, wte, wpe, past_length=0, position_ids=None, attention_mask=None,
+                    p=0.0, seed=0, counter=0):
+    """Dropout(wte[ids] + wpe[pos]) in float64; mask positions as HF generation makes them."""
+    ids = np.asarray(input_ids)
+    length = ids.shape[-1]
+    if position_ids is None:
+        if attention_mask is not None:
+            position_ids = hf_positions_from_attention_mask(attention_mask, length)
+        else:
+            position_ids = np.arange(past_length, past_length + length)
+    y = wte[ids].astype(np.float64) + wpe[np.asarray(position_ids)]
+    if p:
+        y = y * dropout_mask(y.shape, p, seed, counter) / (1.0 - p)
+    return y
+
+
 # ----------------------------------------------------------------- checking
 
 

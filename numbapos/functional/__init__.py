@@ -6,6 +6,7 @@ modules in :mod:`numbapos.nn` are thin owners of parameters over these ops.
 
 from .dropout import dropout, dropout_backward, dropout_mask
 from .embedding import embedding, embedding_backward, embedding_renorm_, padding_mask
+from .normalization import layer_norm, layer_norm_backward, layer_norm_forward
 
 __all__ = [
     "dropout",
@@ -14,5 +15,8 @@ __all__ = [
     "embedding",
     "embedding_backward",
     "embedding_renorm_",
+    "layer_norm",
+    "layer_norm_backward",
+    "layer_norm_forward",
     "padding_mask",
 ]

@@ -1,0 +1,168 @@
+"""CPU kernels for layer normalisation over the last dimension, forward and backward.
+
+Rows are ``(R, D)`` C-contiguous views; every row is normalised on its own, so
+the forward pass and the input gradient split across threads by row. Row
+statistics are computed in the input's dtype with the corrected two-pass
+algorithm (a first mean, then the sum and the sum of squares of the deviations
+from it), which keeps float32 within a few ulp of a float64 reference even
+when the mean is large next to the spread.
+
+The weight and bias gradients are sums over rows. To make them bit-identical
+for any thread count, rows are cut into chunks whose size depends only on the
+number of rows, each chunk is summed by one thread into its own partial row,
+and the partials are then added in chunk order.
+
+The reductions over one row are compiled with ``fastmath={"reassoc"}`` so LLVM
+can vectorise them: the summation order then depends on the row length and the
+compiled code, never on threads. No other fast-math flag is used (NaN and inf
+propagate as usual).
+"""
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def row_sum(v):
+    """Sum of a 1-D array in its own dtype."""
+    s = v.dtype.type(0)
+    for d in range(v.size):
+        s += v[d]
+    return s
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def row_moments(v, first_mean, eps):
+    """``(mean, rstd)`` of a row given a first estimate of its mean (corrected two-pass).
+
+    ``rstd = 1 / sqrt(var + eps)`` with the biased variance, as PyTorch.
+    """
+    dt = v.dtype.type
+    n = dt(v.size)
+    c = dt(0)
+    q = dt(0)
+    for d in range(v.size):
+        t = v[d] - first_mean
+        c += t
+        q += t * t
+    shift = c / n
+    var = q / n - shift * shift
+    if var < dt(0):
+        var = dt(0)
+    return first_mean + shift, dt(1) / np.sqrt(var + dt(eps))
+
+
+@njit(cache=True, nogil=True)
+def normalize_row(v, mean, rstd, weight, bias, out):
+    """``out = (v - mean) * rstd * weight + bias``."""
+    for d in range(v.size):
+        out[d] = (v[d] - mean) * rstd * weight[d] + bias[d]
+
+
+@njit(cache=True, nogil=True)
+def layer_norm_row(v, weight, bias, eps, out):
+    """Normalise one row into ``out``; returns ``(mean, rstd)``."""
+    first = row_sum(v) / v.dtype.type(v.size)
+    mean, rstd = row_moments(v, first, eps)
+    normalize_row(v, mean, rstd, weight, bias, out)
+    return mean, rstd
+
+
+@njit(cache=True, nogil=True)
+def layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
+    """Forward pass over the rows of ``x`` (serial, for small inputs)."""
+    for i in range(x.shape[0]):
+        m, r = layer_norm_row(x[i], weight, bias, eps, y[i])
+        mean[i] = m
+        rstd[i] = r
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def layer_norm_rows_parallel(x, weight, bias, eps, y, mean, rstd):
+    """Forward pass over the rows of ``x``, rows split across threads."""
+    for i in prange(x.shape[0]):
+        m, r = layer_norm_row(x[i], weight, bias, eps, y[i])
+        mean[i] = m
+        rstd[i] = r
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def grad_moments(g, v, mean, rstd):
+    """``(sum g, sum g * xhat)`` over a row, with ``xhat = (v - mean) * rstd``."""
+    zero = g.dtype.type(0)
+    sg = zero
+    sgx = zero
+    for d in range(g.size):
+        sg += g[d]
+        sgx += g[d] * ((v[d] - mean) * rstd)
+    return sg, sgx
+
+
+@njit(cache=True, nogil=True)
+def layer_norm_row_backward(gy, v, mean, rstd, weight, want_w, want_b, gx, part_w, part_b):
+    """Input gradient of one row into ``gx``; adds the row's weight/bias terms to the partials.
+
+    ``gx`` first receives ``g = gy * weight`` and is then overwritten with
+    ``rstd * (g - mean(g) - xhat * mean(g * xhat))``.
+    """
+    dt = v.dtype.type
+    n = dt(v.size)
+    for d in range(v.size):
+        gx[d] = gy[d] * weight[d]
+    sg, sgx = grad_moments(gx, v, mean, rstd)
+    a = sg / n
+    b = sgx / n
+    for d in range(v.size):
+        xhat = (v[d] - mean) * rstd
+        gx[d] = rstd * (gx[d] - a - xhat * b)
+    if want_w:
+        for d in range(v.size):
+            part_w[d] += gy[d] * ((v[d] - mean) * rstd)
+    if want_b:
+        for d in range(v.size):
+            part_b[d] += gy[d]
+
+
+@njit(cache=True, nogil=True)
+def _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b,
+                    grad_x, part_w, part_b):
+    start = c * chunk_rows
+    stop = min(start + chunk_rows, x.shape[0])
+    for i in range(start, stop):
+        layer_norm_row_backward(grad_y[i], x[i], mean[i], rstd[i], weight, want_w, want_b,
+                                grad_x[i], part_w[c], part_b[c])
+
+
+@njit(cache=True, nogil=True)
+def layer_norm_backward_chunks(grad_y, x, mean, rstd, weight, want_w, want_b, chunk_rows,
+                               grad_x, part_w, part_b):
+    """Backward pass, one chunk of ``chunk_rows`` rows at a time (serial).
+
+    ``part_w`` / ``part_b`` have one zeroed row per chunk (``(n_chunks, 0)``
+    when that gradient is not wanted).
+    """
+    n_chunks = (x.shape[0] + chunk_rows - 1) // chunk_rows
+    for c in range(n_chunks):
+        _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b,
+                        grad_x, part_w, part_b)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def layer_norm_backward_chunks_parallel(grad_y, x, mean, rstd, weight, want_w, want_b,
+                                        chunk_rows, grad_x, part_w, part_b):
+    """Backward pass, chunks split across threads (same partials as the serial kernel)."""
+    n_chunks = (x.shape[0] + chunk_rows - 1) // chunk_rows
+    for c in prange(n_chunks):
+        _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b,
+                        grad_x, part_w, part_b)
+
+
+@njit(cache=True, nogil=True)
+def sum_partials(part, out):
+    """``out = part[0] + part[1] + ...``, added in row order (deterministic)."""
+    dim = part.shape[1]
+    for d in range(dim):
+        out[d] = part[0, d]
+    for c in range(1, part.shape[0]):
+        for d in range(dim):
+            out[d] += part[c, d]

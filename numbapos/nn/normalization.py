@@ -1,0 +1,155 @@
+"""LayerNorm: layer normalisation over the last dimension (PyTorch's ``nn.LayerNorm``)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import _checks
+from ..functional import normalization as FN
+from .module import Module
+from .parameter import Parameter
+
+
+def _normalized_dim(normalized_shape) -> int:
+    if isinstance(normalized_shape, (tuple, list)):
+        if len(normalized_shape) != 1:
+            raise ValueError(
+                f"normalized_shape: only normalisation over the last dimension is supported, "
+                f"so pass an int or a 1-tuple; got {tuple(normalized_shape)!r} "
+                f"(flatten the trailing dimensions into one first)"
+            )
+        normalized_shape = normalized_shape[0]
+    if isinstance(normalized_shape, (bool, np.bool_)) or not isinstance(
+            normalized_shape, numbers.Integral):
+        raise TypeError(
+            f"normalized_shape: expected an int or a 1-tuple of int, got {normalized_shape!r}"
+        )
+    return _checks.check_int(normalized_shape, "normalized_shape", minimum=1)
+
+
+class LayerNorm(Module):
+    """Normalise each vector along the last dimension, then scale and shift it.
+
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the mean and the
+    biased variance of each vector, as PyTorch's ``nn.LayerNorm``.
+
+    Parameters
+    ----------
+    normalized_shape : int or 1-tuple of int
+        Size D of the last dimension. Only the last dimension can be
+        normalised: a longer tuple raises ValueError.
+    eps : float, default 1e-5
+        Added to the variance (finite, >= 0).
+    elementwise_affine : bool, default True
+        Learn ``weight`` (initialised to ones) and ``bias`` (zeros). When False
+        the module has no parameters.
+    bias : bool, default True
+        With ``elementwise_affine``, whether to learn ``bias`` (as PyTorch's
+        ``bias=`` argument).
+    dtype : float32 or float64, default float32
+        Dtype of the parameters; inputs must have the same dtype.
+
+    Attributes
+    ----------
+    weight : Parameter of shape (D,) or None
+    bias : Parameter of shape (D,) or None
+    """
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True,
+                 dtype=np.float32):
+        super().__init__()
+        self.normalized_shape = (_normalized_dim(normalized_shape),)
+        self.eps = FN.check_eps(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        self.dtype = _checks.check_float_dtype(dtype)
+        dim = self.normalized_shape[0]
+        if self.elementwise_affine:
+            self.weight = Parameter(np.ones(dim, dtype=self.dtype))
+            self.bias = Parameter(np.zeros(dim, dtype=self.dtype)) if bias else None
+        else:
+            self.weight = None
+            self.bias = None
+        self._cache = None
+
+    def _check_input(self, x):
+        x = FN._check_x(x)
+        dim = self.normalized_shape[0]
+        if x.shape[-1] != dim:
+            raise ValueError(
+                f"x: expected last dimension normalized_shape={dim}, got shape {x.shape}"
+            )
+        if self.weight is not None and x.dtype != self.dtype:
+            raise TypeError(
+                f"x: expected dtype {self.dtype} (the dtype of the parameters), got {x.dtype}"
+            )
+        return x
+
+    def forward(self, x, out=None):
+        """Normalise ``x`` of shape (..., D); returns an array of the same shape.
+
+        Parameters
+        ----------
+        x : ndarray, float32 or float64
+            Same dtype as the parameters when ``elementwise_affine``.
+        out : ndarray, optional
+            Result buffer, as for :func:`numbapos.functional.layer_norm`.
+
+        Raises
+        ------
+        TypeError
+            ``x`` not a float ndarray, or of another dtype than the parameters.
+        ValueError
+            Last dimension of ``x`` not D; a bad ``out``.
+        """
+        x = self._check_input(x)
+        weight = None if self.weight is None else self.weight.data
+        bias = None if self.bias is None else self.bias.data
+        if out is not None:
+            _checks.check_out(out, x.shape, x.dtype, avoid=(x,))
+        y, mean, rstd = FN._forward(x, weight, bias, self.eps, out)
+        self._cache = (x, mean, rstd)
+        return y
+
+    def backward(self, grad_output):
+        """Gradient wrt the last forward input; accumulates the ``weight`` / ``bias`` gradients.
+
+        Frozen parameters (``requires_grad=False``) accumulate nothing, and
+        their gradient is not computed.
+
+        Raises
+        ------
+        RuntimeError
+            No forward has run yet.
+        TypeError, ValueError
+            ``grad_output`` not of the forward input's shape and dtype.
+        """
+        if self._cache is None:
+            raise RuntimeError("LayerNorm.backward called before forward")
+        x, mean, rstd = self._cache
+        grad_output = _checks.check_float_array(grad_output, "grad_output")
+        _checks.check_same_shape(grad_output, x.shape, "grad_output",
+                                 "the shape of the last forward's input")
+        if grad_output.dtype != x.dtype:
+            raise TypeError(
+                f"grad_output: expected dtype {x.dtype} (the dtype of the last forward's "
+                f"input), got {grad_output.dtype}"
+            )
+        want_w = self.weight is not None and self.weight.requires_grad
+        want_b = self.bias is not None and self.bias.requires_grad
+        weight = None if self.weight is None else self.weight.data
+        grad_x, grad_w, grad_b = FN._backward(grad_output, x, mean, rstd, weight,
+                                              want_w, want_b, None)
+        if want_w:
+            self.weight.accumulate_grad(grad_w, fresh=True)
+        if want_b:
+            self.bias.accumulate_grad(grad_b, fresh=True)
+        return grad_x
+
+    def extra_repr(self) -> str:
+        parts = [f"{self.normalized_shape}, eps={self.eps}",
+                 f"elementwise_affine={self.elementwise_affine}"]
+        if self.elementwise_affine and self.bias is None:
+            parts.append("bias=False")
+        return ", ".join(parts)

@@ -1,0 +1,328 @@
+"""LayerNorm: functional forward/backward and nn.LayerNorm against the NumPy reference."""
+
+import numba
+import numpy as np
+import pytest
+import reference
+from conftest import FLOAT_DTYPES
+
+from numbapos import functional as F
+from numbapos import nn
+from numbapos.functional import normalization as FN
+from numbapos.kernels.cpu import normalization as K
+
+SHAPES = [(5,), (3, 7), (2, 3, 16), (64, 600)]  # the last one takes the parallel kernels
+
+
+def _tol(dtype):
+    return (1e-5, 2e-5) if np.dtype(dtype) == np.float32 else (1e-12, 1e-12)
+
+
+def _affine(rng, dim, dtype):
+    return (rng.standard_normal(dim).astype(dtype), rng.standard_normal(dim).astype(dtype))
+
+
+# ------------------------------------------------------------------ forward
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", ["none", "weight", "bias", "both"])
+def test_forward_matches_reference(rng, dtype, shape, affine):
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    w, b = _affine(rng, shape[-1], dtype)
+    w = w if affine in ("weight", "both") else None
+    b = b if affine in ("bias", "both") else None
+    y, mean, rstd = F.layer_norm_forward(x, w, b, eps=1e-5)
+    ref_y, ref_mean, ref_rstd = reference.layer_norm(x, w, b, eps=1e-5)
+    rtol, atol = _tol(dtype)
+    assert y.dtype == dtype and y.shape == shape
+    assert mean.shape == shape[:-1] and rstd.shape == shape[:-1]
+    np.testing.assert_allclose(y, ref_y, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(mean, ref_mean, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(rstd, ref_rstd, rtol=rtol, atol=atol)
+    np.testing.assert_array_equal(F.layer_norm(x, w, b, eps=1e-5), y)
+
+
+def test_float32_within_1e5_of_float64_even_with_large_mean(rng):
+    # The corrected two-pass statistics keep float32 close although mean >> std.
+    x = (rng.standard_normal((33, 768)) * 0.5 + 10.0).astype(np.float32)
+    y = F.layer_norm(x, eps=1e-12)
+    ref = reference.layer_norm(x, eps=1e-12)[0]
+    assert np.abs(y - ref).max() <= 1e-5
+
+
+def test_constant_rows_give_bias(rng):
+    x = np.full((4, 9), 3.25, dtype=np.float32)
+    w, b = _affine(rng, 9, np.float32)
+    y = F.layer_norm(x, w, b, eps=1e-5)
+    np.testing.assert_array_equal(y, np.broadcast_to(b, y.shape))
+
+
+def test_non_contiguous_input_and_out_buffer(rng):
+    base = rng.standard_normal((6, 20))
+    x = base[:, ::2]
+    out = np.empty((6, 10))
+    y = F.layer_norm(x, eps=1e-5, out=out)
+    assert y is out
+    np.testing.assert_allclose(y, reference.layer_norm(x, eps=1e-5)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_empty_leading_dims():
+    y, mean, rstd = F.layer_norm_forward(np.zeros((0, 4), dtype=np.float32))
+    assert y.shape == (0, 4) and mean.shape == (0,) and rstd.shape == (0,)
+    gx, gw, gb = F.layer_norm_backward(y, y, mean, rstd, np.ones(4, np.float32))
+    assert gx.shape == (0, 4)
+    np.testing.assert_array_equal(gw, 0)
+    np.testing.assert_array_equal(gb, 0)
+
+
+# ------------------------------------------------------------------ backward
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_backward_matches_reference(rng, dtype, shape):
+    x = rng.standard_normal(shape).astype(dtype)
+    gy = rng.standard_normal(shape).astype(dtype)
+    w, b = _affine(rng, shape[-1], dtype)
+    _, mean, rstd = F.layer_norm_forward(x, w, b, eps=1e-5)
+    gx, gw, gb = F.layer_norm_backward(gy, x, mean, rstd, w, b)
+    ref_gx, ref_gw, ref_gb = reference.layer_norm_backward(gy, x, w, eps=1e-5)
+    rtol, atol = (1e-4, 1e-4) if np.dtype(dtype) == np.float32 else (1e-10, 1e-10)
+    for got, want in ((gx, ref_gx), (gw, ref_gw), (gb, ref_gb)):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def test_backward_which_gradients(rng):
+    x = rng.standard_normal((3, 5))
+    gy = rng.standard_normal((3, 5))
+    w, b = _affine(rng, 5, np.float64)
+    _, mean, rstd = F.layer_norm_forward(x, w, b)
+    assert F.layer_norm_backward(gy, x, mean, rstd)[1:] == (None, None)
+    _, gw, gb = F.layer_norm_backward(gy, x, mean, rstd, w)
+    assert gw is not None and gb is not None
+    _, gw, gb = F.layer_norm_backward(gy, x, mean, rstd, None, b)
+    assert gw is None
+    np.testing.assert_allclose(gb, gy.sum(0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(3, 6), (2, 2, 5)])
+def test_gradients_match_finite_differences(rng, shape):
+    x = rng.standard_normal(shape)
+    w, b = _affine(rng, shape[-1], np.float64)
+    probe = rng.standard_normal(shape)
+
+    def loss():
+        return float((F.layer_norm(x, w, b, eps=1e-3) * probe).sum())
+
+    _, mean, rstd = F.layer_norm_forward(x, w, b, eps=1e-3)
+    gx, gw, gb = F.layer_norm_backward(probe, x, mean, rstd, w, b)
+    np.testing.assert_allclose(gx, reference.finite_difference(loss, x), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(gw, reference.finite_difference(loss, w), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(gb, reference.finite_difference(loss, b), rtol=1e-6, atol=1e-7)
+
+
+def test_chunking_depends_only_on_rows():
+    assert FN.chunk_rows(1) == FN.MIN_CHUNK_ROWS
+    assert FN.chunk_rows(4096) == FN.MIN_CHUNK_ROWS
+    assert -(-100_000 // FN.chunk_rows(100_000)) <= FN.MAX_CHUNKS
+
+
+def _threads():
+    return min(2, numba.config.NUMBA_NUM_THREADS)
+
+
+def test_deterministic_for_any_thread_count(rng):
+    x = rng.standard_normal((300, 200)).astype(np.float32)  # parallel kernels, many chunks
+    gy = rng.standard_normal((300, 200)).astype(np.float32)
+    w, b = _affine(rng, 200, np.float32)
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, _threads()):
+            numba.set_num_threads(threads)
+            y, mean, rstd = F.layer_norm_forward(x, w, b)
+            results.append((y, *F.layer_norm_backward(gy, x, mean, rstd, w, b)))
+    finally:
+        numba.set_num_threads(before)
+    for first, second in zip(*results, strict=True):
+        np.testing.assert_array_equal(first, second)
+
+
+def test_serial_and_parallel_kernels_agree_bitwise(rng):
+    x = rng.standard_normal((40, 33)).astype(np.float32)
+    gy = rng.standard_normal((40, 33)).astype(np.float32)
+    w, b = _affine(rng, 33, np.float32)
+    outs = []
+    for fwd, bwd in ((K.layer_norm_rows, K.layer_norm_backward_chunks),
+                     (K.layer_norm_rows_parallel, K.layer_norm_backward_chunks_parallel)):
+        y = np.empty_like(x)
+        mean = np.empty(40, np.float32)
+        rstd = np.empty(40, np.float32)
+        fwd(x, w, b, 1e-5, y, mean, rstd)
+        gx = np.empty_like(x)
+        pw = np.zeros((3, 33), np.float32)
+        pb = np.zeros((3, 33), np.float32)
+        bwd(gy, x, mean, rstd, w, True, True, 16, gx, pw, pb)
+        outs.append((y, mean, rstd, gx, pw, pb))
+    for first, second in zip(*outs, strict=True):
+        np.testing.assert_array_equal(first, second)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_forward_errors(rng):
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    w = np.ones(4, np.float32)
+    with pytest.raises(TypeError, match="x: expected a NumPy array"):
+        F.layer_norm([[1.0, 2.0]])
+    with pytest.raises(TypeError, match="x: expected dtype float32 or float64, got int64"):
+        F.layer_norm(np.ones((2, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"x: .*non-empty last dimension.*got shape \(\)"):
+        F.layer_norm(np.ones((), np.float32))
+    with pytest.raises(ValueError, match=r"x: .*got shape \(3, 0\)"):
+        F.layer_norm(np.ones((3, 0), np.float32))
+    with pytest.raises(ValueError, match=r"weight: expected shape \(4,\) .*got \(5,\)"):
+        F.layer_norm(x, np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="bias: expected a 1-D array"):
+        F.layer_norm(x, w, np.ones((1, 4), np.float32))
+    with pytest.raises(TypeError, match="weight: expected dtype float32 .*got float64"):
+        F.layer_norm(x, np.ones(4))
+    with pytest.raises(ValueError, match="eps: expected a finite number >= 0, got -1.0"):
+        F.layer_norm(x, eps=-1.0)
+    with pytest.raises(ValueError, match="eps: expected a finite number >= 0, got inf"):
+        F.layer_norm(x, eps=float("inf"))
+    with pytest.raises(TypeError, match="eps: expected a real number"):
+        F.layer_norm(x, eps="small")
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 4\) and dtype float32"):
+        F.layer_norm(x, out=np.empty((2, 4)))
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.layer_norm(x, out=x)
+
+
+def test_backward_errors(rng):
+    x = rng.standard_normal((2, 4))
+    gy = rng.standard_normal((2, 4))
+    _, mean, rstd = F.layer_norm_forward(x)
+    with pytest.raises(ValueError, match=r"grad_y: expected shape \(2, 4\)"):
+        F.layer_norm_backward(gy[:1], x, mean, rstd)
+    with pytest.raises(TypeError, match="grad_y: expected dtype float64"):
+        F.layer_norm_backward(gy.astype(np.float32), x, mean, rstd)
+    with pytest.raises(ValueError, match=r"mean: expected shape \(2,\)"):
+        F.layer_norm_backward(gy, x, mean[:1], rstd)
+    with pytest.raises(TypeError, match="rstd: expected dtype float64"):
+        F.layer_norm_backward(gy, x, mean, rstd.astype(np.float32))
+    with pytest.raises(ValueError, match=r"weight: expected shape \(4,\)"):
+        F.layer_norm_backward(gy, x, mean, rstd, np.ones(3))
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.layer_norm_backward(gy, x, mean, rstd, out=gy)
+
+
+def test_inputs_unchanged_after_error(rng):
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    out = np.full((2, 4), 7.0, np.float32)
+    x_before = x.copy()
+    with pytest.raises(ValueError):
+        F.layer_norm(x, np.ones(3, np.float32), out=out)
+    np.testing.assert_array_equal(out, 7.0)
+    np.testing.assert_array_equal(x, x_before)
+
+
+# ------------------------------------------------------------------ module
+
+
+def test_module_parameters_and_forward(rng):
+    ln = nn.LayerNorm(6)
+    assert ln.normalized_shape == (6,)
+    assert [name for name, _ in ln.named_parameters()] == ["weight", "bias"]
+    np.testing.assert_array_equal(ln.weight.data, np.ones(6, np.float32))
+    np.testing.assert_array_equal(ln.bias.data, np.zeros(6, np.float32))
+    assert ln.weight.dtype == np.float32
+    ln.weight.data[:] = rng.standard_normal(6)
+    ln.bias.data[:] = rng.standard_normal(6)
+    x = rng.standard_normal((2, 3, 6)).astype(np.float32)
+    np.testing.assert_allclose(ln(x), reference.layer_norm(x, ln.weight.data, ln.bias.data)[0],
+                               rtol=1e-5, atol=2e-5)
+    assert "elementwise_affine=True" in repr(ln)
+
+
+def test_module_backward_accumulates(rng):
+    ln = nn.LayerNorm((5,), eps=1e-3, dtype=np.float64)
+    ln.weight.data[:] = rng.standard_normal(5)
+    x = rng.standard_normal((4, 5))
+    gy = rng.standard_normal((4, 5))
+    ln(x)
+    gx = ln.backward(gy)
+    ref_gx, ref_gw, ref_gb = reference.layer_norm_backward(gy, x, ln.weight.data, eps=1e-3)
+    np.testing.assert_allclose(gx, ref_gx, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ln.weight.grad, ref_gw, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ln.bias.grad, ref_gb, rtol=1e-10, atol=1e-12)
+    ln(x)
+    ln.backward(gy)
+    np.testing.assert_allclose(ln.weight.grad, 2 * ref_gw, rtol=1e-10, atol=1e-12)
+
+
+def test_module_finite_differences(rng):
+    ln = nn.LayerNorm(4, eps=1e-2, dtype=np.float64)
+    ln.weight.data[:] = rng.standard_normal(4)
+    ln.bias.data[:] = rng.standard_normal(4)
+    x = rng.standard_normal((3, 4))
+    probe = rng.standard_normal((3, 4))
+
+    def loss():
+        return float((ln(x) * probe).sum())
+
+    ln(x)
+    gx = ln.backward(probe)
+    np.testing.assert_allclose(gx, reference.finite_difference(loss, x), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ln.weight.grad, reference.finite_difference(loss, ln.weight.data),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ln.bias.grad, reference.finite_difference(loss, ln.bias.data),
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_module_frozen_and_without_affine(rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    gy = rng.standard_normal((3, 4)).astype(np.float32)
+    ln = nn.LayerNorm(4)
+    ln.weight.requires_grad = False
+    ln(x)
+    gx = ln.backward(gy)
+    assert ln.weight.grad is None and ln.bias.grad is not None
+    plain = nn.LayerNorm(4, elementwise_affine=False)
+    assert list(plain.parameters()) == [] and plain.weight is None
+    np.testing.assert_allclose(plain(x), reference.layer_norm(x)[0], rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(plain.backward(gy), gx, rtol=1e-6, atol=1e-6)
+    # Without affine parameters any float dtype is accepted.
+    assert plain(x.astype(np.float64)).dtype == np.float64
+    no_bias = nn.LayerNorm(4, bias=False)
+    assert [n for n, _ in no_bias.named_parameters()] == ["weight"]
+    assert "bias=False" in repr(no_bias)
+
+
+def test_module_errors(rng):
+    with pytest.raises(ValueError, match=r"only normalisation over the last dimension.*\(2, 3\)"):
+        nn.LayerNorm((2, 3))
+    with pytest.raises(TypeError, match="normalized_shape: expected an int or a 1-tuple"):
+        nn.LayerNorm(4.0)
+    with pytest.raises(ValueError, match="normalized_shape: expected an integer >= 1, got 0"):
+        nn.LayerNorm(0)
+    with pytest.raises(TypeError, match="dtype: expected float32 or float64"):
+        nn.LayerNorm(4, dtype=np.int32)
+    with pytest.raises(ValueError, match="eps: expected a finite number >= 0"):
+        nn.LayerNorm(4, eps=-1e-5)
+    ln = nn.LayerNorm(4)
+    with pytest.raises(RuntimeError, match="before forward"):
+        ln.backward(np.zeros((1, 4), np.float32))
+    with pytest.raises(ValueError, match=r"x: expected last dimension normalized_shape=4, got"):
+        ln(np.zeros((2, 5), np.float32))
+    with pytest.raises(TypeError, match="x: expected dtype float32 .*got float64"):
+        ln(np.zeros((2, 4)))
+    ln(np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 4\)"):
+        ln.backward(np.zeros((1, 4), np.float32))
+    with pytest.raises(TypeError, match="grad_output: expected dtype float32"):
+        ln.backward(np.zeros((2, 4)))
