@@ -1,0 +1,265 @@
+"""Save and load model state as safetensors files.
+
+:func:`save_state` writes a module's ``state_dict()`` (or any mapping of names
+to arrays) and :func:`load_state` reads a file back into a dict of NumPy
+arrays, ready for :meth:`numbapos.nn.Module.load_state_dict` or for the
+``from_hf_state_dict`` constructors of the BERT / GPT-2 blocks (a Hugging Face
+``model.safetensors`` loads the same way).
+
+The ``safetensors`` package is an optional dependency (``pip install
+numbapos[io]``); it is imported when one of these functions is first called,
+so ``import numbapos`` works without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+import uuid
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = ["load_metadata", "load_state", "save_state"]
+
+# Dtypes that safetensors.numpy can write and NumPy can hold.
+_SAVABLE = frozenset(np.dtype(t) for t in (
+    np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+    np.uint64, np.float16, np.float32, np.float64, np.complex64,
+))
+# safetensors dtype tags that safetensors.numpy loads as NumPy arrays.
+_LOADABLE = frozenset(("BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64",
+                       "F16", "F32", "F64", "C64"))
+
+
+def _safetensors():
+    """Import safetensors lazily, with an install hint if it is missing."""
+    try:
+        import safetensors
+        import safetensors.numpy  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            "numbapos.io needs the 'safetensors' package to read and write .safetensors "
+            "files; install it with `pip install numbapos[io]` (or `pip install safetensors`)"
+        ) from err
+    return safetensors
+
+
+def _fspath(path, name: str = "path") -> str:
+    try:
+        return os.fspath(path)
+    except TypeError as err:
+        raise TypeError(
+            f"{name}: expected a str or os.PathLike, got {type(path).__name__} {path!r}"
+        ) from err
+
+
+def _read_header(path: str) -> tuple[dict, int]:
+    """The JSON header of a safetensors file and the byte offset where its data starts."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return header, 8 + size
+
+
+def _bfloat16_as_float32(path: str, data_start: int, entry: dict) -> np.ndarray:
+    begin, end = entry["data_offsets"]
+    raw = np.fromfile(path, dtype="<u2", count=(end - begin) // 2, offset=data_start + begin)
+    # A bfloat16 is the upper half of a float32: shifting it back up is exact.
+    return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(entry["shape"])
+
+
+def load_state(path) -> dict[str, np.ndarray]:
+    """Read every tensor of a safetensors file into a dict of NumPy arrays.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A ``.safetensors`` file, such as one written by :func:`save_state` or a
+        Hugging Face ``model.safetensors``.
+
+    Returns
+    -------
+    dict of str to ndarray
+        Tensor name to array, in the file's order. The arrays are writeable and
+        independent of the file. Every dtype keeps its own NumPy dtype
+        (float16, float32, float64, the integer types, bool, complex64), with
+        one exception: **bfloat16 tensors are returned as float32**. NumPy has no
+        bfloat16, and the conversion is exact (a bfloat16 is the upper 16 bits
+        of a float32), so checkpoints stored in bfloat16 load directly into
+        float32 modules.
+
+    Raises
+    ------
+    ImportError
+        ``safetensors`` is not installed (``pip install numbapos[io]``).
+    FileNotFoundError
+        ``path`` does not exist.
+    ValueError
+        A tensor has a dtype NumPy cannot hold (the float8 and float4 formats);
+        the message names the tensor. Nothing is returned in that case.
+    safetensors.SafetensorError
+        The file is not a valid safetensors file.
+    """
+    safetensors = _safetensors()
+    path = _fspath(path)
+    tensors = {}
+    with safetensors.safe_open(path, framework="numpy") as f:  # validates the file
+        header, data_start = _read_header(path)
+        names = list(f.keys())
+        for name in names:
+            dtype = header[name]["dtype"]
+            if dtype not in _LOADABLE and dtype != "BF16":
+                raise ValueError(
+                    f"load_state: tensor {name!r} in {path!r} has dtype {dtype}, which NumPy "
+                    "cannot hold; convert it to float16/float32 before saving"
+                )
+        for name in names:
+            entry = header[name]
+            if entry["dtype"] == "BF16":
+                tensors[name] = _bfloat16_as_float32(path, data_start, entry)
+            else:
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def load_metadata(path) -> dict[str, str]:
+    """The text metadata stored in a safetensors file's header (empty dict if none).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+
+    Returns
+    -------
+    dict of str to str
+        What was passed as ``metadata`` to :func:`save_state`.
+    """
+    safetensors = _safetensors()
+    path = _fspath(path)
+    with safetensors.safe_open(path, framework="numpy") as f:
+        return dict(f.metadata() or {})
+
+
+def _collect(module_or_dict) -> dict[str, np.ndarray]:
+    from .nn.module import Module
+    from .nn.parameter import Parameter
+
+    if isinstance(module_or_dict, Module):
+        items = module_or_dict.state_dict()
+    elif isinstance(module_or_dict, Mapping):
+        items = module_or_dict
+    else:
+        raise TypeError(
+            "module_or_dict: expected a numbapos Module or a mapping of str to ndarray, "
+            f"got {type(module_or_dict).__name__}"
+        )
+    tensors = {}
+    for name, value in items.items():
+        if not isinstance(name, str):
+            raise TypeError(f"save_state: tensor names must be str, got {type(name).__name__} "
+                            f"{name!r}")
+        if isinstance(value, Parameter):
+            value = value.data
+        if not isinstance(value, np.ndarray):
+            raise TypeError(
+                f"save_state: {name!r} must be a NumPy array, got {type(value).__name__}"
+            )
+        native = value.dtype.newbyteorder("=")
+        if native not in _SAVABLE:
+            raise TypeError(
+                f"save_state: {name!r} has dtype {value.dtype}, which safetensors cannot store; "
+                "supported: bool, (u)int8/16/32/64, float16/32/64, complex64"
+            )
+        if value.dtype != native:
+            value = value.astype(native, order="C")
+        # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+        tensors[name] = value if value.flags.c_contiguous else value.copy(order="C")
+    return tensors
+
+
+def _check_metadata(metadata) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata: expected a mapping of str to str, got "
+                        f"{type(metadata).__name__}")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(
+                f"metadata: keys and values must be str, got {key!r}: {type(value).__name__}"
+            )
+    return dict(metadata)
+
+
+def _fsync(path: str, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if directory:
+            return  # not every platform can open a directory (Windows); best effort
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not directory:
+            raise
+    finally:
+        os.close(fd)
+
+
+def save_state(module_or_dict, path, metadata=None) -> None:
+    """Write a module's state, or a mapping of arrays, to a safetensors file, atomically.
+
+    The tensors are written to a temporary file in the target's directory,
+    flushed to disk, and then renamed over ``path`` (``os.replace``), so a
+    reader sees either the old file or the complete new one, never a partial
+    write; if anything fails the temporary file is removed and an existing
+    ``path`` is left as it was. If ``path`` is a symbolic link, the file it
+    points to is replaced.
+
+    Parameters
+    ----------
+    module_or_dict : numbapos.nn.Module or mapping of str to ndarray
+        A module (its :meth:`~numbapos.nn.Module.state_dict` is saved) or
+        names mapped to arrays (:class:`~numbapos.nn.Parameter` values are
+        accepted too). Non-contiguous arrays are made C-contiguous.
+    path : str or os.PathLike
+        Destination file; its directory must exist.
+    metadata : mapping of str to str, optional
+        Free text stored in the header (read it with :func:`load_metadata`).
+
+    Raises
+    ------
+    ImportError
+        ``safetensors`` is not installed (``pip install numbapos[io]``).
+    TypeError
+        ``module_or_dict`` is neither a Module nor a mapping; a name is not a
+        str; a value is not a NumPy array or has a dtype safetensors cannot
+        store (e.g. object, float128, complex128); ``metadata`` is not str to str.
+    FileNotFoundError
+        The directory of ``path`` does not exist.
+    """
+    tensors = _collect(module_or_dict)
+    metadata = _check_metadata(metadata)
+    safetensors = _safetensors()
+    target = os.path.realpath(_fspath(path))
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"save_state: directory {directory!r} does not exist")
+    if os.path.isdir(target):
+        raise IsADirectoryError(f"save_state: {target!r} is a directory")
+    temp = os.path.join(directory,
+                        f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
+    try:
+        safetensors.numpy.save_file(tensors, temp, metadata=metadata)
+        _fsync(temp)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        raise
+    _fsync(directory, directory=True)
