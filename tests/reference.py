@@ -187,6 +187,43 @@ def gpt2_embeddings(input_ids, wte, wpe, past_length=0, position_ids=None, atten
     return y
 
 
+# ----------------------------------------------------------------- positional
+
+
+def sinusoidal_table(seq_len, embed_dim, base=10000.0, offset=0):
+    """The sinusoid table by its formula, in float64, one channel at a time."""
+    positions = np.arange(offset, offset + seq_len, dtype=np.float64)
+    out = np.empty((seq_len, embed_dim), dtype=np.float64)
+    for channel in range(embed_dim):
+        even = channel - channel % 2
+        angle = positions * base ** (-even / embed_dim)
+        out[:, channel] = np.sin(angle) if channel % 2 == 0 else np.cos(angle)
+    return out
+
+
+def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0):
+    """Loop version: count the real tokens of each row."""
+    ids = np.asarray(input_ids)
+    rows = ids.reshape(-1, ids.shape[-1])
+    past = np.broadcast_to(np.asarray(past_length), ids.shape[:-1]).reshape(-1)
+    out = np.empty(rows.shape, dtype=np.int64)
+    for r in range(rows.shape[0]):
+        count = 0
+        for l in range(rows.shape[1]):
+            if rows[r, l] == padding_idx:
+                out[r, l] = pad_position
+            else:
+                out[r, l] = past[r] + count
+                count += 1
+    return out.reshape(ids.shape)
+
+
+def fairseq_make_positions(input_ids, padding_idx):
+    """fairseq's make_positions, transcribed: cumsum of the mask times the mask, + padding_idx."""
+    mask = (np.asarray(input_ids) != padding_idx).astype(np.int64)
+    return np.cumsum(mask, axis=-1) * mask + padding_idx
+
+
 # ----------------------------------------------------------------- checking
 
 

@@ -7,8 +7,18 @@ modules in :mod:`numbapos.nn` are thin owners of parameters over these ops.
 from .dropout import dropout, dropout_backward, dropout_mask
 from .embedding import embedding, embedding_backward, embedding_renorm_, padding_mask
 from .normalization import layer_norm, layer_norm_backward, layer_norm_forward
+from .positional import (
+    add_positional,
+    add_positional_backward,
+    positional_mult_add,
+    positional_mult_add_backward,
+    positions_from_padding,
+    sinusoidal_pos_embedding,
+)
 
 __all__ = [
+    "add_positional",
+    "add_positional_backward",
     "dropout",
     "dropout_backward",
     "dropout_mask",
@@ -19,4 +29,8 @@ __all__ = [
     "layer_norm_backward",
     "layer_norm_forward",
     "padding_mask",
+    "positional_mult_add",
+    "positional_mult_add_backward",
+    "positions_from_padding",
+    "sinusoidal_pos_embedding",
 ]

@@ -6,13 +6,17 @@ from .embedding import Embedding
 from .module import IncompatibleKeys, Module
 from .normalization import LayerNorm
 from .parameter import Parameter
+from .positional import LearnedPosEmbedding, PositionalEmbedding, SinusoidalPosEmbedding
 
 __all__ = [
     "Dropout",
     "Embedding",
     "IncompatibleKeys",
     "LayerNorm",
+    "LearnedPosEmbedding",
     "Module",
     "Parameter",
+    "PositionalEmbedding",
+    "SinusoidalPosEmbedding",
     "init",
 ]

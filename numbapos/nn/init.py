@@ -61,6 +61,22 @@ def ones() -> Initializer:
     return init
 
 
+def sinusoidal(base: float = 10000.0) -> Initializer:
+    """The sinusoidal position table of a 2-D ``(max_len, D)`` shape (a warm start).
+
+    See :func:`numbapos.functional.sinusoidal_pos_embedding`; computed in float64.
+    """
+
+    def init(shape, rng):
+        from ..functional.positional import sinusoidal_pos_embedding
+
+        if len(shape) != 2:
+            raise ValueError(f"sinusoidal: expected a 2-D shape (max_len, D), got {shape}")
+        return sinusoidal_pos_embedding(shape[0], shape[1], dtype=np.float64, base=base)
+
+    return init
+
+
 def make_array(init: Initializer, shape: tuple, dtype, rng: np.random.Generator,
                name: str = "init") -> np.ndarray:
     """Run ``init(shape, rng)`` and return a fresh C-contiguous array of ``dtype``."""

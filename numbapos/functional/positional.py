@@ -1,0 +1,474 @@
+"""Positional embeddings: the sinusoid table, adding positions to a batch, NeoML's
+multiply-add, their gradients, and positions computed from padding.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .. import _checks
+from ..kernels.cpu import positional as kernels
+from .embedding import PARALLEL_MIN_ELEMENTS, embedding_backward
+
+# The sinusoid recurrence is re-anchored with a direct sin/cos at least this often.
+# Its float64 error grows about 1e-16 per step, so 256 steps stay near 1e-13: far
+# inside the 1e-10 bound, while the anchors cost under 5% of the fill.
+SINUSOID_MAX_BLOCK = 256
+# Fewer rows than this per block and the anchors' sin/cos start to dominate.
+SINUSOID_MIN_BLOCK = 32
+
+
+def _check_device(device):
+    if not isinstance(device, str):
+        raise TypeError(f"device: expected a string such as 'cpu', got {type(device).__name__}")
+    if device != "cpu":
+        raise ValueError(
+            f"device: got {device!r}, but CUDA is not available in this release of numbapos; "
+            "use device='cpu'"
+        )
+
+
+def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=10000.0,
+                             offset=0, out=None):
+    """The sinusoidal position table of "Attention Is All You Need".
+
+    ``PE[p, 2i] = sin(p * base**(-2i/D))`` and ``PE[p, 2i+1] = cos(p * base**(-2i/D))``
+    for the positions ``p = offset, ..., offset + seq_len - 1``: sin and cos
+    alternate along the channels (as in fairseq, NeoML and the Annotated
+    Transformer; Hugging Face's concatenated ``[sin | cos]`` layout is a column
+    permutation of it). An odd ``embed_dim`` ends with an unpaired sin channel.
+
+    The table is filled by a Numba kernel that rotates (sin, cos) one position at
+    a time (angle addition, computed in float64 even for float32 output) and
+    re-anchors with a direct sin/cos every few hundred positions, so each entry
+    stays within 1e-6 (float32) or 1e-10 (float64) of the formula evaluated in
+    float64, for tables of at least 65536 positions.
+
+    Parameters
+    ----------
+    seq_len : int
+        Number of positions L (> 0).
+    embed_dim : int
+        Number of channels D (> 0).
+    device : str, default "cpu"
+        Only ``"cpu"`` is available in this release.
+    dtype : float32 or float64, optional
+        Dtype of the result; None means float32, or ``out``'s dtype when ``out``
+        is given.
+    base : float, default 10000.0
+        Base of the geometric progression of wavelengths (> 0).
+    offset : int, default 0
+        First position (>= 0), e.g. the number of tokens already decoded.
+    out : ndarray, optional
+        C-contiguous, writeable buffer of shape (seq_len, embed_dim) and dtype
+        ``dtype`` to fill.
+
+    Returns
+    -------
+    ndarray, shape (seq_len, embed_dim)
+
+    Raises
+    ------
+    TypeError
+        A non-integer ``seq_len``, ``embed_dim`` or ``offset``, a non-float
+        ``dtype``, a non-real ``base`` or a non-array ``out``.
+    ValueError
+        ``seq_len <= 0``, ``embed_dim <= 0``, ``offset < 0``, ``base <= 0``, a
+        device other than ``"cpu"``, or ``out`` of the wrong shape or dtype.
+
+    Examples
+    --------
+    >>> import numbapos.functional as F
+    >>> F.sinusoidal_pos_embedding(4, 6).shape
+    (4, 6)
+    """
+    seq_len = _checks.check_int(seq_len, "seq_len", minimum=1)
+    embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
+    _check_device(device)
+    if dtype is None:
+        dtype = out.dtype if isinstance(out, np.ndarray) else np.float32
+    dtype = _checks.check_float_dtype(dtype)
+    base = _checks.check_positive(base, "base")
+    offset = _checks.check_int(offset, "offset", minimum=0)
+    shape = (seq_len, embed_dim)
+    if out is None:
+        out = np.empty(shape, dtype=dtype)
+    else:
+        _checks.check_out(out, shape, dtype)
+
+    inv_freq = base ** (-np.arange(0, embed_dim, 2, dtype=np.float64) / embed_dim)
+    step_cos = np.cos(inv_freq)
+    step_sin = np.sin(inv_freq)
+    if seq_len * embed_dim >= PARALLEL_MIN_ELEMENTS:
+        threads = numba.get_num_threads()
+        block = -(-seq_len // (2 * threads))  # about two blocks per thread
+        block = min(SINUSOID_MAX_BLOCK, max(SINUSOID_MIN_BLOCK, block))
+        kernels.sinusoid_fill_parallel(inv_freq, step_cos, step_sin, offset, block, out)
+    else:
+        kernels.sinusoid_fill(inv_freq, step_cos, step_sin, offset, SINUSOID_MAX_BLOCK, out)
+    return out
+
+
+# ---------------------------------------------------------------- shared checks
+
+
+def _check_activation(x, name: str = "x") -> np.ndarray:
+    return _checks.check_float_array(x, name, ndim=(2, 3))
+
+
+def _check_table_for(x, table, table_name: str) -> np.ndarray:
+    """A (M, D) table matching ``x``'s last dimension and dtype."""
+    table = _checks.check_float_array(table, table_name, ndim=2)
+    if table.shape[1] != x.shape[-1]:
+        raise ValueError(
+            f"{table_name}: has {table.shape[1]} columns but x has last dimension "
+            f"{x.shape[-1]} (x.shape={x.shape}); they must be equal"
+        )
+    if table.dtype != x.dtype:
+        raise TypeError(
+            f"{table_name}: dtype {table.dtype} differs from x's dtype {x.dtype}; "
+            "cast one of them so both match"
+        )
+    return table
+
+
+def _as_3d(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x)
+    return x[None] if x.ndim == 2 else x
+
+
+def _check_offset(offset, seq_len: int, num_positions: int) -> int:
+    offset = _checks.check_int(offset, "offset")
+    if offset < 0 or offset + seq_len > num_positions:
+        raise ValueError(
+            f"offset: positions offset={offset} .. offset+L-1={offset + seq_len - 1} "
+            f"(L={seq_len}) must lie in [0, max_len={num_positions}); need "
+            f"0 <= offset and offset + L <= max_len"
+        )
+    return offset
+
+
+def _check_position_ids(position_ids, x_shape: tuple, num_positions: int) -> np.ndarray:
+    """Position ids of shape (L,), or (N, L) / (1, L) for 3-D x, as a 2-D (P, L) array."""
+    ids = _checks.check_index_array(position_ids, "position_ids")
+    seq_len = x_shape[-2]
+    allowed = [(seq_len,)]
+    if len(x_shape) == 3:
+        allowed += [(1, seq_len), (x_shape[0], seq_len)]
+    if ids.shape not in allowed:
+        want = " or ".join(str(s) for s in dict.fromkeys(allowed))
+        raise ValueError(
+            f"position_ids: expected shape {want} for x of shape {x_shape}, got {ids.shape}"
+        )
+    _checks.check_index_range(ids.reshape(-1), num_positions, "position_ids", "max_len")
+    return np.ascontiguousarray(ids.reshape(ids.shape[0] if ids.ndim == 2 else 1, seq_len))
+
+
+def _check_grad(grad_output, x_shape: tuple, dtype, name: str = "grad_output") -> np.ndarray:
+    grad_output = _checks.check_float_array(grad_output, name)
+    _checks.check_same_shape(grad_output, x_shape, name, "the shape of x")
+    if grad_output.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {grad_output.dtype}")
+    return grad_output
+
+
+# ---------------------------------------------------------------- x + P
+
+
+def add_positional(x, table, offset=0, position_ids=None, out=None):
+    """Add rows of a position table to every sequence of a batch.
+
+    ``out[..., l, :] = x[..., l, :] + table[offset + l]``, or
+    ``table[position_ids[..., l]]`` when ``position_ids`` is given; the rows are
+    broadcast over the batch dimension.
+
+    Parameters
+    ----------
+    x : ndarray, shape (L, D) or (N, L, D), float32 or float64
+        The activations.
+    table : ndarray, shape (M, D), same dtype as ``x``
+        One row per position (learned, or a sinusoid table).
+    offset : int, default 0
+        Position of the first token; ``offset + L`` must not exceed M. Ignored
+        when ``position_ids`` is given (it must then be 0).
+    position_ids : array_like of int, optional
+        Arbitrary rows of ``table`` to add: shape (L,), or for 3-D ``x`` also
+        (N, L) or (1, L). Each id must lie in ``[0, M)``.
+    out : ndarray, optional
+        C-contiguous buffer of ``x``'s shape and dtype (it may be ``x`` itself).
+
+    Returns
+    -------
+    ndarray, shape of ``x``
+
+    Raises
+    ------
+    TypeError
+        Non-float ``x`` or ``table``, different dtypes, non-integer ``offset``
+        or ``position_ids``.
+    ValueError
+        ``x`` not 2-D or 3-D, ``table`` not 2-D or of another width, ``offset``
+        outside ``[0, M - L]``, both ``offset`` and ``position_ids`` given,
+        ``position_ids`` of the wrong shape, ``out`` of the wrong shape or dtype.
+    IndexError
+        A position id outside ``[0, M)``.
+    """
+    x = _check_activation(x)
+    table = _check_table_for(x, table, "table")
+    seq_len = x.shape[-2]
+    num_positions = table.shape[0]
+    if position_ids is None:
+        offset = _check_offset(offset, seq_len, num_positions)
+    else:
+        offset = _checks.check_int(offset, "offset")
+        if offset != 0:
+            raise ValueError(
+                f"offset: got {offset} together with position_ids; pass either an offset "
+                "or explicit position_ids, not both"
+            )
+        ids = _check_position_ids(position_ids, x.shape, num_positions)
+    if out is None:
+        out = np.empty(x.shape, dtype=x.dtype)
+    else:
+        _checks.check_out(out, x.shape, x.dtype, avoid=(table,))
+    x3 = _as_3d(x)
+    out3 = out[None] if out.ndim == 2 else out
+    parallel = x.size >= PARALLEL_MIN_ELEMENTS
+    if position_ids is None:
+        kernel = kernels.add_rows_parallel if parallel else kernels.add_rows
+        kernel(x3, table, offset, out3)
+    else:
+        kernel = kernels.add_gathered_rows_parallel if parallel else kernels.add_gathered_rows
+        kernel(x3, table, ids, out3)
+    return out
+
+
+def add_positional_backward(grad_output, num_positions, offset=0, position_ids=None):
+    """Gradient of :func:`add_positional` with respect to the table.
+
+    The gradient with respect to ``x`` is ``grad_output`` itself. The table
+    gradient sums ``grad_output`` over the batch into the rows that were added;
+    with ``position_ids`` the rows are scattered deterministically (repeated ids
+    summed in input order, see :func:`numbapos.functional.embedding_backward`).
+
+    Parameters
+    ----------
+    grad_output : ndarray, shape (L, D) or (N, L, D), float32 or float64
+        Gradient of the loss with respect to the output.
+    num_positions : int
+        Number of rows M of the table.
+    offset, position_ids
+        As given to :func:`add_positional`.
+
+    Returns
+    -------
+    ndarray, shape (M, D)
+        Zero in the rows that were not used.
+
+    Raises
+    ------
+    TypeError, ValueError, IndexError
+        As for :func:`add_positional`.
+    """
+    grad_output = _checks.check_float_array(grad_output, "grad_output", ndim=(2, 3))
+    num_positions = _checks.check_int(num_positions, "num_positions", minimum=1)
+    seq_len, dim = grad_output.shape[-2:]
+    if position_ids is not None:
+        offset = _checks.check_int(offset, "offset")
+        if offset != 0:
+            raise ValueError(
+                f"offset: got {offset} together with position_ids; pass either an offset "
+                "or explicit position_ids, not both"
+            )
+        ids = _check_position_ids(position_ids, grad_output.shape, num_positions)
+        if grad_output.ndim == 3:
+            ids = np.broadcast_to(ids, grad_output.shape[:2])
+        else:
+            ids = ids.reshape(seq_len)
+        return embedding_backward(grad_output, ids, num_positions)
+    offset = _check_offset(offset, seq_len, num_positions)
+    result = np.zeros((num_positions, dim), dtype=grad_output.dtype)
+    grad3 = _as_3d(grad_output)
+    if grad3.size >= PARALLEL_MIN_ELEMENTS:
+        kernels.sum_over_batch_parallel(grad3, offset, result)
+    else:
+        kernels.sum_over_batch(grad3, offset, result)
+    return result
+
+
+# ---------------------------------------------------------------- A * X + B
+
+
+def positional_mult_add(x, a, b, out=None):
+    """NeoML's learnable multiply-add: ``Y = a[:L] * x + b[:L]``, elementwise.
+
+    Parameters
+    ----------
+    x : ndarray, shape (L, D) or (N, L, D), float32 or float64
+        The activations.
+    a, b : ndarray, shape (M, D) with M >= L, same dtype as ``x``
+        Per-position multipliers and addends; their first L rows are used,
+        broadcast over the batch.
+    out : ndarray, optional
+        C-contiguous buffer of ``x``'s shape and dtype (it may be ``x`` itself).
+
+    Returns
+    -------
+    ndarray, shape of ``x``
+
+    Raises
+    ------
+    TypeError
+        Non-float arrays or different dtypes.
+    ValueError
+        Wrong ranks or widths, ``a`` and ``b`` of different shapes, the sequence
+        longer than M ("sequence is too long"), ``out`` of the wrong shape or dtype.
+    """
+    x = _check_activation(x)
+    a = _check_table_for(x, a, "a")
+    b = _check_table_for(x, b, "b")
+    _checks.check_same_shape(b, a.shape, "b", "the shape of a")
+    _check_length(x.shape[-2], a.shape[0])
+    if out is None:
+        out = np.empty(x.shape, dtype=x.dtype)
+    else:
+        _checks.check_out(out, x.shape, x.dtype, avoid=(a, b))
+    x3 = _as_3d(x)
+    out3 = out[None] if out.ndim == 2 else out
+    kernel = kernels.mult_add_parallel if x.size >= PARALLEL_MIN_ELEMENTS else kernels.mult_add
+    kernel(x3, a, b, out3)
+    return out
+
+
+def _check_length(seq_len: int, num_positions: int) -> None:
+    if seq_len > num_positions:
+        raise ValueError(
+            f"x: sequence is too long: L={seq_len} positions but the tables hold "
+            f"max_len={num_positions}"
+        )
+
+
+def positional_mult_add_backward(grad_output, x, a):
+    """Gradients of :func:`positional_mult_add`.
+
+    ``grad_x = grad_output * a[:L]``; ``grad_a[:L] = sum over the batch of
+    grad_output * x``; ``grad_b[:L] = sum over the batch of grad_output``. The
+    sums run in batch order, one position per thread, so they are deterministic.
+
+    Parameters
+    ----------
+    grad_output : ndarray, shape of ``x``
+        Gradient of the loss with respect to the output.
+    x : ndarray, shape (L, D) or (N, L, D)
+        The input of the forward pass.
+    a : ndarray, shape (M, D)
+        The multipliers of the forward pass.
+
+    Returns
+    -------
+    grad_x : ndarray, shape of ``x``
+    grad_a, grad_b : ndarray, shape (M, D)
+        Zero in the rows ``>= L``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As for :func:`positional_mult_add`, or ``grad_output`` not of ``x``'s
+        shape and dtype.
+    """
+    x = _check_activation(x)
+    a = _check_table_for(x, a, "a")
+    grad_output = _check_grad(grad_output, x.shape, x.dtype)
+    _check_length(x.shape[-2], a.shape[0])
+    grad_x = np.empty(x.shape, dtype=x.dtype)
+    grad_a = np.zeros(a.shape, dtype=x.dtype)
+    grad_b = np.zeros(a.shape, dtype=x.dtype)
+    gx3 = grad_x[None] if grad_x.ndim == 2 else grad_x
+    kernel = (kernels.mult_add_backward_parallel if x.size >= PARALLEL_MIN_ELEMENTS
+              else kernels.mult_add_backward)
+    kernel(_as_3d(grad_output), _as_3d(x), a, gx3, grad_a, grad_b)
+    return grad_x, grad_a, grad_b
+
+
+# ---------------------------------------------------------------- positions from padding
+
+
+def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0):
+    """Position ids that skip padding, so left- and right-padded batches agree.
+
+    Along the last axis, the real tokens (``!= padding_idx``) of each sequence are
+    numbered ``past_length, past_length + 1, ...`` from its first real token;
+    padding tokens get ``pad_position``. A sequence therefore gets the same
+    positions whether it is padded on the left or on the right.
+
+    Relation to other libraries:
+
+    - fairseq's ``make_positions(tensor, padding_idx)`` (also Hugging Face's
+      RoBERTa ``create_position_ids_from_input_ids``) numbers real tokens from
+      ``padding_idx + 1`` and gives padding ``padding_idx``: it equals
+      ``positions_from_padding(ids, padding_idx, past_length=padding_idx + 1,
+      pad_position=padding_idx)`` (add the cached length to ``past_length``
+      where RoBERTa adds ``past_key_values_length``).
+    - Hugging Face's generation convention ``attention_mask.cumsum(-1) - 1``
+      (then ``masked_fill_(attention_mask == 0, 1)``) equals
+      ``positions_from_padding(ids, padding_idx, pad_position=1)`` when
+      ``attention_mask == (ids != padding_idx)``. When generating with a cache,
+      pass the number of real tokens already in the cache of each sequence as
+      ``past_length``.
+
+    Parameters
+    ----------
+    input_ids : array_like of int, shape (..., L)
+        Token ids, at least 1-D; the last axis is the sequence.
+    padding_idx : int
+        The padding id.
+    past_length : int or array_like of int, default 0
+        Position of the first real token (>= 0): one int for every sequence, or
+        one per sequence, of shape ``input_ids.shape[:-1]``.
+    pad_position : int, default 0
+        Position given to padding tokens.
+
+    Returns
+    -------
+    ndarray of int64, shape of ``input_ids``
+
+    Raises
+    ------
+    TypeError
+        Non-integer ids or arguments.
+    ValueError
+        0-d ``input_ids``, a negative ``past_length``, or a ``past_length`` array
+        of the wrong shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numbapos.functional import positions_from_padding
+    >>> positions_from_padding(np.array([[0, 0, 7, 8], [7, 8, 0, 0]]), padding_idx=0)
+    array([[0, 0, 0, 1],
+           [0, 1, 0, 0]])
+    """
+    ids = _checks.check_index_array(input_ids, "input_ids")
+    if ids.ndim == 0:
+        raise ValueError("input_ids: expected at least 1 dimension (..., L), got a 0-d array")
+    padding_idx = _checks.check_int(padding_idx, "padding_idx")
+    pad_position = _checks.check_int(pad_position, "pad_position")
+    rows_shape = ids.shape[:-1]
+    if isinstance(past_length, (np.ndarray, list, tuple)):
+        past = _checks.check_index_array(past_length, "past_length")
+        _checks.check_same_shape(past, rows_shape, "past_length", "input_ids.shape[:-1]")
+        if past.size and past.min() < 0:
+            raise ValueError(
+                f"past_length: expected values >= 0, got {int(past.min())}"
+            )
+        past = np.ascontiguousarray(past, dtype=np.int64).reshape(-1)
+    else:
+        past_length = _checks.check_int(past_length, "past_length", minimum=0)
+        past = np.full(int(np.prod(rows_shape)), past_length, dtype=np.int64)
+    flat_shape = (past.size, ids.shape[-1])
+    flat_ids = np.ascontiguousarray(ids).reshape(flat_shape)
+    out = np.empty(ids.shape, dtype=np.int64)
+    kernels.positions_from_padding(flat_ids, padding_idx, past, pad_position,
+                                   out.reshape(flat_shape))
+    return out

@@ -1,0 +1,221 @@
+"""CPU kernels for positional embeddings: the sinusoid table, adding a table of
+positions to a batch, NeoML's multiply-add, their batch reductions, and positions
+computed from padding.
+
+Kernels trust their inputs (``numbapos.functional.positional`` has validated
+them) and write into buffers the caller allocated. Activations arrive as
+``(N, L, D)`` arrays (a 2-D input is viewed as ``N = 1``); position tables are
+``(M, D)`` with ``M >= L``. Every output row is written by one thread, and sums
+over the batch run in batch order, so results do not depend on the thread count.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+# ---------------------------------------------------------------- sinusoid table
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, s, c):
+    """Rows ``start:stop`` of the table, by rotating (sin, cos) one position at a time.
+
+    ``sin((p+1)w) = sin(pw)cos(w) + cos(pw)sin(w)`` and
+    ``cos((p+1)w) = cos(pw)cos(w) - sin(pw)sin(w)``: four multiplies per channel
+    pair instead of a sin and a cos. The recurrence runs in float64 (``s``, ``c``
+    are float64 scratch of length ``inv_freq.size``) and starts from a direct
+    sin/cos at ``start``; its error grows about linearly with the rows since the
+    anchor, which the caller bounds through the block length.
+    """
+    dim = out.shape[1]
+    pairs = dim // 2
+    num_freq = inv_freq.size
+    first = np.float64(offset + start)
+    for i in range(num_freq):
+        angle = first * inv_freq[i]
+        s[i] = np.sin(angle)
+        c[i] = np.cos(angle)
+    for r in range(start, stop):
+        row = out[r]
+        for i in range(pairs):
+            row[2 * i] = s[i]
+            row[2 * i + 1] = c[i]
+        if num_freq > pairs:  # odd D: the last channel is an unpaired sin
+            row[dim - 1] = s[pairs]
+        for i in range(num_freq):
+            si = s[i]
+            ci = c[i]
+            s[i] = si * step_cos[i] + ci * step_sin[i]
+            c[i] = ci * step_cos[i] - si * step_sin[i]
+
+
+@njit(cache=True, nogil=True)
+def sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out):
+    """``out[r, 2i] = sin((offset + r) w_i)``, ``out[r, 2i+1] = cos((offset + r) w_i)``.
+
+    ``inv_freq`` holds the float64 frequencies ``w_i`` (``ceil(D / 2)`` of them),
+    ``step_cos`` / ``step_sin`` their cosines and sines. The rows are filled in
+    blocks of ``block`` rows, each re-anchored with a direct sin/cos. Serial.
+    """
+    rows = out.shape[0]
+    s = np.empty(inv_freq.size, dtype=np.float64)
+    c = np.empty(inv_freq.size, dtype=np.float64)
+    for start in range(0, rows, block):
+        stop = min(start + block, rows)
+        _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, s, c)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def sinusoid_fill_parallel(inv_freq, step_cos, step_sin, offset, block, out):
+    """:func:`sinusoid_fill` with the blocks of rows split across threads."""
+    rows = out.shape[0]
+    num_blocks = (rows + block - 1) // block
+    for b in prange(num_blocks):
+        s = np.empty(inv_freq.size, dtype=np.float64)
+        c = np.empty(inv_freq.size, dtype=np.float64)
+        start = b * block
+        stop = min(start + block, rows)
+        _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, s, c)
+
+
+# ---------------------------------------------------------------- x + P
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add_row(x, table, n, l, trow, out):
+    for d in range(x.shape[2]):
+        out[n, l, d] = x[n, l, d] + table[trow, d]
+
+
+@njit(cache=True, nogil=True)
+def add_rows(x, table, start, out):
+    """``out[n, l] = x[n, l] + table[start + l]`` for x of shape (N, L, D)."""
+    for n in range(x.shape[0]):
+        for l in range(x.shape[1]):
+            _add_row(x, table, n, l, start + l, out)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def add_rows_parallel(x, table, start, out):
+    """:func:`add_rows`, the N * L rows split across threads."""
+    seq = x.shape[1]
+    for k in prange(x.shape[0] * seq):
+        n = k // seq
+        l = k - n * seq
+        _add_row(x, table, n, l, start + l, out)
+
+
+@njit(cache=True, nogil=True)
+def add_gathered_rows(x, table, positions, out):
+    """``out[n, l] = x[n, l] + table[positions[n, l]]``.
+
+    ``positions`` has shape (N, L), or (1, L) to share one row of positions.
+    """
+    shared = positions.shape[0] == 1
+    for n in range(x.shape[0]):
+        pn = 0 if shared else n
+        for l in range(x.shape[1]):
+            _add_row(x, table, n, l, positions[pn, l], out)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def add_gathered_rows_parallel(x, table, positions, out):
+    """:func:`add_gathered_rows`, the N * L rows split across threads."""
+    shared = positions.shape[0] == 1
+    seq = x.shape[1]
+    for k in prange(x.shape[0] * seq):
+        n = k // seq
+        l = k - n * seq
+        pn = 0 if shared else n
+        _add_row(x, table, n, l, positions[pn, l], out)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _batch_sum_row(grad, l, trow, out):
+    for n in range(grad.shape[0]):
+        for d in range(grad.shape[2]):
+            out[trow, d] += grad[n, l, d]
+
+
+@njit(cache=True, nogil=True)
+def sum_over_batch(grad, start, out):
+    """``out[start + l] += sum over n of grad[n, l]``, summed in batch order."""
+    for l in range(grad.shape[1]):
+        _batch_sum_row(grad, l, start + l, out)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def sum_over_batch_parallel(grad, start, out):
+    """:func:`sum_over_batch`, one thread per position (same result for any thread count)."""
+    for l in prange(grad.shape[1]):
+        _batch_sum_row(grad, l, start + l, out)
+
+
+# ---------------------------------------------------------------- A * X + B
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mult_add_row(x, a, b, n, l, out):
+    for d in range(x.shape[2]):
+        out[n, l, d] = a[l, d] * x[n, l, d] + b[l, d]
+
+
+@njit(cache=True, nogil=True)
+def mult_add(x, a, b, out):
+    """``out[n, l] = a[l] * x[n, l] + b[l]`` elementwise (rows ``l < L`` of a and b)."""
+    for n in range(x.shape[0]):
+        for l in range(x.shape[1]):
+            _mult_add_row(x, a, b, n, l, out)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def mult_add_parallel(x, a, b, out):
+    """:func:`mult_add`, the N * L rows split across threads."""
+    seq = x.shape[1]
+    for k in prange(x.shape[0] * seq):
+        n = k // seq
+        l = k - n * seq
+        _mult_add_row(x, a, b, n, l, out)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b):
+    for n in range(grad.shape[0]):
+        for d in range(grad.shape[2]):
+            g = grad[n, l, d]
+            grad_x[n, l, d] = g * a[l, d]
+            grad_a[l, d] += g * x[n, l, d]
+            grad_b[l, d] += g
+
+
+@njit(cache=True, nogil=True)
+def mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
+    """Gradients of :func:`mult_add`: ``grad_x = grad * a``; ``grad_a[l] += sum_n grad * x``;
+    ``grad_b[l] += sum_n grad``. ``grad_a`` and ``grad_b`` rows ``l < L`` must start at zero.
+    """
+    for l in range(grad.shape[1]):
+        _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def mult_add_backward_parallel(grad, x, a, grad_x, grad_a, grad_b):
+    """:func:`mult_add_backward`, one thread per position, batch summed in order."""
+    for l in prange(grad.shape[1]):
+        _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b)
+
+
+# ---------------------------------------------------------------- positions from padding
+
+
+@njit(cache=True, nogil=True)
+def positions_from_padding(ids, padding_idx, past, pad_position, out):
+    """Per row ``r`` of ``ids`` (shape (R, L)): real tokens get ``past[r], past[r] + 1, ...``
+    in order, padding tokens get ``pad_position``.
+    """
+    for r in range(ids.shape[0]):
+        next_position = past[r]
+        for l in range(ids.shape[1]):
+            if ids[r, l] == padding_idx:
+                out[r, l] = pad_position
+            else:
+                out[r, l] = next_position
+                next_position += 1

@@ -1,0 +1,412 @@
+"""Positional embedding layers: sinusoidal, learned, and NeoML's positional layer."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from .. import _checks
+from .. import functional as F
+from . import init as initializers
+from .dropout import Dropout
+from .module import Module
+from .parameter import Parameter
+
+
+def _check_optional_size(value, name):
+    return None if value is None else _checks.check_int(value, name, minimum=1)
+
+
+def _frozen(table: np.ndarray) -> np.ndarray:
+    table.flags.writeable = False  # shared by every call that hits the cache
+    return table
+
+
+class SinusoidalPosEmbedding(Module):
+    """Adds the fixed sinusoidal position table to its input.
+
+    ``y = x + PE[offset : offset + L]`` broadcast over the batch, with ``PE`` as in
+    :func:`numbapos.functional.sinusoidal_pos_embedding` (sin and cos alternating
+    along the channels). The layer has no parameters.
+
+    Parameters
+    ----------
+    seq_len : int, optional
+        If given, every input must have exactly this sequence length L. None
+        (default) accepts any length.
+    embed_dim : int, optional
+        If given, every input must have exactly this last dimension D. None
+        (default) accepts any width.
+    base : float, default 10000.0
+        Base of the wavelengths (> 0).
+
+    Attributes
+    ----------
+    cache_size : int
+        How many tables are kept (least recently used dropped first). Tables are
+        cached per ``(L, D, dtype, offset)``, so the usual training loop computes
+        its table once.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numbapos.nn import SinusoidalPosEmbedding
+    >>> pe = SinusoidalPosEmbedding()
+    >>> pe(np.zeros((2, 5, 8), dtype=np.float32)).shape
+    (2, 5, 8)
+    """
+
+    cache_size = 16
+
+    def __init__(self, seq_len=None, embed_dim=None, base=10000.0):
+        super().__init__()
+        self.seq_len = _check_optional_size(seq_len, "seq_len")
+        self.embed_dim = _check_optional_size(embed_dim, "embed_dim")
+        self.base = _checks.check_positive(base, "base")
+        self._tables: OrderedDict = OrderedDict()
+        self._input_shape = None
+
+    def table(self, seq_len, embed_dim, dtype=np.float32, offset=0):
+        """The (read-only) table of positions ``offset .. offset + seq_len - 1``, cached.
+
+        The same key ``(seq_len, embed_dim, dtype, offset)`` returns the same array
+        object until it is evicted from the cache.
+        """
+        seq_len = _checks.check_int(seq_len, "seq_len", minimum=1)
+        embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
+        dtype = _checks.check_float_dtype(dtype)
+        offset = _checks.check_int(offset, "offset", minimum=0)
+        key = (seq_len, embed_dim, dtype, offset)
+        table = self._tables.get(key)
+        if table is not None:
+            self._tables.move_to_end(key)
+            return table
+        table = _frozen(F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype,
+                                                   base=self.base, offset=offset))
+        self._tables[key] = table
+        while len(self._tables) > max(1, int(self.cache_size)):
+            self._tables.popitem(last=False)
+        return table
+
+    def forward(self, x, offset=0, out=None):
+        """Return ``x + PE[offset : offset + L]``.
+
+        Parameters
+        ----------
+        x : ndarray, shape (L, D) or (N, L, D), float32 or float64
+        offset : int, default 0
+            Position of the first token (>= 0), e.g. the tokens already decoded.
+        out : ndarray, optional
+            C-contiguous buffer of ``x``'s shape and dtype (may be ``x``).
+
+        Raises
+        ------
+        TypeError
+            Non-float ``x`` or non-integer ``offset``.
+        ValueError
+            ``x`` not 2-D or 3-D or empty, L or D different from a fixed
+            ``seq_len`` / ``embed_dim``, or a negative ``offset``.
+        """
+        x = _checks.check_float_array(x, "x", ndim=(2, 3))
+        seq_len, dim = x.shape[-2:]
+        if seq_len == 0 or dim == 0:
+            raise ValueError(f"x: expected L > 0 and D > 0, got shape {x.shape}")
+        if self.seq_len is not None and seq_len != self.seq_len:
+            raise ValueError(
+                f"x: sequence length L={seq_len} differs from seq_len={self.seq_len} fixed "
+                "at construction; pass seq_len=None for inputs of any length"
+            )
+        if self.embed_dim is not None and dim != self.embed_dim:
+            raise ValueError(
+                f"x: last dimension D={dim} differs from embed_dim={self.embed_dim} fixed "
+                "at construction; pass embed_dim=None for inputs of any width"
+            )
+        table = self.table(seq_len, dim, x.dtype, offset)
+        y = F.add_positional(x, table, out=out)
+        self._input_shape = x.shape
+        return y
+
+    def backward(self, grad_output):
+        """The gradient wrt ``x``: ``grad_output`` itself (the table is constant)."""
+        if self._input_shape is None:
+            raise RuntimeError("SinusoidalPosEmbedding.backward called before forward")
+        grad_output = _checks.check_float_array(grad_output, "grad_output")
+        _checks.check_same_shape(grad_output, self._input_shape, "grad_output",
+                                 "the shape of the last forward's input")
+        return grad_output
+
+    def extra_repr(self) -> str:
+        return f"seq_len={self.seq_len}, embed_dim={self.embed_dim}, base={self.base}"
+
+
+_LEARNED_INITS = {
+    "normal": lambda: initializers.normal(0.0, 0.02),
+    "uniform": lambda: initializers.uniform(-0.1, 0.1),
+    "xavier_uniform": lambda: initializers.xavier_uniform(),
+    "sinusoidal": lambda: initializers.sinusoidal(),
+    "zeros": lambda: initializers.zeros(),
+}
+
+
+class LearnedPosEmbedding(Module):
+    """A learned table of absolute positions added to its input, then dropout (BERT, GPT-2).
+
+    ``y = dropout(x + P[offset : offset + L])``, or ``dropout(x + P[position_ids])``,
+    with the rows broadcast over the batch.
+
+    Parameters
+    ----------
+    max_len : int
+        Number of positions M the table holds (> 0).
+    embed_dim : int
+        Width D (> 0).
+    dropout : float, default 0.0
+        Drop probability of the :class:`~numbapos.nn.Dropout` applied to the sum.
+    init : str or callable, default "normal"
+        ``"normal"`` (N(0, 0.02^2), as BERT and GPT-2), ``"uniform"``
+        (U(-0.1, 0.1)), ``"xavier_uniform"``, ``"sinusoidal"`` (a warm start from
+        the sinusoidal table), ``"zeros"``, or a callable ``init(shape, rng)``.
+    seed : int or numpy.random.Generator, optional
+        Seeds the initialiser and then the dropout mask.
+    dtype : float32 or float64, default float32
+
+    Attributes
+    ----------
+    weight : Parameter, shape (max_len, embed_dim)
+        The position table.
+    dropout : Dropout
+        The dropout child module (identity in eval mode or with p = 0).
+    """
+
+    def __init__(self, max_len, embed_dim, dropout=0.0, init="normal", seed=None,
+                 dtype=np.float32):
+        super().__init__()
+        self.max_len = _checks.check_int(max_len, "max_len", minimum=1)
+        self.embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
+        dtype = _checks.check_float_dtype(dtype)
+        if isinstance(init, str):
+            if init not in _LEARNED_INITS:
+                raise ValueError(
+                    f"init: unknown initialiser {init!r}; expected one of "
+                    f"{sorted(_LEARNED_INITS)} or a callable init(shape, rng)"
+                )
+            init = _LEARNED_INITS[init]()
+        elif not callable(init):
+            raise TypeError(f"init: expected a string or a callable init(shape, rng), got {init!r}")
+        rng = _checks.as_rng(seed)
+        table = initializers.make_array(init, (self.max_len, self.embed_dim), dtype, rng)
+        self.weight = Parameter(table)
+        self.dropout = Dropout(dropout, seed=rng)
+        self._context = None
+
+    def forward(self, x, offset=0, position_ids=None):
+        """Return ``dropout(x + P[offset : offset + L])`` (or the rows ``position_ids``).
+
+        Parameters
+        ----------
+        x : ndarray, shape (L, D) or (N, L, D), float32 or float64
+            Same dtype as the table.
+        offset : int, default 0
+            First position; ``0 <= offset`` and ``offset + L <= max_len``.
+        position_ids : array_like of int, optional
+            Rows to add instead, shape (L,), (1, L) or (N, L); each in
+            ``[0, max_len)``. ``offset`` must then be 0.
+
+        Raises
+        ------
+        TypeError
+            Non-float ``x``, a dtype other than the table's, non-integer
+            ``offset`` or ``position_ids``.
+        ValueError
+            ``x`` not 2-D or 3-D, last dimension not ``embed_dim``, ``offset < 0``
+            or ``offset + L > max_len``, ``position_ids`` of the wrong shape.
+        IndexError
+            A position id outside ``[0, max_len)``.
+        """
+        x = _checks.check_float_array(x, "x", ndim=(2, 3))
+        if x.shape[-1] != self.embed_dim:
+            raise ValueError(
+                f"x: last dimension {x.shape[-1]} does not match embed_dim={self.embed_dim} "
+                f"(x.shape={x.shape})"
+            )
+        if x.dtype != self.weight.dtype:
+            raise TypeError(
+                f"x: dtype {x.dtype} differs from the position table's dtype "
+                f"{self.weight.dtype}"
+            )
+        y = F.add_positional(x, self.weight.data, offset=offset, position_ids=position_ids)
+        y = self.dropout(y, out=y)
+        if position_ids is not None:
+            position_ids = _checks.check_index_array(position_ids, "position_ids")
+        self._context = (offset, position_ids)
+        return y
+
+    def backward(self, grad_output):
+        """Accumulate the table gradient; return the gradient wrt ``x``.
+
+        The gradient passes back through the dropout mask of the last forward;
+        the table gradient sums it over the batch (repeated ``position_ids`` are
+        summed deterministically).
+        """
+        if self._context is None:
+            raise RuntimeError("LearnedPosEmbedding.backward called before forward")
+        grad = self.dropout.backward(grad_output)
+        if self.weight.requires_grad:
+            offset, position_ids = self._context
+            table_grad = F.add_positional_backward(grad, self.max_len, offset=offset,
+                                                   position_ids=position_ids)
+            self.weight.accumulate_grad(table_grad, fresh=True)
+        return grad
+
+    def extra_repr(self) -> str:
+        return f"{self.max_len}, {self.embed_dim}"
+
+
+POSITIONAL_TYPES = ("learnable_addition", "learnable_mult_addition", "transformers")
+
+
+class PositionalEmbedding(Module):
+    """NeoML's positional layer (``CPositionalEmbeddingLayer``).
+
+    Works on ``x`` of shape ``(N, L, *features)``; the trailing features are
+    flattened into one vector of size ``embed_dim`` per position.
+
+    - ``"learnable_addition"``: ``Y = X + B[:L]``; B starts as U(-0.02, 0.02).
+    - ``"learnable_mult_addition"``: ``Y = A[:L] * X + B[:L]`` elementwise; A
+      starts as ones, B as U(-0.02, 0.02).
+    - ``"transformers"``: ``Y = X + PE[:L]`` with the sinusoidal table (sin and
+      cos alternating); ``x`` must be 3-D (one trailing feature dim); no
+      parameters.
+
+    Parameters
+    ----------
+    max_len : int or None
+        Longest sequence accepted. None fixes it at the first input's L, as NeoML
+        sizes its parameters from the first input; the parameters are then
+        created by that first :meth:`forward`.
+    embed_dim : int
+        Product of the feature dimensions.
+    type : str, default "learnable_addition"
+        One of ``"learnable_addition"``, ``"learnable_mult_addition"``,
+        ``"transformers"``.
+    seed : int or numpy.random.Generator, optional
+        Seeds the initialisation of B.
+    dtype : float32 or float64, default float32
+        Dtype of the parameters (inputs must match).
+
+    Attributes
+    ----------
+    addends : Parameter, shape (max_len, embed_dim)
+        B (NeoML's "addends"); learnable types only.
+    multipliers : Parameter, shape (max_len, embed_dim)
+        A; ``"learnable_mult_addition"`` only.
+    """
+
+    def __init__(self, max_len, embed_dim, type="learnable_addition", seed=None,
+                 dtype=np.float32):
+        super().__init__()
+        self.max_len = _check_optional_size(max_len, "max_len")
+        self.embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
+        if not isinstance(type, str) or type not in POSITIONAL_TYPES:
+            raise ValueError(f"type: expected one of {list(POSITIONAL_TYPES)}, got {type!r}")
+        self.type = type
+        self.dtype = _checks.check_float_dtype(dtype)
+        self._rng = _checks.as_rng(seed)
+        self._tables: dict = {}
+        self._context = None
+        if self.max_len is not None:
+            self._build()
+
+    def _build(self):
+        shape = (self.max_len, self.embed_dim)
+        if self.type == "transformers":
+            return
+        if self.type == "learnable_mult_addition":
+            self.multipliers = Parameter(np.ones(shape, dtype=self.dtype))
+        self.addends = Parameter(initializers.make_array(
+            initializers.uniform(-0.02, 0.02), shape, self.dtype, self._rng))
+
+    def _sinusoid(self, dtype):
+        table = self._tables.get(dtype)
+        if table is None:
+            table = _frozen(F.sinusoidal_pos_embedding(self.max_len, self.embed_dim,
+                                                       dtype=dtype))
+            self._tables[dtype] = table
+        return table
+
+    def forward(self, x):
+        """Return Y for ``x`` of shape ``(N, L, *features)``.
+
+        Raises
+        ------
+        TypeError
+            Non-float ``x``, or (learnable types) a dtype other than the parameters'.
+        ValueError
+            ``x`` with fewer than 3 dims (or not 3-D for ``"transformers"``),
+            features whose product is not ``embed_dim``, an empty sequence, or
+            L > max_len ("sequence is too long").
+        """
+        x = _checks.check_float_array(x, "x")
+        if x.ndim < 3:
+            raise ValueError(f"x: expected shape (N, L, *features), got shape {x.shape}")
+        if self.type == "transformers" and x.ndim != 3:
+            raise ValueError(
+                f"x: type 'transformers' needs exactly one feature dim, (N, L, D); "
+                f"got shape {x.shape}"
+            )
+        batch, seq_len = x.shape[:2]
+        features = int(np.prod(x.shape[2:]))
+        if features != self.embed_dim:
+            raise ValueError(
+                f"x: features {x.shape[2:]} hold {features} values per position, "
+                f"expected embed_dim={self.embed_dim}"
+            )
+        if seq_len == 0:
+            raise ValueError(f"x: expected a non-empty sequence, got shape {x.shape}")
+        if self.type != "transformers" and x.dtype != self.dtype:
+            raise TypeError(f"x: dtype {x.dtype} differs from the parameters' dtype {self.dtype}")
+        if self.max_len is None:
+            self.max_len = seq_len
+            self._build()
+        elif seq_len > self.max_len:
+            raise ValueError(
+                f"x: sequence is too long: L={seq_len} but max_len={self.max_len}"
+            )
+        x3 = x.reshape(batch, seq_len, features)
+        if self.type == "learnable_addition":
+            y = F.add_positional(x3, self.addends.data)
+        elif self.type == "learnable_mult_addition":
+            y = F.positional_mult_add(x3, self.multipliers.data, self.addends.data)
+        else:
+            y = F.add_positional(x3, self._sinusoid(x.dtype))
+        self._context = (x3 if self.type == "learnable_mult_addition" else None, x.shape)
+        return y.reshape(x.shape)
+
+    def backward(self, grad_output):
+        """Accumulate the parameter gradients; return the gradient wrt ``x``.
+
+        ``dX = dY`` (times A for ``"learnable_mult_addition"``); ``dB`` and ``dA``
+        are summed over the batch into rows ``:L``.
+        """
+        if self._context is None:
+            raise RuntimeError("PositionalEmbedding.backward called before forward")
+        x3, shape = self._context
+        grad_output = _checks.check_float_array(grad_output, "grad_output")
+        _checks.check_same_shape(grad_output, shape, "grad_output",
+                                 "the shape of the last forward's input")
+        if self.type == "transformers":
+            return grad_output
+        g3 = grad_output.reshape(shape[0], shape[1], self.embed_dim)
+        if self.type == "learnable_addition":
+            if self.addends.requires_grad:
+                self.addends.accumulate_grad(
+                    F.add_positional_backward(g3, self.max_len), fresh=True)
+            return grad_output
+        grad_x, grad_a, grad_b = F.positional_mult_add_backward(g3, x3, self.multipliers.data)
+        self.multipliers.accumulate_grad(grad_a, fresh=True)
+        self.addends.accumulate_grad(grad_b, fresh=True)
+        return grad_x.reshape(shape)
+
+    def extra_repr(self) -> str:
+        return f"{self.max_len}, {self.embed_dim}, type={self.type!r}"

@@ -1,0 +1,408 @@
+"""Functional positional ops: sinusoid table, x + P, A * X + B, positions from padding."""
+
+import numpy as np
+import pytest
+import reference as ref
+from conftest import FLOAT_DTYPES, tolerance
+
+import numbapos.functional as F
+from numbapos.functional.embedding import PARALLEL_MIN_ELEMENTS
+
+# ---------------------------------------------------------------- sinusoid table
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("seq_len, embed_dim", [(1, 1), (1, 2), (5, 7), (9, 8), (600, 6),
+                                                (300, 129), (1024, 64)])
+def test_sinusoid_matches_formula(seq_len, embed_dim, dtype):
+    table = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype)
+    assert table.shape == (seq_len, embed_dim) and table.dtype == dtype
+    assert table.flags.c_contiguous
+    expected = ref.sinusoidal_table(seq_len, embed_dim)
+    atol = 1e-6 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(table, expected, rtol=0, atol=atol)
+
+
+def test_sinusoid_layout_sin_then_cos():
+    table = F.sinusoidal_pos_embedding(3, 5, dtype=np.float64)
+    w = 10000.0 ** (-np.array([0, 2, 4]) / 5)
+    for p in range(3):
+        np.testing.assert_allclose(table[p, 0::2], np.sin(p * w), atol=1e-14)
+        np.testing.assert_allclose(table[p, 1::2], np.cos(p * w[:2]), atol=1e-14)
+    # position 0: sin = 0, cos = 1; odd D ends with an unpaired sin channel
+    np.testing.assert_array_equal(table[0], [0, 1, 0, 1, 0])
+
+
+def test_sinusoid_default_dtype_is_float32():
+    assert F.sinusoidal_pos_embedding(2, 4).dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype, bound", [(np.float32, 1e-6), (np.float64, 1e-10)])
+@pytest.mark.parametrize("embed_dim", [64, 33])
+def test_sinusoid_error_bound_65536_positions(dtype, bound, embed_dim):
+    seq_len = 65536
+    table = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype)
+    err = np.max(np.abs(table.astype(np.float64) - ref.sinusoidal_table(seq_len, embed_dim)))
+    assert err <= bound, f"max abs error {err:.3g} > {bound:g}"
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_sinusoid_error_bound_serial_path(dtype):
+    # Small tables take the serial kernel, with the same re-anchoring.
+    seq_len, embed_dim = 4000, 4
+    assert seq_len * embed_dim < PARALLEL_MIN_ELEMENTS
+    table = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype, offset=60000)
+    expected = ref.sinusoidal_table(seq_len, embed_dim, offset=60000)
+    bound = 1e-6 if dtype == np.float32 else 1e-10
+    assert np.max(np.abs(table - expected)) <= bound
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("offset", [1, 7, 300])
+def test_sinusoid_offset(offset, dtype):
+    table = F.sinusoidal_pos_embedding(40, 10, dtype=dtype, offset=offset)
+    np.testing.assert_allclose(table, ref.sinusoidal_table(40, 10, offset=offset),
+                               rtol=0, atol=tolerance(dtype)[1] * 10)
+    longer = F.sinusoidal_pos_embedding(40 + offset, 10, dtype=dtype)
+    np.testing.assert_allclose(table, longer[offset:], rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("base", [100.0, 10000, 1e6, 0.5])
+def test_sinusoid_base(base):
+    table = F.sinusoidal_pos_embedding(50, 12, dtype=np.float64, base=base)
+    np.testing.assert_allclose(table, ref.sinusoidal_table(50, 12, base=float(base)),
+                               rtol=0, atol=1e-12)
+
+
+def test_sinusoid_out():
+    out = np.full((6, 4), np.nan, dtype=np.float64)
+    result = F.sinusoidal_pos_embedding(6, 4, dtype=np.float64, out=out)
+    assert result is out
+    np.testing.assert_allclose(out, ref.sinusoidal_table(6, 4), atol=1e-12)
+    # dtype=None follows out
+    out32 = np.empty((6, 4), dtype=np.float32)
+    assert F.sinusoidal_pos_embedding(6, 4, out=out32) is out32
+
+
+def test_sinusoid_numpy_integer_sizes():
+    table = F.sinusoidal_pos_embedding(np.int64(3), np.int32(4), offset=np.int16(2))
+    assert table.shape == (3, 4)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(seq_len=0, embed_dim=4), ValueError, "seq_len: expected an integer >= 1, got 0"),
+    (dict(seq_len=-3, embed_dim=4), ValueError, "seq_len"),
+    (dict(seq_len=3, embed_dim=0), ValueError, "embed_dim: expected an integer >= 1, got 0"),
+    (dict(seq_len=3, embed_dim=4, offset=-1), ValueError, "offset: expected an integer >= 0"),
+    (dict(seq_len=2.0, embed_dim=4), TypeError, "seq_len: expected an integer"),
+    (dict(seq_len="3", embed_dim=4), TypeError, "seq_len: expected an integer"),
+    (dict(seq_len=True, embed_dim=4), TypeError, "seq_len: expected an integer"),
+    (dict(seq_len=3, embed_dim=4.5), TypeError, "embed_dim: expected an integer"),
+    (dict(seq_len=3, embed_dim=4, offset=1.0), TypeError, "offset: expected an integer"),
+    (dict(seq_len=3, embed_dim=4, dtype=np.int32), TypeError, "dtype: expected float32"),
+    (dict(seq_len=3, embed_dim=4, dtype=np.float16), TypeError, "dtype: expected float32"),
+    (dict(seq_len=3, embed_dim=4, dtype="complex64"), TypeError, "dtype"),
+    (dict(seq_len=3, embed_dim=4, base=0.0), ValueError, "base: expected a finite positive"),
+    (dict(seq_len=3, embed_dim=4, base=-2.0), ValueError, "base"),
+    (dict(seq_len=3, embed_dim=4, base="e"), TypeError, "base: expected a real number"),
+    (dict(seq_len=3, embed_dim=4, device="cuda"), ValueError, "CUDA is not available"),
+    (dict(seq_len=3, embed_dim=4, device="gpu"), ValueError, "CUDA is not available"),
+    (dict(seq_len=3, embed_dim=4, device=0), TypeError, "device"),
+    (dict(seq_len=3, embed_dim=4, out=np.empty((3, 5), np.float32)), ValueError, "out: expected"),
+    (dict(seq_len=3, embed_dim=4, dtype=np.float64, out=np.empty((3, 4), np.float32)),
+     ValueError, "out: expected shape"),
+    (dict(seq_len=3, embed_dim=4, out=np.empty((4, 3), np.float32).T), ValueError,
+     "C-contiguous"),
+    (dict(seq_len=3, embed_dim=4, out=[[0.0] * 4] * 3), TypeError, "out: expected a NumPy"),
+])
+def test_sinusoid_errors(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        F.sinusoidal_pos_embedding(**kwargs)
+
+
+def test_sinusoid_error_leaves_out_untouched():
+    out = np.full((3, 4), 7.0, dtype=np.float32)
+    with pytest.raises(ValueError):
+        F.sinusoidal_pos_embedding(3, 4, base=-1.0, out=out)
+    assert np.all(out == 7.0)
+
+
+# ---------------------------------------------------------------- x + P
+
+
+def _x(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(5, 3), (2, 5, 3), (4, 64, 128)])
+@pytest.mark.parametrize("offset", [0, 2])
+def test_add_positional_offset(rng, shape, offset, dtype):
+    x = _x(rng, shape, dtype)
+    table = _x(rng, (shape[-2] + 3, shape[-1]), dtype)
+    x_before = x.copy()
+    y = F.add_positional(x, table, offset=offset)
+    expected = x + table[offset:offset + shape[-2]]
+    np.testing.assert_array_equal(y, expected)
+    np.testing.assert_array_equal(x, x_before)
+    assert y.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape, ids_shape", [((5, 3), (5,)), ((2, 5, 3), (5,)),
+                                                ((2, 5, 3), (1, 5)), ((2, 5, 3), (2, 5)),
+                                                ((4, 64, 128), (4, 64))])
+def test_add_positional_position_ids(rng, x_shape, ids_shape, dtype):
+    x = _x(rng, x_shape, dtype)
+    table = _x(rng, (7, x_shape[-1]), dtype)
+    ids = rng.integers(0, 7, size=ids_shape)
+    y = F.add_positional(x, table, position_ids=ids)
+    np.testing.assert_array_equal(y, x + table[ids])
+
+
+def test_add_positional_in_place_and_out(rng):
+    x = _x(rng, (2, 4, 3), np.float32)
+    table = _x(rng, (4, 3), np.float32)
+    expected = x + table
+    assert F.add_positional(x, table, out=x) is x
+    np.testing.assert_array_equal(x, expected)
+    out = np.empty_like(x)
+    assert F.add_positional(x, table, out=out) is out
+
+
+def test_add_positional_non_contiguous_input(rng):
+    x = _x(rng, (3, 5, 8), np.float64)[:, :, ::2]
+    table = _x(rng, (5, 4), np.float64)
+    np.testing.assert_array_equal(F.add_positional(x, table), x + table)
+
+
+def _add_args(rng, dtype=np.float32):
+    return _x(rng, (2, 4, 3), dtype), _x(rng, (6, 3), dtype)
+
+
+@pytest.mark.parametrize("change, exc, match", [
+    (lambda x, t: (x.astype(np.int32), t, {}), TypeError, "x: expected dtype float32 or float64"),
+    (lambda x, t: (x[0, 0], t, {}), ValueError, r"x: expected a 2-D or 3-D array"),
+    (lambda x, t: (x[None], t, {}), ValueError, r"x: expected a 2-D or 3-D array"),
+    (lambda x, t: (x, t[:, :2], {}), ValueError, "table: has 2 columns"),
+    (lambda x, t: (x, t[0], {}), ValueError, "table: expected a 2-D"),
+    (lambda x, t: (x, t.astype(np.float64), {}), TypeError, "table: dtype float64 differs"),
+    (lambda x, t: (x, t, {"offset": 3}), ValueError,
+     r"offset=3 .*L=4.*max_len=6"),
+    (lambda x, t: (x, t, {"offset": -1}), ValueError, r"offset=-1"),
+    (lambda x, t: (x, t, {"offset": 1.5}), TypeError, "offset: expected an integer"),
+    (lambda x, t: (x, t, {"offset": 1, "position_ids": [0, 1, 2, 3]}), ValueError,
+     "either an offset or explicit position_ids"),
+    (lambda x, t: (x, t, {"position_ids": [0, 1, 2]}), ValueError, r"position_ids: expected shape"),
+    (lambda x, t: (x, t, {"position_ids": np.zeros((3, 4), int)}), ValueError,
+     r"position_ids: expected shape"),
+    (lambda x, t: (x, t, {"position_ids": [0, 1, 6, 2]}), IndexError,
+     r"position_ids: index 6 .*max_len=6"),
+    (lambda x, t: (x, t, {"position_ids": [0, -1, 2, 2]}), IndexError, "index -1"),
+    (lambda x, t: (x, t, {"position_ids": [0.0, 1.0, 2.0, 3.0]}), TypeError,
+     "position_ids: expected integer"),
+    (lambda x, t: (x, t, {"out": np.empty((2, 4, 2), np.float32)}), ValueError, "out: expected"),
+    (lambda x, t: (x, t, {"out": t}), ValueError, "out: expected shape"),
+    (lambda x, t: (list(x), t, {}), TypeError, "x: expected a NumPy array"),
+])
+def test_add_positional_errors(rng, change, exc, match):
+    x, table = _add_args(rng)
+    x0, t0 = x.copy(), table.copy()
+    args_x, args_t, kwargs = change(x, table)
+    with pytest.raises(exc, match=match):
+        F.add_positional(args_x, args_t, **kwargs)
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(table, t0)
+
+
+def test_add_positional_2d_rejects_batched_ids(rng):
+    with pytest.raises(ValueError, match=r"position_ids: expected shape \(4,\)"):
+        F.add_positional(_x(rng, (4, 3), np.float32), _x(rng, (6, 3), np.float32),
+                         position_ids=np.zeros((1, 4), int))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5, 3), (4, 64, 128)])
+def test_add_positional_backward_offset(rng, shape, dtype):
+    grad = _x(rng, shape, dtype)
+    result = F.add_positional_backward(grad, shape[-2] + 4, offset=3)
+    g3 = grad.reshape((-1,) + shape[-2:]).astype(np.float64)
+    expected = np.zeros((shape[-2] + 4, shape[-1]))
+    expected[3:3 + shape[-2]] = g3.sum(axis=0)
+    assert result.dtype == dtype and result.shape == expected.shape
+    np.testing.assert_allclose(result, expected, *tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("ids_shape", [(5,), (1, 5), (3, 5)])
+def test_add_positional_backward_repeated_ids(rng, ids_shape, dtype):
+    grad = _x(rng, (3, 5, 4), dtype)
+    ids = np.array([2, 2, 0, 2, 5]) if len(ids_shape) == 1 else rng.integers(0, 3, ids_shape)
+    result = F.add_positional_backward(grad, 6, position_ids=ids)
+    expected = ref.embedding_backward(grad, np.broadcast_to(ids, (3, 5)), 6)
+    np.testing.assert_allclose(result, expected, *tolerance(dtype))
+    # deterministic: bit-identical on a second run
+    np.testing.assert_array_equal(result, F.add_positional_backward(grad, 6, position_ids=ids))
+
+
+def test_add_positional_backward_errors(rng):
+    grad = _x(rng, (2, 4, 3), np.float32)
+    with pytest.raises(ValueError, match=r"offset=3 .*L=4.*max_len=6"):
+        F.add_positional_backward(grad, 6, offset=3)
+    with pytest.raises(IndexError, match="position_ids: index 6"):
+        F.add_positional_backward(grad, 6, position_ids=[0, 6, 1, 1])
+    with pytest.raises(ValueError, match="num_positions"):
+        F.add_positional_backward(grad, 0)
+    with pytest.raises(TypeError, match="grad_output"):
+        F.add_positional_backward(grad.astype(np.int64), 6)
+    with pytest.raises(ValueError, match="either an offset"):
+        F.add_positional_backward(grad, 6, offset=1, position_ids=[0, 1, 2, 3])
+
+
+# ---------------------------------------------------------------- A * X + B
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(4, 3), (2, 4, 3), (4, 64, 128)])
+def test_mult_add_values(rng, shape, dtype):
+    x = _x(rng, shape, dtype)
+    a = _x(rng, (shape[-2] + 2, shape[-1]), dtype)
+    b = _x(rng, (shape[-2] + 2, shape[-1]), dtype)
+    y = F.positional_mult_add(x, a, b)
+    seq = shape[-2]
+    np.testing.assert_allclose(y, a[:seq] * x + b[:seq], *tolerance(dtype))
+    grad = _x(rng, shape, dtype)
+    gx, ga, gb = F.positional_mult_add_backward(grad, x, a)
+    g3 = grad.reshape((-1,) + shape[-2:]).astype(np.float64)
+    x3 = x.reshape((-1,) + shape[-2:]).astype(np.float64)
+    np.testing.assert_allclose(gx, grad * a[:seq], *tolerance(dtype))
+    exp_a = np.zeros(a.shape)
+    exp_a[:seq] = (g3 * x3).sum(axis=0)
+    exp_b = np.zeros(a.shape)
+    exp_b[:seq] = g3.sum(axis=0)
+    rtol, atol = tolerance(dtype)
+    np.testing.assert_allclose(ga, exp_a, rtol, atol * 10)
+    np.testing.assert_allclose(gb, exp_b, rtol, atol * 10)
+
+
+def test_mult_add_finite_differences(rng):
+    x = rng.standard_normal((3, 4, 2))
+    a = rng.standard_normal((5, 2))
+    b = rng.standard_normal((5, 2))
+    r = rng.standard_normal((3, 4, 2))
+
+    def loss():
+        return float(np.sum(F.positional_mult_add(x, a, b) * r))
+
+    gx, ga, gb = F.positional_mult_add_backward(r, x, a)
+    for analytic, var in ((gx, x), (ga, a), (gb, b)):
+        np.testing.assert_allclose(analytic, ref.finite_difference(loss, var), atol=1e-7)
+
+
+def test_mult_add_errors(rng):
+    x = _x(rng, (2, 4, 3), np.float32)
+    a = _x(rng, (3, 3), np.float32)
+    with pytest.raises(ValueError, match="sequence is too long: L=4 .*max_len=3"):
+        F.positional_mult_add(x, a, a)
+    a = _x(rng, (5, 3), np.float32)
+    with pytest.raises(ValueError, match=r"b: expected shape \(5, 3\)"):
+        F.positional_mult_add(x, a, a[:4])
+    with pytest.raises(TypeError, match="b: dtype float64 differs"):
+        F.positional_mult_add(x, a, a.astype(np.float64))
+    with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 4, 3\)"):
+        F.positional_mult_add_backward(x[0], x, a)
+    with pytest.raises(TypeError, match="grad_output: expected dtype float32"):
+        F.positional_mult_add_backward(x.astype(np.float64), x, a)
+    with pytest.raises(ValueError, match="sequence is too long"):
+        F.positional_mult_add_backward(x, x, a[:2])
+
+
+# ---------------------------------------------------------------- positions from padding
+
+
+def test_positions_from_padding_docstring_example():
+    ids = np.array([[0, 0, 7, 8], [7, 8, 0, 0]])
+    np.testing.assert_array_equal(F.positions_from_padding(ids, 0),
+                                  [[0, 0, 0, 1], [0, 1, 0, 0]])
+
+
+@pytest.mark.parametrize("past_length", [0, 5])
+def test_left_and_right_padding_give_same_positions(rng, past_length):
+    pad = 1
+    lengths = [3, 6, 1, 5]
+    seq_len = 6
+    left = np.full((4, seq_len), pad)
+    right = np.full((4, seq_len), pad)
+    tokens = []
+    for r, n in enumerate(lengths):
+        t = rng.integers(2, 50, size=n)
+        tokens.append(t)
+        left[r, seq_len - n:] = t
+        right[r, :n] = t
+    pos_left = F.positions_from_padding(left, pad, past_length=past_length)
+    pos_right = F.positions_from_padding(right, pad, past_length=past_length)
+    assert pos_left.dtype == np.int64
+    for r, n in enumerate(lengths):
+        expected = np.arange(past_length, past_length + n)
+        np.testing.assert_array_equal(pos_left[r, seq_len - n:], expected)
+        np.testing.assert_array_equal(pos_right[r, :n], expected)
+        np.testing.assert_array_equal(pos_left[r, :seq_len - n], 0)
+        np.testing.assert_array_equal(pos_right[r, n:], 0)
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 9), (2, 3, 5)])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+def test_positions_from_padding_vs_reference(rng, shape, dtype):
+    ids = rng.integers(0, 3, size=shape).astype(dtype)
+    got = F.positions_from_padding(ids, 0, past_length=2, pad_position=-1)
+    np.testing.assert_array_equal(got, ref.positions_from_padding(ids, 0, 2, -1))
+
+
+def test_positions_from_padding_per_row_past(rng):
+    ids = rng.integers(0, 3, size=(4, 6))
+    past = np.array([0, 3, 1, 10])
+    got = F.positions_from_padding(ids, 0, past_length=past)
+    np.testing.assert_array_equal(got, ref.positions_from_padding(ids, 0, past))
+    got_list = F.positions_from_padding(ids, 0, past_length=list(past))
+    np.testing.assert_array_equal(got, got_list)
+
+
+def test_positions_from_padding_matches_fairseq(rng):
+    ids = rng.integers(0, 4, size=(5, 8))
+    ids[:, :2] = 1  # some left padding
+    got = F.positions_from_padding(ids, 1, past_length=2, pad_position=1)
+    np.testing.assert_array_equal(got, ref.fairseq_make_positions(ids, 1))
+
+
+def test_positions_from_padding_matches_hf_attention_mask(rng):
+    ids = rng.integers(0, 4, size=(5, 8))
+    ids[:3, :3] = 0
+    attention_mask = (ids != 0).astype(np.int64)
+    hf = attention_mask.cumsum(-1) - 1
+    hf[attention_mask == 0] = 1
+    np.testing.assert_array_equal(F.positions_from_padding(ids, 0, pad_position=1), hf)
+
+
+def test_positions_from_padding_no_padding_is_arange():
+    ids = np.arange(1, 11).reshape(2, 5)
+    np.testing.assert_array_equal(F.positions_from_padding(ids, 0, past_length=4),
+                                  np.tile(np.arange(4, 9), (2, 1)))
+
+
+@pytest.mark.parametrize("args, kwargs, exc, match", [
+    ((np.array(3), 0), {}, ValueError, "input_ids: expected at least 1 dimension"),
+    ((np.zeros((2, 3)), 0), {}, TypeError, "input_ids: expected integer"),
+    ((np.zeros((2, 3), bool), 0), {}, TypeError, "input_ids: expected integer"),
+    ((np.zeros((2, 3), int), 0.5), {}, TypeError, "padding_idx: expected an integer"),
+    ((np.zeros((2, 3), int), 0), {"past_length": -1}, ValueError,
+     "past_length: expected an integer >= 0"),
+    ((np.zeros((2, 3), int), 0), {"past_length": 1.0}, TypeError, "past_length"),
+    ((np.zeros((2, 3), int), 0), {"past_length": [1, 2, 3]}, ValueError,
+     r"past_length: expected shape \(2,\)"),
+    ((np.zeros((2, 3), int), 0), {"past_length": [1, -2]}, ValueError,
+     "past_length: expected values >= 0"),
+    ((np.zeros((2, 3), int), 0), {"pad_position": "0"}, TypeError, "pad_position"),
+])
+def test_positions_from_padding_errors(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        F.positions_from_padding(*args, **kwargs)
