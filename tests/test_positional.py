@@ -1,5 +1,6 @@
 """Functional positional ops: sinusoid table, x + P, A * X + B, positions from padding."""
 
+import numba
 import numpy as np
 import pytest
 import reference as ref
@@ -7,6 +8,8 @@ from conftest import FLOAT_DTYPES, tolerance
 
 import numbapos.functional as F
 from numbapos.functional.embedding import PARALLEL_MIN_ELEMENTS
+from numbapos.functional.positional import _sinusoid_block
+from numbapos.kernels.cpu import positional as pos_kernels
 
 # ---------------------------------------------------------------- sinusoid table
 
@@ -55,6 +58,25 @@ def test_sinusoid_error_bound_serial_path(dtype):
     expected = ref.sinusoidal_table(seq_len, embed_dim, offset=60000)
     bound = 1e-6 if dtype == np.float32 else 1e-10
     assert np.max(np.abs(table - expected)) <= bound
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_sinusoid_same_values_for_any_thread_count_and_kernel(dtype):
+    seq_len, embed_dim = 3000, 40
+    default = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype)
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        single = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype)
+    finally:
+        numba.set_num_threads(threads)
+    np.testing.assert_array_equal(single, default)
+    # the serial kernel gives the parallel kernel's values bit for bit
+    inv_freq = 10000.0 ** (-np.arange(0, embed_dim, 2, dtype=np.float64) / embed_dim)
+    serial = np.empty_like(default)
+    pos_kernels.sinusoid_fill(inv_freq, np.cos(inv_freq), np.sin(inv_freq), 0,
+                              _sinusoid_block(seq_len), serial)
+    np.testing.assert_array_equal(serial, default)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -4,7 +4,6 @@ multiply-add, their gradients, and positions computed from padding.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from .. import _checks
@@ -17,6 +16,16 @@ from .embedding import PARALLEL_MIN_ELEMENTS, embedding_backward
 SINUSOID_MAX_BLOCK = 256
 # Fewer rows than this per block and the anchors' sin/cos start to dominate.
 SINUSOID_MIN_BLOCK = 32
+# Shorter tables are cut into about this many blocks, so that they still spread
+# over the threads.
+SINUSOID_TARGET_BLOCKS = 16
+
+
+def _sinusoid_block(seq_len: int) -> int:
+    """Rows per anchor block; depends on seq_len only, so the values never depend on
+    the thread count or on which kernel (serial or parallel) fills the table."""
+    block = -(-seq_len // SINUSOID_TARGET_BLOCKS)
+    return min(SINUSOID_MAX_BLOCK, max(SINUSOID_MIN_BLOCK, block))
 
 
 def _check_device(device):
@@ -100,13 +109,11 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
     inv_freq = base ** (-np.arange(0, embed_dim, 2, dtype=np.float64) / embed_dim)
     step_cos = np.cos(inv_freq)
     step_sin = np.sin(inv_freq)
+    block = _sinusoid_block(seq_len)
     if seq_len * embed_dim >= PARALLEL_MIN_ELEMENTS:
-        threads = numba.get_num_threads()
-        block = -(-seq_len // (2 * threads))  # about two blocks per thread
-        block = min(SINUSOID_MAX_BLOCK, max(SINUSOID_MIN_BLOCK, block))
         kernels.sinusoid_fill_parallel(inv_freq, step_cos, step_sin, offset, block, out)
     else:
-        kernels.sinusoid_fill(inv_freq, step_cos, step_sin, offset, SINUSOID_MAX_BLOCK, out)
+        kernels.sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out)
     return out
 
 
