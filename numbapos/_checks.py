@@ -205,6 +205,24 @@ def check_out(out, shape: tuple, dtype: np.dtype, name: str = "out",
     return out
 
 
+def check_attention_mask(mask, name: str = "attention_mask") -> np.ndarray:
+    """A 1-D or 2-D mask of bool or integer dtype holding only 0 and 1 (no copy of an ndarray)."""
+    _reject_cuda(mask, name)
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_ and not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(
+            f"{name}: expected a bool or integer mask of 0s and 1s, got dtype {arr.dtype}"
+        )
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"{name}: expected a 1-D or 2-D mask, got shape {arr.shape}")
+    if arr.dtype != np.bool_ and arr.size:
+        bad = (arr != 0) & (arr != 1)
+        if bad.any():
+            value = arr.reshape(-1)[int(np.argmax(bad.reshape(-1)))]
+            raise ValueError(f"{name}: expected only 0 and 1, got {int(value)}")
+    return arr
+
+
 def check_same_shape(x: np.ndarray, expected: tuple, name: str, what: str) -> None:
     """ValueError unless ``x.shape == expected``."""
     if x.shape != tuple(expected):

@@ -1,6 +1,7 @@
 """Layers with parameters: forward caches, backward accumulates gradients."""
 
 from . import init
+from .blocks import BertEmbeddings, GPT2Embeddings
 from .dropout import Dropout
 from .embedding import Embedding
 from .module import IncompatibleKeys, Module
@@ -9,8 +10,10 @@ from .parameter import Parameter
 from .positional import LearnedPosEmbedding, PositionalEmbedding, SinusoidalPosEmbedding
 
 __all__ = [
+    "BertEmbeddings",
     "Dropout",
     "Embedding",
+    "GPT2Embeddings",
     "IncompatibleKeys",
     "LayerNorm",
     "LearnedPosEmbedding",

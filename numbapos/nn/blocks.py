@@ -1,0 +1,580 @@
+"""The BERT and GPT-2 embedding blocks, with Hugging Face's parameter names."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .. import _checks
+from .. import functional as F
+from ..functional import blocks as FB
+from ..functional.normalization import check_eps
+from . import init as initializers
+from .dropout import Dropout
+from .embedding import Embedding
+from .module import Module
+from .normalization import LayerNorm
+from .parameter import Parameter
+
+# BERT and GPT-2 initialise their tables from N(0, initializer_range**2).
+INITIALIZER_RANGE = 0.02
+
+
+def _options(embedding: Embedding) -> FB.TableOptions:
+    return FB.TableOptions(embedding.padding_idx, embedding.scale_grad_by_freq, embedding.sparse)
+
+
+def _renorm_if_needed(embedding: Embedding, flat_ids: np.ndarray) -> None:
+    if embedding.max_norm is not None and flat_ids.size:
+        F.embedding_renorm_(embedding.weight.data, flat_ids, embedding.max_norm,
+                            embedding.norm_type)
+
+
+def _dropout_state(dropout: Dropout):
+    """(active, p, seed, counter) for this forward call of the block's Dropout child."""
+    if dropout.training and dropout.p > 0.0:
+        return True, dropout.p, dropout.seed, _checks.check_uint64(dropout.counter, "counter")
+    return False, dropout.p, dropout.seed, 0
+
+
+def _accumulate(param: Parameter | None, grad) -> None:
+    if param is not None and grad is not None:
+        param.accumulate_grad(grad, fresh=True)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def _prefix_hint(state_dict, prefix, suffix):
+    found = [k for k in state_dict if isinstance(k, str) and k.endswith(suffix)]
+    if not found:
+        return ""
+    other = found[0][: len(found[0]) - len(suffix)]
+    return f"; the state dict has {found[0]!r}: pass prefix={other!r}"
+
+
+def _load_arrays(state_dict, prefix, suffixes, aliases=None):
+    """The arrays at ``prefix + suffix``, converted to one float dtype (float16 -> float32)."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict: expected a mapping of names to arrays, got "
+                        f"{type(state_dict).__name__}")
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix: expected a str, got {type(prefix).__name__}")
+    aliases = aliases or {}
+    arrays = {}
+    for suffix in suffixes:
+        key = prefix + suffix
+        if key not in state_dict and prefix + aliases.get(suffix, "\0") in state_dict:
+            key = prefix + aliases[suffix]
+        if key not in state_dict:
+            raise KeyError(f"state_dict: missing {prefix + suffix!r}"
+                           f"{_prefix_hint(state_dict, prefix, suffix)}")
+        value = state_dict[key]
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"state_dict[{key!r}]: expected a NumPy array, got "
+                            f"{type(value).__name__} (convert tensors with .numpy())")
+        if value.dtype == np.float16:
+            value = value.astype(np.float32)
+        if value.dtype not in _checks.FLOAT_DTYPES:
+            raise ValueError(f"state_dict[{key!r}]: expected a float16, float32 or float64 "
+                             f"array, got dtype {value.dtype}")
+        arrays[suffix] = (key, value)
+    dtypes = {value.dtype for _, value in arrays.values()}
+    if len(dtypes) > 1:
+        listing = ", ".join(f"{key!r}: {value.dtype}" for key, value in arrays.values())
+        raise ValueError(f"state_dict: mismatched dtypes ({listing}); all tensors of the block "
+                         f"must share one dtype")
+    return arrays, dtypes.pop()
+
+
+def _check_shape(arrays, suffix, expected):
+    key, value = arrays[suffix]
+    ok = value.ndim == len(expected) and all(
+        want is None or got == want for got, want in zip(value.shape, expected, strict=True))
+    if not ok:
+        want = "(" + ", ".join("?" if w is None else str(w) for w in expected) + \
+               ("," if len(expected) == 1 else "") + ")"
+        raise ValueError(f"state_dict[{key!r}]: expected shape {want}, got {value.shape}")
+    return value
+
+
+def _owned(value, dtype):
+    return np.array(value, dtype=dtype, order="C", copy=True)
+
+
+# ------------------------------------------------------------------ BERT
+
+
+class BertEmbeddings(Module):
+    """BERT's embedding block: ``Dropout(LayerNorm(word + position + token_type))``.
+
+    Hugging Face's ``BertEmbeddings`` with the same child names, so its
+    parameters are ``word_embeddings.weight``, ``position_embeddings.weight``,
+    ``token_type_embeddings.weight``, ``LayerNorm.weight`` and
+    ``LayerNorm.bias``. Forward and backward are each one fused Numba kernel
+    over the tokens (gather, sum, LayerNorm and dropout in cache), followed in
+    the backward by deterministic scatters into the tables.
+
+    Parameters
+    ----------
+    vocab_size : int
+        Rows V of the word table.
+    hidden_size : int
+        Width D of every table.
+    max_position_embeddings : int, default 512
+        Rows of the position table.
+    type_vocab_size : int, default 2
+        Rows of the token-type table.
+    pad_token_id : int or None, default 0
+        Passed to the word table as ``padding_idx``: that row starts at zero
+        and never receives a gradient (as in Hugging Face).
+    layer_norm_eps : float, default 1e-12
+    hidden_dropout_prob : float, default 0.1
+    seed : int, numpy.random.Generator or None
+        Seeds the table initialisation (N(0, 0.02**2), BERT's
+        ``initializer_range``) and the dropout mask stream.
+    dtype : float32 or float64, default float32
+
+    Attributes
+    ----------
+    word_embeddings, position_embeddings, token_type_embeddings : Embedding
+    LayerNorm : LayerNorm
+        Weight ones, bias zeros at initialisation.
+    dropout : Dropout
+
+    Notes
+    -----
+    The backward pass recomputes each token's row sum from the tables instead
+    of caching an ``(N, L, D)`` array in the forward pass, so call
+    :meth:`backward` before the tables change (before the optimiser step).
+    The dropout mask is the ``dropout`` child's: a training forward uses its
+    ``counter`` and advances it, exactly as ``self.dropout(y)`` would on the
+    LayerNorm output, so the fused block and the unfused chain of children draw
+    the same mask. A child ``nn.Embedding``'s ``max_norm``, ``sparse``,
+    ``scale_grad_by_freq`` and ``padding_idx`` settings are honoured, and
+    frozen parameters (``requires_grad=False``) get no gradient computed.
+    """
+
+    def __init__(self, vocab_size, hidden_size, max_position_embeddings=512, type_vocab_size=2,
+                 pad_token_id=0, layer_norm_eps=1e-12, hidden_dropout_prob=0.1, seed=None,
+                 dtype=np.float32, *, _weights=None):
+        super().__init__()
+        vocab_size = _checks.check_int(vocab_size, "vocab_size", minimum=1)
+        hidden_size = _checks.check_int(hidden_size, "hidden_size", minimum=1)
+        max_position_embeddings = _checks.check_int(max_position_embeddings,
+                                                    "max_position_embeddings", minimum=1)
+        type_vocab_size = _checks.check_int(type_vocab_size, "type_vocab_size", minimum=1)
+        pad_token_id = _checks.check_padding_idx(pad_token_id, vocab_size, "pad_token_id")
+        dtype = _checks.check_float_dtype(dtype)
+        layer_norm_eps = check_eps(layer_norm_eps, "layer_norm_eps")
+        hidden_dropout_prob = _checks.check_unit_interval(hidden_dropout_prob,
+                                                          "hidden_dropout_prob")
+        rng = _checks.as_rng(seed)
+        init = initializers.normal(0.0, INITIALIZER_RANGE)
+
+        def table(rows, key, padding_idx=None):
+            if _weights is not None:
+                return Embedding(rows, hidden_size, padding_idx=padding_idx, _weight=_weights[key])
+            return Embedding(rows, hidden_size, padding_idx=padding_idx, dtype=dtype, init=init,
+                             seed=rng)
+
+        self.word_embeddings = table(vocab_size, "word_embeddings.weight", pad_token_id)
+        self.position_embeddings = table(max_position_embeddings, "position_embeddings.weight")
+        self.token_type_embeddings = table(type_vocab_size, "token_type_embeddings.weight")
+        layer_norm = LayerNorm(hidden_size, eps=layer_norm_eps, dtype=dtype)
+        if _weights is not None:
+            layer_norm.weight = Parameter(_weights["LayerNorm.weight"])
+            layer_norm.bias = Parameter(_weights["LayerNorm.bias"])
+        self.LayerNorm = layer_norm
+        self.dropout = Dropout(hidden_dropout_prob, seed=rng)
+        self.pad_token_id = pad_token_id
+        self._cache = None
+
+    # -------------------------------------------------------------- sizes
+
+    @property
+    def vocab_size(self) -> int:
+        return self.word_embeddings.num_embeddings
+
+    @property
+    def hidden_size(self) -> int:
+        return self.word_embeddings.embedding_dim
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.position_embeddings.num_embeddings
+
+    @property
+    def type_vocab_size(self) -> int:
+        return self.token_type_embeddings.num_embeddings
+
+    # -------------------------------------------------------------- contract
+
+    def _arrays(self):
+        ln = self.LayerNorm
+        return FB._bert_tables(
+            self.word_embeddings.weight.data, self.position_embeddings.weight.data,
+            self.token_type_embeddings.weight.data,
+            None if ln.weight is None else ln.weight.data,
+            None if ln.bias is None else ln.bias.data)
+
+    def forward(self, input_ids, token_type_ids=None, position_ids=None, past_length=0,
+                out=None):
+        """Embed ``input_ids``; returns ``input_ids.shape + (hidden_size,)``.
+
+        Parameters
+        ----------
+        input_ids : array_like of int, shape (N, L) or (L,)
+            Token ids in ``[0, vocab_size)``.
+        token_type_ids : array_like of int, optional
+            Segment ids in ``[0, type_vocab_size)``, shape of ``input_ids`` (or
+            (L,) / (1, L), broadcast over the batch). Default: 0 everywhere.
+        position_ids : array_like of int, optional
+            Positions in ``[0, max_position_embeddings)``, same shapes allowed.
+            Default: ``past_length .. past_length + L - 1`` for every row.
+        past_length : int, default 0
+            Tokens already processed (Hugging Face's
+            ``past_key_values_length``); shifts the default positions only.
+        out : ndarray, optional
+            C-contiguous result buffer of the output's shape and dtype.
+
+        Raises
+        ------
+        TypeError
+            Non-integer ids.
+        ValueError
+            Ids not 1-D/2-D; ``token_type_ids`` / ``position_ids`` of another
+            shape; ``past_length`` negative or ``past_length + L`` above
+            ``max_position_embeddings``; a bad ``out``.
+        IndexError
+            An id, token type or position out of range (named, with the range).
+        """
+        word, position, token_type, gamma, beta = self._arrays()
+        inputs = FB.bert_inputs(input_ids, token_type_ids, position_ids, past_length,
+                                word.shape[0], position.shape[0], token_type.shape[0])
+        if out is not None:
+            _checks.check_out(out, inputs.shape + (word.shape[1],), word.dtype,
+                              avoid=(word, position, token_type))
+        drop = _dropout_state(self.dropout)
+        _renorm_if_needed(self.word_embeddings, inputs.word_ids)
+        _renorm_if_needed(self.position_embeddings, inputs.pos_ids)
+        _renorm_if_needed(self.token_type_embeddings, inputs.type_ids)
+        y, mean, rstd = FB.bert_forward(inputs, word, position, token_type, gamma, beta,
+                                        self.LayerNorm.eps, drop, out)
+        if drop[0]:
+            self.dropout.counter = drop[3] + 1
+        self._cache = (inputs, mean, rstd, drop)
+        return y
+
+    def backward(self, grad_output):
+        """Accumulate the gradients of the last :meth:`forward`; returns None (ids have none).
+
+        Fills ``word_embeddings.weight.grad`` (padding row excluded),
+        ``position_embeddings.weight.grad`` (summed over the batch),
+        ``token_type_embeddings.weight.grad``, ``LayerNorm.weight.grad`` and
+        ``LayerNorm.bias.grad``; frozen parameters are skipped.
+
+        Raises
+        ------
+        RuntimeError
+            No forward has run yet.
+        TypeError, ValueError
+            ``grad_output`` not of the output's shape and dtype.
+        """
+        if self._cache is None:
+            raise RuntimeError("BertEmbeddings.backward called before forward")
+        inputs, mean, rstd, drop = self._cache
+        word, position, token_type, gamma, _ = self._arrays()
+        grad_output = FB.check_grad(grad_output, inputs.shape + (word.shape[1],), word.dtype)
+        ln = self.LayerNorm
+        params = (self.word_embeddings.weight, self.position_embeddings.weight,
+                  self.token_type_embeddings.weight, ln.weight, ln.bias)
+        want = tuple(p is not None and p.requires_grad for p in params)
+        if not any(want):
+            return None
+        options = (_options(self.word_embeddings), _options(self.position_embeddings),
+                   _options(self.token_type_embeddings))
+        grads = FB.bert_backward(grad_output, inputs, word, position, token_type, gamma, mean,
+                                 rstd, drop, want, options)
+        for param, grad in zip(params, grads, strict=True):
+            _accumulate(param, grad)
+        return None
+
+    # -------------------------------------------------------------- checkpoints
+
+    @classmethod
+    def from_hf_state_dict(cls, state_dict, prefix="embeddings.", *, pad_token_id=0,
+                           layer_norm_eps=1e-12, hidden_dropout_prob=0.1, seed=None):
+        """Build the block from a Hugging Face BERT state dict (NumPy arrays).
+
+        Reads ``{prefix}word_embeddings.weight``,
+        ``{prefix}position_embeddings.weight``,
+        ``{prefix}token_type_embeddings.weight``, ``{prefix}LayerNorm.weight``
+        and ``{prefix}LayerNorm.bias`` (the TensorFlow-era names
+        ``LayerNorm.gamma`` / ``LayerNorm.beta`` are accepted too, as
+        ``transformers`` does) and infers every size from them. Other entries,
+        such as the encoder's weights or the ``embeddings.position_ids``
+        buffer, are ignored, so a whole-model checkpoint loads directly::
+
+            state = numbapos.io.load_state("bert-base-uncased/model.safetensors")
+            emb = BertEmbeddings.from_hf_state_dict(state)              # BertModel
+            emb = BertEmbeddings.from_hf_state_dict(state, "bert.embeddings.")  # *For* heads
+
+        Parameters
+        ----------
+        state_dict : mapping of str to ndarray
+            E.g. from :func:`numbapos.io.load_state`. Torch tensors must be
+            converted first (``{k: v.numpy() for k, v in sd.items()}``).
+        prefix : str, default "embeddings."
+            Prepended to every name (``"bert.embeddings."`` for task models).
+        pad_token_id, layer_norm_eps, hidden_dropout_prob, seed
+            Not stored in the weights: as for :class:`BertEmbeddings`
+            (``seed`` only seeds the dropout stream here).
+
+        Returns
+        -------
+        BertEmbeddings
+            Owning copies of the arrays. float16 weights are converted to
+            float32 (the kernels compute in float32 or float64); float32 and
+            float64 are kept.
+
+        Raises
+        ------
+        KeyError
+            A required tensor is missing (named; a prefix that would match is
+            suggested).
+        TypeError
+            ``state_dict`` not a mapping, or a value that is not a NumPy array.
+        ValueError
+            A tensor with the wrong number of dimensions or a hidden size that
+            disagrees with the word table, a non-float dtype, or tensors of
+            different dtypes.
+        """
+        arrays, dtype = _load_arrays(
+            state_dict, prefix,
+            ("word_embeddings.weight", "position_embeddings.weight",
+             "token_type_embeddings.weight", "LayerNorm.weight", "LayerNorm.bias"),
+            aliases={"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"})
+        word = _check_shape(arrays, "word_embeddings.weight", (None, None))
+        dim = word.shape[1]
+        weights = {
+            "word_embeddings.weight": word,
+            "position_embeddings.weight": _check_shape(arrays, "position_embeddings.weight",
+                                                       (None, dim)),
+            "token_type_embeddings.weight": _check_shape(arrays, "token_type_embeddings.weight",
+                                                         (None, dim)),
+            "LayerNorm.weight": _check_shape(arrays, "LayerNorm.weight", (dim,)),
+            "LayerNorm.bias": _check_shape(arrays, "LayerNorm.bias", (dim,)),
+        }
+        for name, value in weights.items():
+            if value.size == 0:
+                raise ValueError(f"state_dict[{prefix + name!r}]: is empty (shape {value.shape})")
+        weights = {name: _owned(value, dtype) for name, value in weights.items()}
+        return cls(word.shape[0], dim, weights["position_embeddings.weight"].shape[0],
+                   weights["token_type_embeddings.weight"].shape[0], pad_token_id=pad_token_id,
+                   layer_norm_eps=layer_norm_eps, hidden_dropout_prob=hidden_dropout_prob,
+                   seed=seed, dtype=dtype, _weights=weights)
+
+    def extra_repr(self) -> str:
+        return (f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, "
+                f"max_position_embeddings={self.max_position_embeddings}, "
+                f"type_vocab_size={self.type_vocab_size}, pad_token_id={self.pad_token_id}")
+
+
+# ------------------------------------------------------------------ GPT-2
+
+
+class GPT2Embeddings(Module):
+    """GPT-2's input embeddings: ``Dropout(wte[input_ids] + wpe[positions])``.
+
+    The embedding part of Hugging Face's ``GPT2Model``, with its names:
+    parameters ``wte.weight`` and ``wpe.weight``, dropout child ``drop``. The
+    forward pass is one fused Numba kernel (two row gathers, the sum and the
+    dropout mask per token); the backward pass regenerates the mask and
+    scatters deterministically into both tables.
+
+    Parameters
+    ----------
+    vocab_size : int
+        Rows V of ``wte``.
+    n_positions : int
+        Rows of ``wpe`` (the longest context).
+    n_embd : int
+        Width D of both tables.
+    embd_pdrop : float, default 0.1
+        Dropout probability.
+    seed : int, numpy.random.Generator or None
+        Seeds the initialisation (N(0, 0.02**2)) and the dropout stream.
+    dtype : float32 or float64, default float32
+
+    Attributes
+    ----------
+    wte, wpe : Embedding
+    drop : Dropout
+
+    Notes
+    -----
+    With ``attention_mask`` the positions follow Hugging Face's generation
+    convention (:func:`numbapos.functional.positions_from_attention_mask`):
+    ``cumsum(mask) - 1`` with padding set to 1, last L columns, so left- and
+    right-padded batches give each real token the same position.
+    """
+
+    def __init__(self, vocab_size, n_positions, n_embd, embd_pdrop=0.1, seed=None,
+                 dtype=np.float32, *, _weights=None):
+        super().__init__()
+        vocab_size = _checks.check_int(vocab_size, "vocab_size", minimum=1)
+        n_positions = _checks.check_int(n_positions, "n_positions", minimum=1)
+        n_embd = _checks.check_int(n_embd, "n_embd", minimum=1)
+        dtype = _checks.check_float_dtype(dtype)
+        embd_pdrop = _checks.check_unit_interval(embd_pdrop, "embd_pdrop")
+        rng = _checks.as_rng(seed)
+        init = initializers.normal(0.0, INITIALIZER_RANGE)
+
+        def table(rows, key):
+            if _weights is not None:
+                return Embedding(rows, n_embd, _weight=_weights[key])
+            return Embedding(rows, n_embd, dtype=dtype, init=init, seed=rng)
+
+        self.wte = table(vocab_size, "wte.weight")
+        self.wpe = table(n_positions, "wpe.weight")
+        self.drop = Dropout(embd_pdrop, seed=rng)
+        self._cache = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.wte.num_embeddings
+
+    @property
+    def n_positions(self) -> int:
+        return self.wpe.num_embeddings
+
+    @property
+    def n_embd(self) -> int:
+        return self.wte.embedding_dim
+
+    def _arrays(self):
+        return FB._check_tables((self.wte.weight.data, self.wpe.weight.data),
+                                ("wte.weight", "wpe.weight"))
+
+    def forward(self, input_ids, past_length=0, position_ids=None, attention_mask=None,
+                out=None):
+        """Embed ``input_ids``; returns ``input_ids.shape + (n_embd,)``.
+
+        Parameters
+        ----------
+        input_ids : array_like of int, shape (N, L) or (L,)
+            Token ids in ``[0, vocab_size)``.
+        past_length : int, default 0
+            Tokens already in the key/value cache: default positions are
+            ``past_length .. past_length + L - 1``.
+        position_ids : array_like of int, optional
+            Explicit positions (shape of ``input_ids``, or (L,) / (1, L)); take
+            precedence over ``attention_mask``.
+        attention_mask : array_like of bool or int, optional
+            Shape ``(N, past_length + L)``, 1 at real tokens and 0 at padding;
+            positions then follow Hugging Face's generation convention.
+        out : ndarray, optional
+            C-contiguous result buffer.
+
+        Raises
+        ------
+        TypeError
+            Non-integer ids or a non-bool/integer mask.
+        ValueError
+            Ids not 1-D/2-D; ``position_ids`` / ``attention_mask`` of the wrong
+            shape, a mask with values other than 0/1, positions reaching
+            ``n_positions``, a negative ``past_length``; a bad ``out``.
+        IndexError
+            An id or explicit position out of range (named, with the range).
+        """
+        wte, wpe = self._arrays()
+        shape, ids, pos = FB.gpt2_inputs(input_ids, past_length, position_ids, attention_mask,
+                                         wte.shape[0], wpe.shape[0])
+        if out is not None:
+            _checks.check_out(out, shape + (wte.shape[1],), wte.dtype, avoid=(wte, wpe))
+        drop = _dropout_state(self.drop)
+        _renorm_if_needed(self.wte, ids)
+        _renorm_if_needed(self.wpe, pos)
+        y = FB.gpt2_forward(shape, ids, pos, wte, wpe, drop, out)
+        if drop[0]:
+            self.drop.counter = drop[3] + 1
+        self._cache = (shape, ids, pos, drop)
+        return y
+
+    def backward(self, grad_output):
+        """Accumulate ``wte`` / ``wpe`` gradients of the last :meth:`forward`; returns None.
+
+        The position gradient is summed over the batch; frozen tables are skipped.
+
+        Raises
+        ------
+        RuntimeError
+            No forward has run yet.
+        TypeError, ValueError
+            ``grad_output`` not of the output's shape and dtype.
+        """
+        if self._cache is None:
+            raise RuntimeError("GPT2Embeddings.backward called before forward")
+        shape, ids, pos, drop = self._cache
+        wte, wpe = self._arrays()
+        grad_output = FB.check_grad(grad_output, shape + (wte.shape[1],), wte.dtype)
+        params = (self.wte.weight, self.wpe.weight)
+        want = tuple(p.requires_grad for p in params)
+        if not any(want):
+            return None
+        grads = FB.gpt2_backward(grad_output, ids, pos, wte.shape[0], wpe.shape[0], drop, want,
+                                 (_options(self.wte), _options(self.wpe)))
+        for param, grad in zip(params, grads, strict=True):
+            _accumulate(param, grad)
+        return None
+
+    @classmethod
+    def from_hf_state_dict(cls, state_dict, prefix="", *, embd_pdrop=0.1, seed=None):
+        """Build the block from a Hugging Face GPT-2 state dict (NumPy arrays).
+
+        Reads ``{prefix}wte.weight`` and ``{prefix}wpe.weight``, infers the
+        sizes and ignores every other entry. ``GPT2Model`` checkpoints (such as
+        ``gpt2/model.safetensors``) use no prefix; ``GPT2LMHeadModel`` state
+        dicts saved from PyTorch use ``"transformer."``::
+
+            state = numbapos.io.load_state("gpt2/model.safetensors")
+            emb = GPT2Embeddings.from_hf_state_dict(state)
+            emb = GPT2Embeddings.from_hf_state_dict(lm_state, prefix="transformer.")
+
+        Parameters
+        ----------
+        state_dict : mapping of str to ndarray
+        prefix : str, default ""
+        embd_pdrop, seed
+            As for :class:`GPT2Embeddings` (``seed`` seeds the dropout stream).
+
+        Returns
+        -------
+        GPT2Embeddings
+            Owning copies of the arrays; float16 is converted to float32.
+
+        Raises
+        ------
+        KeyError
+            ``wte.weight`` or ``wpe.weight`` missing (a matching prefix is
+            suggested when the state dict has one).
+        TypeError
+            ``state_dict`` not a mapping, or a value that is not a NumPy array.
+        ValueError
+            A tensor that is not 2-D, widths that differ, a non-float dtype,
+            or the two tensors of different dtypes.
+        """
+        arrays, dtype = _load_arrays(state_dict, prefix, ("wte.weight", "wpe.weight"))
+        wte = _check_shape(arrays, "wte.weight", (None, None))
+        wpe = _check_shape(arrays, "wpe.weight", (None, wte.shape[1]))
+        for name, value in (("wte.weight", wte), ("wpe.weight", wpe)):
+            if value.size == 0:
+                raise ValueError(f"state_dict[{prefix + name!r}]: is empty (shape {value.shape})")
+        weights = {"wte.weight": _owned(wte, dtype), "wpe.weight": _owned(wpe, dtype)}
+        return cls(wte.shape[0], wpe.shape[0], wte.shape[1], embd_pdrop=embd_pdrop, seed=seed,
+                   dtype=dtype, _weights=weights)
+
+    def extra_repr(self) -> str:
+        return f"vocab_size={self.vocab_size}, n_positions={self.n_positions}, n_embd={self.n_embd}"

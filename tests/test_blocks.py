@@ -1,0 +1,677 @@
+"""BertEmbeddings and GPT2Embeddings: fused forward/backward against the NumPy reference."""
+
+import numba
+import numpy as np
+import pytest
+import reference
+from conftest import FLOAT_DTYPES
+
+from numbapos import functional as F
+from numbapos import nn
+from numbapos.functional import blocks as FB
+from numbapos.sparse import SparseRows
+
+V, D, P, TV = 12, 6, 10, 3  # vocab, hidden, positions, token types
+
+
+def _bert(dtype=np.float64, p=0.0, seed=0, **kwargs):
+    block = nn.BertEmbeddings(V, D, P, TV, pad_token_id=kwargs.pop("pad_token_id", 0),
+                              layer_norm_eps=kwargs.pop("eps", 1e-3), hidden_dropout_prob=p,
+                              seed=seed, dtype=dtype, **kwargs)
+    rng = np.random.default_rng(seed + 100)
+    # Non-trivial LayerNorm parameters so their gradients and effect are tested.
+    block.LayerNorm.weight.data[:] = rng.standard_normal(D) + 1.0
+    block.LayerNorm.bias.data[:] = rng.standard_normal(D)
+    return block
+
+
+def _bert_reference(block, ids, counter=0, training=True, **kwargs):
+    drop = block.dropout
+    return reference.bert_embeddings(
+        ids, block.word_embeddings.weight.data, block.position_embeddings.weight.data,
+        block.token_type_embeddings.weight.data, block.LayerNorm.weight.data,
+        block.LayerNorm.bias.data, block.LayerNorm.eps, p=drop.p if training else 0.0,
+        seed=drop.seed, counter=counter, **kwargs)
+
+
+def _tol(dtype):
+    return (2e-5, 2e-5) if np.dtype(dtype) == np.float32 else (1e-10, 1e-10)
+
+
+def _threads():
+    return min(2, numba.config.NUMBA_NUM_THREADS)
+
+
+# ================================================================== BERT forward
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("p", [0.0, 0.4])
+def test_bert_forward_matches_reference(rng, dtype, p):
+    block = _bert(dtype, p=p)
+    ids = rng.integers(0, V, (3, 5))
+    types = rng.integers(0, TV, (3, 5))
+    y = block(ids, token_type_ids=types, past_length=2)
+    assert y.shape == (3, 5, D) and y.dtype == dtype
+    ref = _bert_reference(block, ids, token_type_ids=types, past_length=2)
+    np.testing.assert_allclose(y, ref, *_tol(dtype))
+    assert block.dropout.counter == (1 if p else 0)
+
+
+def test_bert_forward_position_and_type_variants(rng):
+    block = _bert()
+    ids = rng.integers(0, V, (2, 4))
+    for pos in (rng.integers(0, P, (2, 4)), np.array([3, 1, 4, 1]), np.array([[0, 9, 2, 2]])):
+        for types in (None, np.array([0, 1, 2, 1]), rng.integers(0, TV, (2, 4))):
+            y = block(ids, token_type_ids=types, position_ids=pos)
+            ref = _bert_reference(block, ids, token_type_ids=types, position_ids=pos)
+            np.testing.assert_allclose(y, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_bert_forward_1d_ids_and_int32(rng):
+    block = _bert(np.float32)
+    ids = rng.integers(0, V, 7).astype(np.int32)
+    y = block(ids, past_length=3)
+    assert y.shape == (7, D)
+    np.testing.assert_allclose(y, _bert_reference(block, ids, past_length=3), rtol=2e-5,
+                               atol=2e-5)
+
+
+def test_bert_large_input_uses_parallel_kernel(rng):
+    # 4 * 64 * 128 elements is above PARALLEL_MIN_ELEMENTS.
+    block = nn.BertEmbeddings(50, 128, 64, 2, hidden_dropout_prob=0.1, seed=3)
+    ids = rng.integers(0, 50, (4, 64))
+    assert ids.size * 128 >= FB.PARALLEL_MIN_ELEMENTS
+    y = block(ids)
+    np.testing.assert_allclose(y, _bert_reference(block, ids), rtol=2e-5, atol=2e-5)
+
+
+def test_bert_fused_equals_unfused_chain_bitwise(rng):
+    # The fused kernel draws the Dropout child's mask: same bits as running the
+    # children one after the other.
+    block = _bert(np.float32, p=0.3)
+    ids = rng.integers(0, V, (2, 5))
+    types = rng.integers(0, TV, (2, 5))
+    counter = block.dropout.counter
+    fused = block(ids, token_type_ids=types)
+    total = (F.embedding(ids, block.word_embeddings.weight.data)
+             + F.embedding(np.arange(5), block.position_embeddings.weight.data)
+             + F.embedding(types, block.token_type_embeddings.weight.data))
+    normed = F.layer_norm(total, block.LayerNorm.weight.data, block.LayerNorm.bias.data,
+                          eps=block.LayerNorm.eps)
+    unfused = F.dropout(normed, block.dropout.p, block.dropout.seed, counter=counter)
+    np.testing.assert_array_equal(fused, unfused)
+
+
+def test_bert_eval_mode_and_counter(rng):
+    block = _bert(p=0.5)
+    ids = rng.integers(0, V, (2, 3))
+    first = block(ids)
+    second = block(ids)
+    assert block.dropout.counter == 2
+    assert not np.array_equal(first, second)
+    np.testing.assert_allclose(second, _bert_reference(block, ids, counter=1), rtol=1e-10,
+                               atol=1e-10)
+    block.eval()
+    clean = block(ids)
+    assert block.dropout.counter == 2
+    np.testing.assert_allclose(clean, _bert_reference(block, ids, training=False), rtol=1e-10,
+                               atol=1e-10)
+
+
+def test_bert_out_buffer(rng):
+    block = _bert(np.float32)
+    ids = rng.integers(0, V, (2, 3))
+    out = np.empty((2, 3, D), np.float32)
+    assert block(ids, out=out) is out
+    np.testing.assert_allclose(out, _bert_reference(block, ids), rtol=2e-5, atol=2e-5)
+
+
+def test_bert_empty_input():
+    block = _bert()
+    y = block(np.zeros((2, 0), dtype=np.int64))
+    assert y.shape == (2, 0, D)
+    block.backward(np.zeros((2, 0, D)))
+    np.testing.assert_array_equal(block.word_embeddings.weight.grad, 0)
+    np.testing.assert_array_equal(block.LayerNorm.weight.grad, 0)
+
+
+def test_bert_init_and_names():
+    block = nn.BertEmbeddings(30, 8, 16, 2, pad_token_id=1, seed=0)
+    names = [name for name, _ in block.named_parameters()]
+    assert names == ["word_embeddings.weight", "position_embeddings.weight",
+                     "token_type_embeddings.weight", "LayerNorm.weight", "LayerNorm.bias"]
+    assert block.word_embeddings.padding_idx == 1
+    np.testing.assert_array_equal(block.word_embeddings.weight.data[1], 0)
+    np.testing.assert_array_equal(block.LayerNorm.weight.data, 1)
+    np.testing.assert_array_equal(block.LayerNorm.bias.data, 0)
+    assert block.LayerNorm.eps == 1e-12 and block.dropout.p == 0.1
+    assert 0.01 < block.word_embeddings.weight.data.std() < 0.03
+    assert (block.vocab_size, block.hidden_size, block.max_position_embeddings,
+            block.type_vocab_size) == (30, 8, 16, 2)
+    again = nn.BertEmbeddings(30, 8, 16, 2, pad_token_id=1, seed=0)
+    np.testing.assert_array_equal(again.word_embeddings.weight.data,
+                                  block.word_embeddings.weight.data)
+    assert again.dropout.seed == block.dropout.seed
+    assert "vocab_size=30" in repr(block)
+
+
+# ================================================================== BERT backward
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_bert_gradients_match_finite_differences(rng, p):
+    block = _bert(np.float64, p=p, seed=1)
+    ids = np.array([[1, 0, 5, 5], [7, 1, 1, 0]])  # repeats and the padding id 0
+    types = np.array([[0, 2, 2, 1], [1, 1, 0, 0]])
+    probe = rng.standard_normal((2, 4, D))
+
+    def loss():
+        block.dropout.counter = 0
+        return float((block(ids, token_type_ids=types, past_length=1) * probe).sum())
+
+    loss()
+    block.backward(probe)
+    pad = block.word_embeddings.padding_idx
+    for param in block.parameters():
+        expected = reference.finite_difference(loss, param.data)
+        if param is block.word_embeddings.weight:
+            expected[pad] = 0  # the padding row never receives a gradient (HF / PyTorch)
+        np.testing.assert_allclose(param.grad, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_bert_gradients_with_explicit_positions_and_large_type_vocab(rng):
+    # 20 token types is above FUSED_TYPE_GRAD_MAX_ROWS: the scatter path.
+    block = nn.BertEmbeddings(V, D, P, 20, pad_token_id=None, layer_norm_eps=1e-3,
+                              hidden_dropout_prob=0.0, seed=2, dtype=np.float64)
+    assert 20 > FB.FUSED_TYPE_GRAD_MAX_ROWS
+    ids = rng.integers(0, V, (2, 3))
+    types = rng.integers(0, 20, (2, 3))
+    pos = np.array([4, 4, 9])
+    probe = rng.standard_normal((2, 3, D))
+
+    def loss():
+        return float((block(ids, token_type_ids=types, position_ids=pos) * probe).sum())
+
+    loss()
+    block.backward(probe)
+    for param in block.parameters():
+        np.testing.assert_allclose(param.grad, reference.finite_difference(loss, param.data),
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_bert_backward_accumulates_and_respects_frozen(rng):
+    block = _bert(np.float64)
+    ids = rng.integers(0, V, (2, 3))
+    probe = rng.standard_normal((2, 3, D))
+    block(ids)
+    block.backward(probe)
+    first = {name: param.grad.copy() for name, param in block.named_parameters()}
+    block(ids)
+    block.backward(probe)
+    for name, param in block.named_parameters():
+        np.testing.assert_allclose(param.grad, 2 * first[name], rtol=1e-12)
+    block.zero_grad()
+    block.word_embeddings.weight.requires_grad = False
+    block.LayerNorm.bias.requires_grad = False
+    block(ids)
+    assert block.backward(probe) is None
+    assert block.word_embeddings.weight.grad is None and block.LayerNorm.bias.grad is None
+    np.testing.assert_allclose(block.position_embeddings.weight.grad,
+                               first["position_embeddings.weight"], rtol=1e-12)
+    np.testing.assert_allclose(block.LayerNorm.weight.grad, first["LayerNorm.weight"],
+                               rtol=1e-12)
+
+
+def test_bert_child_embedding_options(rng):
+    dense = _bert(np.float64)
+    sparse = _bert(np.float64)
+    sparse.word_embeddings.sparse = True
+    ids = rng.integers(0, V, (2, 4))
+    probe = rng.standard_normal((2, 4, D))
+    for block in (dense, sparse):
+        block(ids)
+        block.backward(probe)
+    assert isinstance(sparse.word_embeddings.weight.grad, SparseRows)
+    np.testing.assert_allclose(sparse.word_embeddings.weight.grad.to_dense(),
+                               dense.word_embeddings.weight.grad, rtol=1e-12)
+    clipped = _bert(np.float64)
+    clipped.word_embeddings.weight.data *= 100
+    clipped.word_embeddings.max_norm = 1.0
+    clipped(ids)
+    norms = np.linalg.norm(clipped.word_embeddings.weight.data[np.unique(ids)], axis=1)
+    assert np.all(norms <= 1.0 + 1e-6)
+
+
+def test_bert_functional_backward_matches_module(rng):
+    block = _bert(np.float32, p=0.2)
+    ids = rng.integers(0, V, (2, 4))
+    probe = rng.standard_normal((2, 4, D)).astype(np.float32)
+    tables = (block.word_embeddings.weight.data, block.position_embeddings.weight.data,
+              block.token_type_embeddings.weight.data)
+    ln = (block.LayerNorm.weight.data, block.LayerNorm.bias.data)
+    kwargs = dict(p=0.2, seed=block.dropout.seed, counter=block.dropout.counter)
+    y, mean, rstd = F.bert_embeddings_forward(ids, *tables, *ln, eps=block.LayerNorm.eps,
+                                              **kwargs)
+    np.testing.assert_array_equal(block(ids), y)
+    np.testing.assert_array_equal(F.bert_embeddings(ids, *tables, *ln, eps=block.LayerNorm.eps,
+                                                    **kwargs), y)
+    grads = F.bert_embeddings_backward(probe, ids, *tables, mean, rstd, *ln, padding_idx=0,
+                                       **kwargs)
+    block.backward(probe)
+    for got, param in zip(grads, block.parameters(), strict=True):
+        np.testing.assert_array_equal(got, param.grad)
+
+
+def test_bert_deterministic_for_any_thread_count(rng):
+    ids = rng.integers(0, 40, (4, 64))
+    types = rng.integers(0, 2, (4, 64))
+    probe = rng.standard_normal((4, 64, 128)).astype(np.float32)
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, _threads()):
+            numba.set_num_threads(threads)
+            block = nn.BertEmbeddings(40, 128, 64, 2, hidden_dropout_prob=0.1, seed=5)
+            y = block(ids, token_type_ids=types)
+            block.backward(probe)
+            results.append([y] + [param.grad for param in block.parameters()])
+    finally:
+        numba.set_num_threads(before)
+    for first, second in zip(*results, strict=True):
+        np.testing.assert_array_equal(first, second)
+
+
+# ================================================================== BERT errors
+
+
+def test_bert_input_errors(rng):
+    block = _bert(np.float32, p=0.5)
+    ids = rng.integers(0, V, (2, 3))
+    before = {name: param.data.copy() for name, param in block.named_parameters()}
+    with pytest.raises(IndexError, match=rf"input_ids: index {V} .*vocab_size={V}; valid"):
+        block(np.array([[1, V, 2]]))
+    with pytest.raises(IndexError, match=r"input_ids: index -1 .*vocab_size"):
+        block(np.array([-1, 2]))
+    with pytest.raises(IndexError, match=rf"token_type_ids: index {TV} .*type_vocab_size={TV}"):
+        block(ids, token_type_ids=np.full((2, 3), TV))
+    with pytest.raises(IndexError, match=rf"position_ids: index {P} .*max_position_embeddings"):
+        block(ids, position_ids=np.array([0, 1, P]))
+    with pytest.raises(ValueError, match=rf"past_length \+ L = 8 \+ 3 = 11 exceeds "
+                                         rf"max_position_embeddings={P}"):
+        block(ids, past_length=8)
+    with pytest.raises(ValueError, match="past_length: expected an integer >= 0, got -1"):
+        block(ids, past_length=-1)
+    with pytest.raises(TypeError, match="past_length: expected an integer"):
+        block(ids, past_length=1.0)
+    with pytest.raises(ValueError, match=r"input_ids: expected shape \(N, L\) or \(L,\)"):
+        block(ids[None])
+    with pytest.raises(TypeError, match="input_ids: expected integer indices"):
+        block(ids.astype(np.float32))
+    with pytest.raises(ValueError, match=r"token_type_ids: expected shape .*got \(2, 2\)"):
+        block(ids, token_type_ids=np.zeros((2, 2), np.int64))
+    with pytest.raises(ValueError, match=r"position_ids: expected shape .*got \(4,\)"):
+        block(ids, position_ids=np.arange(4))
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 3, 6\) and dtype float32"):
+        block(ids, out=np.empty((2, 3, D)))
+    # Nothing ran: the tables and the dropout counter are unchanged.
+    assert block.dropout.counter == 0
+    for name, param in block.named_parameters():
+        np.testing.assert_array_equal(param.data, before[name])
+
+
+def test_bert_backward_errors(rng):
+    block = _bert(np.float32)
+    with pytest.raises(RuntimeError, match="before forward"):
+        block.backward(np.zeros((1, 2, D), np.float32))
+    block(rng.integers(0, V, (2, 3)))
+    with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 3, 6\)"):
+        block.backward(np.zeros((2, 3, D + 1), np.float32))
+    with pytest.raises(TypeError, match="grad_output: expected dtype float32"):
+        block.backward(np.zeros((2, 3, D)))
+    assert block.word_embeddings.weight.grad is None
+
+
+def test_bert_constructor_errors():
+    with pytest.raises(ValueError, match="vocab_size: expected an integer >= 1, got 0"):
+        nn.BertEmbeddings(0, 4)
+    with pytest.raises(TypeError, match="hidden_size: expected an integer"):
+        nn.BertEmbeddings(10, 4.0)
+    with pytest.raises(ValueError, match=r"pad_token_id: 10 is outside \[-10, 10\)"):
+        nn.BertEmbeddings(10, 4, pad_token_id=10)
+    with pytest.raises(ValueError, match=r"hidden_dropout_prob: expected a probability in \[0, 1"):
+        nn.BertEmbeddings(10, 4, hidden_dropout_prob=1.5)
+    with pytest.raises(ValueError, match="layer_norm_eps: expected a finite number >= 0"):
+        nn.BertEmbeddings(10, 4, layer_norm_eps=-1.0)
+    with pytest.raises(TypeError, match="dtype: expected float32 or float64"):
+        nn.BertEmbeddings(10, 4, dtype=np.int64)
+
+
+def test_bert_functional_errors(rng):
+    word = rng.standard_normal((V, D)).astype(np.float32)
+    pos = rng.standard_normal((P, D)).astype(np.float32)
+    tt = rng.standard_normal((TV, D)).astype(np.float32)
+    ids = rng.integers(0, V, (2, 3))
+    with pytest.raises(TypeError, match="position_embeddings: expected dtype float32"):
+        F.bert_embeddings(ids, word, pos.astype(np.float64), tt)
+    with pytest.raises(ValueError, match="token_type_embeddings: expected 6 columns"):
+        F.bert_embeddings(ids, word, pos, tt[:, :4])
+    with pytest.raises(ValueError, match=r"ln_weight: expected shape \(6,\)"):
+        F.bert_embeddings(ids, word, pos, tt, np.ones(5, np.float32))
+    with pytest.raises(TypeError, match="ln_bias: expected dtype float32"):
+        F.bert_embeddings(ids, word, pos, tt, None, np.ones(D))
+    with pytest.raises(ValueError, match=r"p: expected a probability in \[0, 1\]"):
+        F.bert_embeddings(ids, word, pos, tt, p=2.0)
+    with pytest.raises(ValueError, match="seed: expected an integer >= 0"):
+        F.bert_embeddings(ids, word, pos, tt, p=0.1, seed=-1)
+    y, mean, rstd = F.bert_embeddings_forward(ids, word, pos, tt)
+    with pytest.raises(ValueError, match=r"mean: expected shape \(2, 3\)"):
+        F.bert_embeddings_backward(y, ids, word, pos, tt, mean[:1], rstd)
+    with pytest.raises(TypeError, match="rstd: expected dtype float32"):
+        F.bert_embeddings_backward(y, ids, word, pos, tt, mean, rstd.astype(np.float64))
+    with pytest.raises(ValueError, match="padding_idx: 12 is outside"):
+        F.bert_embeddings_backward(y, ids, word, pos, tt, mean, rstd, padding_idx=V)
+
+
+# ================================================================== checkpoints
+
+
+def _hf_bert_state(rng, dtype=np.float32, prefix="embeddings."):
+    state = {
+        prefix + "word_embeddings.weight": rng.standard_normal((V, D)).astype(dtype),
+        prefix + "position_embeddings.weight": rng.standard_normal((P, D)).astype(dtype),
+        prefix + "token_type_embeddings.weight": rng.standard_normal((TV, D)).astype(dtype),
+        prefix + "LayerNorm.weight": rng.standard_normal(D).astype(dtype),
+        prefix + "LayerNorm.bias": rng.standard_normal(D).astype(dtype),
+        # Entries a whole-model checkpoint also holds, to be ignored:
+        prefix + "position_ids": np.arange(P, dtype=np.int64)[None],
+        "encoder.layer.0.attention.self.query.weight": rng.standard_normal((D, D)).astype(dtype),
+        "pooler.dense.bias": np.zeros(D, dtype),
+    }
+    return state
+
+
+def _save(state, path):
+    try:
+        from numbapos.io import save_state
+    except ImportError:  # pragma: no cover - numbapos.io ships with this version
+        from safetensors.numpy import save_file as save_state
+    save_state(state, path)
+
+
+def _load(path):
+    try:
+        from numbapos.io import load_state
+    except ImportError:  # pragma: no cover
+        from safetensors.numpy import load_file as load_state
+    return load_state(path)
+
+
+def test_bert_from_safetensors_checkpoint(rng, tmp_path):
+    pytest.importorskip("safetensors")
+    state = _hf_bert_state(rng)
+    path = tmp_path / "model.safetensors"
+    _save(state, str(path))
+    block = nn.BertEmbeddings.from_hf_state_dict(_load(str(path)), pad_token_id=1)
+    assert (block.vocab_size, block.hidden_size, block.max_position_embeddings,
+            block.type_vocab_size) == (V, D, P, TV)
+    assert block.LayerNorm.eps == 1e-12 and block.word_embeddings.padding_idx == 1
+    for name, param in block.named_parameters():
+        np.testing.assert_array_equal(param.data, state["embeddings." + name])
+        assert param.data.flags.owndata and param.dtype == np.float32
+    ids = rng.integers(0, V, (2, 4))
+    block.eval()
+    np.testing.assert_allclose(block(ids), _bert_reference(block, ids, training=False),
+                               rtol=2e-5, atol=2e-5)
+    # The block's own state dict carries the Hugging Face names, so it round-trips.
+    again = tmp_path / "again.safetensors"
+    _save(block.state_dict(), str(again))
+    reloaded = nn.BertEmbeddings.from_hf_state_dict(_load(str(again)), prefix="")
+    for (name, param), (_, other) in zip(block.named_parameters(), reloaded.named_parameters(),
+                                         strict=True):
+        np.testing.assert_array_equal(param.data, other.data, err_msg=name)
+
+
+def test_bert_from_hf_state_dict_variants(rng):
+    state = _hf_bert_state(rng, np.float16, prefix="bert.embeddings.")
+    block = nn.BertEmbeddings.from_hf_state_dict(state, "bert.embeddings.",
+                                                 hidden_dropout_prob=0.0, layer_norm_eps=1e-5)
+    assert block.word_embeddings.weight.dtype == np.float32  # float16 is widened
+    assert block.dropout.p == 0.0 and block.LayerNorm.eps == 1e-5
+    np.testing.assert_array_equal(block.LayerNorm.bias.data,
+                                  state["bert.embeddings.LayerNorm.bias"].astype(np.float32))
+    # TensorFlow-era names for the LayerNorm parameters.
+    old = _hf_bert_state(rng, np.float64)
+    old["embeddings.LayerNorm.gamma"] = old.pop("embeddings.LayerNorm.weight")
+    old["embeddings.LayerNorm.beta"] = old.pop("embeddings.LayerNorm.bias")
+    block = nn.BertEmbeddings.from_hf_state_dict(old)
+    assert block.LayerNorm.weight.dtype == np.float64
+    np.testing.assert_array_equal(block.LayerNorm.weight.data, old["embeddings.LayerNorm.gamma"])
+
+
+def test_bert_from_hf_state_dict_errors(rng):
+    state = _hf_bert_state(rng)
+    missing = dict(state)
+    del missing["embeddings.token_type_embeddings.weight"]
+    with pytest.raises(KeyError, match="missing 'embeddings.token_type_embeddings.weight'"):
+        nn.BertEmbeddings.from_hf_state_dict(missing)
+    with pytest.raises(KeyError, match="pass prefix='embeddings.'"):
+        nn.BertEmbeddings.from_hf_state_dict(state, prefix="bert.embeddings.")
+    bad = dict(state, **{"embeddings.position_embeddings.weight": np.zeros((P, D + 1),
+                                                                           np.float32)})
+    with pytest.raises(ValueError, match=r"position_embeddings.weight'\]: expected shape "
+                                         r"\(\?, 6\), got \(10, 7\)"):
+        nn.BertEmbeddings.from_hf_state_dict(bad)
+    bad = dict(state, **{"embeddings.LayerNorm.bias": np.zeros((1, D), np.float32)})
+    with pytest.raises(ValueError, match=r"LayerNorm.bias'\]: expected shape \(6,\)"):
+        nn.BertEmbeddings.from_hf_state_dict(bad)
+    bad = dict(state, **{"embeddings.LayerNorm.bias": np.zeros(D)})
+    with pytest.raises(ValueError, match="mismatched dtypes"):
+        nn.BertEmbeddings.from_hf_state_dict(bad)
+    bad = dict(state, **{"embeddings.word_embeddings.weight": np.zeros((V, D), np.int32)})
+    with pytest.raises(ValueError, match="expected a float16, float32 or float64 array, got "
+                                         "dtype int32"):
+        nn.BertEmbeddings.from_hf_state_dict(bad)
+    bad = dict(state, **{"embeddings.LayerNorm.weight": [1.0] * D})
+    with pytest.raises(TypeError, match=r"LayerNorm.weight'\]: expected a NumPy array, got list"):
+        nn.BertEmbeddings.from_hf_state_dict(bad)
+    with pytest.raises(TypeError, match="state_dict: expected a mapping"):
+        nn.BertEmbeddings.from_hf_state_dict([("a", 1)])
+    with pytest.raises(ValueError, match="pad_token_id: 12 is outside"):
+        nn.BertEmbeddings.from_hf_state_dict(state, pad_token_id=V)
+
+
+# ================================================================== GPT-2
+
+
+def _gpt2(dtype=np.float64, p=0.0, seed=0):
+    return nn.GPT2Embeddings(V, P, D, embd_pdrop=p, seed=seed, dtype=dtype)
+
+
+def _gpt2_reference(block, ids, counter=0, training=True, **kwargs):
+    return reference.gpt2_embeddings(ids, block.wte.weight.data, block.wpe.weight.data,
+                                     p=block.drop.p if training else 0.0, seed=block.drop.seed,
+                                     counter=counter, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_gpt2_forward_matches_reference(rng, dtype, p):
+    block = _gpt2(dtype, p)
+    ids = rng.integers(0, V, (3, 4))
+    y = block(ids, past_length=2)
+    assert y.shape == (3, 4, D) and y.dtype == dtype
+    np.testing.assert_allclose(y, _gpt2_reference(block, ids, past_length=2), *_tol(dtype))
+    pos = rng.integers(0, P, (3, 4))
+    np.testing.assert_allclose(block(ids, position_ids=pos),
+                               _gpt2_reference(block, ids, counter=1 if p else 0,
+                                               position_ids=pos), *_tol(dtype))
+    ids1 = rng.integers(0, V, 5)
+    block.eval()
+    np.testing.assert_allclose(block(ids1), _gpt2_reference(block, ids1, training=False),
+                               *_tol(dtype))
+
+
+def test_gpt2_fused_dropout_equals_functional_dropout(rng):
+    block = _gpt2(np.float32, 0.3)
+    ids = rng.integers(0, V, (2, 5))
+    fused = block(ids)
+    total = block.wte.weight.data[ids] + block.wpe.weight.data[np.arange(5)]
+    np.testing.assert_array_equal(fused, F.dropout(total, 0.3, block.drop.seed, counter=0))
+    assert block.drop.counter == 1
+
+
+def test_gpt2_attention_mask_positions(rng):
+    block = _gpt2()
+    block.eval()
+    real = rng.integers(1, V, 3)
+    # The same three tokens, left-padded in row 0 and right-padded in row 1.
+    ids = np.array([[0, 0, *real], [*real, 0, 0]])
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])
+    y = block(ids, attention_mask=mask)
+    np.testing.assert_allclose(y[0, 2:], y[1, :3], rtol=1e-12)
+    np.testing.assert_allclose(y, _gpt2_reference(block, ids, attention_mask=mask), rtol=1e-12)
+    # With a cache: the mask covers past + current tokens, positions continue from it.
+    mask = np.array([[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    step = block(ids[:, :2], past_length=3, attention_mask=mask)
+    np.testing.assert_allclose(step, _gpt2_reference(block, ids[:, :2], attention_mask=mask),
+                               rtol=1e-12)
+    expected = np.array([[2, 3], [3, 1]])
+    np.testing.assert_array_equal(F.positions_from_attention_mask(mask, 2), expected)
+    np.testing.assert_array_equal(F.positions_from_attention_mask(mask.astype(bool), 2),
+                                  reference.hf_positions_from_attention_mask(mask, 2))
+    np.testing.assert_array_equal(F.positions_from_attention_mask([1, 1, 0]), [0, 1, 1])
+    # Explicit position_ids take precedence over the mask.
+    pos = np.array([[5, 6], [7, 8]])
+    np.testing.assert_allclose(block(ids[:, :2], past_length=3, attention_mask=mask,
+                                     position_ids=pos),
+                               _gpt2_reference(block, ids[:, :2], position_ids=pos), rtol=1e-12)
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_gpt2_gradients_match_finite_differences(rng, use_mask):
+    block = _gpt2(np.float64, p=0.4, seed=3)
+    ids = np.array([[1, 1, 4], [2, 9, 1]])
+    mask = np.array([[1, 1, 1, 1], [0, 1, 1, 1]]) if use_mask else None
+    probe = rng.standard_normal((2, 3, D))
+
+    def loss():
+        block.drop.counter = 0
+        return float((block(ids, past_length=1, attention_mask=mask) * probe).sum())
+
+    loss()
+    block.backward(probe)
+    for param in block.parameters():
+        np.testing.assert_allclose(param.grad, reference.finite_difference(loss, param.data),
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_gpt2_functional_backward_and_frozen(rng):
+    block = _gpt2(np.float32, 0.25)
+    ids = rng.integers(0, V, (2, 4))
+    probe = rng.standard_normal((2, 4, D)).astype(np.float32)
+    y = F.gpt2_embeddings(ids, block.wte.weight.data, block.wpe.weight.data, p=0.25,
+                          seed=block.drop.seed)
+    np.testing.assert_array_equal(block(ids), y)
+    grads = F.gpt2_embeddings_backward(probe, ids, V, P, p=0.25, seed=block.drop.seed)
+    block.backward(probe)
+    np.testing.assert_array_equal(grads.wte, block.wte.weight.grad)
+    np.testing.assert_array_equal(grads.wpe, block.wpe.weight.grad)
+    sparse = F.gpt2_embeddings_backward(probe, ids, V, P, p=0.25, seed=block.drop.seed,
+                                        sparse=True)
+    np.testing.assert_array_equal(sparse.wte.to_dense(), grads.wte)
+    block.zero_grad()
+    block.wte.weight.requires_grad = False
+    block(ids)
+    block.backward(probe)
+    assert block.wte.weight.grad is None and block.wpe.weight.grad is not None
+
+
+def test_gpt2_deterministic_for_any_thread_count(rng):
+    ids = rng.integers(0, 40, (4, 64))
+    probe = rng.standard_normal((4, 64, 128)).astype(np.float32)
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, _threads()):
+            numba.set_num_threads(threads)
+            block = nn.GPT2Embeddings(40, 64, 128, embd_pdrop=0.1, seed=5)
+            y = block(ids)
+            block.backward(probe)
+            results.append([y, block.wte.weight.grad, block.wpe.weight.grad])
+    finally:
+        numba.set_num_threads(before)
+    for first, second in zip(*results, strict=True):
+        np.testing.assert_array_equal(first, second)
+
+
+def test_gpt2_names_and_init():
+    block = nn.GPT2Embeddings(30, 16, 8, seed=0)
+    assert [name for name, _ in block.named_parameters()] == ["wte.weight", "wpe.weight"]
+    assert block.drop.p == 0.1 and isinstance(block.drop, nn.Dropout)
+    assert 0.01 < block.wte.weight.data.std() < 0.03
+    assert (block.vocab_size, block.n_positions, block.n_embd) == (30, 16, 8)
+
+
+def test_gpt2_errors(rng):
+    block = _gpt2(np.float32, p=0.5)
+    ids = rng.integers(0, V, (2, 3))
+    with pytest.raises(IndexError, match=rf"input_ids: index {V} .*vocab_size={V}"):
+        block(np.array([V]))
+    with pytest.raises(IndexError, match=rf"position_ids: index {P} .*n_positions={P}"):
+        block(ids, position_ids=np.array([0, 1, P]))
+    with pytest.raises(ValueError, match=rf"past_length \+ L = 8 \+ 3 = 11 exceeds "
+                                         rf"n_positions={P}"):
+        block(ids, past_length=8)
+    with pytest.raises(ValueError, match=r"attention_mask: expected shape \(2, 5\) .*past_length "
+                                         r"\+ L = 2 \+ 3 columns\), got \(2, 3\)"):
+        block(ids, past_length=2, attention_mask=np.ones((2, 3), np.int64))
+    with pytest.raises(ValueError, match="attention_mask: expected only 0 and 1, got 2"):
+        block(ids, attention_mask=np.array([[1, 1, 2], [1, 1, 1]]))
+    with pytest.raises(TypeError, match="attention_mask: expected a bool or integer mask"):
+        block(ids, attention_mask=np.ones((2, 3)))
+    with pytest.raises(ValueError, match=rf"attention_mask: gives position 10, but "
+                                         rf"n_positions={P}"):
+        block(ids, past_length=8, attention_mask=np.ones((2, 11), np.int64))
+    with pytest.raises(ValueError, match="attention_mask: expected a 1-D or 2-D mask"):
+        F.positions_from_attention_mask(np.ones((1, 2, 3), np.int64))
+    with pytest.raises(ValueError, match="attention_mask: has 3 columns, fewer than the 4"):
+        F.positions_from_attention_mask(np.ones(3, np.int64), 4)
+    assert block.drop.counter == 0
+    with pytest.raises(RuntimeError, match="before forward"):
+        block.backward(np.zeros((2, 3, D), np.float32))
+    block(ids)
+    with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 3, 6\)"):
+        block.backward(np.zeros((3, 3, D), np.float32))
+    with pytest.raises(TypeError, match="grad_output: expected dtype float32"):
+        block.backward(np.zeros((2, 3, D)))
+    with pytest.raises(ValueError, match=r"embd_pdrop: expected a probability"):
+        nn.GPT2Embeddings(10, 4, 4, embd_pdrop=-0.1)
+    with pytest.raises(ValueError, match=r"grad_output: expected shape input_ids.shape"):
+        F.gpt2_embeddings_backward(np.zeros((2, 4, D)), ids, V, P)
+    with pytest.raises(TypeError, match="wpe: expected dtype float32"):
+        F.gpt2_embeddings(ids, np.zeros((V, D), np.float32), np.zeros((P, D)))
+
+
+def test_gpt2_from_hf_state_dict(rng, tmp_path):
+    pytest.importorskip("safetensors")
+    wte = rng.standard_normal((V, D)).astype(np.float32)
+    wpe = rng.standard_normal((P, D)).astype(np.float32)
+    path = tmp_path / "gpt2.safetensors"
+    _save({"wte.weight": wte, "wpe.weight": wpe, "h.0.ln_1.weight": np.ones(D, np.float32)},
+          str(path))
+    block = nn.GPT2Embeddings.from_hf_state_dict(_load(str(path)), embd_pdrop=0.0)
+    assert (block.vocab_size, block.n_positions, block.n_embd) == (V, P, D)
+    np.testing.assert_array_equal(block.wte.weight.data, wte)
+    ids = rng.integers(0, V, (2, 3))
+    np.testing.assert_allclose(block(ids), wte[ids] + wpe[np.arange(3)], rtol=1e-6)
+    lm = {"transformer.wte.weight": wte.astype(np.float16), "transformer.wpe.weight": wpe,
+          "lm_head.weight": wte}
+    with pytest.raises(KeyError, match="missing 'wte.weight'.*pass prefix='transformer.'"):
+        nn.GPT2Embeddings.from_hf_state_dict(lm)
+    block = nn.GPT2Embeddings.from_hf_state_dict(lm, prefix="transformer.")
+    assert block.wte.weight.dtype == np.float32
+    with pytest.raises(ValueError, match=r"wpe.weight'\]: expected shape \(\?, 6\), got \(10, 5\)"):
+        nn.GPT2Embeddings.from_hf_state_dict({"wte.weight": wte, "wpe.weight": wpe[:, :5]})
+    with pytest.raises(ValueError, match=r"wte.weight'\]: expected shape \(\?, \?\), got \(12,\)"):
+        nn.GPT2Embeddings.from_hf_state_dict({"wte.weight": wte[:, 0], "wpe.weight": wpe})
