@@ -87,16 +87,16 @@ def test_bert_large_input_uses_parallel_kernel(rng):
 
 
 def test_bert_fused_equals_unfused_chain_bitwise(rng):
-    # The fused kernel draws the Dropout child's mask: same bits as running the
-    # children one after the other.
+    # The fused kernel draws the Dropout child's mask and adds the rows in Hugging
+    # Face's order: same bits as running the children one after the other.
     block = _bert(np.float32, p=0.3)
     ids = rng.integers(0, V, (2, 5))
     types = rng.integers(0, TV, (2, 5))
     counter = block.dropout.counter
     fused = block(ids, token_type_ids=types)
     total = (F.embedding(ids, block.word_embeddings.weight.data)
-             + F.embedding(np.arange(5), block.position_embeddings.weight.data)
-             + F.embedding(types, block.token_type_embeddings.weight.data))
+             + F.embedding(types, block.token_type_embeddings.weight.data)
+             + F.embedding(np.arange(5), block.position_embeddings.weight.data))
     normed = F.layer_norm(total, block.LayerNorm.weight.data, block.LayerNorm.bias.data,
                           eps=block.LayerNorm.eps)
     unfused = F.dropout(normed, block.dropout.p, block.dropout.seed, counter=counter)

@@ -108,10 +108,10 @@ def explicit_positions(position_ids, shape, max_positions, size_name):
     return flat
 
 
-def positions_from_attention_mask(attention_mask, length=None):
+def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
     """Position ids from an attention mask, Hugging Face's generation convention.
 
-    Exactly what ``transformers``' ``prepare_inputs_for_generation`` does for
+    What ``transformers`` 4.x's ``prepare_inputs_for_generation`` does for
     GPT-2 and other decoders::
 
         position_ids = attention_mask.cumsum(-1) - 1
@@ -119,9 +119,13 @@ def positions_from_attention_mask(attention_mask, length=None):
         position_ids = position_ids[:, -L:]       # when a cache holds past tokens
 
     so real tokens are numbered 0, 1, 2, ... from the first real token of each
-    row (left padding is skipped) and padding gets position 1. Unlike
-    :func:`positions_from_padding`, which numbers from ``past_length`` and
-    gives padding ``pad_position``, the mask covers the past tokens too.
+    row (left padding is skipped; a left-padded and a right-padded batch give
+    the same positions to the same tokens) and padding gets position 1.
+    ``transformers`` 5.x fills padding with 0 instead (``pad_position=0``);
+    the positions of real tokens are the same, and padding is masked out of
+    attention anyway. Unlike :func:`positions_from_padding`, which reads
+    padding from the token ids and numbers from ``past_length``, the mask
+    here covers the past tokens too.
 
     Parameters
     ----------
@@ -131,6 +135,8 @@ def positions_from_attention_mask(attention_mask, length=None):
     length : int, optional
         Number L of current tokens: the result keeps the last L columns.
         Default: all S.
+    pad_position : int, default 1
+        Position given to padding (``masked_fill`` value).
 
     Returns
     -------
@@ -139,23 +145,25 @@ def positions_from_attention_mask(attention_mask, length=None):
     Raises
     ------
     TypeError
-        A mask that is not bool or integer.
+        A mask that is not bool or integer; a non-integer ``length`` or
+        ``pad_position``.
     ValueError
         A mask that is not 1-D/2-D, holds values other than 0 and 1, or is
-        shorter than ``length``.
+        shorter than ``length``; a negative ``length`` or ``pad_position``.
     """
     mask = _checks.check_attention_mask(attention_mask)
     total = mask.shape[-1]
     if length is None:
         length = total
     length = _checks.check_int(length, "length", minimum=0)
+    pad_position = _checks.check_int(pad_position, "pad_position", minimum=0)
     if length > total:
         raise ValueError(
             f"attention_mask: has {total} columns, fewer than the {length} current tokens"
         )
     mask = mask.astype(np.int64)
     positions = np.cumsum(mask, axis=-1) - 1
-    positions[mask == 0] = 1
+    positions[mask == 0] = pad_position
     return np.ascontiguousarray(positions[..., total - length:])
 
 

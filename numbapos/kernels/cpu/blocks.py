@@ -3,12 +3,13 @@
 BERT forward, per token ``t`` (one thread owns a token; the D-vector stays in
 cache between the steps)::
 
-    s      = word[word_ids[t]] + position[pos_ids[t]] + token_type[type_ids[t]]
+    s      = (word[word_ids[t]] + token_type[type_ids[t]]) + position[pos_ids[t]]
     mean, rstd of s                     (corrected two-pass, as LayerNorm)
     y[t]   = ((s - mean) * rstd * gamma + beta) * dropout_mask[t] / (1 - p)
 
-``s`` is first written into ``y[t]`` and normalised there in place, so the
-block reads each table row once and writes the output once.
+(the order in which Hugging Face's ``BertEmbeddings`` adds them). ``s`` is
+first written into ``y[t]`` and normalised there in place, so the block reads
+each table row once and writes the output once.
 
 BERT backward recomputes ``s`` from the tables (three row reads) instead of
 storing it in the forward pass, regenerates the dropout mask from
@@ -57,7 +58,7 @@ def _bert_token(t, word_ids, pos_ids, type_ids, word, position, token_type, gamm
                 key, threshold, scale, use_dropout, y, mean, rstd):
     row = y[t]
     dim = row.size
-    sum3_row(word[word_ids[t]], position[pos_ids[t]], token_type[type_ids[t]], row)
+    sum3_row(word[word_ids[t]], token_type[type_ids[t]], position[pos_ids[t]], row)
     first = row_sum(row) / row.dtype.type(dim)
     m, r = row_moments(row, first, eps)
     mean[t] = m
@@ -100,7 +101,7 @@ def _bert_backward_chunk(c, chunk, grad_y, word_ids, pos_ids, type_ids, word, po
     keep_scale = grad_y.dtype.type(scale)
     zero = grad_y.dtype.type(0)
     for t in range(start, stop):
-        sum3_row(word[word_ids[t]], position[pos_ids[t]], token_type[type_ids[t]], s)
+        sum3_row(word[word_ids[t]], token_type[type_ids[t]], position[pos_ids[t]], s)
         gy = grad_y[t]
         if use_dropout:
             base = t * dim
