@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from .dropout import dropout_bits_keyed, dropout_key
-from .normalization import layer_norm_row_backward, normalize_row, row_moments, row_sum
+from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum
 
 
 @njit(cache=True, nogil=True)
@@ -40,17 +40,17 @@ def sum3_row(a, b, c, out):
 
 
 @njit(cache=True, nogil=True)
-def normalize_dropout_row(v, mean, rstd, weight, bias, key, threshold, scale, base, out):
-    """``out = ((v - mean) * rstd * weight + bias) * m`` with ``m`` = ``scale`` or 0 per element.
+def normalize_dropout_row_(v, mean, rstd, weight, bias, key, threshold, scale, base):
+    """``v = ((v - mean) * rstd * weight + bias) * m`` in place, ``m`` = ``scale`` or 0.
 
     Element ``d`` is kept iff ``dropout_bits_keyed(key, base + d) >= threshold``;
     dropped elements are multiplied by zero (NaN propagates, as in dropout).
     """
-    s = out.dtype.type(scale)
-    zero = out.dtype.type(0)
+    s = v.dtype.type(scale)
+    zero = v.dtype.type(0)
     for d in range(v.size):
         m = s if np.uint64(dropout_bits_keyed(key, base + d)) >= threshold else zero
-        out[d] = ((v[d] - mean) * rstd * weight[d] + bias[d]) * m
+        v[d] = ((v[d] - mean) * rstd * weight[d] + bias[d]) * m
 
 
 @njit(cache=True, nogil=True)
@@ -64,9 +64,9 @@ def _bert_token(t, word_ids, pos_ids, type_ids, word, position, token_type, gamm
     mean[t] = m
     rstd[t] = r
     if use_dropout:
-        normalize_dropout_row(row, m, r, gamma, beta, key, threshold, scale, t * dim, row)
+        normalize_dropout_row_(row, m, r, gamma, beta, key, threshold, scale, t * dim)
     else:
-        normalize_row(row, m, r, gamma, beta, row)
+        normalize_row_(row, m, r, gamma, beta)
 
 
 @njit(cache=True, nogil=True)

@@ -60,6 +60,18 @@ def normalize_row(v, mean, rstd, weight, bias, out):
 
 
 @njit(cache=True, nogil=True)
+def normalize_row_(v, mean, rstd, weight, bias):
+    """``v = (v - mean) * rstd * weight + bias`` in place.
+
+    Same arithmetic as :func:`normalize_row`. A separate function because LLVM
+    only vectorises :func:`normalize_row` after a runtime check that ``out``
+    and ``v`` do not overlap, which fails when they are the same row.
+    """
+    for d in range(v.size):
+        v[d] = (v[d] - mean) * rstd * weight[d] + bias[d]
+
+
+@njit(cache=True, nogil=True)
 def layer_norm_row(v, weight, bias, eps, out):
     """Normalise one row into ``out``; returns ``(mean, rstd)``."""
     first = row_sum(v) / v.dtype.type(v.size)
