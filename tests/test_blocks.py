@@ -541,6 +541,9 @@ def test_gpt2_attention_mask_positions(rng):
     np.testing.assert_array_equal(F.positions_from_attention_mask(mask.astype(bool), 2),
                                   reference.hf_positions_from_attention_mask(mask, 2))
     np.testing.assert_array_equal(F.positions_from_attention_mask([1, 1, 0]), [0, 1, 1])
+    # transformers 5.x fills padding with 0 instead of 1; real tokens are unchanged.
+    np.testing.assert_array_equal(F.positions_from_attention_mask(mask, 2, pad_position=0),
+                                  [[2, 3], [3, 0]])
     # Explicit position_ids take precedence over the mask.
     pos = np.array([[5, 6], [7, 8]])
     np.testing.assert_allclose(block(ids[:, :2], past_length=3, attention_mask=mask,
@@ -637,6 +640,8 @@ def test_gpt2_errors(rng):
         F.positions_from_attention_mask(np.ones((1, 2, 3), np.int64))
     with pytest.raises(ValueError, match="attention_mask: has 3 columns, fewer than the 4"):
         F.positions_from_attention_mask(np.ones(3, np.int64), 4)
+    with pytest.raises(ValueError, match="pad_position: expected an integer >= 0, got -1"):
+        F.positions_from_attention_mask(np.ones(3, np.int64), pad_position=-1)
     assert block.drop.counter == 0
     with pytest.raises(RuntimeError, match="before forward"):
         block.backward(np.zeros((2, 3, D), np.float32))
