@@ -111,3 +111,37 @@ def test_dense_backward(benchmark, data, impl):
     else:
         t_grad, t_ids = torch.from_numpy(grad), torch.from_numpy(ids)
         benchmark(torch.ops.aten.embedding_dense_backward, t_grad, t_ids, VOCAB, -1, False)
+
+
+@pytest.mark.benchmark(group="sparse_sgd_momentum")
+@pytest.mark.parametrize("impl", ["numbapos", "torch"])
+def test_sparse_training_step_with_momentum(benchmark, data, impl):
+    """Forward + sparse backward + SGD(momentum=0.9), new random batch each step.
+
+    Timed after 10 warm-up steps: PyTorch keeps its momentum buffer as a sparse
+    tensor holding every row seen so far, so its step grows with training;
+    numbapos' lazy update costs O(rows in the batch) at every step.
+    """
+    skip_without_torch(impl)
+    weight, _, grad = data
+    rng = np.random.default_rng(1)
+    batches = iter([rng.integers(0, VOCAB, size=(BATCH, SEQ)) for _ in range(25)])
+    if impl == "numbapos":
+        emb = nn.Embedding(VOCAB, DIM, sparse=True, _weight=weight.copy())
+        opt = optim.SGD(emb.parameters(), lr=1e-3, momentum=0.9)
+
+        def step():
+            emb.zero_grad()
+            emb(next(batches))
+            emb.backward(grad)
+            opt.step()
+    else:
+        emb = torch.nn.Embedding(VOCAB, DIM, sparse=True, _weight=torch.tensor(weight))
+        opt = torch.optim.SGD(emb.parameters(), lr=1e-3, momentum=0.9)
+        t_grad = torch.from_numpy(grad)
+
+        def step():
+            opt.zero_grad()
+            emb(torch.from_numpy(next(batches))).backward(t_grad)
+            opt.step()
+    benchmark.pedantic(step, rounds=10, iterations=1, warmup_rounds=10)

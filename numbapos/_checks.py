@@ -8,6 +8,7 @@ expected, and none of them modifies its input.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -47,10 +48,11 @@ def check_int(value, name: str, *, minimum: int | None = None) -> int:
 
 def check_real(value, name: str) -> float:
     """Return ``value`` as a Python float; TypeError if it is not a real number."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    if type(value) is not float and (isinstance(value, (bool, np.bool_))
+                                     or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name}: expected a real number, got {_describe(value)}")
     value = float(value)
-    if np.isnan(value):
+    if math.isnan(value):
         raise ValueError(f"{name}: expected a number, got nan")
     return value
 
@@ -58,7 +60,7 @@ def check_real(value, name: str) -> float:
 def check_positive(value, name: str, *, allow_inf: bool = False) -> float:
     """Return ``value`` as a float > 0 (``inf`` only where ``allow_inf``)."""
     value = check_real(value, name)
-    if value <= 0 or (np.isinf(value) and not allow_inf):
+    if value <= 0 or (math.isinf(value) and not allow_inf):
         expected = "a positive number (inf allowed)" if allow_inf else "a finite positive number"
         raise ValueError(f"{name}: expected {expected}, got {value}")
     return value
@@ -124,6 +126,8 @@ def check_index_array(indices, name: str = "indices") -> np.ndarray:
     dtypes other than int32/int64 are converted to int64. Bool and float
     indices raise ``TypeError``.
     """
+    if type(indices) is np.ndarray and indices.dtype in INDEX_DTYPES:
+        return indices  # the common case, kept fast for small lookups
     _reject_cuda(indices, name)
     was_array = isinstance(indices, np.ndarray)
     if isinstance(indices, (bool, np.bool_)):
