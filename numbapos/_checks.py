@@ -66,14 +66,6 @@ def check_positive(value, name: str, *, allow_inf: bool = False) -> float:
     return value
 
 
-def check_probability(value, name: str) -> float:
-    """Return ``value`` as a float in [0, 1)."""
-    value = check_real(value, name)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{name}: expected a probability in [0, 1), got {value}")
-    return value
-
-
 def check_unit_interval(value, name: str) -> float:
     """Return ``value`` as a float in [0, 1] (a probability where 1 is allowed)."""
     value = check_real(value, name)
@@ -225,6 +217,21 @@ def check_attention_mask(mask, name: str = "attention_mask") -> np.ndarray:
             value = arr.reshape(-1)[int(np.argmax(bad.reshape(-1)))]
             raise ValueError(f"{name}: expected only 0 and 1, got {int(value)}")
     return arr
+
+
+def check_float_like(x, name: str, shape: tuple, dtype: np.dtype, shape_what: str,
+                     dtype_what: str) -> np.ndarray:
+    """A float array of exactly ``shape`` (ValueError) and ``dtype`` (TypeError).
+
+    For arrays that must match another: a gradient its activation, a statistic
+    or a LayerNorm parameter its input. ``shape_what`` / ``dtype_what`` say
+    where the expected values come from, for the message.
+    """
+    x = check_float_array(x, name)
+    check_same_shape(x, shape, name, shape_what)
+    if x.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype} ({dtype_what}), got {x.dtype}")
+    return x
 
 
 def check_same_shape(x: np.ndarray, expected: tuple, name: str, what: str) -> None:

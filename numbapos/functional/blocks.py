@@ -223,11 +223,9 @@ def _check_tables(tables, names):
 def _check_ln_param(param, name, dim, dtype):
     if param is None:
         return None
-    param = _checks.check_float_array(param, name, ndim=1)
-    if param.shape != (dim,):
-        raise ValueError(f"{name}: expected shape ({dim},) (the hidden size), got {param.shape}")
-    if param.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype} (that of the tables), got {param.dtype}")
+    _checks.check_float_array(param, name, ndim=1)
+    param = _checks.check_float_like(param, name, (dim,), dtype, "the hidden size",
+                                     "that of the tables")
     return np.ascontiguousarray(param)
 
 
@@ -514,13 +512,8 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
 
 def check_grad(grad_output, shape, dtype, name="grad_output"):
     """A float array (gradient or statistic) of exactly ``shape`` and ``dtype``."""
-    grad_output = _checks.check_float_array(grad_output, name)
     what = "input_ids.shape + (hidden size,)" if name == "grad_output" else "input_ids.shape"
-    _checks.check_same_shape(grad_output, shape, name, what)
-    if grad_output.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype} (that of the tables), "
-                        f"got {grad_output.dtype}")
-    return grad_output
+    return _checks.check_float_like(grad_output, name, shape, dtype, what, "that of the tables")
 
 
 # ------------------------------------------------------------------ GPT-2

@@ -45,15 +45,9 @@ def _check_affine(param, name, x):
     """``weight`` / ``bias``: None or a (D,) array of x's dtype."""
     if param is None:
         return None
-    param = _checks.check_float_array(param, name, ndim=1)
-    dim = x.shape[-1]
-    if param.shape != (dim,):
-        raise ValueError(
-            f"{name}: expected shape ({dim},) (the last dimension of x), got {param.shape}"
-        )
-    if param.dtype != x.dtype:
-        raise TypeError(f"{name}: expected dtype {x.dtype} (the dtype of x), got {param.dtype}")
-    return param
+    _checks.check_float_array(param, name, ndim=1)
+    return _checks.check_float_like(param, name, x.shape[-1:], x.dtype,
+                                    "the last dimension of x", "the dtype of x")
 
 
 def _rows(x):
@@ -175,11 +169,8 @@ def _backward(grad_y, x, mean, rstd, weight, want_w, want_b, out):
 
 def check_stats(stat, name, x):
     """``mean`` / ``rstd`` of a forward pass: shape ``x.shape[:-1]``, x's dtype."""
-    stat = _checks.check_float_array(stat, name)
-    _checks.check_same_shape(stat, x.shape[:-1], name, "x.shape[:-1]")
-    if stat.dtype != x.dtype:
-        raise TypeError(f"{name}: expected dtype {x.dtype} (the dtype of x), got {stat.dtype}")
-    return stat
+    return _checks.check_float_like(stat, name, x.shape[:-1], x.dtype, "x.shape[:-1]",
+                                    "the dtype of x")
 
 
 def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None):
@@ -231,10 +222,8 @@ def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None)
     results are bit-identical for any thread count.
     """
     x = _check_x(x)
-    grad_y = _checks.check_float_array(grad_y, "grad_y")
-    _checks.check_same_shape(grad_y, x.shape, "grad_y", "the shape of x")
-    if grad_y.dtype != x.dtype:
-        raise TypeError(f"grad_y: expected dtype {x.dtype} (the dtype of x), got {grad_y.dtype}")
+    grad_y = _checks.check_float_like(grad_y, "grad_y", x.shape, x.dtype, "the shape of x",
+                                      "the dtype of x")
     mean = check_stats(mean, "mean", x)
     rstd = check_stats(rstd, "rstd", x)
     weight = _check_affine(weight, "weight", x)

@@ -173,11 +173,8 @@ def _check_position_ids(position_ids, x_shape: tuple, num_positions: int) -> np.
 
 
 def _check_grad(grad_output, x_shape: tuple, dtype, name: str = "grad_output") -> np.ndarray:
-    grad_output = _checks.check_float_array(grad_output, name)
-    _checks.check_same_shape(grad_output, x_shape, name, "the shape of x")
-    if grad_output.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype}, got {grad_output.dtype}")
-    return grad_output
+    return _checks.check_float_like(grad_output, name, x_shape, dtype, "the shape of x",
+                                    "the dtype of x")
 
 
 # ---------------------------------------------------------------- x + P
