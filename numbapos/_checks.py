@@ -183,8 +183,14 @@ def check_max_norm(max_norm, norm_type) -> tuple[float | None, float]:
 
 
 def check_out(out, shape: tuple, dtype: np.dtype, name: str = "out",
-              avoid: tuple[np.ndarray, ...] = ()) -> np.ndarray:
-    """A caller-owned result buffer: exact shape and dtype, C-contiguous, writeable."""
+              avoid: tuple[np.ndarray | None, ...] = ()) -> np.ndarray:
+    """A caller-owned result buffer: exact shape and dtype, C-contiguous, writeable.
+
+    ``out`` must not overlap any array in ``avoid`` (None entries are skipped):
+    list every input a kernel reads while writing ``out``, index arrays
+    included, since a kernel that reads an index ``out`` has just overwritten
+    would read outside its table.
+    """
     _reject_cuda(out, name)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{name}: expected a NumPy array, got {_describe(out)}")
@@ -196,7 +202,7 @@ def check_out(out, shape: tuple, dtype: np.dtype, name: str = "out",
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"{name}: expected a C-contiguous, writeable array")
     for other in avoid:
-        if np.may_share_memory(out, other):
+        if other is not None and np.may_share_memory(out, other):
             raise ValueError(f"{name}: must not share memory with an input array")
     return out
 

@@ -127,6 +127,26 @@ def test_bert_out_buffer(rng):
     np.testing.assert_allclose(out, _bert_reference(block, ids), rtol=2e-5, atol=2e-5)
 
 
+def test_out_overlapping_inputs_is_refused():
+    # LayerNorm parameters and the flat ids are read while out is written.
+    block = _bert()
+    buf = np.zeros(2 * D)
+    buf[:D] = 1.0
+    block.LayerNorm.weight.data = buf[:D]
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        block(np.array([[1, 2]]), out=buf.reshape(1, 2, D))
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.bert_embeddings(np.array([[1, 2]]), block.word_embeddings.weight.data,
+                          block.position_embeddings.weight.data,
+                          block.token_type_embeddings.weight.data, buf[:D],
+                          out=buf.reshape(1, 2, D))
+    ids = np.zeros(2 * D, dtype=np.int64)
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.gpt2_embeddings(ids, np.ones((V, 1)), np.ones((2 * D, 1)),
+                          out=ids.view(np.float64).reshape(2 * D, 1))
+    np.testing.assert_array_equal(ids, 0)
+
+
 def test_bert_empty_input():
     block = _bert()
     y = block(np.zeros((2, 0), dtype=np.int64))

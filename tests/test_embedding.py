@@ -211,6 +211,17 @@ def test_out_aliasing_weight_is_refused():
         F.embedding([0, 1], weight, out=weight[:2])
 
 
+def test_out_aliasing_indices_is_refused():
+    # out overlapping the ids ahead of the gather would overwrite ids not yet read
+    # with float bits: a read far outside the table (segfault) before the check.
+    weight = np.full((4, 1), 1e300)
+    buf = np.zeros(48, dtype=np.int64)
+    ids, out = buf[:32], buf[8:40].view(np.float64).reshape(32, 1)
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.embedding(ids, weight, out=out)
+    np.testing.assert_array_equal(buf, 0)
+
+
 def test_renorm_errors_leave_weight_unchanged():
     weight = np.full((3, 2), 5.0)
     with pytest.raises(IndexError):

@@ -221,6 +221,26 @@ def test_backward_errors(rng):
         F.layer_norm_backward(gy, x, mean, rstd, out=gy)
 
 
+def test_out_overlapping_weight_is_refused(rng):
+    # The kernel reads weight for every row while writing out: an overlap gave
+    # rows normalised with a half-overwritten weight.
+    x = rng.standard_normal((2, 4))
+    buf = np.ones(8)
+    weight, out = buf[:4], buf.reshape(2, 4)
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.layer_norm(x, weight, out=out)
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.layer_norm(x, None, weight, out=out)
+    _, mean, rstd = F.layer_norm_forward(x)
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.layer_norm_backward(x, x, mean, rstd, weight, out=out)
+    module = nn.LayerNorm(4, dtype=np.float64)
+    module.weight.data = weight
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        module(x, out=out)
+    np.testing.assert_array_equal(buf, 1.0)
+
+
 def test_inputs_unchanged_after_error(rng):
     x = rng.standard_normal((2, 4)).astype(np.float32)
     out = np.full((2, 4), 7.0, np.float32)

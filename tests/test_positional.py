@@ -192,6 +192,25 @@ def test_add_positional_in_place_and_out(rng):
     assert F.add_positional(x, table, out=out) is out
 
 
+def test_out_overlapping_inputs_is_refused(rng):
+    # out may be x itself, but a shifted view of x (read after being written) or
+    # of the position ids (an index overwritten before it is read) is refused.
+    buf = rng.standard_normal(64)
+    x, out = buf[:60].reshape(3, 5, 4), buf[4:].reshape(3, 5, 4)
+    table = rng.standard_normal((7, 4))
+    before = buf.copy()
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.add_positional(x, table, out=out)
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.positional_mult_add(x, table, table, out=out)
+    np.testing.assert_array_equal(buf, before)
+    ids_buf = np.zeros(48, dtype=np.int64)
+    with pytest.raises(ValueError, match="out: must not share memory"):
+        F.add_positional(np.zeros((40, 1)), np.full((9, 1), 1e300), position_ids=ids_buf[:40],
+                         out=ids_buf[8:].view(np.float64).reshape(40, 1))
+    np.testing.assert_array_equal(ids_buf, 0)
+
+
 def test_add_positional_non_contiguous_input(rng):
     x = _x(rng, (3, 5, 8), np.float64)[:, :, ::2]
     table = _x(rng, (5, 4), np.float64)

@@ -436,7 +436,8 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
                          position.shape[0], token_type.shape[0])
     if out is not None:
         _checks.check_out(out, inputs.shape + (word.shape[1],), word.dtype,
-                          avoid=(word, position, token_type))
+                          avoid=(word, position, token_type, ln_weight, ln_bias,
+                                 inputs.word_ids, inputs.pos_ids, inputs.type_ids))
     return bert_forward(inputs, word, position, token_type, ln_weight, ln_bias, eps, drop, out)
 
 
@@ -601,7 +602,7 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
     shape, ids, pos = gpt2_inputs(input_ids, past_length, position_ids, attention_mask,
                                   wte.shape[0], wpe.shape[0])
     if out is not None:
-        _checks.check_out(out, shape + (wte.shape[1],), wte.dtype, avoid=(wte, wpe))
+        _checks.check_out(out, shape + (wte.shape[1],), wte.dtype, avoid=(wte, wpe, ids, pos))
     return gpt2_forward(shape, ids, pos, wte, wpe, drop, out)
 
 

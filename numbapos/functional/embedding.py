@@ -118,7 +118,7 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
     max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
     shape = indices.shape + (dim,)
     if out is not None:
-        _checks.check_out(out, shape, weight.dtype, avoid=(weight,))
+        _checks.check_out(out, shape, weight.dtype, avoid=(weight, indices))
     flat = _flat(indices)
     _checks.check_index_range(flat, num_rows)
 

@@ -122,7 +122,7 @@ def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, out=None):
     bias = _check_affine(bias, "bias", x)
     eps = check_eps(eps)
     if out is not None:
-        _checks.check_out(out, x.shape, x.dtype, avoid=(x,))
+        _checks.check_out(out, x.shape, x.dtype, avoid=(x, weight, bias))
     return _forward(x, weight, bias, eps, out)
 
 
@@ -229,6 +229,6 @@ def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None)
     weight = _check_affine(weight, "weight", x)
     bias = _check_affine(bias, "bias", x)
     if out is not None:
-        _checks.check_out(out, x.shape, x.dtype, avoid=(x, grad_y, mean, rstd))
+        _checks.check_out(out, x.shape, x.dtype, avoid=(x, grad_y, mean, rstd, weight))
     return _backward(grad_y, x, mean, rstd, weight, weight is not None,
                      weight is not None or bias is not None, out)

@@ -235,7 +235,11 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
     if out is None:
         out = np.empty(x.shape, dtype=x.dtype)
     else:
-        _checks.check_out(out, x.shape, x.dtype, avoid=(table,))
+        # out may be x itself (each element reads and writes only itself), but no
+        # other array that overlaps x, the table or the position ids.
+        _checks.check_out(out, x.shape, x.dtype,
+                          avoid=(table, None if out is x else x,
+                                 None if position_ids is None else ids))
     x3 = _as_3d(x)
     out3 = out[None] if out.ndim == 2 else out
     parallel = x.size >= PARALLEL_MIN_ELEMENTS
@@ -337,7 +341,7 @@ def positional_mult_add(x, a, b, out=None):
     if out is None:
         out = np.empty(x.shape, dtype=x.dtype)
     else:
-        _checks.check_out(out, x.shape, x.dtype, avoid=(a, b))
+        _checks.check_out(out, x.shape, x.dtype, avoid=(a, b, None if out is x else x))
     x3 = _as_3d(x)
     out3 = out[None] if out.ndim == 2 else out
     kernel = kernels.mult_add_parallel if x.size >= PARALLEL_MIN_ELEMENTS else kernels.mult_add

@@ -255,7 +255,8 @@ class BertEmbeddings(Module):
                                 word.shape[0], position.shape[0], token_type.shape[0])
         if out is not None:
             _checks.check_out(out, inputs.shape + (word.shape[1],), word.dtype,
-                              avoid=(word, position, token_type))
+                              avoid=(word, position, token_type, gamma, beta,
+                                     inputs.word_ids, inputs.pos_ids, inputs.type_ids))
         drop = _dropout_state(self.dropout)
         _renorm_if_needed(self.word_embeddings, inputs.word_ids)
         _renorm_if_needed(self.position_embeddings, inputs.pos_ids)
@@ -493,7 +494,8 @@ class GPT2Embeddings(Module):
         shape, ids, pos = FB.gpt2_inputs(input_ids, past_length, position_ids, attention_mask,
                                          wte.shape[0], wpe.shape[0])
         if out is not None:
-            _checks.check_out(out, shape + (wte.shape[1],), wte.dtype, avoid=(wte, wpe))
+            _checks.check_out(out, shape + (wte.shape[1],), wte.dtype,
+                              avoid=(wte, wpe, ids, pos))
         drop = _dropout_state(self.drop)
         _renorm_if_needed(self.wte, ids)
         _renorm_if_needed(self.wpe, pos)

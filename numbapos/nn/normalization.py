@@ -107,7 +107,7 @@ class LayerNorm(Module):
         weight = None if self.weight is None else self.weight.data
         bias = None if self.bias is None else self.bias.data
         if out is not None:
-            _checks.check_out(out, x.shape, x.dtype, avoid=(x,))
+            _checks.check_out(out, x.shape, x.dtype, avoid=(x, weight, bias))
         y, mean, rstd = FN._forward(x, weight, bias, self.eps, out)
         self._cache = (x, mean, rstd)
         return y
