@@ -156,6 +156,23 @@ def check_index_range(flat: np.ndarray, size: int, name: str = "indices",
     )
 
 
+def check_sorted_rows(rows: np.ndarray, num_rows: int, name: str = "indices") -> None:
+    """Raise unless the 1-D int ``rows`` are strictly increasing and in ``[0, num_rows)``.
+
+    The row list of a :class:`~numbapos.sparse.SparseRows` gradient: IndexError
+    for a row out of range, ValueError for a repeated or out-of-order row.
+    """
+    check_index_range(rows, num_rows, name, "num_rows")
+    if rows.size > 1:
+        bad = rows[1:] <= rows[:-1]
+        if bad.any():
+            k = int(np.argmax(bad)) + 1
+            raise ValueError(
+                f"{name}: rows must be unique and sorted ascending, got {int(rows[k - 1])} "
+                f"before {int(rows[k])} (at position {k})"
+            )
+
+
 def check_weight(weight, name: str = "weight") -> np.ndarray:
     """An embedding table: a 2-D float32/float64 ndarray."""
     return check_float_array(weight, name, ndim=2)

@@ -111,12 +111,56 @@ class SGD:
                 param.grad = None
 
     def step(self) -> None:
-        """Apply one update to every parameter that has a gradient."""
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is None or not param.requires_grad:
-                    continue
-                self._update(param, group)
+        """Apply one update to every parameter that has a gradient.
+
+        Every parameter and gradient is checked before any is updated, so a
+        failed step changes nothing.
+
+        Raises
+        ------
+        TypeError
+            A gradient that is neither a float array nor a SparseRows.
+        ValueError
+            A gradient whose shape is not its parameter's, a SparseRows whose
+            rows are not unique and sorted or whose parameter is not 2-D, a
+            read-only parameter, or a parameter whose shape or dtype changed
+            since its momentum buffer was made.
+        IndexError
+            A SparseRows row outside the parameter.
+        """
+        todo = [(param, group) for group in self.param_groups for param in group["params"]
+                if param.grad is not None and param.requires_grad]
+        for param, _ in todo:
+            self._check(param)
+        for param, group in todo:
+            self._update(param, group)
+
+    def _check(self, param: Parameter) -> None:
+        """Validate ``param`` and its gradient for the unchecked update kernels."""
+        data = _checks.check_float_array(param.data, "param.data")
+        if not data.flags.writeable:
+            raise ValueError(f"param.data: the parameter of shape {data.shape} is read-only")
+        buf = self.state.get(id(param), {}).get("momentum_buffer")
+        if buf is not None and (buf.shape != data.shape or buf.dtype != data.dtype):
+            raise ValueError(
+                f"param.data: shape {data.shape} and dtype {data.dtype}, but its momentum "
+                f"buffer was made for shape {buf.shape} and dtype {buf.dtype}; a parameter "
+                "must keep its shape and dtype (create a new SGD after replacing it)"
+            )
+        grad = param.grad
+        if isinstance(grad, SparseRows):
+            if data.ndim != 2:
+                raise ValueError("SGD: a SparseRows gradient needs a 2-D parameter")
+            if grad.shape != data.shape:
+                raise ValueError(f"param.grad: SparseRows of shape {grad.shape}, expected the "
+                                 f"parameter's shape {data.shape}")
+            # The arrays of a SparseRows can be changed after it was checked: check again.
+            _checks.check_sorted_rows(_checks.check_index_array(grad.indices, "param.grad.indices"),
+                                      data.shape[0], "param.grad.indices")
+            _checks.check_float_array(grad.values, "param.grad.values", ndim=2)
+        else:
+            grad = _checks.check_float_array(grad, "param.grad")
+            _checks.check_same_shape(grad, data.shape, "param.grad", "the parameter's shape")
 
     def _update(self, param: Parameter, group: dict) -> None:
         data = param.data
@@ -131,8 +175,6 @@ class SGD:
         buf = state.get("momentum_buffer", _NO_BUFFER[data.dtype])
         grad = param.grad
         if isinstance(grad, SparseRows):
-            if data.ndim != 2:
-                raise ValueError("SGD: a SparseRows gradient needs a 2-D parameter")
             started = state.get("row_started", np.zeros(0, dtype=np.bool_))
             values = np.ascontiguousarray(grad.values, dtype=data.dtype)
             kernels.sgd_rows_(data, grad.indices, values, buf, started, *scalars)

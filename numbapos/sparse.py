@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _checks
+
 
 @dataclass(frozen=True)
 class SparseRows:
@@ -13,12 +15,23 @@ class SparseRows:
 
     Parameters
     ----------
-    indices : ndarray of int64, shape (U,)
-        Row numbers, unique and sorted ascending.
-    values : ndarray, shape (U, D)
+    indices : array_like of int, shape (U,)
+        Row numbers, unique and sorted ascending, each in ``[0, num_rows)``
+        (kept as int32 or int64; other integer types are converted to int64).
+    values : ndarray, shape (U, D), float32 or float64
         ``values[j]`` is the gradient of row ``indices[j]``.
     num_rows : int
-        Number of rows of the dense table this gradient belongs to.
+        Number of rows of the dense table this gradient belongs to (>= 0).
+
+    Raises
+    ------
+    TypeError
+        Non-integer ``indices`` or ``num_rows``, ``values`` not a float array.
+    ValueError
+        Wrong ranks, as many indices as value rows, negative ``num_rows``, or
+        ``indices`` not unique and sorted.
+    IndexError
+        An index outside ``[0, num_rows)``.
     """
 
     indices: np.ndarray
@@ -26,12 +39,20 @@ class SparseRows:
     num_rows: int
 
     def __post_init__(self):
-        if self.indices.ndim != 1 or self.values.ndim != 2:
-            raise ValueError("SparseRows: indices must be 1-D and values 2-D")
-        if self.indices.shape[0] != self.values.shape[0]:
+        # Optimisers write the listed rows with unchecked kernels: validate here.
+        indices = _checks.check_index_array(self.indices, "SparseRows: indices")
+        values = _checks.check_float_array(self.values, "SparseRows: values", ndim=2)
+        num_rows = _checks.check_int(self.num_rows, "SparseRows: num_rows", minimum=0)
+        if indices.ndim != 1:
+            raise ValueError(f"SparseRows: indices: expected a 1-D array, got shape "
+                             f"{indices.shape}")
+        if indices.shape[0] != values.shape[0]:
             raise ValueError(
-                f"SparseRows: {self.indices.shape[0]} indices but {self.values.shape[0]} value rows"
+                f"SparseRows: {indices.shape[0]} indices but {values.shape[0]} value rows"
             )
+        _checks.check_sorted_rows(indices, num_rows, "SparseRows: indices")
+        object.__setattr__(self, "indices", indices)
+        object.__setattr__(self, "num_rows", num_rows)
 
     @property
     def shape(self) -> tuple[int, int]:

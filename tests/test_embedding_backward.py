@@ -164,3 +164,23 @@ def test_sparse_rows_merge_and_validation():
         SparseRows(np.array([1]), np.ones((2, 2)), 6)
     with pytest.raises(ValueError, match="shapes"):
         a + SparseRows(np.array([1]), np.ones((1, 2)), 7)
+
+
+@pytest.mark.parametrize("indices, values, num_rows, error, match", [
+    (np.array([6]), np.ones((1, 2)), 6, IndexError, "index 6 .* num_rows=6"),
+    (np.array([10**9]), np.ones((1, 2)), 6, IndexError, "index 1000000000"),
+    (np.array([-1]), np.ones((1, 2)), 6, IndexError, "index -1"),
+    (np.array([2, 2]), np.ones((2, 2)), 6, ValueError, "unique and sorted.*2 before 2"),
+    (np.array([3, 1]), np.ones((2, 2)), 6, ValueError, "unique and sorted.*3 before 1"),
+    (np.array([1.0]), np.ones((1, 2)), 6, TypeError, "indices: expected integer"),
+    (np.array([[1]]), np.ones((1, 2)), 6, ValueError, "indices: expected a 1-D"),
+    (np.array([1]), np.ones((1, 2), np.int64), 6, TypeError, "values: expected dtype"),
+    (np.array([1]), [[1.0, 2.0]], 6, TypeError, "values: expected a NumPy array"),
+    (np.array([1]), np.ones((1, 2)), -6, ValueError, "num_rows"),
+])
+def test_sparse_rows_rejects_rows_an_optimiser_would_write_out_of_bounds(indices, values,
+                                                                         num_rows, error, match):
+    # SGD writes the listed rows with an unchecked kernel: a row past the table was a
+    # segfault, a repeated row a wrong momentum update.
+    with pytest.raises(error, match=match):
+        SparseRows(indices, values, num_rows)

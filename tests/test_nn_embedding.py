@@ -106,6 +106,10 @@ def test_parameter_accumulates_dense_and_sparse():
     np.testing.assert_array_equal(user_grad, 1.0)  # never aliased
     with pytest.raises(ValueError, match="shape"):
         p.accumulate_grad(np.ones((3, 2)))
+    for bad in (np.ones((4, 2), np.int64), np.ones((4, 2), np.complex128), [[1.0, 1.0]] * 4):
+        with pytest.raises(TypeError, match="grad: expected"):
+            p.accumulate_grad(bad)
+    np.testing.assert_array_equal(p.grad[0], [2, 2])
 
 
 # ------------------------------------------------------------------ Embedding

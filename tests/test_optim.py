@@ -149,3 +149,52 @@ def test_bad_params():
         optim.SGD([{"params": [p]}, {"params": [p]}], lr=0.1)
     with pytest.raises(ValueError, match="unknown option"):
         optim.SGD([{"params": [p], "betas": 1}], lr=0.1)
+
+
+def _sparse_param():
+    param = nn.Parameter(np.zeros((4, 3)))
+    opt = optim.SGD([param], lr=0.1, momentum=0.9)
+    return param, opt
+
+
+def test_step_checks_gradients_before_any_update():
+    # The update kernels do not bounds-check: a gradient of the wrong shape read or
+    # wrote past the arrays (a SparseRows row changed after construction: a segfault).
+    good = nn.Parameter(np.ones((4, 3)))
+    param, _ = _sparse_param()
+    opt = optim.SGD([good, param], lr=0.1, momentum=0.9)
+    good.grad = np.ones((4, 3))
+    cases = [
+        (np.ones(3), ValueError, r"param.grad: expected shape \(4, 3\)"),
+        (np.ones((4, 3), np.int64), TypeError, "param.grad: expected dtype float32 or float64"),
+        ([[1.0] * 3] * 4, TypeError, "param.grad: expected a NumPy array"),
+        (SparseRows(np.array([1]), np.ones((1, 1)), 4), ValueError, "SparseRows of shape"),
+        (SparseRows(np.array([1]), np.ones((1, 3)), 5), ValueError, "SparseRows of shape"),
+    ]
+    mutated = SparseRows(np.array([1]), np.ones((1, 3)), 4)
+    mutated.indices[0] = 10**9
+    cases.append((mutated, IndexError, "param.grad.indices: index 1000000000"))
+    for grad, error, match in cases:
+        param.grad = grad
+        with pytest.raises(error, match=match):
+            opt.step()
+        np.testing.assert_array_equal(good.data, 1.0)
+        np.testing.assert_array_equal(param.data, 0.0)
+        assert opt.state == {}
+
+
+def test_step_refuses_read_only_or_reshaped_parameters():
+    param, opt = _sparse_param()
+    param.data.flags.writeable = False
+    param.grad = np.ones((4, 3))
+    with pytest.raises(ValueError, match="param.data: .* is read-only"):
+        opt.step()
+    param.data = np.zeros((4, 3))
+    opt.step()
+    for data in (np.zeros((40, 30)), np.zeros((4, 3), np.float32)):
+        param.data = data
+        param.grad = np.ones(data.shape, data.dtype)
+        with pytest.raises(ValueError, match="momentum buffer was made for shape"):
+            opt.step()
+        np.testing.assert_array_equal(data, 0.0)
+

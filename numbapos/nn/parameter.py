@@ -48,10 +48,9 @@ class Parameter:
         """
         if not self.requires_grad:
             return
-        if isinstance(grad, SparseRows):
-            if grad.shape != self.data.shape:
-                raise ValueError(f"grad: expected shape {self.data.shape}, got {grad.shape}")
-        elif grad.shape != self.data.shape:
+        if not isinstance(grad, SparseRows):
+            grad = check_float_array(grad, "grad")
+        if grad.shape != self.data.shape:
             raise ValueError(f"grad: expected shape {self.data.shape}, got {grad.shape}")
         if self.grad is None:
             self.grad = grad if fresh or isinstance(grad, SparseRows) else grad.copy()
