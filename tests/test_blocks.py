@@ -147,6 +147,28 @@ def test_out_overlapping_inputs_is_refused():
     np.testing.assert_array_equal(ids, 0)
 
 
+def test_bert_empty_tables_are_refused(rng):
+    # The default token type 0 was gathered from a 0-row table (garbage forward,
+    # segfault in backward); D = 0 raised ZeroDivisionError inside the kernel.
+    word, pos = rng.standard_normal((V, D)), rng.standard_normal((P, D))
+    no_types = np.zeros((0, D))
+    ids = np.array([[1, 2]])
+    with pytest.raises(IndexError, match="token_type_ids: the default token type 0 .* "
+                                         "type_vocab_size=0"):
+        F.bert_embeddings(ids, word, pos, no_types)
+    with pytest.raises(IndexError, match="type_vocab_size=0"):
+        F.bert_embeddings_backward(np.ones((1, 2, D)), ids, word, pos, no_types,
+                                   np.zeros((1, 2)), np.ones((1, 2)))
+    assert F.bert_embeddings(np.zeros((1, 0), np.int64), word, pos, no_types).shape == (1, 0, D)
+    block = _bert()
+    block.token_type_embeddings.weight.data = no_types
+    with pytest.raises(IndexError, match="type_vocab_size=0"):
+        block(ids)
+    flat = np.zeros((4, 0))
+    with pytest.raises(ValueError, match="word_embeddings: expected a hidden size >= 1"):
+        F.bert_embeddings(ids, flat, flat, flat)
+
+
 def test_bert_empty_input():
     block = _bert()
     y = block(np.zeros((2, 0), dtype=np.int64))

@@ -245,6 +245,11 @@ def bert_inputs(input_ids, token_type_ids, position_ids, past_length, vocab_size
     ids, word_ids = check_ids(input_ids, vocab_size)
     shape = ids.shape
     if token_type_ids is None:
+        if type_vocab_size == 0 and word_ids.size:
+            raise IndexError(
+                "token_type_ids: the default token type 0 is out of range for "
+                "type_vocab_size=0; the token-type table needs at least one row"
+            )
         type_ids = np.zeros(word_ids.size, dtype=np.int64)
     else:
         type_ids = _broadcast_ids(token_type_ids, "token_type_ids", shape)
@@ -362,6 +367,9 @@ def _bert_tables(word_embeddings, position_embeddings, token_type_embeddings, ln
         (word_embeddings, position_embeddings, token_type_embeddings),
         ("word_embeddings", "position_embeddings", "token_type_embeddings"))
     dim = word.shape[1]
+    if dim == 0:
+        raise ValueError(f"word_embeddings: expected a hidden size >= 1 (LayerNorm normalises "
+                         f"over it), got shape {word.shape}")
     ln_weight = _check_ln_param(ln_weight, "ln_weight", dim, word.dtype)
     ln_bias = _check_ln_param(ln_bias, "ln_bias", dim, word.dtype)
     return word, position, token_type, ln_weight, ln_bias
