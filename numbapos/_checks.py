@@ -178,6 +178,12 @@ def check_weight(weight, name: str = "weight") -> np.ndarray:
     return check_float_array(weight, name, ndim=2)
 
 
+def check_writeable(x: np.ndarray, name: str, why: str) -> None:
+    """ValueError unless ``x`` can be written in place (``why`` says what writes it)."""
+    if not x.flags.writeable:
+        raise ValueError(f"{name}: the array is read-only, but {why}")
+
+
 def check_padding_idx(padding_idx, num_embeddings: int, name: str = "padding_idx") -> int | None:
     """Return ``padding_idx`` wrapped into ``[0, num_embeddings)``, or None."""
     if padding_idx is None:

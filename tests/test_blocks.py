@@ -169,6 +169,22 @@ def test_bert_empty_tables_are_refused(rng):
         F.bert_embeddings(ids, flat, flat, flat)
 
 
+def test_read_only_table_with_max_norm_is_refused_before_any_clipping():
+    block = _bert()
+    word = np.full((V, D), 5.0)
+    position = np.full((P, D), 5.0)
+    position.flags.writeable = False
+    block.word_embeddings = nn.Embedding(V, D, _weight=word, max_norm=1.0)
+    block.position_embeddings = nn.Embedding(P, D, _weight=position, max_norm=1.0)
+    with pytest.raises(ValueError, match="weight: the array is read-only"):
+        block(np.array([[1, 2]]))
+    np.testing.assert_array_equal(word, 5.0)  # the word table was not clipped either
+    gpt2 = nn.GPT2Embeddings(V, P, D, seed=0, dtype=np.float64)
+    gpt2.wpe = nn.Embedding(P, D, _weight=position, max_norm=1.0)
+    with pytest.raises(ValueError, match="weight: the array is read-only"):
+        gpt2(np.array([[1, 2]]))
+
+
 def test_bert_empty_input():
     block = _bert()
     y = block(np.zeros((2, 0), dtype=np.int64))

@@ -222,6 +222,17 @@ def test_out_aliasing_indices_is_refused():
     np.testing.assert_array_equal(buf, 0)
 
 
+def test_read_only_weight_with_max_norm_is_refused():
+    # Clipping writes the table: a read-only one raised a Numba typing error.
+    weight = np.full((3, 2), 5.0)
+    weight.flags.writeable = False
+    with pytest.raises(ValueError, match="weight: the array is read-only, but max_norm"):
+        F.embedding_renorm_(weight, [0], 1.0)
+    with pytest.raises(ValueError, match="weight: the array is read-only, but max_norm"):
+        F.embedding([0], weight, max_norm=1.0)
+    np.testing.assert_array_equal(F.embedding([0], weight), [[5.0, 5.0]])  # no clipping: fine
+
+
 def test_renorm_errors_leave_weight_unchanged():
     weight = np.full((3, 2), 5.0)
     with pytest.raises(IndexError):

@@ -23,6 +23,9 @@ def _unique_rows(flat_idx: np.ndarray, num_rows: int) -> np.ndarray:
     return np.flatnonzero(seen)
 
 
+_RENORM_WRITES = "max_norm clips the rows it looks up in place"
+
+
 def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
     """Clip, in place, the rows of ``weight`` referenced by ``indices`` to a maximum norm.
 
@@ -51,7 +54,8 @@ def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
     TypeError
         Non-float ``weight`` or non-integer ``indices``.
     ValueError
-        ``weight`` not 2-D, or ``max_norm`` / ``norm_type`` not positive.
+        ``weight`` not 2-D or read-only, or ``max_norm`` / ``norm_type`` not
+        positive.
     IndexError
         An index outside ``[0, V)``; ``weight`` is then left untouched.
     """
@@ -60,6 +64,7 @@ def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
     if max_norm is None:
         raise TypeError("max_norm: expected a positive number, got None")
     max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
+    _checks.check_writeable(weight, "weight", _RENORM_WRITES)
     flat = _flat(indices)
     _checks.check_index_range(flat, weight.shape[0])
     _renorm(weight, flat, max_norm, norm_type)
@@ -105,8 +110,9 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
     TypeError
         Bool or float indices, non-float weight, ``out`` not an array.
     ValueError
-        ``weight`` not 2-D, ``padding_idx`` outside ``[-V, V)``, ``max_norm`` or
-        ``norm_type`` not positive, ``out`` of the wrong shape or dtype.
+        ``weight`` not 2-D (or read-only with ``max_norm``), ``padding_idx``
+        outside ``[-V, V)``, ``max_norm`` or ``norm_type`` not positive, ``out``
+        of the wrong shape or dtype.
     IndexError
         An index outside ``[0, V)``, named in the message. Nothing has been
         modified when any error is raised.
@@ -116,6 +122,8 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
     num_rows, dim = weight.shape
     _checks.check_padding_idx(padding_idx, num_rows)
     max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
+    if max_norm is not None:
+        _checks.check_writeable(weight, "weight", _RENORM_WRITES)
     shape = indices.shape + (dim,)
     if out is not None:
         _checks.check_out(out, shape, weight.dtype, avoid=(weight, indices))

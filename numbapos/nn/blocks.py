@@ -25,6 +25,14 @@ def _options(embedding: Embedding) -> FB.TableOptions:
     return FB.TableOptions(embedding.padding_idx, embedding.scale_grad_by_freq, embedding.sparse)
 
 
+def _check_renorm_writeable(*embeddings: Embedding) -> None:
+    """Before any table is clipped: every table that max_norm clips must be writeable."""
+    for embedding in embeddings:
+        if embedding.max_norm is not None:
+            _checks.check_writeable(embedding.weight.data, "weight",
+                                    "its Embedding's max_norm clips looked-up rows in place")
+
+
 def _renorm_if_needed(embedding: Embedding, flat_ids: np.ndarray) -> None:
     if embedding.max_norm is not None and flat_ids.size:
         F.embedding_renorm_(embedding.weight.data, flat_ids, embedding.max_norm,
@@ -258,6 +266,8 @@ class BertEmbeddings(Module):
                               avoid=(word, position, token_type, gamma, beta,
                                      inputs.word_ids, inputs.pos_ids, inputs.type_ids))
         drop = _dropout_state(self.dropout)
+        _check_renorm_writeable(self.word_embeddings, self.position_embeddings,
+                                self.token_type_embeddings)
         _renorm_if_needed(self.word_embeddings, inputs.word_ids)
         _renorm_if_needed(self.position_embeddings, inputs.pos_ids)
         _renorm_if_needed(self.token_type_embeddings, inputs.type_ids)
@@ -497,6 +507,7 @@ class GPT2Embeddings(Module):
             _checks.check_out(out, shape + (wte.shape[1],), wte.dtype,
                               avoid=(wte, wpe, ids, pos))
         drop = _dropout_state(self.drop)
+        _check_renorm_writeable(self.wte, self.wpe)
         _renorm_if_needed(self.wte, ids)
         _renorm_if_needed(self.wpe, pos)
         y = FB.gpt2_forward(shape, ids, pos, wte, wpe, drop, out)
