@@ -185,6 +185,27 @@ def test_read_only_table_with_max_norm_is_refused_before_any_clipping():
         gpt2(np.array([[1, 2]]))
 
 
+def test_max_norm_clips_non_contiguous_tables_before_the_gather(rng):
+    # The fused kernel gathered from a contiguous copy taken before clipping, so a
+    # Fortran-ordered table with max_norm gave unclipped rows.
+    ids = np.array([[1, 2, 1]])
+    start = rng.standard_normal((P, D)) * 10
+    outputs = []
+    for order in ("C", "F"):
+        block = _bert()
+        table = np.array(start, order=order)
+        block.position_embeddings = nn.Embedding(P, D, _weight=table, max_norm=1.0)
+        outputs.append(block(ids))
+        assert np.linalg.norm(table[:3], axis=1).max() <= 1.0 + 1e-12
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    wte = np.asfortranarray(rng.standard_normal((V, D)) * 10)
+    gpt2 = nn.GPT2Embeddings(V, P, D, embd_pdrop=0.0, seed=0, dtype=np.float64)
+    gpt2.wte = nn.Embedding(V, D, _weight=wte, max_norm=1.0)
+    y = gpt2(ids)
+    np.testing.assert_array_equal(y, wte[ids] + gpt2.wpe.weight.data[:3])
+    assert np.linalg.norm(wte[[1, 2]], axis=1).max() <= 1.0 + 1e-12
+
+
 def test_bert_empty_input():
     block = _bert()
     y = block(np.zeros((2, 0), dtype=np.int64))

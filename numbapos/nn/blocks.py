@@ -33,10 +33,13 @@ def _check_renorm_writeable(*embeddings: Embedding) -> None:
                                     "its Embedding's max_norm clips looked-up rows in place")
 
 
-def _renorm_if_needed(embedding: Embedding, flat_ids: np.ndarray) -> None:
+def _renorm_if_needed(embedding: Embedding, flat_ids: np.ndarray) -> bool:
+    """Clip the looked-up rows of ``embedding``'s table in place; True if it has max_norm."""
     if embedding.max_norm is not None and flat_ids.size:
         F.embedding_renorm_(embedding.weight.data, flat_ids, embedding.max_norm,
                             embedding.norm_type)
+        return True
+    return False
 
 
 def _dropout_state(dropout: Dropout):
@@ -268,9 +271,11 @@ class BertEmbeddings(Module):
         drop = _dropout_state(self.dropout)
         _check_renorm_writeable(self.word_embeddings, self.position_embeddings,
                                 self.token_type_embeddings)
-        _renorm_if_needed(self.word_embeddings, inputs.word_ids)
-        _renorm_if_needed(self.position_embeddings, inputs.pos_ids)
-        _renorm_if_needed(self.token_type_embeddings, inputs.type_ids)
+        clipped = [_renorm_if_needed(self.word_embeddings, inputs.word_ids),
+                   _renorm_if_needed(self.position_embeddings, inputs.pos_ids),
+                   _renorm_if_needed(self.token_type_embeddings, inputs.type_ids)]
+        if any(clipped):  # a non-contiguous table was copied before it was clipped
+            word, position, token_type, gamma, beta = self._arrays()
         y, mean, rstd = FB.bert_forward(inputs, word, position, token_type, gamma, beta,
                                         self.LayerNorm.eps, drop, out)
         if drop[0]:
@@ -508,8 +513,9 @@ class GPT2Embeddings(Module):
                               avoid=(wte, wpe, ids, pos))
         drop = _dropout_state(self.drop)
         _check_renorm_writeable(self.wte, self.wpe)
-        _renorm_if_needed(self.wte, ids)
-        _renorm_if_needed(self.wpe, pos)
+        clipped = [_renorm_if_needed(self.wte, ids), _renorm_if_needed(self.wpe, pos)]
+        if any(clipped):  # a non-contiguous table was copied before it was clipped
+            wte, wpe = self._arrays()
         y = FB.gpt2_forward(shape, ids, pos, wte, wpe, drop, out)
         if drop[0]:
             self.drop.counter = drop[3] + 1
