@@ -17,6 +17,7 @@ from .kernels.cpu.embedding import index_bounds
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _reject_cuda(x, name):
@@ -36,14 +37,25 @@ def _describe(x) -> str:
 # ---------------------------------------------------------------- scalars
 
 
-def check_int(value, name: str, *, minimum: int | None = None) -> int:
-    """Return ``value`` as a Python int; TypeError if it is not integral (bool included)."""
+def check_int(value, name: str, *, minimum: int | None = None,
+              maximum: int | None = None) -> int:
+    """Return ``value`` as a Python int; TypeError if it is not integral (bool included).
+
+    ValueError if it is below ``minimum`` or above ``maximum`` (where given).
+    """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an integer, got {_describe(value)}")
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}: expected an integer <= {maximum}, got {value}")
     return value
+
+
+def check_int64(value, name: str, *, minimum: int = INT64_MIN) -> int:
+    """An integer that a kernel receives as int64: in ``[minimum, 2**63 - 1]``."""
+    return check_int(value, name, minimum=minimum, maximum=INT64_MAX)
 
 
 def check_real(value, name: str) -> float:

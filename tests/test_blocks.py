@@ -721,6 +721,8 @@ def test_gpt2_errors(rng):
         F.positions_from_attention_mask(np.ones(3, np.int64), 4)
     with pytest.raises(ValueError, match="pad_position: expected an integer >= 0, got -1"):
         F.positions_from_attention_mask(np.ones(3, np.int64), pad_position=-1)
+    with pytest.raises(ValueError, match="pad_position: expected an integer <="):
+        F.positions_from_attention_mask(np.ones(3, np.int64), pad_position=2**63)
     assert block.drop.counter == 0
     with pytest.raises(RuntimeError, match="before forward"):
         block.backward(np.zeros((2, 3, D), np.float32))

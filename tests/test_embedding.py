@@ -260,6 +260,8 @@ def test_padding_mask_negative_index_needs_vocab():
         F.padding_mask(ids, -1)
     with pytest.raises(TypeError, match="indices"):
         F.padding_mask(np.array([1.0]), 0)
+    with pytest.raises(ValueError, match="padding_idx: expected an integer <="):
+        F.padding_mask(ids, 2**64)  # was a Numba typing error
 
 
 def test_padding_mask_shapes():

@@ -136,6 +136,10 @@ def test_sinusoid_numpy_integer_sizes():
     (dict(seq_len=3, embed_dim=4, out=np.empty((4, 3), np.float32).T), ValueError,
      "C-contiguous"),
     (dict(seq_len=3, embed_dim=4, out=[[0.0] * 4] * 3), TypeError, "out: expected a NumPy"),
+    # beyond int64 the kernel failed to type (2**64) or wrapped to negative positions
+    (dict(seq_len=3, embed_dim=4, offset=2**64), ValueError, "offset: .* does not fit in int64"),
+    (dict(seq_len=3, embed_dim=4, offset=2**63 - 2), ValueError,
+     r"offset \+ seq_len - 1 = 9223372036854775808"),
 ])
 def test_sinusoid_errors(kwargs, exc, match):
     with pytest.raises(exc, match=match):
@@ -424,6 +428,13 @@ def test_positions_from_padding_matches_hf_attention_mask(rng):
     np.testing.assert_array_equal(F.positions_from_padding(ids, 0, pad_position=1), hf)
 
 
+def test_positions_from_padding_largest_positions():
+    top = 2**63 - 1
+    np.testing.assert_array_equal(
+        F.positions_from_padding(np.array([[5, 5, 0]]), 0, past_length=top - 2,
+                                 pad_position=top), [[top - 2, top - 1, top]])
+
+
 def test_positions_from_padding_no_padding_is_arange():
     ids = np.arange(1, 11).reshape(2, 5)
     np.testing.assert_array_equal(F.positions_from_padding(ids, 0, past_length=4),
@@ -443,6 +454,15 @@ def test_positions_from_padding_no_padding_is_arange():
     ((np.zeros((2, 3), int), 0), {"past_length": [1, -2]}, ValueError,
      "past_length: expected values >= 0"),
     ((np.zeros((2, 3), int), 0), {"pad_position": "0"}, TypeError, "pad_position"),
+    # Values the int64 kernel cannot hold failed to type or silently wrapped around.
+    ((np.zeros((2, 3), int), 2**64), {}, ValueError, "padding_idx: expected an integer <="),
+    ((np.zeros((2, 3), int), 0), {"pad_position": 2**63}, ValueError,
+     "pad_position: expected an integer <= 9223372036854775807"),
+    ((np.ones((2, 3), int), 0), {"past_length": 2**63 - 2}, ValueError,
+     "past_length: expected an integer <= 9223372036854775805"),
+    ((np.ones((2, 3), int), 0), {"past_length": 2**63}, ValueError, "past_length"),
+    ((np.ones((2, 3), int), 0), {"past_length": [0, 2**63 - 2]}, ValueError,
+     "past_length: expected values <= 9223372036854775805"),
 ])
 def test_positions_from_padding_errors(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):

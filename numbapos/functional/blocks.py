@@ -149,14 +149,15 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
         ``pad_position``.
     ValueError
         A mask that is not 1-D/2-D, holds values other than 0 and 1, or is
-        shorter than ``length``; a negative ``length`` or ``pad_position``.
+        shorter than ``length``; a negative ``length``, or a ``pad_position``
+        outside ``[0, 2**63)``.
     """
     mask = _checks.check_attention_mask(attention_mask)
     total = mask.shape[-1]
     if length is None:
         length = total
     length = _checks.check_int(length, "length", minimum=0)
-    pad_position = _checks.check_int(pad_position, "pad_position", minimum=0)
+    pad_position = _checks.check_int64(pad_position, "pad_position", minimum=0)
     if length > total:
         raise ValueError(
             f"attention_mask: has {total} columns, fewer than the {length} current tokens"

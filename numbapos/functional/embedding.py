@@ -245,7 +245,7 @@ def padding_mask(indices, padding_idx, num_embeddings=None):
     """
     indices = _checks.check_index_array(indices)
     if num_embeddings is None:
-        padding_idx = _checks.check_int(padding_idx, "padding_idx")
+        padding_idx = _checks.check_int64(padding_idx, "padding_idx")
         if padding_idx < 0:
             raise ValueError(
                 f"padding_idx: {padding_idx} is negative; pass num_embeddings to wrap it"

@@ -83,8 +83,9 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
         A non-integer ``seq_len``, ``embed_dim`` or ``offset``, a non-float
         ``dtype``, a non-real ``base`` or a non-array ``out``.
     ValueError
-        ``seq_len <= 0``, ``embed_dim <= 0``, ``offset < 0``, ``base <= 0``, a
-        device other than ``"cpu"``, or ``out`` of the wrong shape or dtype.
+        ``seq_len <= 0``, ``embed_dim <= 0``, ``offset < 0`` (or a last position
+        ``offset + seq_len - 1`` beyond int64), ``base <= 0``, a device other
+        than ``"cpu"``, or ``out`` of the wrong shape or dtype.
 
     Examples
     --------
@@ -100,6 +101,11 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
     dtype = _checks.check_float_dtype(dtype)
     base = _checks.check_positive(base, "base")
     offset = _checks.check_int(offset, "offset", minimum=0)
+    if offset > _checks.INT64_MAX - (seq_len - 1):
+        raise ValueError(
+            f"offset: the last position offset + seq_len - 1 = {offset + seq_len - 1} does "
+            f"not fit in int64 (at most 2**63 - 1)"
+        )
     shape = (seq_len, embed_dim)
     if out is None:
         out = np.empty(shape, dtype=dtype)
@@ -446,8 +452,9 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
     TypeError
         Non-integer ids or arguments.
     ValueError
-        0-d ``input_ids``, a negative ``past_length``, or a ``past_length`` array
-        of the wrong shape.
+        0-d ``input_ids``, a negative ``past_length``, a ``past_length`` array
+        of the wrong shape, or a ``padding_idx``, ``pad_position`` or last
+        position ``past_length + L - 1`` outside the int64 range.
 
     Examples
     --------
@@ -460,9 +467,11 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
     ids = _checks.check_index_array(input_ids, "input_ids")
     if ids.ndim == 0:
         raise ValueError("input_ids: expected at least 1 dimension (..., L), got a 0-d array")
-    padding_idx = _checks.check_int(padding_idx, "padding_idx")
-    pad_position = _checks.check_int(pad_position, "pad_position")
+    padding_idx = _checks.check_int64(padding_idx, "padding_idx")
+    pad_position = _checks.check_int64(pad_position, "pad_position")
     rows_shape = ids.shape[:-1]
+    # The last position, past_length + L - 1, must fit in the int64 result.
+    max_past = _checks.INT64_MAX - max(ids.shape[-1] - 1, 0)
     if isinstance(past_length, (np.ndarray, list, tuple)):
         past = _checks.check_index_array(past_length, "past_length")
         _checks.check_same_shape(past, rows_shape, "past_length", "input_ids.shape[:-1]")
@@ -470,9 +479,13 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
             raise ValueError(
                 f"past_length: expected values >= 0, got {int(past.min())}"
             )
+        if past.size and past.max() > max_past:
+            raise ValueError(f"past_length: expected values <= {max_past} (so that "
+                             f"past_length + L - 1 fits in int64), got {int(past.max())}")
         past = np.ascontiguousarray(past, dtype=np.int64).reshape(-1)
     else:
-        past_length = _checks.check_int(past_length, "past_length", minimum=0)
+        past_length = _checks.check_int(past_length, "past_length", minimum=0,
+                                        maximum=max_past)
         past = np.full(int(np.prod(rows_shape)), past_length, dtype=np.int64)
     flat_shape = (past.size, ids.shape[-1])
     flat_ids = np.ascontiguousarray(ids).reshape(flat_shape)
