@@ -241,6 +241,26 @@ def test_out_overlapping_weight_is_refused(rng):
     np.testing.assert_array_equal(buf, 1.0)
 
 
+def test_module_checks_replaced_parameter_arrays(rng):
+    # The module passed weight.data / bias.data to the kernels unchecked: a shorter
+    # array was read past its end, another dtype silently mixed.
+    x = rng.standard_normal((2, 400)).astype(np.float32)
+    module = nn.LayerNorm(400)
+    module(x)
+    for name, data, error, match in [
+        ("weight", np.ones(4, np.float32), ValueError, r"weight: expected shape \(400,\)"),
+        ("weight", np.ones(400), TypeError, "weight: expected dtype float32"),
+        ("bias", np.ones((1, 400), np.float32), ValueError, "bias: expected a 1-D array"),
+    ]:
+        param = getattr(module, name)
+        kept, param.data = param.data, data
+        with pytest.raises(error, match=match):
+            module(x)
+        with pytest.raises(error, match=match):
+            module.backward(np.ones_like(x))
+        param.data = kept
+
+
 def test_inputs_unchanged_after_error(rng):
     x = rng.standard_normal((2, 4)).astype(np.float32)
     out = np.full((2, 4), 7.0, np.float32)

@@ -86,6 +86,12 @@ class LayerNorm(Module):
             )
         return x
 
+    def _params(self, x):
+        """(weight, bias) arrays, checked against ``x``: ``.data`` may have been replaced."""
+        weight = None if self.weight is None else self.weight.data
+        bias = None if self.bias is None else self.bias.data
+        return FN._check_affine(weight, "weight", x), FN._check_affine(bias, "bias", x)
+
     def forward(self, x, out=None):
         """Normalise ``x`` of shape (..., D); returns an array of the same shape.
 
@@ -104,8 +110,7 @@ class LayerNorm(Module):
             Last dimension of ``x`` not D; a bad ``out``.
         """
         x = self._check_input(x)
-        weight = None if self.weight is None else self.weight.data
-        bias = None if self.bias is None else self.bias.data
+        weight, bias = self._params(x)
         if out is not None:
             _checks.check_out(out, x.shape, x.dtype, avoid=(x, weight, bias))
         y, mean, rstd = FN._forward(x, weight, bias, self.eps, out)
@@ -138,7 +143,7 @@ class LayerNorm(Module):
             )
         want_w = self.weight is not None and self.weight.requires_grad
         want_b = self.bias is not None and self.bias.requires_grad
-        weight = None if self.weight is None else self.weight.data
+        weight, _ = self._params(x)
         grad_x, grad_w, grad_b = FN._backward(grad_output, x, mean, rstd, weight,
                                               want_w, want_b, None)
         if want_w:
