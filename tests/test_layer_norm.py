@@ -241,6 +241,21 @@ def test_out_overlapping_weight_is_refused(rng):
     np.testing.assert_array_equal(buf, 1.0)
 
 
+@pytest.mark.parametrize("rows", [2, 20000])  # serial and parallel kernels
+def test_eps_zero_on_a_constant_row_gives_nan_as_pytorch(rows):
+    # rstd = 1 / sqrt(0) raised ZeroDivisionError inside the kernel (SystemError
+    # from the parallel one), after part of the output had been written.
+    x = np.ones((rows, 4))
+    x[1] = [1.0, 2.0, 3.0, 4.0]
+    y, mean, rstd = F.layer_norm_forward(x, eps=0.0)
+    assert np.isnan(y[0]).all() and np.isinf(rstd[0])
+    np.testing.assert_allclose(y[1], F.layer_norm(x[1:2], eps=1e-300)[0])
+    grad_x = F.layer_norm_backward(np.ones_like(x), x, mean, rstd)[0]
+    assert np.isnan(grad_x[0]).all() and np.isfinite(grad_x[1]).all()
+    table = np.ones((3, 4))
+    assert np.isnan(F.bert_embeddings(np.array([[1]]), table, table, table, eps=0.0)).all()
+
+
 def test_module_checks_replaced_parameter_arrays(rng):
     # The module passed weight.data / bias.data to the kernels unchecked: a shorter
     # array was read past its end, another dtype silently mixed.

@@ -31,7 +31,9 @@ def row_sum(v):
     return s
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc"})
+# error_model="numpy": with eps = 0 a constant row has var + eps = 0, and rstd must
+# become inf (a NaN output, as in PyTorch), not a ZeroDivisionError from the kernel.
+@njit(cache=True, nogil=True, fastmath={"reassoc"}, error_model="numpy")
 def row_moments(v, first_mean, eps):
     """``(mean, rstd)`` of a row given a first estimate of its mean (corrected two-pass).
 
