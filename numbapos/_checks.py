@@ -136,10 +136,13 @@ def check_index_array(indices, name: str = "indices") -> np.ndarray:
     was_array = isinstance(indices, np.ndarray)
     if isinstance(indices, (bool, np.bool_)):
         raise TypeError(f"{name}: expected integer indices, got a bool")
-    arr = np.asarray(indices)
+    try:
+        arr = np.asarray(indices)
+    except ValueError as err:  # ragged nested lists
+        raise ValueError(f"{name}: cannot make an array of integer indices: {err}") from err
     if not was_array and arr.size == 0 and arr.dtype == np.float64:
         arr = arr.astype(np.int64)  # an empty Python list has no dtype of its own
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":  # bool, float, timedelta64 (a NumPy "integer"), object...
         raise TypeError(
             f"{name}: expected integer indices (int32 or int64), got dtype {arr.dtype}"
         )

@@ -222,6 +222,15 @@ def test_out_aliasing_indices_is_refused():
     np.testing.assert_array_equal(buf, 0)
 
 
+def test_timedelta_and_ragged_indices_are_refused():
+    # timedelta64 counts as a NumPy integer and was used as row numbers; a ragged
+    # list raised NumPy's message without naming the argument.
+    with pytest.raises(TypeError, match="indices: expected integer indices .* timedelta64"):
+        F.embedding(np.array([1], "m8[s]"), np.ones((4, 3)))
+    with pytest.raises(ValueError, match="indices: cannot make an array of integer indices"):
+        F.embedding([[1], [1, 2]], np.ones((4, 3)))
+
+
 def test_read_only_weight_with_max_norm_is_refused():
     # Clipping writes the table: a read-only one raised a Numba typing error.
     weight = np.full((3, 2), 5.0)
