@@ -49,11 +49,14 @@ def _safetensors():
 
 def _fspath(path, name: str = "path") -> str:
     try:
-        return os.fspath(path)
+        path = os.fsdecode(os.fspath(path))
     except TypeError as err:
         raise TypeError(
             f"{name}: expected a str or os.PathLike, got {type(path).__name__} {path!r}"
         ) from err
+    if not path:
+        raise ValueError(f"{name}: expected a file path, got an empty string")
+    return path
 
 
 def _read_header(path: str) -> tuple[dict, int]:

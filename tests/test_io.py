@@ -219,6 +219,12 @@ def test_bad_metadata(tmp_path, metadata, match):
     assert os.listdir(tmp_path) == []
 
 
+def test_bytes_path(tmp_path):
+    path = bytes(tmp_path / "b.safetensors")
+    save_state({"a": np.ones(2)}, path)
+    np.testing.assert_array_equal(load_state(path)["a"], np.ones(2))
+
+
 def test_bad_paths(tmp_path):
     with pytest.raises(FileNotFoundError, match="directory .* does not exist"):
         save_state({"a": np.ones(2)}, tmp_path / "missing" / "x.safetensors")
@@ -226,6 +232,8 @@ def test_bad_paths(tmp_path):
         save_state({"a": np.ones(2)}, tmp_path)
     with pytest.raises(TypeError, match="path: expected a str or os.PathLike, got int"):
         save_state({"a": np.ones(2)}, 3)
+    with pytest.raises(ValueError, match="path: expected a file path, got an empty string"):
+        save_state({"a": np.ones(2)}, "")
     with pytest.raises(FileNotFoundError):
         load_state(tmp_path / "nope.safetensors")
     (tmp_path / "garbage.safetensors").write_bytes(b"not a safetensors file")

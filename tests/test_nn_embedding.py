@@ -237,3 +237,16 @@ def test_repr():
     text = repr(nn.Embedding(5, 3, padding_idx=1, sparse=True))
     assert text == "Embedding(5, 3, padding_idx=1, sparse=True)"
     assert "(words): Embedding(6, 3)" in repr(TwoTables())
+
+
+def test_gradient_dtype_must_match_parameter():
+    emb = nn.Embedding(4, 2, seed=0)  # float32
+    emb(np.array([1, 2]))
+    with pytest.raises(TypeError, match="grad: expected dtype float32 .*got float64"):
+        emb.backward(np.ones((2, 2)))
+    assert emb.weight.grad is None
+
+
+def test_load_state_dict_needs_a_mapping():
+    with pytest.raises(TypeError, match="expected a mapping of names to arrays, got list"):
+        TwoTables().load_state_dict([("scale", np.ones(3))])

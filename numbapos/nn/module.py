@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -149,6 +149,9 @@ class Module:
             Unexpected names (strict only), or an array whose shape or dtype does
             not match the parameter's.
         """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"load_state_dict: expected a mapping of names to arrays, got "
+                            f"{type(state).__name__}")
         own = OrderedDict(self.named_parameters())
         missing = [name for name in own if name not in state]
         unexpected = [name for name in state if name not in own]

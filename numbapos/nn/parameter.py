@@ -45,6 +45,14 @@ class Parameter:
         Sparse plus sparse stays sparse (rows merged); any dense term makes the
         sum dense. Does nothing when ``requires_grad`` is False. ``fresh=True``
         promises that nobody else holds ``grad``, so it can be kept without a copy.
+
+        Raises
+        ------
+        TypeError
+            ``grad`` not a float array or SparseRows, or of another dtype than
+            the parameter (as PyTorch, gradients keep their parameter's dtype).
+        ValueError
+            ``grad`` of another shape than the parameter.
         """
         if not self.requires_grad:
             return
@@ -52,6 +60,9 @@ class Parameter:
             grad = check_float_array(grad, "grad")
         if grad.shape != self.data.shape:
             raise ValueError(f"grad: expected shape {self.data.shape}, got {grad.shape}")
+        if grad.dtype != self.data.dtype:
+            raise TypeError(f"grad: expected dtype {self.data.dtype} (the parameter's), "
+                            f"got {grad.dtype}")
         if self.grad is None:
             self.grad = grad if fresh or isinstance(grad, SparseRows) else grad.copy()
         elif isinstance(self.grad, SparseRows) and isinstance(grad, SparseRows):
