@@ -25,57 +25,37 @@ def data():
     return weight, ids, grad
 
 
-@pytest.mark.benchmark(group="lookup")
+LOOKUP_CASES = {
+    "lookup": "4096 tokens into a preallocated out= buffer (torch: a fresh tensor)",
+    "lookup_alloc": "4096 tokens, result allocated by the call",
+    "lookup_small": "one 8-token sequence: per-call overhead (validation, dispatch) dominates",
+}
+
+
+@pytest.mark.parametrize("case", list(LOOKUP_CASES))
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_lookup(benchmark, data, impl):
+def test_lookup(benchmark, data, impl, case):
+    """Embedding lookup; the group is the case (see LOOKUP_CASES)."""
     skip_without_torch(impl)
+    benchmark.group = case
     weight, ids, _ = data
+    if case == "lookup_small":
+        ids = ids[:1, :8].copy()
     if impl == "numbapos":
-        out = np.empty(ids.shape + (DIM,), np.float32)
+        out = np.empty(ids.shape + (DIM,), np.float32) if case == "lookup" else None
         F.embedding(ids, weight, out=out)
         result = benchmark(F.embedding, ids, weight, out=out)
     elif impl == "numpy":
-        result = benchmark(np.take, weight, ids, axis=0)
+        if case == "lookup":
+            out = np.empty(ids.shape + (DIM,), np.float32)
+            result = benchmark(np.take, weight, ids, axis=0, out=out)
+        else:
+            result = benchmark(np.take, weight, ids, axis=0)
     else:
         t_weight, t_ids = torch.from_numpy(weight), torch.from_numpy(ids)
         with torch.no_grad():
             result = benchmark(torch.nn.functional.embedding, t_ids, t_weight).numpy()
     np.testing.assert_array_equal(result, weight[ids])
-
-
-@pytest.mark.benchmark(group="lookup_small")
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_lookup_small(benchmark, data, impl):
-    """One 8-token sequence: per-call overhead (validation, dispatch) dominates."""
-    skip_without_torch(impl)
-    weight, ids, _ = data
-    ids = ids[:1, :8].copy()
-    if impl == "numbapos":
-        F.embedding(ids, weight)
-        result = benchmark(F.embedding, ids, weight)
-    elif impl == "numpy":
-        result = benchmark(np.take, weight, ids, axis=0)
-    else:
-        t_weight, t_ids = torch.from_numpy(weight), torch.from_numpy(ids)
-        with torch.no_grad():
-            result = benchmark(torch.nn.functional.embedding, t_ids, t_weight).numpy()
-    np.testing.assert_array_equal(result, weight[ids])
-
-
-@pytest.mark.benchmark(group="lookup_alloc")
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_lookup_allocating(benchmark, data, impl):
-    skip_without_torch(impl)
-    weight, ids, _ = data
-    if impl == "numbapos":
-        F.embedding(ids, weight)
-        benchmark(F.embedding, ids, weight)
-    elif impl == "numpy":
-        benchmark(lambda: weight[ids])
-    else:
-        t_weight, t_ids = torch.from_numpy(weight), torch.from_numpy(ids)
-        with torch.no_grad():
-            benchmark(torch.nn.functional.embedding, t_ids, t_weight)
 
 
 @pytest.mark.benchmark(group="sparse_backward_sgd")
