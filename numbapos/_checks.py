@@ -13,25 +13,31 @@ import numbers
 
 import numpy as np
 
-from .kernels.cpu.embedding import index_bounds
+from . import _device
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def _reject_cuda(x, name):
-    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
-        raise TypeError(
-            f"{name}: got a CUDA array ({type(x).__name__}); this version of numbapos runs on "
-            "the CPU only, pass a NumPy array"
-        )
+MAX_QUOTE = 200
+
+
+def _quote(value) -> str:
+    """``repr(value)``, cut to about MAX_QUOTE characters (messages never print whole arrays)."""
+    text = repr(value)
+    return text if len(text) <= MAX_QUOTE else text[:MAX_QUOTE] + "..."
 
 
 def _describe(x) -> str:
-    if isinstance(x, np.ndarray):
-        return f"array of dtype {x.dtype} and shape {x.shape}"
-    return f"{type(x).__name__} {x!r}"
+    if isinstance(x, np.ndarray) or _device.is_cuda_array(x):
+        return f"{type(x).__name__} of dtype {x.dtype} and shape {tuple(x.shape)}"
+    return f"{type(x).__name__} {_quote(x)}"
+
+
+def is_array(x) -> bool:
+    """A NumPy array or a CUDA array (Numba device array or ``__cuda_array_interface__``)."""
+    return isinstance(x, np.ndarray) or _device.is_cuda_array(x)
 
 
 # ---------------------------------------------------------------- scalars
@@ -108,11 +114,17 @@ def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
 # ---------------------------------------------------------------- arrays
 
 
-def check_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None) -> np.ndarray:
-    """Return ``x`` as a float32/float64 ndarray (no copy), checking its rank."""
-    _reject_cuda(x, name)
+def check_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None):
+    """Return ``x`` as a float32/float64 array (no copy), checking its rank.
+
+    NumPy arrays stay NumPy arrays; CUDA arrays come back as Numba device
+    arrays (foreign ones adopted without a copy).
+    """
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a NumPy array of float32 or float64, got {_describe(x)}")
+        if not _device.is_cuda_array(x):
+            raise TypeError(f"{name}: expected a NumPy or CUDA array of float32 or float64, "
+                            f"got {_describe(x)}")
+        x = _device.adopt(x)
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected dtype float32 or float64, got {x.dtype}")
     if ndim is not None:
@@ -132,7 +144,12 @@ def check_index_array(indices, name: str = "indices") -> np.ndarray:
     """
     if type(indices) is np.ndarray and indices.dtype in INDEX_DTYPES:
         return indices  # the common case, kept fast for small lookups
-    _reject_cuda(indices, name)
+    if _device.is_cuda_array(indices):
+        indices = _device.adopt(indices)
+        if indices.dtype not in INDEX_DTYPES:
+            raise TypeError(f"{name}: expected integer indices of dtype int32 or int64 on the "
+                            f"GPU, got dtype {indices.dtype}; cast them first")
+        return indices
     was_array = isinstance(indices, np.ndarray)
     if isinstance(indices, (bool, np.bool_)):
         raise TypeError(f"{name}: expected integer indices, got a bool")
@@ -154,17 +171,23 @@ def check_index_array(indices, name: str = "indices") -> np.ndarray:
     return arr
 
 
-def check_index_range(flat: np.ndarray, size: int, name: str = "indices",
+def check_index_range(flat, size: int, bounds, name: str = "indices",
                       size_name: str = "num_embeddings") -> None:
-    """Raise IndexError naming the first index of ``flat`` outside ``[0, size)``."""
-    if flat.size == 0:
+    """Raise IndexError naming the first index of ``flat`` outside ``[0, size)``.
+
+    ``bounds`` is ``(min, max)`` of ``flat`` as the backend computed it
+    (``K.index_bounds``), or None for an empty ``flat``; only a failing check
+    looks at the values themselves (on the host) to name the first bad one.
+    """
+    if bounds is None:
         return
-    low, high = index_bounds(flat)
+    low, high = bounds
     if low >= 0 and high < size:
         return
-    bad_mask = (flat < 0) | (flat >= size)
+    host = _device.to_host(flat).reshape(-1)
+    bad_mask = (host < 0) | (host >= size)
     position = int(np.argmax(bad_mask))
-    bad = int(flat[position])
+    bad = int(host[position])
     raise IndexError(
         f"{name}: index {bad} (at flat position {position}) is out of range for "
         f"{size_name}={size}; valid indices are 0 <= index < {size}"
@@ -177,7 +200,9 @@ def check_sorted_rows(rows: np.ndarray, num_rows: int, name: str = "indices") ->
     The row list of a :class:`~numbapos.sparse.SparseRows` gradient: IndexError
     for a row out of range, ValueError for a repeated or out-of-order row.
     """
-    check_index_range(rows, num_rows, name, "num_rows")
+    rows = _device.to_host(rows)
+    bounds = (int(rows.min()), int(rows.max())) if rows.size else None
+    check_index_range(rows, num_rows, bounds, name, "num_rows")
     if rows.size > 1:
         bad = rows[1:] <= rows[:-1]
         if bad.any():
@@ -193,9 +218,9 @@ def check_weight(weight, name: str = "weight") -> np.ndarray:
     return check_float_array(weight, name, ndim=2)
 
 
-def check_writeable(x: np.ndarray, name: str, why: str) -> None:
+def check_writeable(x, name: str, why: str) -> None:
     """ValueError unless ``x`` can be written in place (``why`` says what writes it)."""
-    if not x.flags.writeable:
+    if not _device.is_writeable(x):
         raise ValueError(f"{name}: the array is read-only, but {why}")
 
 
@@ -229,26 +254,25 @@ def check_out(out, shape: tuple, dtype: np.dtype, name: str = "out",
     included, since a kernel that reads an index ``out`` has just overwritten
     would read outside its table.
     """
-    _reject_cuda(out, name)
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"{name}: expected a NumPy array, got {_describe(out)}")
-    if out.shape != tuple(shape) or out.dtype != dtype:
+    if not is_array(out):
+        raise TypeError(f"{name}: expected a NumPy or CUDA array, got {_describe(out)}")
+    out = _device.adopt(out)
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
         raise ValueError(
             f"{name}: expected shape {tuple(shape)} and dtype {dtype}, "
-            f"got shape {out.shape} and dtype {out.dtype}"
+            f"got shape {tuple(out.shape)} and dtype {out.dtype}"
         )
-    if not out.flags.c_contiguous or not out.flags.writeable:
+    if not _device.is_c_contiguous(out) or not _device.is_writeable(out):
         raise ValueError(f"{name}: expected a C-contiguous, writeable array")
     for other in avoid:
-        if other is not None and np.may_share_memory(out, other):
+        if other is not None and _device.may_share_memory(out, other):
             raise ValueError(f"{name}: must not share memory with an input array")
     return out
 
 
 def check_attention_mask(mask, name: str = "attention_mask") -> np.ndarray:
     """A 1-D or 2-D mask of bool or integer dtype holding only 0 and 1 (no copy of an ndarray)."""
-    _reject_cuda(mask, name)
-    arr = np.asarray(mask)
+    arr = _device.to_host(mask) if _device.is_cuda_array(mask) else np.asarray(mask)
     if arr.dtype != np.bool_ and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(
             f"{name}: expected a bool or integer mask of 0s and 1s, got dtype {arr.dtype}"
@@ -278,10 +302,11 @@ def check_float_like(x, name: str, shape: tuple, dtype: np.dtype, shape_what: st
     return x
 
 
-def check_same_shape(x: np.ndarray, expected: tuple, name: str, what: str) -> None:
+def check_same_shape(x, expected: tuple, name: str, what: str) -> None:
     """ValueError unless ``x.shape == expected``."""
-    if x.shape != tuple(expected):
-        raise ValueError(f"{name}: expected shape {tuple(expected)} ({what}), got {x.shape}")
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)} ({what}), got "
+                         f"{tuple(x.shape)}")
 
 
 def as_rng(seed, name: str = "seed") -> np.random.Generator:
@@ -289,3 +314,95 @@ def as_rng(seed, name: str = "seed") -> np.random.Generator:
     if seed is None or isinstance(seed, np.random.Generator):
         return np.random.default_rng(seed)
     return np.random.default_rng(check_int(seed, name, minimum=0))
+
+
+def check_eps(eps, name: str = "eps") -> float:
+    """``eps`` (LayerNorm's) as a finite float >= 0."""
+    eps = check_real(eps, name)
+    if eps < 0 or not math.isfinite(eps):
+        raise ValueError(f"{name}: expected a finite number >= 0, got {eps}")
+    return eps
+
+
+def check_dropout_args(p, seed, counter) -> tuple[float, int, int]:
+    """``(p, seed, counter)`` of a dropout call: p in [0, 1], seed and counter in [0, 2**64)."""
+    return (check_unit_interval(p, "p"), check_uint64(seed, "seed"),
+            check_uint64(counter, "counter"))
+
+
+def check_same_device(arrays, names) -> str:
+    """The one device all non-None ``arrays`` live on; TypeError naming two that differ."""
+    device = first = None
+    for x, name in zip(arrays, names, strict=True):
+        if x is None:
+            continue
+        here = _device.device_of(x)
+        if device is None:
+            device, first = here, name
+        elif here != device:
+            raise TypeError(f"{name}: is on {here!r} but {first} is on {device!r}; "
+                            "move them to one device first (numbapos.to_device)")
+    return device or "cpu"
+
+
+def check_matching_table(x, table, table_name: str, x_name: str = "x"):
+    """A 2-D float ``table`` of ``x``'s width (its last dimension) and dtype."""
+    table = check_float_array(table, table_name, ndim=2)
+    if table.shape[1] != x.shape[-1]:
+        raise ValueError(
+            f"{table_name}: has {table.shape[1]} columns but {x_name} has last dimension "
+            f"{x.shape[-1]} ({x_name}.shape={tuple(x.shape)}); they must be equal"
+        )
+    if table.dtype != x.dtype:
+        raise TypeError(
+            f"{table_name}: dtype {table.dtype} differs from {x_name}'s dtype {x.dtype}; "
+            "cast one of them so both match"
+        )
+    return table
+
+
+def check_vector_param(param, name: str, dim: int, dtype, dim_what: str, dtype_what: str):
+    """None, or a 1-D float array of shape ``(dim,)`` and ``dtype`` (LayerNorm weight/bias)."""
+    if param is None:
+        return None
+    check_float_array(param, name, ndim=1)
+    return check_float_like(param, name, (dim,), dtype, dim_what, dtype_what)
+
+
+def check_offset_only(offset, position_ids) -> int:
+    """``offset`` must be 0 when explicit ``position_ids`` are given."""
+    offset = check_int(offset, "offset")
+    if position_ids is not None and offset != 0:
+        raise ValueError(
+            f"offset: got {offset} together with position_ids; pass either an offset "
+            "or explicit position_ids, not both"
+        )
+    return offset
+
+
+def check_update_target(param, name: str = "param"):
+    """A parameter an optimiser writes in place: a float array that is writeable."""
+    param = check_float_array(param, name)
+    if not _device.is_writeable(param):
+        raise ValueError(f"{name}: the parameter of shape {tuple(param.shape)} is read-only")
+    return param
+
+
+def check_sparse_grad(grad, param, name: str = "grad"):
+    """A SparseRows gradient of the 2-D ``param``: its shape, rows unique, sorted, in range.
+
+    The arrays of a SparseRows can be changed after it was made, so they are
+    checked again here, before a kernel writes the rows they name.
+    """
+    if param.ndim != 2:
+        raise ValueError(f"{name}: a SparseRows gradient needs a 2-D parameter, got shape "
+                         f"{tuple(param.shape)}")
+    if tuple(grad.shape) != tuple(param.shape):
+        raise ValueError(f"{name}: SparseRows of shape {tuple(grad.shape)}, expected the "
+                         f"parameter's shape {tuple(param.shape)}")
+    rows = check_index_array(grad.indices, f"{name}.indices")
+    values = check_float_array(grad.values, f"{name}.values", ndim=2)
+    if rows.ndim != 1 or rows.shape[0] != values.shape[0]:
+        raise ValueError(f"{name}: {tuple(rows.shape)} indices for {values.shape[0]} value rows")
+    check_sorted_rows(rows, param.shape[0], f"{name}.indices")
+    return rows, values

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _checks
-from .kernels.cpu import optim as kernels
+from . import _checks, _device
+from .functional import optim as F
 from .nn.parameter import Parameter
 from .sparse import SparseRows
-
-# Stand-in momentum buffer when momentum == 0 (the kernels never touch it then).
-_NO_BUFFER = {np.dtype(np.float32): np.empty((0, 0), np.float32),
-              np.dtype(np.float64): np.empty((0, 0), np.float64)}
 
 
 class SGD:
@@ -35,6 +31,10 @@ class SGD:
     not. This differs from a dense update (which keeps moving every row along
     its momentum) and is what makes a sparse step cost O(rows used), not O(V).
     PyTorch's SGD handles sparse gradients only without momentum or weight decay.
+
+    The state (momentum buffers) lives on the device of its parameter; the
+    updates run there, through :func:`numbapos.functional.sgd_` and
+    :func:`numbapos.functional.sparse_sgd_`.
 
     Parameters
     ----------
@@ -136,63 +136,53 @@ class SGD:
             self._update(param, group)
 
     def _check(self, param: Parameter) -> None:
-        """Validate ``param`` and its gradient for the unchecked update kernels."""
-        data = _checks.check_float_array(param.data, "param.data")
-        if not data.flags.writeable:
-            raise ValueError(f"param.data: the parameter of shape {data.shape} is read-only")
+        """Validate ``param`` and its gradient, before any parameter is updated."""
+        data = _checks.check_update_target(param.data, "param.data")
         buf = self.state.get(id(param), {}).get("momentum_buffer")
-        if buf is not None and (buf.shape != data.shape or buf.dtype != data.dtype):
+        if buf is not None and (tuple(buf.shape) != tuple(data.shape) or buf.dtype != data.dtype
+                                or _device.device_of(buf) != _device.device_of(data)):
             raise ValueError(
-                f"param.data: shape {data.shape} and dtype {data.dtype}, but its momentum "
-                f"buffer was made for shape {buf.shape} and dtype {buf.dtype}; a parameter "
-                "must keep its shape and dtype (create a new SGD after replacing it)"
+                f"param.data: shape {tuple(data.shape)}, dtype {data.dtype} on "
+                f"{_device.device_of(data)!r}, but its momentum buffer was made for shape "
+                f"{tuple(buf.shape)}, dtype {buf.dtype} on {_device.device_of(buf)!r}; a "
+                "parameter must keep its shape, dtype and device (create a new SGD after "
+                "replacing or moving it)"
             )
         grad = param.grad
         if isinstance(grad, SparseRows):
-            if data.ndim != 2:
-                raise ValueError("SGD: a SparseRows gradient needs a 2-D parameter")
-            if grad.shape != data.shape:
-                raise ValueError(f"param.grad: SparseRows of shape {grad.shape}, expected the "
-                                 f"parameter's shape {data.shape}")
-            # The arrays of a SparseRows can be changed after it was checked: check again.
-            _checks.check_sorted_rows(_checks.check_index_array(grad.indices, "param.grad.indices"),
-                                      data.shape[0], "param.grad.indices")
-            _checks.check_float_array(grad.values, "param.grad.values", ndim=2)
+            _checks.check_sparse_grad(grad, data, "param.grad")
         else:
             grad = _checks.check_float_array(grad, "param.grad")
             _checks.check_same_shape(grad, data.shape, "param.grad", "the parameter's shape")
+        _checks.check_same_device((data, grad.values if isinstance(grad, SparseRows) else grad),
+                                  ("param.data", "param.grad"))
 
     def _update(self, param: Parameter, group: dict) -> None:
         data = param.data
-        cast = data.dtype.type
+        options = {name: group[name] for name in self._OPTIONS}
         momentum = group["momentum"]
-        scalars = (cast(group["lr"]), cast(momentum), cast(1.0 - group["dampening"]),
-                   cast(group["weight_decay"]), group["nesterov"], group["maximize"])
         state = self.state.setdefault(id(param), {})
+        device = _device.device_of(data)
         if momentum != 0 and "momentum_buffer" not in state:
-            state["momentum_buffer"] = np.zeros_like(data, order="C")
-            state["row_started"] = np.zeros(data.shape[0] if data.ndim else 1, dtype=np.bool_)
-        buf = state.get("momentum_buffer", _NO_BUFFER[data.dtype])
+            state["momentum_buffer"] = _device.zeros(tuple(data.shape), data.dtype, device)
+            rows = data.shape[0] if data.ndim else 1
+            state["row_started"] = _device.zeros((rows,), np.bool_, device)
+            state["dense_started"] = False
+        buf = state.get("momentum_buffer")
+        started = state.get("row_started")
         grad = param.grad
         if isinstance(grad, SparseRows):
-            started = state.get("row_started", np.zeros(0, dtype=np.bool_))
-            values = np.ascontiguousarray(grad.values, dtype=data.dtype)
-            kernels.sgd_rows_(data, grad.indices, values, buf, started, *scalars)
+            F.sparse_sgd_(data, grad, buf, started, **options)
             return
-        grad = np.ascontiguousarray(grad, dtype=data.dtype)
-        first = momentum != 0 and not state.get("dense_started", False)
-        if first and data.ndim == 2 and state["row_started"].any():
+        if momentum != 0 and not state["dense_started"] and data.ndim == 2 \
+                and _device.to_host(started).any():
             # Earlier sparse steps started some rows' momentum: continue per row.
-            all_rows = np.arange(data.shape[0], dtype=np.int64)
-            kernels.sgd_rows_(data, all_rows, grad, buf, state["row_started"], *scalars)
-            state["dense_started"] = True
-            return
-        flat = data.reshape(-1) if data.flags.c_contiguous else np.ascontiguousarray(data)
-        if flat.size:
-            kernels.sgd_dense_(flat.reshape(-1), grad.reshape(-1), buf.reshape(-1), first,
-                               *scalars)
-        if not data.flags.c_contiguous:
-            np.copyto(data, flat.reshape(data.shape))
+            all_rows = SparseRows(np.arange(data.shape[0], dtype=np.int64),
+                                  grad, data.shape[0])
+            F.sparse_sgd_(data, all_rows, buf, started, **options)
+        else:
+            F.sgd_(data, grad, buf, **options,
+                   first_step=momentum != 0 and not state["dense_started"])
         if momentum != 0:
             state["dense_started"] = True
-            state["row_started"][:] = True
+            state["row_started"] = _device.full(tuple(started.shape), True, np.bool_, device)

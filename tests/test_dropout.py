@@ -1,7 +1,5 @@
 """Dropout: the counter-based hash, functional forward/backward/mask, and nn.Dropout."""
 
-import importlib
-
 import numba
 import numpy as np
 import pytest
@@ -11,16 +9,21 @@ from numba import njit
 
 import numbapos.functional as F
 from numbapos import nn
-from numbapos.kernels.cpu import dropout as kernels
-
-# The attribute numbapos.functional.dropout is the function; this is the module.
-fdropout = importlib.import_module("numbapos.functional.dropout")
+from numbapos._args import DropoutArgs, keep_threshold
+from numbapos.kernels import hash as kernels
+from numbapos.kernels.cpu import arrays as cpu_arrays
+from numbapos.kernels.cpu import dropout as cpu_dropout
 
 
 @njit(cache=False)
 def _bits_range(seed, counter, start, out):
     for i in range(out.size):
         out[i] = kernels.dropout_bits(seed, counter, np.uint64(start + i))
+
+
+@njit(cache=False)
+def _one_bits(seed, counter, index):
+    return kernels.dropout_bits(seed, counter, index)
 
 
 def bits(seed, counter, n, start=0):
@@ -52,7 +55,7 @@ def test_bits_match_reference_at_huge_indices():
     start = 2**64 - 100
     out = np.empty(100, dtype=np.uint32)
     for k in range(100):
-        out[k] = kernels.dropout_bits(np.uint64(9), np.uint64(3), np.uint64(start + k))
+        out[k] = _one_bits(np.uint64(9), np.uint64(3), np.uint64(start + k))
     want = [reference.dropout_bits(9, 3, start + k) for k in range(100)]
     np.testing.assert_array_equal(out, np.array(want, dtype=np.uint32))
 
@@ -82,11 +85,11 @@ def test_bits_uncorrelated_across_neighbours():
 
 
 def test_keep_threshold():
-    assert kernels.keep_threshold(0.0) == 0
-    assert kernels.keep_threshold(0.5) == 2**31
-    assert kernels.keep_threshold(0.25) == 2**30
-    assert kernels.keep_threshold(1.0) == 2**32
-    assert kernels.keep_threshold(1 - 1e-15) == 2**32 - 1
+    assert keep_threshold(0.0) == 0
+    assert keep_threshold(0.5) == 2**31
+    assert keep_threshold(0.25) == 2**30
+    assert keep_threshold(1.0) == 2**32
+    assert keep_threshold(1 - 1e-15) == 2**32 - 1
 
 
 # ----------------------------------------------------------------- functional forward
@@ -155,7 +158,7 @@ def test_masks_of_consecutive_counters_and_seeds_uncorrelated():
 def test_mask_independent_of_thread_count():
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs at least 2 Numba threads")
-    n = 3 * fdropout.PARALLEL_MIN_ELEMENTS + 17
+    n = 3 * cpu_arrays.PARALLEL_MIN_ELEMENTS + 17
     x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     before = numba.get_num_threads()
     try:
@@ -170,30 +173,27 @@ def test_mask_independent_of_thread_count():
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_serial_and_parallel_kernels_agree(dtype):
+def test_serial_and_parallel_kernels_agree(dtype, monkeypatch):
     n = 5000
     x = np.random.default_rng(1).standard_normal(n).astype(dtype)
-    args = (np.uint64(5), np.uint64(6), np.uint64(kernels.keep_threshold(0.3)), 1 / 0.7)
-    serial = np.empty_like(x)
-    parallel = np.empty_like(x)
-    kernels.dropout_forward(x, *args, serial)
-    kernels.dropout_forward_parallel(x, *args, parallel)
-    np.testing.assert_array_equal(serial, parallel)
-    kernels.dropout_backward(x, *args, serial)
-    kernels.dropout_backward_parallel(x, *args, parallel)
-    np.testing.assert_array_equal(serial, parallel)
-    ms = np.empty(n, dtype=np.bool_)
-    mp = np.empty(n, dtype=np.bool_)
-    kernels.dropout_keep_mask(args[0], args[1], args[2], ms)
-    kernels.dropout_keep_mask_parallel(args[0], args[1], args[2], mp)
-    np.testing.assert_array_equal(ms, mp)
+    drop = DropoutArgs.make(0.3, 5, 6)
+    results = []
+    for threshold in (1 << 40, 1):  # serial, then parallel
+        monkeypatch.setattr(cpu_arrays, "PARALLEL_MIN_ELEMENTS", threshold)
+        y = np.empty_like(x)
+        cpu_dropout.dropout_apply(x, drop, y)
+        mask = np.empty(n, dtype=np.bool_)
+        cpu_dropout.dropout_keep_mask(drop, mask)
+        results.append((y, mask))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
 
 
 def test_functional_paths_agree(monkeypatch, rng):
     x = rng.standard_normal((20, 30))
-    monkeypatch.setattr(fdropout, "PARALLEL_MIN_ELEMENTS", 1 << 40)
+    monkeypatch.setattr(cpu_arrays, "PARALLEL_MIN_ELEMENTS", 1 << 40)
     serial = F.dropout(x, 0.5, 1, counter=1), F.dropout_mask(x.shape, 0.5, 1, counter=1)
-    monkeypatch.setattr(fdropout, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(cpu_arrays, "PARALLEL_MIN_ELEMENTS", 1)
     parallel = F.dropout(x, 0.5, 1, counter=1), F.dropout_mask(x.shape, 0.5, 1, counter=1)
     np.testing.assert_array_equal(serial[0], parallel[0])
     np.testing.assert_array_equal(serial[1], parallel[1])
@@ -340,7 +340,7 @@ def test_seed_accepts_numpy_and_large_ints():
 @pytest.mark.parametrize("x,match", [
     (np.ones(4, dtype=np.int64), "x: expected dtype float32 or float64, got int64"),
     (np.ones(4, dtype=np.float16), "x: expected dtype float32 or float64, got float16"),
-    ([1.0, 2.0], "x: expected a NumPy array of float32 or float64, got list"),
+    ([1.0, 2.0], "x: expected a NumPy or CUDA array of float32 or float64, got list"),
 ])
 def test_bad_x(x, match):
     with pytest.raises(TypeError, match=match):
@@ -358,7 +358,7 @@ def test_bad_out_leaves_inputs_unchanged():
         F.dropout(x, 0.5, 1, out=x.reshape(4, 3).reshape(3, 4))
     with pytest.raises(ValueError, match="out: expected a C-contiguous"):
         F.dropout(x, 0.5, 1, out=np.empty((4, 3)).T)
-    with pytest.raises(TypeError, match="out: expected a NumPy array"):
+    with pytest.raises(TypeError, match="out: expected a NumPy or CUDA array"):
         F.dropout(x, 0.5, 1, out=[0.0])
     np.testing.assert_array_equal(x, keep)
 

@@ -175,7 +175,7 @@ def test_sparse_rows_merge_and_validation():
     (np.array([1.0]), np.ones((1, 2)), 6, TypeError, "indices: expected integer"),
     (np.array([[1]]), np.ones((1, 2)), 6, ValueError, "indices: expected a 1-D"),
     (np.array([1]), np.ones((1, 2), np.int64), 6, TypeError, "values: expected dtype"),
-    (np.array([1]), [[1.0, 2.0]], 6, TypeError, "values: expected a NumPy array"),
+    (np.array([1]), [[1.0, 2.0]], 6, TypeError, "values: expected a NumPy or CUDA array"),
     (np.array([1]), np.ones((1, 2)), -6, ValueError, "num_rows"),
 ])
 def test_sparse_rows_rejects_rows_an_optimiser_would_write_out_of_bounds(indices, values,

@@ -6,10 +6,9 @@ import pytest
 import reference
 from conftest import FLOAT_DTYPES
 
+from numbapos import _args, nn
 from numbapos import functional as F
-from numbapos import nn
-from numbapos.functional import normalization as FN
-from numbapos.kernels.cpu import normalization as K
+from numbapos.kernels.cpu import arrays as cpu_arrays
 
 SHAPES = [(5,), (3, 7), (2, 3, 16), (64, 600)]  # the last one takes the parallel kernels
 
@@ -125,9 +124,10 @@ def test_gradients_match_finite_differences(rng, shape):
 
 
 def test_chunking_depends_only_on_rows():
-    assert FN.chunk_rows(1) == FN.MIN_CHUNK_ROWS
-    assert FN.chunk_rows(4096) == FN.MIN_CHUNK_ROWS
-    assert -(-100_000 // FN.chunk_rows(100_000)) <= FN.MAX_CHUNKS
+    assert _args.chunk_rows(1) == _args.MIN_CHUNK_ROWS
+    assert _args.chunk_rows(4096) == _args.MIN_CHUNK_ROWS
+    assert -(-100_000 // _args.chunk_rows(100_000)) <= _args.MAX_CHUNKS
+    assert _args.num_chunks(100_000) <= _args.MAX_CHUNKS
 
 
 def _threads():
@@ -151,22 +151,15 @@ def test_deterministic_for_any_thread_count(rng):
         np.testing.assert_array_equal(first, second)
 
 
-def test_serial_and_parallel_kernels_agree_bitwise(rng):
+def test_serial_and_parallel_kernels_agree_bitwise(rng, monkeypatch):
     x = rng.standard_normal((40, 33)).astype(np.float32)
     gy = rng.standard_normal((40, 33)).astype(np.float32)
     w, b = _affine(rng, 33, np.float32)
     outs = []
-    for fwd, bwd in ((K.layer_norm_rows, K.layer_norm_backward_chunks),
-                     (K.layer_norm_rows_parallel, K.layer_norm_backward_chunks_parallel)):
-        y = np.empty_like(x)
-        mean = np.empty(40, np.float32)
-        rstd = np.empty(40, np.float32)
-        fwd(x, w, b, 1e-5, y, mean, rstd)
-        gx = np.empty_like(x)
-        pw = np.zeros((3, 33), np.float32)
-        pb = np.zeros((3, 33), np.float32)
-        bwd(gy, x, mean, rstd, w, True, True, 16, gx, pw, pb)
-        outs.append((y, mean, rstd, gx, pw, pb))
+    for threshold in (1 << 40, 1):  # serial, then parallel kernels
+        monkeypatch.setattr(cpu_arrays, "PARALLEL_MIN_ELEMENTS", threshold)
+        y, mean, rstd = F.layer_norm_forward(x, w, b)
+        outs.append((y, mean, rstd, *F.layer_norm_backward(gy, x, mean, rstd, w, b)))
     for first, second in zip(*outs, strict=True):
         np.testing.assert_array_equal(first, second)
 
@@ -177,7 +170,7 @@ def test_serial_and_parallel_kernels_agree_bitwise(rng):
 def test_forward_errors(rng):
     x = rng.standard_normal((2, 4)).astype(np.float32)
     w = np.ones(4, np.float32)
-    with pytest.raises(TypeError, match="x: expected a NumPy array"):
+    with pytest.raises(TypeError, match="x: expected a NumPy or CUDA array"):
         F.layer_norm([[1.0, 2.0]])
     with pytest.raises(TypeError, match="x: expected dtype float32 or float64, got int64"):
         F.layer_norm(np.ones((2, 3), dtype=np.int64))

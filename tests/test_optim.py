@@ -167,7 +167,7 @@ def test_step_checks_gradients_before_any_update():
     cases = [
         (np.ones(3), ValueError, r"param.grad: expected shape \(4, 3\)"),
         (np.ones((4, 3), np.int64), TypeError, "param.grad: expected dtype float32 or float64"),
-        ([[1.0] * 3] * 4, TypeError, "param.grad: expected a NumPy array"),
+        ([[1.0] * 3] * 4, TypeError, "param.grad: expected a NumPy or CUDA array"),
         (SparseRows(np.array([1]), np.ones((1, 1)), 4), ValueError, "SparseRows of shape"),
         (SparseRows(np.array([1]), np.ones((1, 3)), 5), ValueError, "SparseRows of shape"),
     ]

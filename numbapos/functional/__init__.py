@@ -1,10 +1,16 @@
-"""Stateless ops, forward and backward: validate the inputs, allocate, run a kernel.
+"""Stateless ops, forward and backward: validate the inputs, then run the launchers.
 
-``functional`` is the only layer that knows both the checks and the kernels;
-modules in :mod:`numbapos.nn` are thin owners of parameters over these ops.
+Every op takes NumPy or CUDA arrays and runs where they live: it validates
+(through :mod:`numbapos._checks`, on metadata), asks
+:func:`numbapos._device.backend` for the kernel namespace of that device and
+calls its launchers. Modules in :mod:`numbapos.nn` are thin owners of
+parameters over these ops, and :mod:`numbapos.optim` updates through them.
 """
 
 from .blocks import (
+    BertEmbeddingsGrads,
+    GPT2EmbeddingsGrads,
+    TableOptions,
     bert_embeddings,
     bert_embeddings_backward,
     bert_embeddings_forward,
@@ -15,6 +21,7 @@ from .blocks import (
 from .dropout import dropout, dropout_backward, dropout_mask
 from .embedding import embedding, embedding_backward, embedding_renorm_, padding_mask
 from .normalization import layer_norm, layer_norm_backward, layer_norm_forward
+from .optim import sgd_, sparse_sgd_
 from .positional import (
     add_positional,
     add_positional_backward,
@@ -25,6 +32,9 @@ from .positional import (
 )
 
 __all__ = [
+    "BertEmbeddingsGrads",
+    "GPT2EmbeddingsGrads",
+    "TableOptions",
     "add_positional",
     "add_positional_backward",
     "bert_embeddings",
@@ -46,5 +56,7 @@ __all__ = [
     "positional_mult_add_backward",
     "positions_from_attention_mask",
     "positions_from_padding",
+    "sgd_",
     "sinusoidal_pos_embedding",
+    "sparse_sgd_",
 ]

@@ -1,7 +1,7 @@
 """The BERT and GPT-2 embedding blocks as fused ops, forward and backward.
 
 BERT: ``Dropout(LayerNorm(word[ids] + position[pos] + token_type[types]))``;
-GPT-2: ``Dropout(wte[ids] + wpe[pos])``. One Numba kernel per block gathers
+GPT-2: ``Dropout(wte[ids] + wpe[pos])``. One kernel per block gathers
 the rows, sums them, normalises (BERT) and applies dropout, token by token, so
 the output is written once and nothing else of size ``(N, L, D)`` is stored
 for the backward pass: BERT's backward recomputes the row sum from the tables
@@ -21,14 +21,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _checks
-from ..kernels.cpu import blocks as kernels
-from ..kernels.cpu.dropout import keep_threshold
-from .dropout import dropout_backward
-from .embedding import embedding_backward
-from .normalization import check_eps, chunk_rows
-
-# Below this many output elements a parallel launch costs more than it saves.
-PARALLEL_MIN_ELEMENTS = 1 << 15
+from .._args import BertIds, BertTables, DropoutArgs
+from ._common import backend_for, check_range, flatten, on_backend
+from .embedding import _scatter
 
 # Token-type tables up to this many rows get their gradient summed inside the
 # fused backward kernel (per-chunk partial tables); larger ones are scattered
@@ -42,8 +37,8 @@ class BertEmbeddingsGrads(NamedTuple):
     word_embeddings: object
     position_embeddings: object
     token_type_embeddings: object
-    ln_weight: np.ndarray | None
-    ln_bias: np.ndarray | None
+    ln_weight: object
+    ln_bias: object
 
 
 class GPT2EmbeddingsGrads(NamedTuple):
@@ -54,11 +49,17 @@ class GPT2EmbeddingsGrads(NamedTuple):
 
 
 class TableOptions(NamedTuple):
-    """How a table's gradient is scattered (the settings of its ``nn.Embedding``)."""
+    """The settings of one table of a block (those of its ``nn.Embedding``).
+
+    ``max_norm`` / ``norm_type`` clip looked-up rows in the forward pass;
+    ``padding_idx``, ``scale_grad_by_freq`` and ``sparse`` shape its gradient.
+    """
 
     padding_idx: int | None = None
     scale_grad_by_freq: bool = False
     sparse: bool = False
+    max_norm: float | None = None
+    norm_type: float = 2.0
 
 
 PLAIN = TableOptions()
@@ -67,29 +68,94 @@ PLAIN = TableOptions()
 # ------------------------------------------------------------------ validation
 
 
-def check_ids(input_ids, size: int, name: str = "input_ids", size_name: str = "vocab_size"):
-    """``input_ids`` of shape (N, L) or (L,), each in ``[0, size)``: (ids, flat int64 copy-free)."""
-    ids = _checks.check_index_array(input_ids, name)
+def _check_options(options, row_counts, names):
+    """One checked TableOptions per table (padding_idx wrapped by its row count)."""
+    if options is None:
+        return (PLAIN,) * len(row_counts)
+    if not isinstance(options, (tuple, list)) or len(options) != len(row_counts):
+        raise TypeError(f"table_options: expected a tuple of {len(row_counts)} TableOptions "
+                        f"({', '.join(names)}), got {_checks._quote(options)}")
+    checked = []
+    for opts, rows, name in zip(options, row_counts, names, strict=True):
+        if not isinstance(opts, TableOptions):
+            raise TypeError(f"table_options: expected TableOptions for {name}, got "
+                            f"{type(opts).__name__}")
+        padding_idx = _checks.check_padding_idx(opts.padding_idx, rows,
+                                                 f"table_options ({name}): padding_idx")
+        max_norm, norm_type = _checks.check_max_norm(opts.max_norm, opts.norm_type)
+        checked.append(TableOptions(padding_idx, bool(opts.scale_grad_by_freq),
+                                    bool(opts.sparse), max_norm, norm_type))
+    return tuple(checked)
+
+
+def _check_mask(output_mask, count, names):
+    if output_mask is None:
+        return (True,) * count
+    if not isinstance(output_mask, (tuple, list)) or len(output_mask) != count:
+        raise TypeError(f"output_mask: expected a tuple of {count} bools ({', '.join(names)}), "
+                        f"got {_checks._quote(output_mask)}")
+    return tuple(bool(flag) for flag in output_mask)
+
+
+def _check_tables(tables, names):
+    """Same dtype and same D for every table (float, 2-D, one device)."""
+    tables = [_checks.check_weight(t, n) for t, n in zip(tables, names, strict=True)]
+    first = tables[0]
+    for table, name in zip(tables[1:], names[1:], strict=True):
+        if table.dtype != first.dtype:
+            raise TypeError(f"{name}: expected dtype {first.dtype} (that of {names[0]}), "
+                            f"got {table.dtype}")
+        if table.shape[1] != first.shape[1]:
+            raise ValueError(f"{name}: expected {first.shape[1]} columns (the hidden size of "
+                             f"{names[0]}), got shape {tuple(table.shape)}")
+    return tables
+
+
+def _bert_tables(word, position, token_type, ln_weight, ln_bias):
+    names = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+    word, position, token_type = _check_tables((word, position, token_type), names)
+    dim = word.shape[1]
+    if dim == 0:
+        raise ValueError(f"word_embeddings: expected a hidden size >= 1 (LayerNorm normalises "
+                         f"over it), got shape {tuple(word.shape)}")
+    ln_weight = _checks.check_vector_param(ln_weight, "ln_weight", dim, word.dtype,
+                                           "the hidden size", "that of the tables")
+    ln_bias = _checks.check_vector_param(ln_bias, "ln_bias", dim, word.dtype,
+                                         "the hidden size", "that of the tables")
+    return BertTables(word, position, token_type, ln_weight, ln_bias)
+
+
+def _check_dropout(p, seed, training, counter) -> DropoutArgs:
+    p, seed, counter = _checks.check_dropout_args(p, seed, counter)
+    return DropoutArgs.make(p, seed, counter, active=bool(training))
+
+
+def _flat_ids(K, input_ids, size, name="input_ids", size_name="vocab_size"):
+    """``input_ids`` of shape (N, L) or (L,), each in ``[0, size)``: (shape, flat int64)."""
+    ids = on_backend(K, input_ids, name)
     if ids.ndim not in (1, 2):
-        raise ValueError(f"{name}: expected shape (N, L) or (L,), got {ids.shape}")
-    flat = np.ascontiguousarray(ids).reshape(-1).astype(np.int64, copy=False)
-    _checks.check_index_range(flat, size, name, size_name)
-    return ids, flat
+        raise ValueError(f"{name}: expected shape (N, L) or (L,), got {tuple(ids.shape)}")
+    flat = K.contiguous(flatten(K, ids), np.int64)
+    check_range(K, flat, size, name, size_name)
+    return tuple(ids.shape), flat
 
 
-def _broadcast_ids(values, name, shape):
-    """An id array of ``shape``, or of shape (L,) / (1, L) broadcast over the batch."""
-    arr = _checks.check_index_array(values, name)
+def _broadcast_ids(K, values, name, shape):
+    """Flat int64 ids of ``shape``, from ``shape`` or (L,) / (1, L) broadcast over the batch."""
+    arr = on_backend(K, values, name)
     length = shape[-1]
     allowed = {tuple(shape), (length,)} | ({(1, length)} if len(shape) == 2 else set())
-    if arr.shape not in allowed:
+    if tuple(arr.shape) not in allowed:
         want = " or ".join(str(s) for s in sorted(allowed, key=len, reverse=True))
-        raise ValueError(f"{name}: expected shape {want} (matching input_ids), got {arr.shape}")
-    full = np.broadcast_to(arr, shape)
-    return np.ascontiguousarray(full).reshape(-1).astype(np.int64, copy=False)
+        raise ValueError(f"{name}: expected shape {want} (matching input_ids), got "
+                         f"{tuple(arr.shape)}")
+    if tuple(arr.shape) == tuple(shape):
+        return K.contiguous(flatten(K, arr), np.int64)
+    full = np.broadcast_to(K.to_host(arr).reshape(length), shape)  # ids are small
+    return K.asarray(np.ascontiguousarray(full, dtype=np.int64).reshape(-1))
 
 
-def default_positions(shape, past_length, max_positions, size_name):
+def _default_positions(K, shape, past_length, max_positions, size_name):
     """Flat positions ``past_length .. past_length + L - 1`` repeated over the batch."""
     length = shape[-1]
     if past_length + length > max_positions:
@@ -98,13 +164,13 @@ def default_positions(shape, past_length, max_positions, size_name):
             f"{size_name}={max_positions}: positions must stay below {max_positions}"
         )
     batch = shape[0] if len(shape) == 2 else 1
-    return np.tile(np.arange(past_length, past_length + length, dtype=np.int64), batch)
+    return K.asarray(np.tile(np.arange(past_length, past_length + length, dtype=np.int64),
+                             batch))
 
 
-def explicit_positions(position_ids, shape, max_positions, size_name):
-    """Flat ``position_ids`` (shape of the ids, or (L,) / (1, L)), each in range."""
-    flat = _broadcast_ids(position_ids, "position_ids", shape)
-    _checks.check_index_range(flat, max_positions, "position_ids", size_name)
+def _explicit_positions(K, position_ids, shape, max_positions, size_name):
+    flat = _broadcast_ids(K, position_ids, "position_ids", shape)
+    check_range(K, flat, max_positions, "position_ids", size_name)
     return flat
 
 
@@ -168,7 +234,7 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
     return np.ascontiguousarray(positions[..., total - length:])
 
 
-def _mask_positions(attention_mask, shape, past_length, max_positions, size_name):
+def _mask_positions(K, attention_mask, shape, past_length, max_positions, size_name):
     mask = _checks.check_attention_mask(attention_mask)
     length = shape[-1]
     expected = shape[:-1] + (past_length + length,)
@@ -183,203 +249,79 @@ def _mask_positions(attention_mask, shape, past_length, max_positions, size_name
             f"attention_mask: gives position {int(positions.max())}, but {size_name}="
             f"{max_positions}: positions must stay below {max_positions}"
         )
-    return positions
+    return K.asarray(positions)
 
 
-def check_dropout(p, seed, training, counter):
-    """``(active, p, seed, counter)``; dropout is active when training with p > 0."""
-    p = _checks.check_unit_interval(p, "p")
-    seed = _checks.check_uint64(seed, "seed")
-    counter = _checks.check_uint64(counter, "counter")
-    return bool(training) and p > 0.0, p, seed, counter
-
-
-def _dropout_args(drop):
-    active, p, seed, counter = drop
-    if not active:
-        return np.uint64(0), np.uint64(0), np.uint64(0), 1.0, False
-    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-    return np.uint64(seed), np.uint64(counter), np.uint64(keep_threshold(p)), scale, True
-
-
-def _table(weight, name):
-    weight = _checks.check_weight(weight, name)
-    return np.ascontiguousarray(weight)
-
-
-def _check_tables(tables, names):
-    """Same dtype and same D for every table; returns the contiguous tables."""
-    tables = [_table(t, n) for t, n in zip(tables, names, strict=True)]
-    first = tables[0]
-    for table, name in zip(tables[1:], names[1:], strict=True):
-        if table.dtype != first.dtype:
-            raise TypeError(f"{name}: expected dtype {first.dtype} (that of {names[0]}), "
-                            f"got {table.dtype}")
-        if table.shape[1] != first.shape[1]:
-            raise ValueError(f"{name}: expected {first.shape[1]} columns (the hidden size of "
-                             f"{names[0]}), got shape {table.shape}")
-    return tables
-
-
-def _check_ln_param(param, name, dim, dtype):
-    if param is None:
-        return None
-    _checks.check_float_array(param, name, ndim=1)
-    param = _checks.check_float_like(param, name, (dim,), dtype, "the hidden size",
-                                     "that of the tables")
-    return np.ascontiguousarray(param)
-
-
-class BertInputs(NamedTuple):
-    """Validated, flattened inputs of the BERT block (all int64, length T)."""
-
-    shape: tuple
-    word_ids: np.ndarray
-    pos_ids: np.ndarray
-    type_ids: np.ndarray
-
-
-def bert_inputs(input_ids, token_type_ids, position_ids, past_length, vocab_size,
-                max_position_embeddings, type_vocab_size) -> BertInputs:
-    """Validate the index inputs of the BERT block (see :func:`bert_embeddings_forward`)."""
+def _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables):
+    """Validated flat ids of the BERT block: (shape, BertIds)."""
     past_length = _checks.check_int(past_length, "past_length", minimum=0)
-    ids, word_ids = check_ids(input_ids, vocab_size)
-    shape = ids.shape
+    shape, word = _flat_ids(K, input_ids, tables.word.shape[0])
+    type_rows = tables.token_type.shape[0]
     if token_type_ids is None:
-        if type_vocab_size == 0 and word_ids.size:
+        if type_rows == 0 and word.size:
             raise IndexError(
                 "token_type_ids: the default token type 0 is out of range for "
                 "type_vocab_size=0; the token-type table needs at least one row"
             )
-        type_ids = np.zeros(word_ids.size, dtype=np.int64)
+        types = K.zeros((word.size,), np.int64)
     else:
-        type_ids = _broadcast_ids(token_type_ids, "token_type_ids", shape)
-        _checks.check_index_range(type_ids, type_vocab_size, "token_type_ids",
-                                  "type_vocab_size")
+        types = _broadcast_ids(K, token_type_ids, "token_type_ids", shape)
+        check_range(K, types, type_rows, "token_type_ids", "type_vocab_size")
+    rows = tables.position.shape[0]
     if position_ids is None:
-        pos_ids = default_positions(shape, past_length, max_position_embeddings,
-                                    "max_position_embeddings")
+        pos = _default_positions(K, shape, past_length, rows, "max_position_embeddings")
     else:
-        pos_ids = explicit_positions(position_ids, shape, max_position_embeddings,
-                                     "max_position_embeddings")
-    return BertInputs(shape, word_ids, pos_ids, type_ids)
+        pos = _explicit_positions(K, position_ids, shape, rows, "max_position_embeddings")
+    return shape, BertIds(word, pos, types)
 
 
-def gpt2_inputs(input_ids, past_length, position_ids, attention_mask, vocab_size, n_positions):
-    """Validate the index inputs of the GPT-2 block: (shape, flat ids, flat positions)."""
+def _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask, vocab_size,
+              n_positions):
+    """Validated flat ids of the GPT-2 block: (shape, ids, positions)."""
     past_length = _checks.check_int(past_length, "past_length", minimum=0)
-    ids, flat = check_ids(input_ids, vocab_size)
-    shape = ids.shape
+    shape, flat = _flat_ids(K, input_ids, vocab_size)
     if position_ids is not None:
-        pos = explicit_positions(position_ids, shape, n_positions, "n_positions")
+        pos = _explicit_positions(K, position_ids, shape, n_positions, "n_positions")
     elif attention_mask is not None:
-        pos = _mask_positions(attention_mask, shape, past_length, n_positions, "n_positions")
+        pos = _mask_positions(K, attention_mask, shape, past_length, n_positions, "n_positions")
     else:
-        pos = default_positions(shape, past_length, n_positions, "n_positions")
+        pos = _default_positions(K, shape, past_length, n_positions, "n_positions")
     return shape, flat, pos
+
+
+def _check_grad(grad_output, shape, dtype, name="grad_output"):
+    """A float array (gradient or statistic) of exactly ``shape`` and ``dtype``."""
+    what = "input_ids.shape + (hidden size,)" if name == "grad_output" else "input_ids.shape"
+    return _checks.check_float_like(grad_output, name, shape, dtype, what, "that of the tables")
+
+
+def _clip_tables(K, tables, flats, options, names):
+    """Clip the looked-up rows of every table with ``max_norm``, after checking that each
+    such table is writeable (so nothing is clipped when one is not)."""
+    for table, opts, name in zip(tables, options, names, strict=True):
+        if opts.max_norm is not None:
+            _checks.check_writeable(table, name, "its max_norm clips looked-up rows in place")
+    for table, flat, opts in zip(tables, flats, options, strict=True):
+        if opts.max_norm is not None and flat.size:
+            K.renorm_used_rows_(table, flat, opts.max_norm, opts.norm_type)
+
+
+def _result(K, out, shape, dtype, avoid):
+    if out is None:
+        return K.empty(shape, dtype)
+    return _checks.check_out(out, shape, dtype, avoid=avoid)
 
 
 # ------------------------------------------------------------------ BERT
 
-
-def bert_forward(inputs: BertInputs, word, position, token_type, ln_weight, ln_bias, eps, drop,
-                 out=None):
-    """Run the fused BERT kernel on validated inputs; returns (y, mean, rstd)."""
-    dim = word.shape[1]
-    dtype = word.dtype
-    shape = inputs.shape + (dim,)
-    y = np.empty(shape, dtype=dtype) if out is None else out
-    mean = np.empty(inputs.shape, dtype=dtype)
-    rstd = np.empty(inputs.shape, dtype=dtype)
-    num_tokens = inputs.word_ids.size
-    if num_tokens == 0:
-        return y, mean, rstd
-    gamma = np.ones(dim, dtype) if ln_weight is None else ln_weight
-    beta = np.zeros(dim, dtype) if ln_bias is None else ln_bias
-    seed, counter, threshold, scale, use_dropout = _dropout_args(drop)
-    kernel = (kernels.bert_forward_parallel if num_tokens * dim >= PARALLEL_MIN_ELEMENTS
-              else kernels.bert_forward)
-    kernel(inputs.word_ids, inputs.pos_ids, inputs.type_ids, word, position, token_type, gamma,
-           beta, eps, seed, counter, threshold, scale, use_dropout, y.reshape(num_tokens, dim),
-           mean.reshape(-1), rstd.reshape(-1))
-    return y, mean, rstd
-
-
-def bert_backward(grad_output, inputs: BertInputs, word, position, token_type, ln_weight, mean,
-                  rstd, drop, want=(True, True, True, True, True),
-                  options=(PLAIN, PLAIN, PLAIN)) -> BertEmbeddingsGrads:
-    """Backward of :func:`bert_forward` on validated inputs.
-
-    ``want`` flags (word, position, token_type, ln_weight, ln_bias) pick the
-    gradients to compute; ``options`` are the scatter settings of the three
-    tables.
-    """
-    want_word, want_pos, want_type, want_w, want_b = (bool(f) for f in want)
-    dim = word.shape[1]
-    dtype = word.dtype
-    num_tokens = inputs.word_ids.size
-    type_opts = options[2]
-    fuse_type = (want_type and token_type.shape[0] <= FUSED_TYPE_GRAD_MAX_ROWS
-                 and type_opts == PLAIN)
-    chunk = chunk_rows(num_tokens)
-    n_chunks = max(1, -(-num_tokens // chunk))
-    part_w = np.zeros((n_chunks, dim if want_w else 0), dtype=dtype)
-    part_b = np.zeros((n_chunks, dim if want_b else 0), dtype=dtype)
-    part_t = (np.zeros((n_chunks,) + token_type.shape, dtype=dtype) if fuse_type
-              else np.zeros((1, 0, 0), dtype=dtype))
-    grad_sum = np.empty((num_tokens, dim), dtype=dtype)
-    if num_tokens:
-        gamma = np.ones(dim, dtype) if ln_weight is None else ln_weight
-        seed, counter, threshold, scale, use_dropout = _dropout_args(drop)
-        kernel = (kernels.bert_backward_parallel if num_tokens * dim >= PARALLEL_MIN_ELEMENTS
-                  else kernels.bert_backward)
-        kernel(np.ascontiguousarray(grad_output).reshape(num_tokens, dim), inputs.word_ids,
-               inputs.pos_ids, inputs.type_ids, word, position, token_type, gamma,
-               np.ascontiguousarray(mean).reshape(-1), np.ascontiguousarray(rstd).reshape(-1),
-               seed, counter, threshold, scale, use_dropout, want_w, want_b, fuse_type, chunk,
-               grad_sum, part_w, part_b, part_t)
-
-    def scatter(flat, table, opts):
-        return embedding_backward(grad_sum, flat, table.shape[0], padding_idx=opts.padding_idx,
-                                  scale_grad_by_freq=opts.scale_grad_by_freq, sparse=opts.sparse)
-
-    grad_word = scatter(inputs.word_ids, word, options[0]) if want_word else None
-    grad_pos = scatter(inputs.pos_ids, position, options[1]) if want_pos else None
-    if fuse_type:
-        grad_type = np.empty(token_type.shape, dtype=dtype)
-        kernels.sum_partial_tables(part_t, grad_type)
-    else:
-        grad_type = scatter(inputs.type_ids, token_type, type_opts) if want_type else None
-    grad_w = _sum_chunks(part_w) if want_w else None
-    grad_b = _sum_chunks(part_b) if want_b else None
-    return BertEmbeddingsGrads(grad_word, grad_pos, grad_type, grad_w, grad_b)
-
-
-def _sum_chunks(part):
-    out = np.empty(part.shape[1], dtype=part.dtype)
-    kernels.sum_partial_tables(part.reshape(part.shape[0], 1, part.shape[1]),
-                               out.reshape(1, -1))
-    return out
-
-
-def _bert_tables(word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
-                 ln_bias):
-    word, position, token_type = _check_tables(
-        (word_embeddings, position_embeddings, token_type_embeddings),
-        ("word_embeddings", "position_embeddings", "token_type_embeddings"))
-    dim = word.shape[1]
-    if dim == 0:
-        raise ValueError(f"word_embeddings: expected a hidden size >= 1 (LayerNorm normalises "
-                         f"over it), got shape {word.shape}")
-    ln_weight = _check_ln_param(ln_weight, "ln_weight", dim, word.dtype)
-    ln_bias = _check_ln_param(ln_bias, "ln_bias", dim, word.dtype)
-    return word, position, token_type, ln_weight, ln_bias
+_BERT_NAMES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
 
 
 def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
                             token_type_embeddings, ln_weight=None, ln_bias=None, *,
                             token_type_ids=None, position_ids=None, past_length=0, eps=1e-12,
-                            p=0.0, seed=0, training=True, counter=0, out=None):
+                            p=0.0, seed=0, training=True, counter=0, out=None,
+                            table_options=None):
     """BERT's embedding block, fused; also returns the LayerNorm statistics.
 
     ``Dropout(LayerNorm(word[input_ids] + position[position_ids] +
@@ -416,6 +358,11 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
         False disables dropout.
     out : ndarray, optional
         C-contiguous buffer of shape ``input_ids.shape + (D,)`` for ``y``.
+    table_options : tuple of three TableOptions, optional
+        Per table (word, position, token type): ``max_norm`` / ``norm_type``
+        clip the rows looked up, in place, before the sum (as
+        :func:`numbapos.functional.embedding`); the gradient options are used
+        by the backward call. Default: no clipping.
 
     Returns
     -------
@@ -437,17 +384,23 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
         An id, token type or position outside its table, named with the valid
         range. Nothing runs and nothing is modified when any error is raised.
     """
-    word, position, token_type, ln_weight, ln_bias = _bert_tables(
-        word_embeddings, position_embeddings, token_type_embeddings, ln_weight, ln_bias)
-    eps = check_eps(eps)
-    drop = check_dropout(p, seed, training, counter)
-    inputs = bert_inputs(input_ids, token_type_ids, position_ids, past_length, word.shape[0],
-                         position.shape[0], token_type.shape[0])
-    if out is not None:
-        _checks.check_out(out, inputs.shape + (word.shape[1],), word.dtype,
-                          avoid=(word, position, token_type, ln_weight, ln_bias,
-                                 inputs.word_ids, inputs.pos_ids, inputs.type_ids))
-    return bert_forward(inputs, word, position, token_type, ln_weight, ln_bias, eps, drop, out)
+    tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
+                          ln_weight, ln_bias)
+    K = backend_for(tables + (out,), _BERT_NAMES + ("ln_weight", "ln_bias", "out"))
+    eps = _checks.check_eps(eps)
+    drop = _check_dropout(p, seed, training, counter)
+    options = _check_options(table_options, [t.shape[0] for t in tables[:3]], _BERT_NAMES)
+    shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables)
+    dim, dtype = tables.word.shape[1], tables.word.dtype
+    y = _result(K, out, shape + (dim,), dtype, avoid=tuple(tables) + tuple(ids))
+    _clip_tables(K, tables[:3], ids, options, _BERT_NAMES)
+    mean = K.empty(shape, dtype)
+    rstd = K.empty(shape, dtype)
+    kernel_tables = BertTables(*(None if t is None else K.contiguous(t) for t in tables))
+    num_tokens = ids.word.size
+    K.bert_forward(ids, kernel_tables, eps, drop, y.reshape(num_tokens, dim),
+                   mean.reshape(num_tokens), rstd.reshape(num_tokens))
+    return y, mean, rstd
 
 
 def bert_embeddings(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
@@ -468,7 +421,8 @@ def bert_embeddings(input_ids, word_embeddings, position_embeddings, token_type_
 def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_embeddings,
                              token_type_embeddings, mean, rstd, ln_weight=None, ln_bias=None, *,
                              token_type_ids=None, position_ids=None, past_length=0, p=0.0,
-                             seed=0, training=True, counter=0, padding_idx=None, sparse=False):
+                             seed=0, training=True, counter=0, padding_idx=None, sparse=False,
+                             table_options=None, output_mask=None):
     """Gradients of :func:`bert_embeddings_forward` wrt the three tables and the LayerNorm.
 
     Pass the arguments of the forward call (the tables unchanged since) and
@@ -492,6 +446,14 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
         Word id that receives no gradient (BERT's ``pad_token_id``).
     sparse : bool, default False
         Return the word table gradient as :class:`~numbapos.sparse.SparseRows`.
+    table_options : tuple of three TableOptions, optional
+        Per table (word, position, token type): ``padding_idx``,
+        ``scale_grad_by_freq`` and ``sparse`` of its gradient, as for
+        :func:`numbapos.functional.embedding_backward`. When given,
+        ``padding_idx`` and ``sparse`` must be left at their defaults.
+    output_mask : tuple of five bools, optional
+        Which gradients to compute (word, position, token type, ln_weight,
+        ln_bias); the others come back as None. Default: all that exist.
 
     Returns
     -------
@@ -505,64 +467,57 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
         As for the forward call; also ``grad_output`` / ``mean`` / ``rstd`` of
         the wrong shape or dtype and a ``padding_idx`` outside the vocabulary.
     """
-    word, position, token_type, ln_weight, ln_bias = _bert_tables(
-        word_embeddings, position_embeddings, token_type_embeddings, ln_weight, ln_bias)
-    drop = check_dropout(p, seed, training, counter)
-    inputs = bert_inputs(input_ids, token_type_ids, position_ids, past_length, word.shape[0],
-                         position.shape[0], token_type.shape[0])
-    padding_idx = _checks.check_padding_idx(padding_idx, word.shape[0])
-    check_grad(grad_output, inputs.shape + (word.shape[1],), word.dtype)
-    mean = check_grad(mean, inputs.shape, word.dtype, "mean")
-    rstd = check_grad(rstd, inputs.shape, word.dtype, "rstd")
-    want = (True, True, True, ln_weight is not None, ln_weight is not None or ln_bias is not None)
-    options = (TableOptions(padding_idx, False, bool(sparse)), PLAIN, PLAIN)
-    return bert_backward(grad_output, inputs, word, position, token_type, ln_weight, mean, rstd,
-                         drop, want, options)
+    tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
+                          ln_weight, ln_bias)
+    K = backend_for(tables + (grad_output, mean, rstd),
+                    _BERT_NAMES + ("ln_weight", "ln_bias", "grad_output", "mean", "rstd"))
+    drop = _check_dropout(p, seed, training, counter)
+    shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables)
+    if table_options is None:
+        padding_idx = _checks.check_padding_idx(padding_idx, tables.word.shape[0])
+        table_options = (TableOptions(padding_idx, sparse=bool(sparse)), PLAIN, PLAIN)
+    elif padding_idx is not None or sparse:
+        raise ValueError("padding_idx / sparse: give them inside table_options, not beside it")
+    options = _check_options(table_options, [t.shape[0] for t in tables[:3]], _BERT_NAMES)
+    mask = _check_mask(output_mask, 5, _BERT_NAMES + ("ln_weight", "ln_bias"))
+    dim, dtype = tables.word.shape[1], tables.word.dtype
+    grad_output = _check_grad(grad_output, shape + (dim,), dtype)
+    mean = _check_grad(mean, shape, dtype, "mean")
+    rstd = _check_grad(rstd, shape, dtype, "rstd")
+    want_w = mask[3] and tables.gamma is not None
+    want_b = mask[4] and (tables.gamma is not None or tables.beta is not None)
+    type_opts = options[2]
+    fuse_type = (mask[2] and tables.token_type.shape[0] <= FUSED_TYPE_GRAD_MAX_ROWS
+                 and type_opts[:3] == PLAIN[:3])
+    num_tokens = ids.word.size
+    grad_sum = K.empty((num_tokens, dim), dtype)
+    grad_w = K.empty((dim,), dtype) if want_w else None
+    grad_b = K.empty((dim,), dtype) if want_b else None
+    grad_type = K.empty(tuple(tables.token_type.shape), dtype) if fuse_type else None
+    kernel_tables = BertTables(*(None if t is None else K.contiguous(t) for t in tables))
+    K.bert_backward(K.contiguous(grad_output).reshape(num_tokens, dim), ids, kernel_tables,
+                    K.contiguous(mean).reshape(num_tokens), K.contiguous(rstd).reshape(num_tokens),
+                    drop, grad_sum, grad_w, grad_b, grad_type)
 
+    def scatter(flat, table, opts):
+        return _scatter(K, grad_sum, flat, table.shape[0], opts.padding_idx,
+                        opts.scale_grad_by_freq, opts.sparse)
 
-def check_grad(grad_output, shape, dtype, name="grad_output"):
-    """A float array (gradient or statistic) of exactly ``shape`` and ``dtype``."""
-    what = "input_ids.shape + (hidden size,)" if name == "grad_output" else "input_ids.shape"
-    return _checks.check_float_like(grad_output, name, shape, dtype, what, "that of the tables")
+    grad_word = scatter(ids.word, tables.word, options[0]) if mask[0] else None
+    grad_pos = scatter(ids.position, tables.position, options[1]) if mask[1] else None
+    if mask[2] and not fuse_type:
+        grad_type = scatter(ids.token_type, tables.token_type, type_opts)
+    return BertEmbeddingsGrads(grad_word, grad_pos, grad_type, grad_w, grad_b)
 
 
 # ------------------------------------------------------------------ GPT-2
 
-
-def gpt2_forward(shape, ids, pos, wte, wpe, drop, out=None):
-    """Run the fused GPT-2 kernel on validated inputs."""
-    dim = wte.shape[1]
-    y = np.empty(shape + (dim,), dtype=wte.dtype) if out is None else out
-    if ids.size == 0:
-        return y
-    seed, counter, threshold, scale, use_dropout = _dropout_args(drop)
-    kernel = (kernels.gpt2_forward_parallel if ids.size * dim >= PARALLEL_MIN_ELEMENTS
-              else kernels.gpt2_forward)
-    kernel(ids, pos, wte, wpe, seed, counter, threshold, scale, use_dropout,
-           y.reshape(ids.size, dim))
-    return y
-
-
-def gpt2_backward(grad_output, ids, pos, vocab_size, n_positions, drop,
-                  want=(True, True), options=(PLAIN, PLAIN)):
-    """Backward of :func:`gpt2_forward` on validated inputs."""
-    active, p, seed, counter = drop
-    grad = grad_output.reshape(ids.size, grad_output.shape[-1])
-    if active:
-        grad = dropout_backward(np.ascontiguousarray(grad), p, seed, counter=counter)
-
-    def scatter(flat, rows, opts):
-        return embedding_backward(grad, flat, rows, padding_idx=opts.padding_idx,
-                                  scale_grad_by_freq=opts.scale_grad_by_freq, sparse=opts.sparse)
-
-    return GPT2EmbeddingsGrads(
-        scatter(ids, vocab_size, options[0]) if want[0] else None,
-        scatter(pos, n_positions, options[1]) if want[1] else None,
-    )
+_GPT2_NAMES = ("wte", "wpe")
 
 
 def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
-                    attention_mask=None, p=0.0, seed=0, training=True, counter=0, out=None):
+                    attention_mask=None, p=0.0, seed=0, training=True, counter=0, out=None,
+                    table_options=None):
     """GPT-2's embedding block, fused: ``Dropout(wte[input_ids] + wpe[positions])``.
 
     Parameters
@@ -587,6 +542,9 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
         Dropout, as in :func:`numbapos.functional.dropout` on the sum.
     out : ndarray, optional
         C-contiguous buffer of shape ``input_ids.shape + (D,)``.
+    table_options : tuple of two TableOptions, optional
+        ``max_norm`` / ``norm_type`` of ``wte`` and ``wpe``: looked-up rows are
+        clipped in place before the sum.
 
     Returns
     -------
@@ -606,18 +564,24 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
     IndexError
         An id or explicit position outside its table, named with the range.
     """
-    wte, wpe = _check_tables((wte, wpe), ("wte", "wpe"))
-    drop = check_dropout(p, seed, training, counter)
-    shape, ids, pos = gpt2_inputs(input_ids, past_length, position_ids, attention_mask,
-                                  wte.shape[0], wpe.shape[0])
-    if out is not None:
-        _checks.check_out(out, shape + (wte.shape[1],), wte.dtype, avoid=(wte, wpe, ids, pos))
-    return gpt2_forward(shape, ids, pos, wte, wpe, drop, out)
+    wte, wpe = _check_tables((wte, wpe), _GPT2_NAMES)
+    K = backend_for((wte, wpe, out), _GPT2_NAMES + ("out",))
+    drop = _check_dropout(p, seed, training, counter)
+    options = _check_options(table_options, (wte.shape[0], wpe.shape[0]), _GPT2_NAMES)
+    shape, ids, pos = _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask,
+                                wte.shape[0], wpe.shape[0])
+    dim = wte.shape[1]
+    y = _result(K, out, shape + (dim,), wte.dtype, avoid=(wte, wpe, ids, pos))
+    _clip_tables(K, (wte, wpe), (ids, pos), options, _GPT2_NAMES)
+    K.gpt2_forward(ids, pos, K.contiguous(wte), K.contiguous(wpe), drop,
+                   y.reshape(ids.size, dim))
+    return y
 
 
 def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *, past_length=0,
                              position_ids=None, attention_mask=None, p=0.0, seed=0,
-                             training=True, counter=0, sparse=False):
+                             training=True, counter=0, sparse=False, table_options=None,
+                             output_mask=None):
     """Gradients of :func:`gpt2_embeddings` wrt ``wte`` and ``wpe``.
 
     Parameters
@@ -631,6 +595,11 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
         As for the forward call (the mask is regenerated from them).
     sparse : bool, default False
         Return the ``wte`` gradient as :class:`~numbapos.sparse.SparseRows`.
+    table_options : tuple of two TableOptions, optional
+        ``padding_idx``, ``scale_grad_by_freq`` and ``sparse`` of the ``wte``
+        and ``wpe`` gradients; ``sparse`` must then be left False.
+    output_mask : tuple of two bools, optional
+        Which of the ``wte`` / ``wpe`` gradients to compute.
 
     Returns
     -------
@@ -644,12 +613,28 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
     """
     vocab_size = _checks.check_int(vocab_size, "vocab_size", minimum=1)
     n_positions = _checks.check_int(n_positions, "n_positions", minimum=1)
-    drop = check_dropout(p, seed, training, counter)
-    shape, ids, pos = gpt2_inputs(input_ids, past_length, position_ids, attention_mask,
-                                  vocab_size, n_positions)
     grad_output = _checks.check_float_array(grad_output, "grad_output")
-    if grad_output.shape[:-1] != shape or grad_output.ndim != len(shape) + 1:
+    K = backend_for((grad_output,), ("grad_output",))
+    drop = _check_dropout(p, seed, training, counter)
+    shape, ids, pos = _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask,
+                                vocab_size, n_positions)
+    if tuple(grad_output.shape[:-1]) != shape or grad_output.ndim != len(shape) + 1:
         raise ValueError(f"grad_output: expected shape input_ids.shape + (D,) = "
-                         f"{shape + ('D',)}, got {grad_output.shape}")
-    options = (TableOptions(sparse=bool(sparse)), PLAIN)
-    return gpt2_backward(grad_output, ids, pos, vocab_size, n_positions, drop, options=options)
+                         f"{shape + ('D',)}, got {tuple(grad_output.shape)}")
+    if table_options is None:
+        table_options = (TableOptions(sparse=bool(sparse)), PLAIN)
+    elif sparse:
+        raise ValueError("sparse: give it inside table_options, not beside it")
+    options = _check_options(table_options, (vocab_size, n_positions), _GPT2_NAMES)
+    mask = _check_mask(output_mask, 2, _GPT2_NAMES)
+    dim = grad_output.shape[-1]
+    grad = K.contiguous(grad_output).reshape(ids.size, dim)
+    if drop.active:
+        masked = K.empty((ids.size, dim), grad.dtype)
+        K.dropout_apply(grad.reshape(grad.size), drop, masked.reshape(grad.size))
+        grad = masked
+    grads = [_scatter(K, grad, flat, rows, opts.padding_idx, opts.scale_grad_by_freq,
+                      opts.sparse) if want else None
+             for flat, rows, opts, want in zip((ids, pos), (vocab_size, n_positions), options,
+                                               mask, strict=True)]
+    return GPT2EmbeddingsGrads(*grads)

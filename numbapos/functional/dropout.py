@@ -1,7 +1,7 @@
 """Inverted dropout with a reproducible, counter-based mask.
 
 The mask of a call is a pure function of ``(seed, counter, element index)``
-(see :mod:`numbapos.kernels.cpu.dropout`): the same arguments give the same
+(see :mod:`numbapos.kernels.hash`): the same arguments give the same
 mask for any thread count, any split of the work and, later, on the GPU. The
 backward pass regenerates the mask instead of storing it.
 """
@@ -10,47 +10,35 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks
-from ..kernels.cpu import dropout as kernels
-
-# Below this many elements a parallel launch costs more than it saves.
-PARALLEL_MIN_ELEMENTS = 1 << 15
+from .. import _checks, _device
+from .._args import DropoutArgs
+from ._common import backend_for
 
 
-def _check_common(p, seed, counter):
-    p = _checks.check_unit_interval(p, "p")
-    seed = _checks.check_uint64(seed, "seed")
-    counter = _checks.check_uint64(counter, "counter")
-    return p, seed, counter
-
-
-def _apply(x, p, seed, counter, out, forward):
-    """Validate ``out``, then run the mask-and-scale kernel on ``x`` (already checked)."""
-    if out is not None:
-        # out may be x itself (in place: each element reads and writes only itself),
-        # but no other array that overlaps x.
-        _checks.check_out(out, x.shape, x.dtype, avoid=() if out is x else (x,))
-    else:
-        out = np.empty(x.shape, dtype=x.dtype)
-    if x.size == 0:
-        return out
-    flat = np.ascontiguousarray(x).reshape(-1)
-    threshold = np.uint64(kernels.keep_threshold(p))
-    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-    if x.size >= PARALLEL_MIN_ELEMENTS:
-        kernel = kernels.dropout_forward_parallel if forward else kernels.dropout_backward_parallel
-    else:
-        kernel = kernels.dropout_forward if forward else kernels.dropout_backward
-    kernel(flat, np.uint64(seed), np.uint64(counter), threshold, scale, out.reshape(-1))
-    return out
-
-
-def _identity(x, out):
+def _check_out(x, out):
+    """``out`` may be ``x`` itself (each element reads and writes only itself), but no
+    other array that overlaps ``x``."""
     if out is None:
-        return x
-    _checks.check_out(out, x.shape, x.dtype, avoid=() if out is x else (x,))
-    if out is not x:
-        np.copyto(out, x)
+        return None
+    same = out is x or (_device.is_cuda_array(out) and _device.adopt(out) is x)
+    return _checks.check_out(out, x.shape, x.dtype, avoid=() if same else (x,))
+
+
+def _apply(x, p, seed, counter, training, out):
+    """Mask and scale ``x`` (checked), or pass it through when dropout is off."""
+    K = backend_for((x, out), ("x", "out"))
+    out = _check_out(x, out)
+    if not training or p == 0.0:
+        if out is None or out is x:
+            return x
+        K.dropout_apply(K.contiguous(x).reshape(x.size), DropoutArgs.make(0.0, 0, 0),
+                        out.reshape(x.size))
+        return out
+    if out is None:
+        out = K.empty(x.shape, x.dtype)
+    if x.size:
+        K.dropout_apply(K.contiguous(x).reshape(x.size), DropoutArgs.make(p, seed, counter),
+                        out.reshape(x.size))
     return out
 
 
@@ -104,10 +92,8 @@ def dropout(x, p, seed, training=True, counter=0, out=None):
     dropout_backward, dropout_mask, numbapos.nn.Dropout
     """
     x = _checks.check_float_array(x, "x")
-    p, seed, counter = _check_common(p, seed, counter)
-    if not training or p == 0.0:
-        return _identity(x, out)
-    return _apply(x, p, seed, counter, out, forward=True)
+    p, seed, counter = _checks.check_dropout_args(p, seed, counter)
+    return _apply(x, p, seed, counter, training, out)
 
 
 def dropout_backward(grad_output, p, seed, training=True, counter=0, out=None):
@@ -135,13 +121,11 @@ def dropout_backward(grad_output, p, seed, training=True, counter=0, out=None):
         As for :func:`dropout`, naming ``grad_output``.
     """
     grad_output = _checks.check_float_array(grad_output, "grad_output")
-    p, seed, counter = _check_common(p, seed, counter)
-    if not training or p == 0.0:
-        return _identity(grad_output, out)
-    return _apply(grad_output, p, seed, counter, out, forward=False)
+    p, seed, counter = _checks.check_dropout_args(p, seed, counter)
+    return _apply(grad_output, p, seed, counter, training, out)
 
 
-def dropout_mask(shape, p, seed, counter=0):
+def dropout_mask(shape, p, seed, counter=0, device="cpu"):
     """The boolean keep-mask that :func:`dropout` uses for an input of ``shape``.
 
     Parameters
@@ -150,6 +134,8 @@ def dropout_mask(shape, p, seed, counter=0):
         Shape of the input (non-negative sizes).
     p, seed, counter
         As for :func:`dropout`.
+    device : {"cpu", "cuda"}, default "cpu"
+        Where the mask is made (the same bits on either).
 
     Returns
     -------
@@ -169,12 +155,9 @@ def dropout_mask(shape, p, seed, counter=0):
         shape = tuple(_checks.check_int(n, f"shape[{k}]", minimum=0) for k, n in enumerate(shape))
     else:
         shape = (_checks.check_int(shape, "shape", minimum=0),)
-    p, seed, counter = _check_common(p, seed, counter)
-    mask = np.empty(shape, dtype=np.bool_)
-    if mask.size == 0:
-        return mask
-    threshold = np.uint64(kernels.keep_threshold(p))
-    kernel = (kernels.dropout_keep_mask_parallel if mask.size >= PARALLEL_MIN_ELEMENTS
-              else kernels.dropout_keep_mask)
-    kernel(np.uint64(seed), np.uint64(counter), threshold, mask.reshape(-1))
+    p, seed, counter = _checks.check_dropout_args(p, seed, counter)
+    K = _device.kernels_for(_device.check_device(device))
+    mask = K.empty(shape, np.bool_)
+    if mask.size:
+        K.dropout_keep_mask(DropoutArgs.make(p, seed, counter), mask.reshape(mask.size))
     return mask

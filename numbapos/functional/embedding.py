@@ -5,23 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks
-from ..kernels.cpu import embedding as kernels
 from ..sparse import SparseRows
-
-# Below this many copied elements a parallel launch costs more than it saves.
-PARALLEL_MIN_ELEMENTS = 1 << 15
-
-
-def _flat(indices: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(indices).reshape(-1)
-
-
-def _unique_rows(flat_idx: np.ndarray, num_rows: int) -> np.ndarray:
-    """Sorted unique rows of ``flat_idx`` (a mark pass: O(N + V), no sort)."""
-    seen = np.zeros(num_rows, dtype=np.bool_)
-    kernels.mark_rows(flat_idx, seen)
-    return np.flatnonzero(seen)
-
+from ._common import backend_for, check_range, flatten, on_backend
 
 _RENORM_WRITES = "max_norm clips the rows it looks up in place"
 
@@ -60,20 +45,16 @@ def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
         An index outside ``[0, V)``; ``weight`` is then left untouched.
     """
     weight = _checks.check_weight(weight)
-    indices = _checks.check_index_array(indices)
+    K = backend_for((weight,), ("weight",))
+    indices = on_backend(K, indices)
     if max_norm is None:
         raise TypeError("max_norm: expected a positive number, got None")
     max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
     _checks.check_writeable(weight, "weight", _RENORM_WRITES)
-    flat = _flat(indices)
-    _checks.check_index_range(flat, weight.shape[0])
-    _renorm(weight, flat, max_norm, norm_type)
+    flat = flatten(K, indices)
+    check_range(K, flat, weight.shape[0])
+    K.renorm_used_rows_(weight, flat, max_norm, norm_type)
     return weight
-
-
-def _renorm(weight, flat, max_norm, norm_type):
-    if flat.size:
-        kernels.renorm_rows_(weight, _unique_rows(flat, weight.shape[0]), max_norm, norm_type)
 
 
 def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, out=None):
@@ -118,40 +99,25 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
         modified when any error is raised.
     """
     weight = _checks.check_weight(weight)
-    indices = _checks.check_index_array(indices)
+    K = backend_for((weight, out), ("weight", "out"))
+    indices = on_backend(K, indices)
     num_rows, dim = weight.shape
     _checks.check_padding_idx(padding_idx, num_rows)
     max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
     if max_norm is not None:
         _checks.check_writeable(weight, "weight", _RENORM_WRITES)
-    shape = indices.shape + (dim,)
+    shape = tuple(indices.shape) + (dim,)
     if out is not None:
-        _checks.check_out(out, shape, weight.dtype, avoid=(weight, indices))
-    flat = _flat(indices)
-    _checks.check_index_range(flat, num_rows)
+        out = _checks.check_out(out, shape, weight.dtype, avoid=(weight, indices))
+    flat = flatten(K, indices)
+    check_range(K, flat, num_rows)
 
     if max_norm is not None:
-        _renorm(weight, flat, max_norm, norm_type)
+        K.renorm_used_rows_(weight, flat, max_norm, norm_type)
     if out is None:
-        out = np.empty(shape, dtype=weight.dtype)
-    rows = out.reshape(flat.size, dim)
-    if flat.size * dim >= PARALLEL_MIN_ELEMENTS:
-        kernels.gather_rows_parallel(flat, weight, rows)
-    else:
-        kernels.gather_rows(flat, weight, rows)
+        out = K.empty(shape, weight.dtype)
+    K.gather_rows(flat, weight, out.reshape(flat.size, dim))
     return out
-
-
-def _group_by_row(flat, num_rows):
-    """Counts per row, segment starts, and positions grouped by row in input order."""
-    counts = np.zeros(num_rows, dtype=np.int64)
-    kernels.count_rows(flat, counts)
-    seg_start = np.empty(num_rows, dtype=np.int64)
-    seg_start[0] = 0
-    np.cumsum(counts[:-1], out=seg_start[1:])
-    order = np.empty(flat.size, dtype=np.int64)
-    kernels.bucket_by_row(flat, seg_start.copy(), order)
-    return counts, seg_start, order
 
 
 def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
@@ -191,37 +157,34 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         As for :func:`embedding`; ValueError when ``grad_output``'s shape is not
         ``indices.shape + (D,)``.
     """
-    indices = _checks.check_index_array(indices)
     num_rows = _checks.check_int(num_embeddings, "num_embeddings", minimum=1)
     grad_output = _checks.check_float_array(grad_output, "grad_output")
-    if grad_output.ndim != indices.ndim + 1 or grad_output.shape[:-1] != indices.shape:
+    K = backend_for((grad_output,), ("grad_output",))
+    indices = on_backend(K, indices)
+    if (grad_output.ndim != indices.ndim + 1
+            or tuple(grad_output.shape[:-1]) != tuple(indices.shape)):
         raise ValueError(
-            f"grad_output: expected shape indices.shape + (D,) = {indices.shape + ('D',)}, "
-            f"got {grad_output.shape}"
+            f"grad_output: expected shape indices.shape + (D,) = "
+            f"{tuple(indices.shape) + ('D',)}, got {tuple(grad_output.shape)}"
         )
     padding_idx = _checks.check_padding_idx(padding_idx, num_rows)
-    flat = _flat(indices)
-    _checks.check_index_range(flat, num_rows)
+    flat = flatten(K, indices)
+    check_range(K, flat, num_rows)
+    return _scatter(K, grad_output, flat, num_rows, padding_idx, bool(scale_grad_by_freq),
+                    bool(sparse))
 
+
+def _scatter(K, grad_output, flat, num_rows, padding_idx, scale_grad_by_freq, sparse):
+    """The table gradient of a lookup, on validated inputs (also used by the blocks)."""
     dim = grad_output.shape[-1]
-    grad = np.ascontiguousarray(grad_output).reshape(flat.size, dim)
-    counts, seg_start, order = _group_by_row(flat, num_rows)
-    present = counts > 0
-    if padding_idx is not None:
-        present[padding_idx] = False
-    rows = np.flatnonzero(present)
+    grad = K.contiguous(grad_output).reshape(flat.size, dim)
     if sparse:
-        values = np.empty((rows.size, dim), dtype=grad.dtype)
-        dest = np.arange(rows.size, dtype=np.int64)
-        result = SparseRows(rows.astype(np.int64, copy=False), values, num_rows)
-    else:
-        values = np.zeros((num_rows, dim), dtype=grad.dtype)
-        dest = rows
-        result = values
-    if rows.size:
-        kernels.sum_row_segments(grad, order, seg_start, counts, rows, dest,
-                                 bool(scale_grad_by_freq), values)
-    return result
+        rows, values = K.scatter_rows_sparse(grad, flat, num_rows, padding_idx,
+                                             scale_grad_by_freq)
+        return SparseRows(rows, values, num_rows)
+    out = K.empty((num_rows, dim), grad.dtype)
+    K.scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out)
+    return out
 
 
 def padding_mask(indices, padding_idx, num_embeddings=None):
@@ -244,6 +207,7 @@ def padding_mask(indices, padding_idx, num_embeddings=None):
     ndarray of bool, shape ``indices.shape``
     """
     indices = _checks.check_index_array(indices)
+    K = backend_for((indices,), ("indices",))
     if num_embeddings is None:
         padding_idx = _checks.check_int64(padding_idx, "padding_idx")
         if padding_idx < 0:
@@ -253,6 +217,7 @@ def padding_mask(indices, padding_idx, num_embeddings=None):
     else:
         num_rows = _checks.check_int(num_embeddings, "num_embeddings", minimum=1)
         padding_idx = _checks.check_padding_idx(padding_idx, num_rows)
-    mask = np.empty(indices.shape, dtype=np.bool_)
-    kernels.not_equal_mask(_flat(indices), padding_idx, mask.reshape(-1))
+    mask = K.empty(tuple(indices.shape), np.bool_)
+    if indices.size:
+        K.not_equal_mask(flatten(K, indices), padding_idx, mask.reshape(indices.size))
     return mask

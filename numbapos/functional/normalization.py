@@ -2,33 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import _checks
-from ..kernels.cpu import normalization as kernels
-
-# Below this many elements a parallel launch costs more than it saves.
-PARALLEL_MIN_ELEMENTS = 1 << 15
-
-# The weight/bias gradients are summed per chunk of rows, then over the chunks in
-# order. The chunking depends only on the number of rows (never on the thread
-# count), so the result is bit-identical however many threads run; at most
-# MAX_CHUNKS partial rows are kept.
-MIN_CHUNK_ROWS = 16
-MAX_CHUNKS = 256
-
-
-def chunk_rows(num_rows: int) -> int:
-    """Rows per chunk of the deterministic weight/bias reduction (a function of the row count)."""
-    return max(MIN_CHUNK_ROWS, -(-num_rows // MAX_CHUNKS))
-
-
-def check_eps(eps, name: str = "eps") -> float:
-    """``eps`` as a finite float >= 0."""
-    eps = _checks.check_real(eps, name)
-    if eps < 0 or not np.isfinite(eps):
-        raise ValueError(f"{name}: expected a finite number >= 0, got {eps}")
-    return eps
+from ._common import backend_for
 
 
 def _check_x(x, name="x"):
@@ -36,39 +11,19 @@ def _check_x(x, name="x"):
     if x.ndim == 0 or x.shape[-1] == 0:
         raise ValueError(
             f"{name}: expected at least one dimension with a non-empty last dimension "
-            f"(the one normalised), got shape {x.shape}"
+            f"(the one normalised), got shape {tuple(x.shape)}"
         )
     return x
 
 
 def _check_affine(param, name, x):
     """``weight`` / ``bias``: None or a (D,) array of x's dtype."""
-    if param is None:
-        return None
-    _checks.check_float_array(param, name, ndim=1)
-    return _checks.check_float_like(param, name, x.shape[-1:], x.dtype,
-                                    "the last dimension of x", "the dtype of x")
+    return _checks.check_vector_param(param, name, x.shape[-1], x.dtype,
+                                      "the last dimension of x", "the dtype of x")
 
 
-def _rows(x):
-    return np.ascontiguousarray(x).reshape(-1, x.shape[-1])
-
-
-def _forward(x, weight, bias, eps, out):
-    """Validated forward: returns (y, mean, rstd) with mean/rstd of shape x.shape[:-1]."""
-    dim = x.shape[-1]
-    if out is None:
-        out = np.empty(x.shape, dtype=x.dtype)
-    mean = np.empty(x.shape[:-1], dtype=x.dtype)
-    rstd = np.empty(x.shape[:-1], dtype=x.dtype)
-    if x.size == 0:
-        return out, mean, rstd
-    w = np.ones(dim, dtype=x.dtype) if weight is None else np.ascontiguousarray(weight)
-    b = np.zeros(dim, dtype=x.dtype) if bias is None else np.ascontiguousarray(bias)
-    kernel = (kernels.layer_norm_rows_parallel if x.size >= PARALLEL_MIN_ELEMENTS
-              else kernels.layer_norm_rows)
-    kernel(_rows(x), w, b, eps, out.reshape(-1, dim), mean.reshape(-1), rstd.reshape(-1))
-    return out, mean, rstd
+def _rows(K, x):
+    return K.contiguous(x).reshape(x.size // x.shape[-1], x.shape[-1])
 
 
 def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, out=None):
@@ -120,10 +75,18 @@ def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, out=None):
     x = _check_x(x)
     weight = _check_affine(weight, "weight", x)
     bias = _check_affine(bias, "bias", x)
-    eps = check_eps(eps)
+    K = backend_for((x, weight, bias, out), ("x", "weight", "bias", "out"))
+    eps = _checks.check_eps(eps)
     if out is not None:
-        _checks.check_out(out, x.shape, x.dtype, avoid=(x, weight, bias))
-    return _forward(x, weight, bias, eps, out)
+        out = _checks.check_out(out, x.shape, x.dtype, avoid=(x, weight, bias))
+    else:
+        out = K.empty(x.shape, x.dtype)
+    mean = K.empty(x.shape[:-1], x.dtype)
+    rstd = K.empty(x.shape[:-1], x.dtype)
+    rows = x.size // x.shape[-1]
+    K.layer_norm_rows(_rows(K, x), weight, bias, eps, out.reshape(rows, x.shape[-1]),
+                      mean.reshape(rows), rstd.reshape(rows))
+    return out, mean, rstd
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5, out=None):
@@ -141,39 +104,14 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, out=None):
     return layer_norm_forward(x, weight, bias, eps, out)[0]
 
 
-def _backward(grad_y, x, mean, rstd, weight, want_w, want_b, out):
-    """Validated backward: (grad_x, grad_weight or None, grad_bias or None)."""
-    dim = x.shape[-1]
-    grad_x = np.empty(x.shape, dtype=x.dtype) if out is None else out
-    grad_w = np.zeros(dim, dtype=x.dtype) if want_w else None
-    grad_b = np.zeros(dim, dtype=x.dtype) if want_b else None
-    num_rows = x.size // dim
-    if num_rows == 0:
-        return grad_x, grad_w, grad_b
-    rows = chunk_rows(num_rows)
-    n_chunks = -(-num_rows // rows)
-    part_w = np.zeros((n_chunks, dim if want_w else 0), dtype=x.dtype)
-    part_b = np.zeros((n_chunks, dim if want_b else 0), dtype=x.dtype)
-    w = np.ones(dim, dtype=x.dtype) if weight is None else np.ascontiguousarray(weight)
-    kernel = (kernels.layer_norm_backward_chunks_parallel if x.size >= PARALLEL_MIN_ELEMENTS
-              else kernels.layer_norm_backward_chunks)
-    kernel(_rows(grad_y), _rows(x), np.ascontiguousarray(mean).reshape(-1),
-           np.ascontiguousarray(rstd).reshape(-1), w, want_w, want_b, rows,
-           grad_x.reshape(-1, dim), part_w, part_b)
-    if want_w:
-        kernels.sum_partials(part_w, grad_w)
-    if want_b:
-        kernels.sum_partials(part_b, grad_b)
-    return grad_x, grad_w, grad_b
-
-
-def check_stats(stat, name, x):
+def _check_stats(stat, name, x):
     """``mean`` / ``rstd`` of a forward pass: shape ``x.shape[:-1]``, x's dtype."""
     return _checks.check_float_like(stat, name, x.shape[:-1], x.dtype, "x.shape[:-1]",
                                     "the dtype of x")
 
 
-def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None):
+def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None, *,
+                        output_mask=(True, True)):
     """Gradients of :func:`layer_norm_forward` wrt ``x``, ``weight`` and ``bias``.
 
     With ``xhat = (x - mean) * rstd`` and ``g = grad_y * weight``::
@@ -198,14 +136,18 @@ def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None)
     out : ndarray, optional
         C-contiguous buffer of ``x``'s shape and dtype for ``grad_x``; must not
         overlap the inputs.
+    output_mask : (bool, bool), default (True, True)
+        Whether to compute ``grad_weight`` and ``grad_bias`` at all (as
+        PyTorch's ``native_layer_norm_backward``): False skips that sum and
+        returns None in its place, e.g. for a frozen parameter.
 
     Returns
     -------
     grad_x : ndarray, shape of ``x``
     grad_weight : ndarray of shape (D,) or None
-        None when ``weight`` is None.
+        None when ``weight`` is None or masked out.
     grad_bias : ndarray of shape (D,) or None
-        None when both ``weight`` and ``bias`` are None.
+        None when both ``weight`` and ``bias`` are None, or masked out.
 
     Raises
     ------
@@ -224,11 +166,26 @@ def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None)
     x = _check_x(x)
     grad_y = _checks.check_float_like(grad_y, "grad_y", x.shape, x.dtype, "the shape of x",
                                       "the dtype of x")
-    mean = check_stats(mean, "mean", x)
-    rstd = check_stats(rstd, "rstd", x)
+    mean = _check_stats(mean, "mean", x)
+    rstd = _check_stats(rstd, "rstd", x)
     weight = _check_affine(weight, "weight", x)
     bias = _check_affine(bias, "bias", x)
+    K = backend_for((x, grad_y, mean, rstd, weight, bias, out),
+                    ("x", "grad_y", "mean", "rstd", "weight", "bias", "out"))
+    if not isinstance(output_mask, tuple) or len(output_mask) != 2:
+        raise TypeError(f"output_mask: expected a tuple of two bools, got "
+                        f"{_checks._quote(output_mask)}")
+    want_w = weight is not None and bool(output_mask[0])
+    want_b = (weight is not None or bias is not None) and bool(output_mask[1])
     if out is not None:
-        _checks.check_out(out, x.shape, x.dtype, avoid=(x, grad_y, mean, rstd, weight))
-    return _backward(grad_y, x, mean, rstd, weight, weight is not None,
-                     weight is not None or bias is not None, out)
+        out = _checks.check_out(out, x.shape, x.dtype, avoid=(x, grad_y, mean, rstd, weight))
+    else:
+        out = K.empty(x.shape, x.dtype)
+    dim = x.shape[-1]
+    rows = x.size // dim
+    grad_w = K.empty((dim,), x.dtype) if want_w else None
+    grad_b = K.empty((dim,), x.dtype) if want_b else None
+    K.layer_norm_backward_rows(_rows(K, grad_y), _rows(K, x), K.contiguous(mean).reshape(rows),
+                               K.contiguous(rstd).reshape(rows), weight,
+                               out.reshape(rows, dim), grad_w, grad_b)
+    return out, grad_w, grad_b

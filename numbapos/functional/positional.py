@@ -6,36 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks
-from ..kernels.cpu import positional as kernels
-from .embedding import PARALLEL_MIN_ELEMENTS, embedding_backward
-
-# The sinusoid recurrence is re-anchored with a direct sin/cos at least this often.
-# Its float64 error grows about 1e-16 per step, so 256 steps stay near 1e-13: far
-# inside the 1e-10 bound, while the anchors cost under 5% of the fill.
-SINUSOID_MAX_BLOCK = 256
-# Fewer rows than this per block and the anchors' sin/cos start to dominate.
-SINUSOID_MIN_BLOCK = 32
-# Shorter tables are cut into about this many blocks, so that they still spread
-# over the threads.
-SINUSOID_TARGET_BLOCKS = 16
-
-
-def _sinusoid_block(seq_len: int) -> int:
-    """Rows per anchor block; depends on seq_len only, so the values never depend on
-    the thread count or on which kernel (serial or parallel) fills the table."""
-    block = -(-seq_len // SINUSOID_TARGET_BLOCKS)
-    return min(SINUSOID_MAX_BLOCK, max(SINUSOID_MIN_BLOCK, block))
-
-
-def _check_device(device):
-    if not isinstance(device, str):
-        raise TypeError(f"device: expected a string such as 'cpu', got {type(device).__name__}")
-    if device != "cpu":
-        raise ValueError(
-            f"device: got {device!r}, but CUDA is not available in this release of numbapos; "
-            "use device='cpu'"
-        )
+from .. import _checks, _device
+from ._common import backend_for, check_range, flatten, on_backend
+from .embedding import _scatter
 
 
 def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=10000.0,
@@ -60,8 +33,9 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
         Number of positions L (> 0).
     embed_dim : int
         Number of channels D (> 0).
-    device : str, default "cpu"
-        Only ``"cpu"`` is available in this release.
+    device : {"cpu", "cuda"}, default "cpu"
+        Where the table is made; ignored when ``out`` is given (the table is
+        made where ``out`` lives).
     dtype : float32 or float64, optional
         Dtype of the result; None means float32, or ``out``'s dtype when ``out``
         is given.
@@ -84,8 +58,10 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
         ``dtype``, a non-real ``base`` or a non-array ``out``.
     ValueError
         ``seq_len <= 0``, ``embed_dim <= 0``, ``offset < 0`` (or a last position
-        ``offset + seq_len - 1`` beyond int64), ``base <= 0``, a device other
-        than ``"cpu"``, or ``out`` of the wrong shape or dtype.
+        ``offset + seq_len - 1`` beyond int64), ``base <= 0``, an unknown
+        ``device``, or ``out`` of the wrong shape or dtype.
+    RuntimeError
+        ``device="cuda"`` where CUDA cannot be used.
 
     Examples
     --------
@@ -95,9 +71,9 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
     """
     seq_len = _checks.check_int(seq_len, "seq_len", minimum=1)
     embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
-    _check_device(device)
+    device = _device.check_device(device) if out is None else _device.device_of(out)
     if dtype is None:
-        dtype = out.dtype if isinstance(out, np.ndarray) else np.float32
+        dtype = out.dtype if _checks.is_array(out) else np.float32
     dtype = _checks.check_float_dtype(dtype)
     base = _checks.check_positive(base, "base")
     offset = _checks.check_int(offset, "offset", minimum=0)
@@ -107,48 +83,27 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
             f"not fit in int64 (at most 2**63 - 1)"
         )
     shape = (seq_len, embed_dim)
+    K = _device.kernels_for(device)
     if out is None:
-        out = np.empty(shape, dtype=dtype)
+        out = K.empty(shape, dtype)
     else:
-        _checks.check_out(out, shape, dtype)
-
+        out = _checks.check_out(out, shape, dtype)
     inv_freq = base ** (-np.arange(0, embed_dim, 2, dtype=np.float64) / embed_dim)
-    step_cos = np.cos(inv_freq)
-    step_sin = np.sin(inv_freq)
-    block = _sinusoid_block(seq_len)
-    if seq_len * embed_dim >= PARALLEL_MIN_ELEMENTS:
-        kernels.sinusoid_fill_parallel(inv_freq, step_cos, step_sin, offset, block, out)
-    else:
-        kernels.sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out)
+    K.sinusoid_fill(inv_freq, offset, out)
     return out
 
 
 # ---------------------------------------------------------------- shared checks
 
 
-def _check_activation(x, name: str = "x") -> np.ndarray:
+def _check_activation(x, name: str = "x"):
     return _checks.check_float_array(x, name, ndim=(2, 3))
 
 
-def _check_table_for(x, table, table_name: str) -> np.ndarray:
-    """A (M, D) table matching ``x``'s last dimension and dtype."""
-    table = _checks.check_float_array(table, table_name, ndim=2)
-    if table.shape[1] != x.shape[-1]:
-        raise ValueError(
-            f"{table_name}: has {table.shape[1]} columns but x has last dimension "
-            f"{x.shape[-1]} (x.shape={x.shape}); they must be equal"
-        )
-    if table.dtype != x.dtype:
-        raise TypeError(
-            f"{table_name}: dtype {table.dtype} differs from x's dtype {x.dtype}; "
-            "cast one of them so both match"
-        )
-    return table
-
-
-def _as_3d(x: np.ndarray) -> np.ndarray:
-    x = np.ascontiguousarray(x)
-    return x[None] if x.ndim == 2 else x
+def _as_3d(K, x):
+    """``x`` as a C-contiguous (N, L, D) array (a 2-D ``x`` is one sequence)."""
+    x = K.contiguous(x)
+    return x.reshape((1,) + tuple(x.shape)) if x.ndim == 2 else x
 
 
 def _check_offset(offset, seq_len: int, num_positions: int) -> int:
@@ -162,25 +117,23 @@ def _check_offset(offset, seq_len: int, num_positions: int) -> int:
     return offset
 
 
-def _check_position_ids(position_ids, x_shape: tuple, num_positions: int) -> np.ndarray:
+def _check_position_ids(K, position_ids, x_shape: tuple, num_positions: int):
     """Position ids of shape (L,), or (N, L) / (1, L) for 3-D x, as a 2-D (P, L) array."""
-    ids = _checks.check_index_array(position_ids, "position_ids")
+    ids = on_backend(K, position_ids, "position_ids")
+    x_shape = tuple(x_shape)
     seq_len = x_shape[-2]
     allowed = [(seq_len,)]
     if len(x_shape) == 3:
         allowed += [(1, seq_len), (x_shape[0], seq_len)]
-    if ids.shape not in allowed:
+    if tuple(ids.shape) not in allowed:
         want = " or ".join(str(s) for s in dict.fromkeys(allowed))
         raise ValueError(
-            f"position_ids: expected shape {want} for x of shape {x_shape}, got {ids.shape}"
+            f"position_ids: expected shape {want} for x of shape {x_shape}, got "
+            f"{tuple(ids.shape)}"
         )
-    _checks.check_index_range(ids.reshape(-1), num_positions, "position_ids", "max_len")
-    return np.ascontiguousarray(ids.reshape(ids.shape[0] if ids.ndim == 2 else 1, seq_len))
-
-
-def _check_grad(grad_output, x_shape: tuple, dtype, name: str = "grad_output") -> np.ndarray:
-    return _checks.check_float_like(grad_output, name, x_shape, dtype, "the shape of x",
-                                    "the dtype of x")
+    flat = flatten(K, ids)
+    check_range(K, flat, num_positions, "position_ids", "max_len")
+    return flat.reshape(ids.shape[0] if ids.ndim == 2 else 1, seq_len)
 
 
 # ---------------------------------------------------------------- x + P
@@ -225,37 +178,33 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
         A position id outside ``[0, M)``.
     """
     x = _check_activation(x)
-    table = _check_table_for(x, table, "table")
+    table = _checks.check_matching_table(x, table, "table")
+    K = backend_for((x, table, out), ("x", "table", "out"))
     seq_len = x.shape[-2]
     num_positions = table.shape[0]
+    ids = None
     if position_ids is None:
         offset = _check_offset(offset, seq_len, num_positions)
     else:
-        offset = _checks.check_int(offset, "offset")
-        if offset != 0:
-            raise ValueError(
-                f"offset: got {offset} together with position_ids; pass either an offset "
-                "or explicit position_ids, not both"
-            )
-        ids = _check_position_ids(position_ids, x.shape, num_positions)
-    if out is None:
-        out = np.empty(x.shape, dtype=x.dtype)
+        _checks.check_offset_only(offset, position_ids)
+        ids = _check_position_ids(K, position_ids, x.shape, num_positions)
+    out = _inplace_out(K, x, out, (table, ids))
+    x3 = _as_3d(K, x)
+    out3 = _as_3d(K, out)
+    if ids is None:
+        K.add_rows(x3, table, offset, out3)
     else:
-        # out may be x itself (each element reads and writes only itself), but no
-        # other array that overlaps x, the table or the position ids.
-        _checks.check_out(out, x.shape, x.dtype,
-                          avoid=(table, None if out is x else x,
-                                 None if position_ids is None else ids))
-    x3 = _as_3d(x)
-    out3 = out[None] if out.ndim == 2 else out
-    parallel = x.size >= PARALLEL_MIN_ELEMENTS
-    if position_ids is None:
-        kernel = kernels.add_rows_parallel if parallel else kernels.add_rows
-        kernel(x3, table, offset, out3)
-    else:
-        kernel = kernels.add_gathered_rows_parallel if parallel else kernels.add_gathered_rows
-        kernel(x3, table, ids, out3)
+        K.add_gathered_rows(x3, table, ids, out3)
     return out
+
+
+def _inplace_out(K, x, out, others):
+    """A result buffer of x's shape: ``out`` may be ``x`` itself (each element reads and
+    writes only itself) but must not overlap x otherwise, nor any of ``others``."""
+    if out is None:
+        return K.empty(x.shape, x.dtype)
+    same = out is x or (_device.is_cuda_array(out) and _device.adopt(out) is x)
+    return _checks.check_out(out, x.shape, x.dtype, avoid=tuple(others) + (() if same else (x,)))
 
 
 def add_positional_backward(grad_output, num_positions, offset=0, position_ids=None):
@@ -286,28 +235,21 @@ def add_positional_backward(grad_output, num_positions, offset=0, position_ids=N
         As for :func:`add_positional`.
     """
     grad_output = _checks.check_float_array(grad_output, "grad_output", ndim=(2, 3))
+    K = backend_for((grad_output,), ("grad_output",))
     num_positions = _checks.check_int(num_positions, "num_positions", minimum=1)
     seq_len, dim = grad_output.shape[-2:]
     if position_ids is not None:
-        offset = _checks.check_int(offset, "offset")
-        if offset != 0:
-            raise ValueError(
-                f"offset: got {offset} together with position_ids; pass either an offset "
-                "or explicit position_ids, not both"
-            )
-        ids = _check_position_ids(position_ids, grad_output.shape, num_positions)
-        if grad_output.ndim == 3:
-            ids = np.broadcast_to(ids, grad_output.shape[:2])
-        else:
-            ids = ids.reshape(seq_len)
-        return embedding_backward(grad_output, ids, num_positions)
+        _checks.check_offset_only(offset, position_ids)
+        ids = _check_position_ids(K, position_ids, grad_output.shape, num_positions)
+        grad3 = _as_3d(K, grad_output)
+        batch = grad3.shape[0]
+        if ids.shape[0] != batch:  # one row of ids shared by the batch
+            ids = K.asarray(np.tile(K.to_host(ids), (batch, 1)))
+        return _scatter(K, grad3, ids.reshape(batch * seq_len), num_positions, None, False,
+                        False)
     offset = _check_offset(offset, seq_len, num_positions)
-    result = np.zeros((num_positions, dim), dtype=grad_output.dtype)
-    grad3 = _as_3d(grad_output)
-    if grad3.size >= PARALLEL_MIN_ELEMENTS:
-        kernels.sum_over_batch_parallel(grad3, offset, result)
-    else:
-        kernels.sum_over_batch(grad3, offset, result)
+    result = K.empty((num_positions, dim), grad_output.dtype)
+    K.sum_over_batch(_as_3d(K, grad_output), offset, result)
     return result
 
 
@@ -340,18 +282,13 @@ def positional_mult_add(x, a, b, out=None):
         longer than M ("sequence is too long"), ``out`` of the wrong shape or dtype.
     """
     x = _check_activation(x)
-    a = _check_table_for(x, a, "a")
-    b = _check_table_for(x, b, "b")
+    a = _checks.check_matching_table(x, a, "a")
+    b = _checks.check_matching_table(x, b, "b")
+    K = backend_for((x, a, b, out), ("x", "a", "b", "out"))
     _checks.check_same_shape(b, a.shape, "b", "the shape of a")
     _check_length(x.shape[-2], a.shape[0])
-    if out is None:
-        out = np.empty(x.shape, dtype=x.dtype)
-    else:
-        _checks.check_out(out, x.shape, x.dtype, avoid=(a, b, None if out is x else x))
-    x3 = _as_3d(x)
-    out3 = out[None] if out.ndim == 2 else out
-    kernel = kernels.mult_add_parallel if x.size >= PARALLEL_MIN_ELEMENTS else kernels.mult_add
-    kernel(x3, a, b, out3)
+    out = _inplace_out(K, x, out, (a, b))
+    K.mult_add(_as_3d(K, x), a, b, _as_3d(K, out))
     return out
 
 
@@ -392,16 +329,16 @@ def positional_mult_add_backward(grad_output, x, a):
         shape and dtype.
     """
     x = _check_activation(x)
-    a = _check_table_for(x, a, "a")
-    grad_output = _check_grad(grad_output, x.shape, x.dtype)
+    a = _checks.check_matching_table(x, a, "a")
+    grad_output = _checks.check_float_like(grad_output, "grad_output", x.shape, x.dtype,
+                                           "the shape of x", "the dtype of x")
+    K = backend_for((x, a, grad_output), ("x", "a", "grad_output"))
     _check_length(x.shape[-2], a.shape[0])
-    grad_x = np.empty(x.shape, dtype=x.dtype)
-    grad_a = np.zeros(a.shape, dtype=x.dtype)
-    grad_b = np.zeros(a.shape, dtype=x.dtype)
-    gx3 = grad_x[None] if grad_x.ndim == 2 else grad_x
-    kernel = (kernels.mult_add_backward_parallel if x.size >= PARALLEL_MIN_ELEMENTS
-              else kernels.mult_add_backward)
-    kernel(_as_3d(grad_output), _as_3d(x), a, gx3, grad_a, grad_b)
+    grad_x = K.empty(x.shape, x.dtype)
+    grad_a = K.empty(a.shape, x.dtype)
+    grad_b = K.empty(a.shape, x.dtype)
+    K.mult_add_backward(_as_3d(K, grad_output), _as_3d(K, x), a, _as_3d(K, grad_x), grad_a,
+                        grad_b)
     return grad_x, grad_a, grad_b
 
 
@@ -465,6 +402,7 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
            [0, 1, 0, 0]])
     """
     ids = _checks.check_index_array(input_ids, "input_ids")
+    K = backend_for((ids,), ("input_ids",))
     if ids.ndim == 0:
         raise ValueError("input_ids: expected at least 1 dimension (..., L), got a 0-d array")
     padding_idx = _checks.check_int64(padding_idx, "padding_idx")
@@ -472,8 +410,8 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
     rows_shape = ids.shape[:-1]
     # The last position, past_length + L - 1, must fit in the int64 result.
     max_past = _checks.INT64_MAX - max(ids.shape[-1] - 1, 0)
-    if isinstance(past_length, (np.ndarray, list, tuple)):
-        past = _checks.check_index_array(past_length, "past_length")
+    if isinstance(past_length, (np.ndarray, list, tuple)) or _device.is_cuda_array(past_length):
+        past = _device.to_host(_checks.check_index_array(past_length, "past_length"))
         _checks.check_same_shape(past, rows_shape, "past_length", "input_ids.shape[:-1]")
         if past.size and past.min() < 0:
             raise ValueError(
@@ -488,8 +426,8 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
                                         maximum=max_past)
         past = np.full(int(np.prod(rows_shape)), past_length, dtype=np.int64)
     flat_shape = (past.size, ids.shape[-1])
-    flat_ids = np.ascontiguousarray(ids).reshape(flat_shape)
-    out = np.empty(ids.shape, dtype=np.int64)
-    kernels.positions_from_padding(flat_ids, padding_idx, past, pad_position,
-                                   out.reshape(flat_shape))
+    out = K.empty(ids.shape, np.int64)
+    if ids.size:
+        K.positions_from_padding(K.contiguous(ids).reshape(flat_shape), padding_idx,
+                                 K.asarray(past), pad_position, out.reshape(flat_shape))
     return out

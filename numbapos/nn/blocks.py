@@ -6,10 +6,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from .. import functional as F
-from ..functional import blocks as FB
-from ..functional.normalization import check_eps
 from . import init as initializers
 from .dropout import Dropout
 from .embedding import Embedding
@@ -21,32 +19,23 @@ from .parameter import Parameter
 INITIALIZER_RANGE = 0.02
 
 
-def _options(embedding: Embedding) -> FB.TableOptions:
-    return FB.TableOptions(embedding.padding_idx, embedding.scale_grad_by_freq, embedding.sparse)
+def _options(embedding: Embedding) -> F.TableOptions:
+    return F.TableOptions(embedding.padding_idx, embedding.scale_grad_by_freq, embedding.sparse,
+                          embedding.max_norm, embedding.norm_type)
 
 
-def _check_renorm_writeable(*embeddings: Embedding) -> None:
-    """Before any table is clipped: every table that max_norm clips must be writeable."""
-    for embedding in embeddings:
-        if embedding.max_norm is not None:
-            _checks.check_writeable(embedding.weight.data, "weight",
-                                    "its Embedding's max_norm clips looked-up rows in place")
+def _dropout_state(dropout: Dropout) -> dict:
+    """The dropout keywords of this forward call of the block's Dropout child."""
+    active = dropout.training and dropout.p > 0.0
+    counter = _checks.check_uint64(dropout.counter, "counter") if active else 0
+    return {"p": dropout.p, "seed": dropout.seed, "training": active, "counter": counter}
 
 
-def _renorm_if_needed(embedding: Embedding, flat_ids: np.ndarray) -> bool:
-    """Clip the looked-up rows of ``embedding``'s table in place; True if it has max_norm."""
-    if embedding.max_norm is not None and flat_ids.size:
-        F.embedding_renorm_(embedding.weight.data, flat_ids, embedding.max_norm,
-                            embedding.norm_type)
-        return True
-    return False
-
-
-def _dropout_state(dropout: Dropout):
-    """(active, p, seed, counter) for this forward call of the block's Dropout child."""
-    if dropout.training and dropout.p > 0.0:
-        return True, dropout.p, dropout.seed, _checks.check_uint64(dropout.counter, "counter")
-    return False, dropout.p, dropout.seed, 0
+def _snapshot(ids):
+    """A private copy of an id argument, so a later backward sees what this forward saw."""
+    if ids is None or isinstance(ids, (int, np.integer)):
+        return ids
+    return _device.copy(ids if _checks.is_array(ids) else np.asarray(ids))
 
 
 def _accumulate(param: Parameter | None, grad) -> None:
@@ -178,7 +167,7 @@ class BertEmbeddings(Module):
         type_vocab_size = _checks.check_int(type_vocab_size, "type_vocab_size", minimum=1)
         pad_token_id = _checks.check_padding_idx(pad_token_id, vocab_size, "pad_token_id")
         dtype = _checks.check_float_dtype(dtype)
-        layer_norm_eps = check_eps(layer_norm_eps, "layer_norm_eps")
+        layer_norm_eps = _checks.check_eps(layer_norm_eps, "layer_norm_eps")
         hidden_dropout_prob = _checks.check_unit_interval(hidden_dropout_prob,
                                                           "hidden_dropout_prob")
         rng = _checks.as_rng(seed)
@@ -224,11 +213,14 @@ class BertEmbeddings(Module):
 
     def _arrays(self):
         ln = self.LayerNorm
-        return FB._bert_tables(
-            self.word_embeddings.weight.data, self.position_embeddings.weight.data,
-            self.token_type_embeddings.weight.data,
-            None if ln.weight is None else ln.weight.data,
-            None if ln.bias is None else ln.bias.data)
+        return (self.word_embeddings.weight.data, self.position_embeddings.weight.data,
+                self.token_type_embeddings.weight.data,
+                None if ln.weight is None else ln.weight.data,
+                None if ln.bias is None else ln.bias.data)
+
+    def _table_options(self):
+        return (_options(self.word_embeddings), _options(self.position_embeddings),
+                _options(self.token_type_embeddings))
 
     def forward(self, input_ids, token_type_ids=None, position_ids=None, past_length=0,
                 out=None):
@@ -261,26 +253,16 @@ class BertEmbeddings(Module):
         IndexError
             An id, token type or position out of range (named, with the range).
         """
-        word, position, token_type, gamma, beta = self._arrays()
-        inputs = FB.bert_inputs(input_ids, token_type_ids, position_ids, past_length,
-                                word.shape[0], position.shape[0], token_type.shape[0])
-        if out is not None:
-            _checks.check_out(out, inputs.shape + (word.shape[1],), word.dtype,
-                              avoid=(word, position, token_type, gamma, beta,
-                                     inputs.word_ids, inputs.pos_ids, inputs.type_ids))
         drop = _dropout_state(self.dropout)
-        _check_renorm_writeable(self.word_embeddings, self.position_embeddings,
-                                self.token_type_embeddings)
-        clipped = [_renorm_if_needed(self.word_embeddings, inputs.word_ids),
-                   _renorm_if_needed(self.position_embeddings, inputs.pos_ids),
-                   _renorm_if_needed(self.token_type_embeddings, inputs.type_ids)]
-        if any(clipped):  # a non-contiguous table was copied before it was clipped
-            word, position, token_type, gamma, beta = self._arrays()
-        y, mean, rstd = FB.bert_forward(inputs, word, position, token_type, gamma, beta,
-                                        self.LayerNorm.eps, drop, out)
-        if drop[0]:
-            self.dropout.counter = drop[3] + 1
-        self._cache = (inputs, mean, rstd, drop)
+        y, mean, rstd = F.bert_embeddings_forward(
+            input_ids, *self._arrays(), token_type_ids=token_type_ids, position_ids=position_ids,
+            past_length=past_length, eps=self.LayerNorm.eps, out=out,
+            table_options=self._table_options(), **drop)
+        if drop["training"]:
+            self.dropout.counter = drop["counter"] + 1
+        ids = {"input_ids": _snapshot(input_ids), "token_type_ids": _snapshot(token_type_ids),
+               "position_ids": _snapshot(position_ids), "past_length": past_length}
+        self._cache = (ids, mean, rstd, drop)
         return y
 
     def backward(self, grad_output):
@@ -300,19 +282,22 @@ class BertEmbeddings(Module):
         """
         if self._cache is None:
             raise RuntimeError("BertEmbeddings.backward called before forward")
-        inputs, mean, rstd, drop = self._cache
-        word, position, token_type, gamma, _ = self._arrays()
-        grad_output = FB.check_grad(grad_output, inputs.shape + (word.shape[1],), word.dtype)
+        ids, mean, rstd, drop = self._cache
         ln = self.LayerNorm
         params = (self.word_embeddings.weight, self.position_embeddings.weight,
                   self.token_type_embeddings.weight, ln.weight, ln.bias)
         want = tuple(p is not None and p.requires_grad for p in params)
+        word, position, token_type, gamma, beta = self._arrays()
+        _checks.check_float_like(grad_output, "grad_output", tuple(mean.shape) + (word.shape[1],),
+                                 word.dtype, "the shape of the last forward's output",
+                                 "that of the tables")
         if not any(want):
             return None
-        options = (_options(self.word_embeddings), _options(self.position_embeddings),
-                   _options(self.token_type_embeddings))
-        grads = FB.bert_backward(grad_output, inputs, word, position, token_type, gamma, mean,
-                                 rstd, drop, want, options)
+        grads = F.bert_embeddings_backward(
+            grad_output, ids["input_ids"], word, position, token_type, mean, rstd, gamma, beta,
+            token_type_ids=ids["token_type_ids"], position_ids=ids["position_ids"],
+            past_length=ids["past_length"], table_options=self._table_options(),
+            output_mask=want, **drop)
         for param, grad in zip(params, grads, strict=True):
             _accumulate(param, grad)
         return None
@@ -470,10 +455,6 @@ class GPT2Embeddings(Module):
     def n_embd(self) -> int:
         return self.wte.embedding_dim
 
-    def _arrays(self):
-        return FB._check_tables((self.wte.weight.data, self.wpe.weight.data),
-                                ("wte.weight", "wpe.weight"))
-
     def forward(self, input_ids, past_length=0, position_ids=None, attention_mask=None,
                 out=None):
         """Embed ``input_ids``; returns ``input_ids.shape + (n_embd,)``.
@@ -505,21 +486,16 @@ class GPT2Embeddings(Module):
         IndexError
             An id or explicit position out of range (named, with the range).
         """
-        wte, wpe = self._arrays()
-        shape, ids, pos = FB.gpt2_inputs(input_ids, past_length, position_ids, attention_mask,
-                                         wte.shape[0], wpe.shape[0])
-        if out is not None:
-            _checks.check_out(out, shape + (wte.shape[1],), wte.dtype,
-                              avoid=(wte, wpe, ids, pos))
         drop = _dropout_state(self.drop)
-        _check_renorm_writeable(self.wte, self.wpe)
-        clipped = [_renorm_if_needed(self.wte, ids), _renorm_if_needed(self.wpe, pos)]
-        if any(clipped):  # a non-contiguous table was copied before it was clipped
-            wte, wpe = self._arrays()
-        y = FB.gpt2_forward(shape, ids, pos, wte, wpe, drop, out)
-        if drop[0]:
-            self.drop.counter = drop[3] + 1
-        self._cache = (shape, ids, pos, drop)
+        y = F.gpt2_embeddings(input_ids, self.wte.weight.data, self.wpe.weight.data,
+                              past_length=past_length, position_ids=position_ids,
+                              attention_mask=attention_mask, out=out,
+                              table_options=(_options(self.wte), _options(self.wpe)), **drop)
+        if drop["training"]:
+            self.drop.counter = drop["counter"] + 1
+        ids = {"input_ids": _snapshot(input_ids), "position_ids": _snapshot(position_ids),
+               "attention_mask": _snapshot(attention_mask), "past_length": past_length}
+        self._cache = (ids, tuple(y.shape), drop)
         return y
 
     def backward(self, grad_output):
@@ -536,15 +512,20 @@ class GPT2Embeddings(Module):
         """
         if self._cache is None:
             raise RuntimeError("GPT2Embeddings.backward called before forward")
-        shape, ids, pos, drop = self._cache
-        wte, wpe = self._arrays()
-        grad_output = FB.check_grad(grad_output, shape + (wte.shape[1],), wte.dtype)
+        ids, shape, drop = self._cache
         params = (self.wte.weight, self.wpe.weight)
         want = tuple(p.requires_grad for p in params)
+        wte, wpe = self.wte.weight.data, self.wpe.weight.data
+        grad_output = _checks.check_float_like(
+            grad_output, "grad_output", shape, wte.dtype, "the shape of the last forward's "
+            "output", "that of the tables")
         if not any(want):
             return None
-        grads = FB.gpt2_backward(grad_output, ids, pos, wte.shape[0], wpe.shape[0], drop, want,
-                                 (_options(self.wte), _options(self.wpe)))
+        grads = F.gpt2_embeddings_backward(
+            grad_output, ids["input_ids"], wte.shape[0], wpe.shape[0],
+            past_length=ids["past_length"], position_ids=ids["position_ids"],
+            attention_mask=ids["attention_mask"],
+            table_options=(_options(self.wte), _options(self.wpe)), output_mask=want, **drop)
         for param, grad in zip(params, grads, strict=True):
             _accumulate(param, grad)
         return None

@@ -7,7 +7,7 @@ import numbers
 import numpy as np
 
 from .. import _checks
-from ..functional import normalization as FN
+from .. import functional as F
 from .module import Module
 from .parameter import Parameter
 
@@ -61,7 +61,7 @@ class LayerNorm(Module):
                  dtype=np.float32):
         super().__init__()
         self.normalized_shape = (_normalized_dim(normalized_shape),)
-        self.eps = FN.check_eps(eps)
+        self.eps = _checks.check_eps(eps)
         self.elementwise_affine = bool(elementwise_affine)
         self.dtype = _checks.check_float_dtype(dtype)
         dim = self.normalized_shape[0]
@@ -74,11 +74,12 @@ class LayerNorm(Module):
         self._cache = None
 
     def _check_input(self, x):
-        x = FN._check_x(x)
+        x = _checks.check_float_array(x, "x")
         dim = self.normalized_shape[0]
-        if x.shape[-1] != dim:
+        if x.ndim == 0 or x.shape[-1] != dim:
             raise ValueError(
-                f"x: expected last dimension normalized_shape={dim}, got shape {x.shape}"
+                f"x: expected last dimension normalized_shape={dim}, got shape "
+                f"{tuple(x.shape)}"
             )
         if self.weight is not None and x.dtype != self.dtype:
             raise TypeError(
@@ -86,11 +87,11 @@ class LayerNorm(Module):
             )
         return x
 
-    def _params(self, x):
-        """(weight, bias) arrays, checked against ``x``: ``.data`` may have been replaced."""
+    def _params(self):
+        """(weight, bias) arrays; the functional op checks them (``.data`` may be replaced)."""
         weight = None if self.weight is None else self.weight.data
         bias = None if self.bias is None else self.bias.data
-        return FN._check_affine(weight, "weight", x), FN._check_affine(bias, "bias", x)
+        return weight, bias
 
     def forward(self, x, out=None):
         """Normalise ``x`` of shape (..., D); returns an array of the same shape.
@@ -110,10 +111,8 @@ class LayerNorm(Module):
             Last dimension of ``x`` not D; a bad ``out``.
         """
         x = self._check_input(x)
-        weight, bias = self._params(x)
-        if out is not None:
-            _checks.check_out(out, x.shape, x.dtype, avoid=(x, weight, bias))
-        y, mean, rstd = FN._forward(x, weight, bias, self.eps, out)
+        weight, bias = self._params()
+        y, mean, rstd = F.layer_norm_forward(x, weight, bias, self.eps, out)
         self._cache = (x, mean, rstd)
         return y
 
@@ -133,19 +132,14 @@ class LayerNorm(Module):
         if self._cache is None:
             raise RuntimeError("LayerNorm.backward called before forward")
         x, mean, rstd = self._cache
-        grad_output = _checks.check_float_array(grad_output, "grad_output")
-        _checks.check_same_shape(grad_output, x.shape, "grad_output",
-                                 "the shape of the last forward's input")
-        if grad_output.dtype != x.dtype:
-            raise TypeError(
-                f"grad_output: expected dtype {x.dtype} (the dtype of the last forward's "
-                f"input), got {grad_output.dtype}"
-            )
+        grad_output = _checks.check_float_like(
+            grad_output, "grad_output", x.shape, x.dtype, "the shape of the last forward's input",
+            "the dtype of the last forward's input")
         want_w = self.weight is not None and self.weight.requires_grad
         want_b = self.bias is not None and self.bias.requires_grad
-        weight, _ = self._params(x)
-        grad_x, grad_w, grad_b = FN._backward(grad_output, x, mean, rstd, weight,
-                                              want_w, want_b, None)
+        weight, bias = self._params()
+        grad_x, grad_w, grad_b = F.layer_norm_backward(grad_output, x, mean, rstd, weight, bias,
+                                                       output_mask=(want_w, want_b))
         if want_w:
             self.weight.accumulate_grad(grad_w, fresh=True)
         if want_b:

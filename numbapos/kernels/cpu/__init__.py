@@ -1,1 +1,17 @@
-"""``@njit`` CPU kernels, one submodule per area (embedding, optim, ...)."""
+"""The CPU backend: ``@njit`` kernels behind launchers with the CUDA backend's names.
+
+Each area module's ``__all__`` lists its launchers; this namespace re-exports
+them all, and :func:`numbapos._device.backend` returns it for NumPy arrays.
+"""
+
+from . import arrays, blocks, dropout, embedding, normalization, optim, positional
+from .arrays import *  # noqa: F403
+from .blocks import *  # noqa: F403
+from .dropout import *  # noqa: F403
+from .embedding import *  # noqa: F403
+from .normalization import *  # noqa: F403
+from .optim import *  # noqa: F403
+from .positional import *  # noqa: F403
+
+AREAS = (arrays, blocks, dropout, embedding, normalization, optim, positional)
+__all__ = sorted(name for area in AREAS for name in area.__all__)

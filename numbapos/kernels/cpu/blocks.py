@@ -20,7 +20,9 @@ the token-type table gradient) are summed per fixed chunk of tokens into
 partial rows that the caller adds in chunk order, so every gradient is
 bit-identical for any thread count.
 
-Flat views: ids are ``(T,)`` int64, activations ``(T, D)`` C-contiguous, and
+Launchers (``__all__``, twinned in ``kernels/cuda/blocks.py``) take the
+argument tuples of :mod:`numbapos._args`. Flat views: ids are ``(T,)`` int64,
+activations ``(T, D)`` C-contiguous, and
 the dropout index of element ``(t, d)`` is ``t * D + d`` (the flat C-order
 index of the ``(N, L, D)`` output, as in :func:`numbapos.functional.dropout`).
 """
@@ -28,8 +30,74 @@ index of the ``(N, L, D)`` output, as in :func:`numbapos.functional.dropout`).
 import numpy as np
 from numba import njit, prange
 
-from .dropout import dropout_bits_keyed, dropout_key
+from ..._args import chunk_rows, num_chunks
+from ..hash import dropout_key, keeps
+from .arrays import pick
 from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum
+
+__all__ = ["bert_backward", "bert_forward", "gpt2_forward"]
+
+
+def _with_affine(tables, dim, dtype):
+    gamma = np.ones(dim, dtype) if tables.gamma is None else tables.gamma
+    beta = np.zeros(dim, dtype) if tables.beta is None else tables.beta
+    return tables._replace(gamma=gamma, beta=beta)
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def bert_forward(ids, tables, eps, drop, y, mean, rstd):
+    """Fused gather + sum + LayerNorm (+ dropout) of every token.
+
+    ``ids`` / ``tables`` / ``drop`` are :class:`~numbapos.kernels.args.BertIds`,
+    :class:`~numbapos.kernels.args.BertTables` and
+    :class:`~numbapos.kernels.args.DropoutArgs`; ``y`` is ``(T, D)``, ``mean``
+    and ``rstd`` ``(T,)``.
+    """
+    if ids.word.size == 0:
+        return
+    tables = _with_affine(tables, y.shape[1], y.dtype)
+    pick(_bert_forward, _bert_forward_parallel, y.size)(ids, tables, eps, drop, y, mean, rstd)
+
+
+def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, grad_beta,
+                  grad_type):
+    """Dropout + LayerNorm backward per token: ``grad_sum[t]`` = d(loss)/d(row sum of t).
+
+    ``grad_gamma`` / ``grad_beta`` (``(D,)``) and ``grad_type`` (the token-type
+    table's gradient, ``(type_vocab, D)``) are outputs, or None when not
+    wanted; each is summed per fixed chunk of tokens and the chunks added in
+    order (bit-identical for any thread count).
+    """
+    num_tokens, dim = grad_y.shape
+    dtype = grad_y.dtype
+    chunks = num_chunks(num_tokens)
+    part_w = np.zeros((chunks, dim if grad_gamma is not None else 0), dtype=dtype)
+    part_b = np.zeros((chunks, dim if grad_beta is not None else 0), dtype=dtype)
+    part_t = np.zeros((chunks,) + (tables.token_type.shape if grad_type is not None else (0, 0)),
+                      dtype=dtype)
+    if num_tokens:
+        scratch = np.empty((chunks, 2, dim), dtype=dtype)
+        flags = (grad_gamma is not None, grad_beta is not None, grad_type is not None)
+        kernel = pick(_bert_backward, _bert_backward_parallel, grad_y.size)
+        kernel(grad_y, ids, _with_affine(tables, dim, dtype), mean, rstd, drop, flags,
+               chunk_rows(num_tokens), grad_sum, part_w, part_b, part_t, scratch)
+    if grad_gamma is not None:
+        _sum_partials(part_w.reshape(chunks, 1, -1), grad_gamma.reshape(1, -1))
+    if grad_beta is not None:
+        _sum_partials(part_b.reshape(chunks, 1, -1), grad_beta.reshape(1, -1))
+    if grad_type is not None:
+        _sum_partials(part_t, grad_type)
+
+
+def gpt2_forward(ids, pos, wte, wpe, drop, y):
+    """``y[t] = (wte[ids[t]] + wpe[pos[t]]) * dropout mask`` for ``(T, D)`` ``y``."""
+    if ids.size:
+        pick(_gpt2_forward, _gpt2_forward_parallel, y.size)(ids, pos, wte, wpe, drop, y)
+
+
+# ---------------------------------------------------------------- kernels
 
 
 @njit(cache=True, nogil=True)
@@ -43,115 +111,96 @@ def sum3_row(a, b, c, out):
 def normalize_dropout_row_(v, mean, rstd, weight, bias, key, threshold, scale, base):
     """``v = ((v - mean) * rstd * weight + bias) * m`` in place, ``m`` = ``scale`` or 0.
 
-    Element ``d`` is kept iff ``dropout_bits_keyed(key, base + d) >= threshold``;
-    dropped elements are multiplied by zero (NaN propagates, as in dropout).
+    Element ``d`` is kept iff ``keeps(key, base + d, threshold)``; dropped
+    elements are multiplied by zero (NaN propagates, as in dropout).
     """
     s = v.dtype.type(scale)
     zero = v.dtype.type(0)
     for d in range(v.size):
-        m = s if np.uint64(dropout_bits_keyed(key, base + d)) >= threshold else zero
+        m = s if keeps(key, base + d, threshold) else zero
         v[d] = ((v[d] - mean) * rstd * weight[d] + bias[d]) * m
 
 
 @njit(cache=True, nogil=True)
-def _bert_token(t, word_ids, pos_ids, type_ids, word, position, token_type, gamma, beta, eps,
-                key, threshold, scale, use_dropout, y, mean, rstd):
+def _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd):
     row = y[t]
     dim = row.size
-    sum3_row(word[word_ids[t]], token_type[type_ids[t]], position[pos_ids[t]], row)
+    sum3_row(tables.word[ids.word[t]], tables.token_type[ids.token_type[t]],
+             tables.position[ids.position[t]], row)
     first = row_sum(row) / row.dtype.type(dim)
     m, r = row_moments(row, first, eps)
     mean[t] = m
     rstd[t] = r
-    if use_dropout:
-        normalize_dropout_row_(row, m, r, gamma, beta, key, threshold, scale, t * dim)
+    if drop.active:
+        normalize_dropout_row_(row, m, r, tables.gamma, tables.beta, key, drop.threshold,
+                               drop.scale, t * dim)
     else:
-        normalize_row_(row, m, r, gamma, beta)
+        normalize_row_(row, m, r, tables.gamma, tables.beta)
 
 
 @njit(cache=True, nogil=True)
-def bert_forward(word_ids, pos_ids, type_ids, word, position, token_type, gamma, beta, eps,
-                 seed, counter, threshold, scale, use_dropout, y, mean, rstd):
-    """Fused gather + sum + LayerNorm (+ dropout) of every token (serial, for small inputs)."""
-    key = dropout_key(seed, counter)
-    for t in range(word_ids.size):
-        _bert_token(t, word_ids, pos_ids, type_ids, word, position, token_type, gamma, beta,
-                    eps, key, threshold, scale, use_dropout, y, mean, rstd)
+def _bert_forward(ids, tables, eps, drop, y, mean, rstd):
+    key = dropout_key(drop.seed, drop.counter)
+    for t in range(ids.word.size):
+        _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def bert_forward_parallel(word_ids, pos_ids, type_ids, word, position, token_type, gamma, beta,
-                          eps, seed, counter, threshold, scale, use_dropout, y, mean, rstd):
-    """:func:`bert_forward` with the tokens split across threads (same result)."""
-    key = dropout_key(seed, counter)
-    for t in prange(word_ids.size):
-        _bert_token(t, word_ids, pos_ids, type_ids, word, position, token_type, gamma, beta,
-                    eps, key, threshold, scale, use_dropout, y, mean, rstd)
+def _bert_forward_parallel(ids, tables, eps, drop, y, mean, rstd):
+    key = dropout_key(drop.seed, drop.counter)
+    for t in prange(ids.word.size):
+        _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd)
 
 
 @njit(cache=True, nogil=True)
-def _bert_backward_chunk(c, chunk, grad_y, word_ids, pos_ids, type_ids, word, position,
-                         token_type, gamma, mean, rstd, key, threshold, scale, use_dropout,
-                         want_w, want_b, fuse_type, grad_sum, part_w, part_b, part_t):
+def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
+                         grad_sum, part_w, part_b, part_t, scratch):
+    want_w, want_b, fuse_type = flags
     num_tokens, dim = grad_y.shape
     start = c * chunk
     stop = min(start + chunk, num_tokens)
-    s = np.empty(dim, dtype=grad_y.dtype)
-    e = np.empty(dim, dtype=grad_y.dtype)
-    keep_scale = grad_y.dtype.type(scale)
+    s = scratch[c, 0]
+    e = scratch[c, 1]
+    keep_scale = grad_y.dtype.type(drop.scale)
     zero = grad_y.dtype.type(0)
     for t in range(start, stop):
-        sum3_row(word[word_ids[t]], token_type[type_ids[t]], position[pos_ids[t]], s)
+        sum3_row(tables.word[ids.word[t]], tables.token_type[ids.token_type[t]],
+                 tables.position[ids.position[t]], s)
         gy = grad_y[t]
-        if use_dropout:
+        if drop.active:
             base = t * dim
             for d in range(dim):
-                keep = np.uint64(dropout_bits_keyed(key, base + d)) >= threshold
-                e[d] = gy[d] * (keep_scale if keep else zero)
+                e[d] = gy[d] * (keep_scale if keeps(key, base + d, drop.threshold) else zero)
             gy = e
         gs = grad_sum[t]
-        layer_norm_row_backward(gy, s, mean[t], rstd[t], gamma, want_w, want_b, gs,
+        layer_norm_row_backward(gy, s, mean[t], rstd[t], tables.gamma, want_w, want_b, gs,
                                 part_w[c], part_b[c])
         if fuse_type:
-            pt = part_t[c, type_ids[t]]
+            pt = part_t[c, ids.token_type[t]]
             for d in range(dim):
                 pt[d] += gs[d]
 
 
 @njit(cache=True, nogil=True)
-def bert_backward(grad_y, word_ids, pos_ids, type_ids, word, position, token_type, gamma, mean,
-                  rstd, seed, counter, threshold, scale, use_dropout, want_w, want_b, fuse_type,
-                  chunk, grad_sum, part_w, part_b, part_t):
-    """Dropout + LayerNorm backward per token into ``grad_sum`` (serial).
-
-    ``part_w`` / ``part_b`` are ``(n_chunks, D)`` zeroed partial rows of the
-    LayerNorm weight / bias gradients (``(n_chunks, 0)`` when not wanted);
-    ``part_t`` is ``(n_chunks, type_vocab, D)`` zeroed partials of the
-    token-type table gradient, used only when ``fuse_type``.
-    """
-    key = dropout_key(seed, counter)
-    n_chunks = (word_ids.size + chunk - 1) // chunk
-    for c in range(n_chunks):
-        _bert_backward_chunk(c, chunk, grad_y, word_ids, pos_ids, type_ids, word, position,
-                             token_type, gamma, mean, rstd, key, threshold, scale, use_dropout,
-                             want_w, want_b, fuse_type, grad_sum, part_w, part_b, part_t)
+def _bert_backward(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum, part_w,
+                   part_b, part_t, scratch):
+    key = dropout_key(drop.seed, drop.counter)
+    for c in range(scratch.shape[0]):
+        _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
+                             grad_sum, part_w, part_b, part_t, scratch)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def bert_backward_parallel(grad_y, word_ids, pos_ids, type_ids, word, position, token_type,
-                           gamma, mean, rstd, seed, counter, threshold, scale, use_dropout,
-                           want_w, want_b, fuse_type, chunk, grad_sum, part_w, part_b, part_t):
-    """:func:`bert_backward` with the chunks split across threads (same result)."""
-    key = dropout_key(seed, counter)
-    n_chunks = (word_ids.size + chunk - 1) // chunk
-    for c in prange(n_chunks):
-        _bert_backward_chunk(c, chunk, grad_y, word_ids, pos_ids, type_ids, word, position,
-                             token_type, gamma, mean, rstd, key, threshold, scale, use_dropout,
-                             want_w, want_b, fuse_type, grad_sum, part_w, part_b, part_t)
+def _bert_backward_parallel(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum,
+                            part_w, part_b, part_t, scratch):
+    key = dropout_key(drop.seed, drop.counter)
+    for c in prange(scratch.shape[0]):
+        _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
+                             grad_sum, part_w, part_b, part_t, scratch)
 
 
 @njit(cache=True, nogil=True)
-def sum_partial_tables(part, out):
+def _sum_partials(part, out):
     """``out = part[0] + part[1] + ...`` over the first axis, in order (deterministic)."""
     rows = part.shape[1]
     dim = part.shape[2]
@@ -165,16 +214,16 @@ def sum_partial_tables(part, out):
 
 
 @njit(cache=True, nogil=True)
-def _gpt2_token(t, ids, pos_ids, wte, wpe, key, threshold, scale, use_dropout, y):
+def _gpt2_token(t, ids, pos, wte, wpe, key, drop, y):
     row = y[t]
     a = wte[ids[t]]
-    b = wpe[pos_ids[t]]
-    if use_dropout:
-        s = row.dtype.type(scale)
+    b = wpe[pos[t]]
+    if drop.active:
+        s = row.dtype.type(drop.scale)
         zero = row.dtype.type(0)
         base = t * row.size
         for d in range(row.size):
-            m = s if np.uint64(dropout_bits_keyed(key, base + d)) >= threshold else zero
+            m = s if keeps(key, base + d, drop.threshold) else zero
             row[d] = (a[d] + b[d]) * m
     else:
         for d in range(row.size):
@@ -182,17 +231,14 @@ def _gpt2_token(t, ids, pos_ids, wte, wpe, key, threshold, scale, use_dropout, y
 
 
 @njit(cache=True, nogil=True)
-def gpt2_forward(ids, pos_ids, wte, wpe, seed, counter, threshold, scale, use_dropout, y):
-    """``y[t] = (wte[ids[t]] + wpe[pos_ids[t]]) * dropout mask`` (serial, for small inputs)."""
-    key = dropout_key(seed, counter)
+def _gpt2_forward(ids, pos, wte, wpe, drop, y):
+    key = dropout_key(drop.seed, drop.counter)
     for t in range(ids.size):
-        _gpt2_token(t, ids, pos_ids, wte, wpe, key, threshold, scale, use_dropout, y)
+        _gpt2_token(t, ids, pos, wte, wpe, key, drop, y)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def gpt2_forward_parallel(ids, pos_ids, wte, wpe, seed, counter, threshold, scale, use_dropout,
-                          y):
-    """:func:`gpt2_forward` with the tokens split across threads (same result)."""
-    key = dropout_key(seed, counter)
+def _gpt2_forward_parallel(ids, pos, wte, wpe, drop, y):
+    key = dropout_key(drop.seed, drop.counter)
     for t in prange(ids.size):
-        _gpt2_token(t, ids, pos_ids, wte, wpe, key, threshold, scale, use_dropout, y)
+        _gpt2_token(t, ids, pos, wte, wpe, key, drop, y)

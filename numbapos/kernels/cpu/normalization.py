@@ -21,6 +21,57 @@ propagate as usual).
 import numpy as np
 from numba import njit, prange
 
+from ..._args import chunk_rows, num_chunks
+from .arrays import pick
+
+__all__ = ["layer_norm_backward_rows", "layer_norm_rows"]
+
+
+def _affine(param, dim, dtype, value):
+    return np.full(dim, value, dtype=dtype) if param is None else param
+
+
+def layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
+    """Normalise each row of ``x`` (``(R, D)``) into ``y``; per-row ``mean`` and ``rstd``.
+
+    ``weight`` / ``bias`` are ``(D,)`` or None (ones / zeros).
+    """
+    if x.shape[0] == 0:
+        return
+    dim = x.shape[1]
+    weight = _affine(weight, dim, x.dtype, 1)
+    bias = _affine(bias, dim, x.dtype, 0)
+    kernel = pick(_layer_norm_rows, _layer_norm_rows_parallel, x.size)
+    kernel(x, weight, bias, eps, y, mean, rstd)
+
+
+def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias):
+    """Input gradient of each row into ``grad_x``; ``grad_weight`` / ``grad_bias`` summed.
+
+    ``grad_weight`` / ``grad_bias`` are ``(D,)`` outputs, or None when not
+    wanted. They are summed per fixed chunk of rows (:func:`~numbapos.kernels.args.chunk_rows`)
+    and the chunks added in order, so the bits do not depend on the thread count.
+    """
+    dim = x.shape[1]
+    num_rows = x.shape[0]
+    want_w = grad_weight is not None
+    want_b = grad_bias is not None
+    if num_rows == 0:
+        for out in (grad_weight, grad_bias):
+            if out is not None:
+                out[:] = 0
+        return
+    part_w = np.zeros((num_chunks(num_rows), dim if want_w else 0), dtype=x.dtype)
+    part_b = np.zeros((num_chunks(num_rows), dim if want_b else 0), dtype=x.dtype)
+    weight = _affine(weight, dim, x.dtype, 1)
+    kernel = pick(_backward_chunks, _backward_chunks_parallel, x.size)
+    kernel(grad_y, x, mean, rstd, weight, want_w, want_b, chunk_rows(num_rows), grad_x,
+           part_w, part_b)
+    if want_w:
+        _sum_partials(part_w, grad_weight)
+    if want_b:
+        _sum_partials(part_b, grad_bias)
+
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
 def row_sum(v):
@@ -83,7 +134,7 @@ def layer_norm_row(v, weight, bias, eps, out):
 
 
 @njit(cache=True, nogil=True)
-def layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
+def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
     """Forward pass over the rows of ``x`` (serial, for small inputs)."""
     for i in range(x.shape[0]):
         m, r = layer_norm_row(x[i], weight, bias, eps, y[i])
@@ -92,7 +143,7 @@ def layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def layer_norm_rows_parallel(x, weight, bias, eps, y, mean, rstd):
+def _layer_norm_rows_parallel(x, weight, bias, eps, y, mean, rstd):
     """Forward pass over the rows of ``x``, rows split across threads."""
     for i in prange(x.shape[0]):
         m, r = layer_norm_row(x[i], weight, bias, eps, y[i])
@@ -148,7 +199,7 @@ def _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b
 
 
 @njit(cache=True, nogil=True)
-def layer_norm_backward_chunks(grad_y, x, mean, rstd, weight, want_w, want_b, chunk_rows,
+def _backward_chunks(grad_y, x, mean, rstd, weight, want_w, want_b, chunk_rows,
                                grad_x, part_w, part_b):
     """Backward pass, one chunk of ``chunk_rows`` rows at a time (serial).
 
@@ -162,7 +213,7 @@ def layer_norm_backward_chunks(grad_y, x, mean, rstd, weight, want_w, want_b, ch
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def layer_norm_backward_chunks_parallel(grad_y, x, mean, rstd, weight, want_w, want_b,
+def _backward_chunks_parallel(grad_y, x, mean, rstd, weight, want_w, want_b,
                                         chunk_rows, grad_x, part_w, part_b):
     """Backward pass, chunks split across threads (same partials as the serial kernel)."""
     n_chunks = (x.shape[0] + chunk_rows - 1) // chunk_rows
@@ -172,7 +223,7 @@ def layer_norm_backward_chunks_parallel(grad_y, x, mean, rstd, weight, want_w, w
 
 
 @njit(cache=True, nogil=True)
-def sum_partials(part, out):
+def _sum_partials(part, out):
     """``out = part[0] + part[1] + ...``, added in row order (deterministic)."""
     dim = part.shape[1]
     for d in range(dim):

@@ -2,8 +2,8 @@
 positions to a batch, NeoML's multiply-add, their batch reductions, and positions
 computed from padding.
 
-Kernels trust their inputs (``numbapos.functional.positional`` has validated
-them) and write into buffers the caller allocated. Activations arrive as
+Launchers (``__all__``, twinned in ``kernels/cuda/positional.py``) take
+validated arrays and caller-owned outputs; the ``@njit`` bodies trust them. Activations arrive as
 ``(N, L, D)`` arrays (a 2-D input is viewed as ``N = 1``); position tables are
 ``(M, D)`` with ``M >= L``. Every output row is written by one thread, and sums
 over the batch run in batch order, so results do not depend on the thread count.
@@ -11,6 +11,87 @@ over the batch run in batch order, so results do not depend on the thread count.
 
 import numpy as np
 from numba import njit, prange
+
+from .arrays import pick
+
+__all__ = ["add_gathered_rows", "add_rows", "mult_add", "mult_add_backward",
+           "positions_from_padding", "sinusoid_fill", "sum_over_batch"]
+
+# The sinusoid recurrence is re-anchored with a direct sin/cos at least this often.
+# Its float64 error grows about 1e-16 per step, so 256 steps stay near 1e-13: far
+# inside the 1e-10 bound, while the anchors cost under 5% of the fill.
+SINUSOID_MAX_BLOCK = 256
+# Fewer rows than this per block and the anchors' sin/cos start to dominate.
+SINUSOID_MIN_BLOCK = 32
+# Shorter tables are cut into about this many blocks, so that they still spread
+# over the threads.
+SINUSOID_TARGET_BLOCKS = 16
+
+
+def sinusoid_block(seq_len: int) -> int:
+    """Rows per anchor block; depends on seq_len only, so the values never depend on
+    the thread count or on which kernel (serial or parallel) fills the table."""
+    block = -(-seq_len // SINUSOID_TARGET_BLOCKS)
+    return min(SINUSOID_MAX_BLOCK, max(SINUSOID_MIN_BLOCK, block))
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def sinusoid_fill(inv_freq, offset, out):
+    """``out[r, 2i] = sin((offset + r) w_i)``, ``out[r, 2i+1] = cos((offset + r) w_i)``.
+
+    ``inv_freq`` is a host float64 array of the ``ceil(D / 2)`` frequencies.
+    """
+    step_cos = np.cos(inv_freq)
+    step_sin = np.sin(inv_freq)
+    block = sinusoid_block(out.shape[0])
+    num_blocks = -(-out.shape[0] // block)
+    sin_acc = np.empty((num_blocks, inv_freq.size), dtype=np.float64)
+    cos_acc = np.empty((num_blocks, inv_freq.size), dtype=np.float64)
+    kernel = pick(_sinusoid_fill, _sinusoid_fill_parallel, out.size)
+    kernel(inv_freq, step_cos, step_sin, offset, block, out, sin_acc, cos_acc)
+
+
+def add_rows(x, table, start, out):
+    """``out[n, l] = x[n, l] + table[start + l]`` for ``(N, L, D)`` ``x`` / ``out``."""
+    pick(_add_rows, _add_rows_parallel, x.size)(x, table, start, out)
+
+
+def add_gathered_rows(x, table, positions, out):
+    """``out[n, l] = x[n, l] + table[positions[n, l]]``; ``positions`` (N, L) or (1, L)."""
+    pick(_add_gathered_rows, _add_gathered_rows_parallel, x.size)(x, table, positions, out)
+
+
+def sum_over_batch(grad, start, out):
+    """``out[start + l] = sum over n of grad[n, l]`` (batch order); other rows of ``out`` zero."""
+    out[...] = 0
+    pick(_sum_over_batch, _sum_over_batch_parallel, grad.size)(grad, start, out)
+
+
+def mult_add(x, a, b, out):
+    """``out[n, l] = a[l] * x[n, l] + b[l]`` elementwise."""
+    pick(_mult_add, _mult_add_parallel, x.size)(x, a, b, out)
+
+
+def mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
+    """``grad_x = grad * a[:L]``; ``grad_a[l] = sum_n grad * x``; ``grad_b[l] = sum_n grad``.
+
+    ``grad_a`` / ``grad_b`` (``(M, D)``) are fully written, zero in rows ``>= L``.
+    """
+    grad_a[...] = 0
+    grad_b[...] = 0
+    kernel = pick(_mult_add_backward, _mult_add_backward_parallel, x.size)
+    kernel(grad, x, a, grad_x, grad_a, grad_b)
+
+
+def positions_from_padding(ids, padding_idx, past, pad_position, out):
+    """Per row ``r`` of ``ids`` (R, L): real tokens numbered from ``past[r]``, padding
+    ``pad_position``."""
+    _positions_from_padding(ids, padding_idx, past, pad_position, out)
+
+
+# ---------------------------------------------------------------- kernels
 
 # ---------------------------------------------------------------- sinusoid table
 
@@ -49,32 +130,31 @@ def _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, s, c)
 
 
 @njit(cache=True, nogil=True)
-def sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out):
-    """``out[r, 2i] = sin((offset + r) w_i)``, ``out[r, 2i+1] = cos((offset + r) w_i)``.
+def _sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out, sin_acc, cos_acc):
+    """Fill ``out`` block by block, each re-anchored with a direct sin/cos (serial).
 
     ``inv_freq`` holds the float64 frequencies ``w_i`` (``ceil(D / 2)`` of them),
-    ``step_cos`` / ``step_sin`` their cosines and sines. The rows are filled in
-    blocks of ``block`` rows, each re-anchored with a direct sin/cos. Serial.
+    ``step_cos`` / ``step_sin`` their cosines and sines; ``sin_acc`` /
+    ``cos_acc`` are float64 scratch of shape ``(num_blocks, ceil(D / 2))``.
     """
     rows = out.shape[0]
-    s = np.empty(inv_freq.size, dtype=np.float64)
-    c = np.empty(inv_freq.size, dtype=np.float64)
-    for start in range(0, rows, block):
+    for b in range(sin_acc.shape[0]):
+        start = b * block
         stop = min(start + block, rows)
-        _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, s, c)
+        _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, sin_acc[b],
+                       cos_acc[b])
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def sinusoid_fill_parallel(inv_freq, step_cos, step_sin, offset, block, out):
-    """:func:`sinusoid_fill` with the blocks of rows split across threads."""
+def _sinusoid_fill_parallel(inv_freq, step_cos, step_sin, offset, block, out, sin_acc,
+                            cos_acc):
+    """:func:`_sinusoid_fill` with the blocks of rows split across threads."""
     rows = out.shape[0]
-    num_blocks = (rows + block - 1) // block
-    for b in prange(num_blocks):
-        s = np.empty(inv_freq.size, dtype=np.float64)
-        c = np.empty(inv_freq.size, dtype=np.float64)
+    for b in prange(sin_acc.shape[0]):
         start = b * block
         stop = min(start + block, rows)
-        _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, s, c)
+        _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, sin_acc[b],
+                       cos_acc[b])
 
 
 # ---------------------------------------------------------------- x + P
@@ -87,7 +167,7 @@ def _add_row(x, table, n, l, trow, out):
 
 
 @njit(cache=True, nogil=True)
-def add_rows(x, table, start, out):
+def _add_rows(x, table, start, out):
     """``out[n, l] = x[n, l] + table[start + l]`` for x of shape (N, L, D)."""
     for n in range(x.shape[0]):
         for l in range(x.shape[1]):
@@ -95,7 +175,7 @@ def add_rows(x, table, start, out):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def add_rows_parallel(x, table, start, out):
+def _add_rows_parallel(x, table, start, out):
     """:func:`add_rows`, the N * L rows split across threads."""
     seq = x.shape[1]
     for k in prange(x.shape[0] * seq):
@@ -105,7 +185,7 @@ def add_rows_parallel(x, table, start, out):
 
 
 @njit(cache=True, nogil=True)
-def add_gathered_rows(x, table, positions, out):
+def _add_gathered_rows(x, table, positions, out):
     """``out[n, l] = x[n, l] + table[positions[n, l]]``.
 
     ``positions`` has shape (N, L), or (1, L) to share one row of positions.
@@ -118,7 +198,7 @@ def add_gathered_rows(x, table, positions, out):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def add_gathered_rows_parallel(x, table, positions, out):
+def _add_gathered_rows_parallel(x, table, positions, out):
     """:func:`add_gathered_rows`, the N * L rows split across threads."""
     shared = positions.shape[0] == 1
     seq = x.shape[1]
@@ -137,14 +217,14 @@ def _batch_sum_row(grad, l, trow, out):
 
 
 @njit(cache=True, nogil=True)
-def sum_over_batch(grad, start, out):
+def _sum_over_batch(grad, start, out):
     """``out[start + l] += sum over n of grad[n, l]``, summed in batch order."""
     for l in range(grad.shape[1]):
         _batch_sum_row(grad, l, start + l, out)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def sum_over_batch_parallel(grad, start, out):
+def _sum_over_batch_parallel(grad, start, out):
     """:func:`sum_over_batch`, one thread per position (same result for any thread count)."""
     for l in prange(grad.shape[1]):
         _batch_sum_row(grad, l, start + l, out)
@@ -160,7 +240,7 @@ def _mult_add_row(x, a, b, n, l, out):
 
 
 @njit(cache=True, nogil=True)
-def mult_add(x, a, b, out):
+def _mult_add(x, a, b, out):
     """``out[n, l] = a[l] * x[n, l] + b[l]`` elementwise (rows ``l < L`` of a and b)."""
     for n in range(x.shape[0]):
         for l in range(x.shape[1]):
@@ -168,7 +248,7 @@ def mult_add(x, a, b, out):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def mult_add_parallel(x, a, b, out):
+def _mult_add_parallel(x, a, b, out):
     """:func:`mult_add`, the N * L rows split across threads."""
     seq = x.shape[1]
     for k in prange(x.shape[0] * seq):
@@ -188,7 +268,7 @@ def _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b):
 
 
 @njit(cache=True, nogil=True)
-def mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
+def _mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
     """Gradients of :func:`mult_add`: ``grad_x = grad * a``; ``grad_a[l] += sum_n grad * x``;
     ``grad_b[l] += sum_n grad``. ``grad_a`` and ``grad_b`` rows ``l < L`` must start at zero.
     """
@@ -197,7 +277,7 @@ def mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def mult_add_backward_parallel(grad, x, a, grad_x, grad_a, grad_b):
+def _mult_add_backward_parallel(grad, x, a, grad_x, grad_a, grad_b):
     """:func:`mult_add_backward`, one thread per position, batch summed in order."""
     for l in prange(grad.shape[1]):
         _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b)
@@ -207,7 +287,7 @@ def mult_add_backward_parallel(grad, x, a, grad_x, grad_a, grad_b):
 
 
 @njit(cache=True, nogil=True)
-def positions_from_padding(ids, padding_idx, past, pad_position, out):
+def _positions_from_padding(ids, padding_idx, past, pad_position, out):
     """Per row ``r`` of ``ids`` (shape (R, L)): real tokens get ``past[r], past[r] + 1, ...``
     in order, padding tokens get ``pad_position``.
     """

@@ -1,0 +1,113 @@
+"""What :mod:`numbapos.functional` hands to the launchers of either device.
+
+Small named tuples that carry the scalars and arrays of wide launchers, the
+dropout threshold, and the fixed chunking of deterministic reductions. Plain
+Python: importing it compiles nothing.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+_TWO_32 = 1 << 32
+
+
+def keep_threshold(p):
+    """The threshold ``t`` with ``P(dropout_bits >= t) = 1 - p`` (to within 2**-33).
+
+    Parameters
+    ----------
+    p : float
+        Drop probability in ``[0, 1]`` (not validated here).
+
+    Returns
+    -------
+    int
+        ``round(p * 2**32)`` as a Python int in ``[0, 2**32]``: 0 keeps every
+        element, and ``2**32`` (p == 1) keeps none. ``2**32`` does not fit a
+        uint32, so kernels compare in uint64, where ``bits >= 2**32`` is always
+        false; a p just below 1 is capped at ``2**32 - 1`` so that it still
+        keeps (very rarely) what it scales.
+    """
+    if p >= 1.0:
+        return _TWO_32
+    return min(int(round(p * _TWO_32)), _TWO_32 - 1)
+
+
+
+class DropoutArgs(NamedTuple):
+    """One dropout call: mask bits of ``(seed, counter, index)`` against ``threshold``.
+
+    ``active`` False means no dropout (the other fields are then ignored).
+    ``scale`` is ``1 / (1 - p)`` (0 when p == 1), cast to the data's dtype by
+    the kernels.
+    """
+
+    seed: np.uint64
+    counter: np.uint64
+    threshold: np.uint64
+    scale: float
+    active: bool
+
+    @classmethod
+    def make(cls, p: float, seed: int, counter: int, active: bool = True) -> DropoutArgs:
+        """The arguments of dropout with probability ``p`` (validated by the caller)."""
+        if not active or p == 0.0:
+            return cls(np.uint64(0), np.uint64(0), np.uint64(0), 1.0, False)
+        scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+        return cls(np.uint64(seed), np.uint64(counter), np.uint64(keep_threshold(p)), scale, True)
+
+
+NO_DROPOUT = DropoutArgs(np.uint64(0), np.uint64(0), np.uint64(0), 1.0, False)
+
+
+class SGDHyper(NamedTuple):
+    """SGD's options for one parameter, floats already cast to its dtype."""
+
+    lr: object
+    momentum: object
+    one_minus_dampening: object
+    weight_decay: object
+    nesterov: bool
+    maximize: bool
+
+
+class BertIds(NamedTuple):
+    """Flat int64 ids of the BERT block, one entry per token (length T each)."""
+
+    word: object
+    position: object
+    token_type: object
+
+
+class BertTables(NamedTuple):
+    """The BERT block's tables, ``(V, D)``, ``(P, D)``, ``(T, D)``, and LayerNorm ``(D,)``.
+
+    ``gamma`` / ``beta`` may be None (ones / zeros); launchers substitute.
+    """
+
+    word: object
+    position: object
+    token_type: object
+    gamma: object
+    beta: object
+
+
+# Sums over rows (LayerNorm weight/bias gradients, the BERT block's token-type
+# gradient) are taken per chunk of rows, then over the chunks in order. The
+# chunking depends only on the number of rows, never on the thread count or
+# the GPU model, so every device and thread count adds the same partials.
+MIN_CHUNK_ROWS = 16
+MAX_CHUNKS = 256
+
+
+def chunk_rows(num_rows: int) -> int:
+    """Rows per chunk of a deterministic reduction over ``num_rows`` rows."""
+    return max(MIN_CHUNK_ROWS, -(-num_rows // MAX_CHUNKS))
+
+
+def num_chunks(num_rows: int) -> int:
+    """How many chunks :func:`chunk_rows` cuts ``num_rows`` rows into (at least 1)."""
+    return max(1, -(-num_rows // chunk_rows(num_rows)))

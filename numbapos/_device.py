@@ -1,0 +1,258 @@
+"""Where arrays live, and the kernel namespace for them.
+
+``backend(*arrays)`` returns :mod:`numbapos.kernels.cpu` for NumPy arrays and
+:mod:`numbapos.kernels.cuda` for CUDA arrays: Numba device arrays (the CUDA
+simulator's included) and any object with ``__cuda_array_interface__`` (CuPy
+arrays, PyTorch CUDA tensors), which :func:`adopt` wraps without a copy.
+``numba.cuda`` and the CUDA kernels are imported only when a CUDA array or
+``device="cuda"`` asks for them, so ``import numbapos`` works without a GPU
+and without numba-cuda.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import numpy as np
+
+DEVICES = ("cpu", "cuda")
+
+_INSTALL_HINT = (
+    'install the CUDA extra (pip install "numbapos[cuda]") on a machine with an NVIDIA GPU '
+    "and driver, or set NUMBA_ENABLE_CUDASIM=1 before importing numba to use Numba's CUDA "
+    "simulator"
+)
+
+
+def _is_numba_device_array(x) -> bool:
+    """A Numba device array (real or simulated), without importing numba.cuda."""
+    module = type(x).__module__ or ""
+    return module.startswith(("numba.cuda", "numba_cuda")) and hasattr(x, "copy_to_host")
+
+
+def is_cuda_array(x) -> bool:
+    """True for a Numba device array or an object exposing ``__cuda_array_interface__``."""
+    if isinstance(x, np.ndarray):
+        return False
+    return _is_numba_device_array(x) or hasattr(x, "__cuda_array_interface__")
+
+
+def device_of(x) -> str:
+    """``"cuda"`` for CUDA arrays, ``"cpu"`` for anything else (NumPy arrays, lists, scalars)."""
+    return "cuda" if is_cuda_array(x) else "cpu"
+
+
+def check_device(device, name: str = "device") -> str:
+    """``device`` as ``"cpu"`` or ``"cuda"``; TypeError / ValueError otherwise.
+
+    Asking for ``"cuda"`` where neither a GPU nor the simulator can be used
+    raises RuntimeError saying how to get one.
+    """
+    if not isinstance(device, str):
+        raise TypeError(f"{name}: expected 'cpu' or 'cuda', got {type(device).__name__}")
+    if device not in DEVICES:
+        raise ValueError(f"{name}: expected 'cpu' or 'cuda', got {device[:200]!r}")
+    if device == "cuda":
+        _require_cuda()
+    return device
+
+
+def cuda_available() -> bool:
+    """Whether ``device="cuda"`` can be used: a CUDA GPU with numba-cuda, or the simulator.
+
+    Never raises; imports ``numba.cuda`` on first use (not at ``import numbapos``).
+    """
+    try:
+        _require_cuda()
+    except RuntimeError:
+        return False
+    return True
+
+
+_CUDA_ERROR: str | None = None
+_CUDA_CHECKED = False
+
+
+def _require_cuda() -> None:
+    global _CUDA_ERROR, _CUDA_CHECKED
+    if not _CUDA_CHECKED:
+        _CUDA_ERROR = _cuda_problem()
+        _CUDA_CHECKED = True
+    if _CUDA_ERROR is not None:
+        raise RuntimeError(f"device 'cuda' is not available ({_CUDA_ERROR}): {_INSTALL_HINT}")
+
+
+def _cuda_problem() -> str | None:
+    """None if CUDA can be used, else why not."""
+    try:
+        from numba import cuda
+    except ImportError as err:
+        return f"numba.cuda cannot be imported: {err}"
+    if simulator_enabled():
+        return None
+    try:
+        if cuda.is_available():
+            return None
+    except Exception as err:  # driver errors come in many types
+        return f"{type(err).__name__}: {err}"
+    return "no CUDA driver or GPU was found"
+
+
+def simulator_enabled() -> bool:
+    """Whether Numba runs CUDA kernels on its CPU simulator."""
+    if "numba" in sys.modules:
+        from numba import config
+
+        return bool(config.ENABLE_CUDASIM)
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def kernels_for(device: str):
+    """The kernel namespace of ``device`` (``"cpu"`` or ``"cuda"``)."""
+    if device == "cuda":
+        _require_cuda()
+        return importlib.import_module("numbapos.kernels.cuda")
+    return importlib.import_module("numbapos.kernels.cpu")
+
+
+def backend(*arrays):
+    """The kernel namespace for where ``arrays`` live; None entries are ignored.
+
+    Raises
+    ------
+    TypeError
+        Arrays on different devices (both named).
+    RuntimeError
+        CUDA arrays where CUDA cannot be used.
+    """
+    device = None
+    first = None
+    for x in arrays:
+        if x is None:
+            continue
+        here = device_of(x)
+        if device is None:
+            device, first = here, x
+        elif here != device:
+            raise TypeError(
+                f"arrays on different devices: a {type(first).__name__} on {device!r} and a "
+                f"{type(x).__name__} on {here!r}; move them to one device first "
+                "(numbapos.to_device)"
+            )
+    return kernels_for(device or "cpu")
+
+
+def adopt(x):
+    """A CUDA array as a Numba device array, without a copy; anything else unchanged.
+
+    Objects with ``__cuda_array_interface__`` (CuPy, PyTorch CUDA tensors) are
+    wrapped with ``numba.cuda.as_cuda_array``; they share memory with ``x``.
+    """
+    if isinstance(x, np.ndarray) or _is_numba_device_array(x):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        _require_cuda()
+        from numba import cuda
+
+        return cuda.as_cuda_array(x)
+    return x
+
+
+def to_device(x, device: str):
+    """``x`` on ``device``: a NumPy array for ``"cpu"``, a Numba device array for ``"cuda"``.
+
+    Returns ``x`` itself when it already lives there (CUDA arrays of other
+    libraries are adopted without a copy).
+    """
+    device = check_device(device)
+    if device == "cpu":
+        return to_host(x)
+    if is_cuda_array(x):
+        return adopt(x)
+    from numba import cuda
+
+    return cuda.to_device(np.ascontiguousarray(x))
+
+
+def to_host(x):
+    """``x`` as a NumPy array (a copy from the GPU; NumPy arrays are returned as they are)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if is_cuda_array(x):
+        return adopt(x).copy_to_host()
+    return np.asarray(x)
+
+
+# ---------------------------------------------------------------- array metadata
+
+
+def is_c_contiguous(x) -> bool:
+    """Whether ``x`` (NumPy or Numba device array) is C-contiguous."""
+    if isinstance(x, np.ndarray):
+        return x.flags.c_contiguous
+    return bool(x.is_c_contiguous())
+
+
+def is_writeable(x) -> bool:
+    """Device arrays are always writeable; NumPy arrays say so in their flags."""
+    return x.flags.writeable if isinstance(x, np.ndarray) else True
+
+
+def _byte_range(x):
+    """``(first, last + 1)`` byte addresses that ``x`` may touch, or None for empty."""
+    if x.size == 0:
+        return None
+    if isinstance(x, np.ndarray):
+        base = x.__array_interface__["data"][0]
+    elif hasattr(x, "_ary"):  # the simulator's FakeCUDAArray wraps a NumPy array
+        return _byte_range(x._ary)
+    else:
+        base = x.__cuda_array_interface__["data"][0]
+    low = high = base
+    for extent, stride in zip(x.shape, x.strides, strict=True):
+        if stride >= 0:
+            high += (extent - 1) * stride
+        else:
+            low += (extent - 1) * stride
+    return low, high + x.dtype.itemsize
+
+
+def may_share_memory(a, b) -> bool:
+    """Whether two arrays of one device may overlap (a bounds check, like NumPy's)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return np.may_share_memory(a, b)
+    if device_of(a) != device_of(b):
+        return False
+    ra, rb = _byte_range(a), _byte_range(b)
+    if ra is None or rb is None:
+        return False
+    return ra[0] < rb[1] and rb[0] < ra[1]
+
+
+def zeros(shape, dtype, device: str = "cpu"):
+    """A zero-filled C-contiguous array on ``device``."""
+    return kernels_for(check_device(device)).zeros(shape, dtype)
+
+
+def empty(shape, dtype, device: str = "cpu"):
+    """An uninitialised C-contiguous array on ``device``."""
+    return kernels_for(check_device(device)).empty(shape, dtype)
+
+
+def full(shape, value, dtype, device: str = "cpu"):
+    """A C-contiguous array on ``device`` filled with ``value``."""
+    return kernels_for(check_device(device)).full(shape, value, dtype)
+
+
+def copy(x):
+    """A copy of ``x`` on its own device (NumPy in, NumPy out; CUDA in, Numba device array out)."""
+    if is_cuda_array(x):
+        x = adopt(x)
+        from numba import cuda
+
+        out = cuda.device_array(x.shape, dtype=x.dtype)
+        out.copy_to_device(x)
+        return out
+    return np.array(x, copy=True)

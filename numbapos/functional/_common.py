@@ -1,0 +1,37 @@
+"""Steps every functional op shares: pick the backend, flatten and range-check indices."""
+
+from __future__ import annotations
+
+from .. import _checks, _device
+
+
+def backend_for(arrays, names):
+    """The kernel namespace for the data arrays (all on one device, else TypeError)."""
+    device = _checks.check_same_device(arrays, names)
+    return _device.kernels_for(device)
+
+
+def on_backend(K, indices, name: str = "indices"):
+    """Checked integer ``indices`` on K's device, C-contiguous and flat.
+
+    Host indices (arrays, lists, scalars) for CUDA data are copied to the GPU;
+    CUDA indices for CPU data raise TypeError.
+    """
+    indices = _checks.check_index_array(indices, name)
+    if _device.device_of(indices) != K.DEVICE:
+        if K.DEVICE == "cpu":
+            raise TypeError(f"{name}: is a CUDA array but the data is on 'cpu'; move them to "
+                            "one device first (numbapos.to_device)")
+        indices = K.asarray(indices)
+    return indices
+
+
+def flatten(K, indices):
+    """``indices`` as a flat C-contiguous array of K's device (no copy when possible)."""
+    return K.contiguous(indices).reshape(indices.size)
+
+
+def check_range(K, flat, size: int, name: str = "indices", size_name: str = "num_embeddings"):
+    """IndexError unless every value of ``flat`` lies in ``[0, size)`` (min/max from K)."""
+    bounds = K.index_bounds(flat) if flat.size else None
+    _checks.check_index_range(flat, size, bounds, name, size_name)

@@ -1,0 +1,48 @@
+"""Array helpers of the CPU backend: allocation and moves, with the CUDA twin's names."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["DEVICE", "asarray", "contiguous", "empty", "full", "to_host", "zeros"]
+
+DEVICE = "cpu"
+
+# Below this many elements of work a parallel launch costs more than it saves.
+# The only serial/parallel threshold of the CPU launchers.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+
+def pick(serial, parallel, work: int):
+    """The serial kernel for small work, the parallel one from PARALLEL_MIN_ELEMENTS on."""
+    return parallel if work >= PARALLEL_MIN_ELEMENTS else serial
+
+
+def empty(shape, dtype) -> np.ndarray:
+    """Uninitialised C-contiguous array."""
+    return np.empty(shape, dtype=dtype)
+
+
+def zeros(shape, dtype) -> np.ndarray:
+    """Zero-filled C-contiguous array."""
+    return np.zeros(shape, dtype=dtype)
+
+
+def full(shape, value, dtype) -> np.ndarray:
+    """C-contiguous array filled with ``value``."""
+    return np.full(shape, value, dtype=dtype)
+
+
+def asarray(host: np.ndarray) -> np.ndarray:
+    """A host array on this device (here: itself)."""
+    return host
+
+
+def to_host(x) -> np.ndarray:
+    """This device's array as a NumPy array (here: itself)."""
+    return x
+
+
+def contiguous(x, dtype=None) -> np.ndarray:
+    """``x`` as a C-contiguous array of ``dtype`` (no copy when it already is one)."""
+    return np.ascontiguousarray(x, dtype=dtype)

@@ -1,0 +1,82 @@
+"""Array helpers of the CUDA backend, with the CPU backend's names.
+
+Arrays are Numba device arrays. Kernels use grid-stride loops, so any grid
+size is correct; :func:`grid` picks one from the work size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+__all__ = ["DEVICE", "asarray", "contiguous", "empty", "full", "to_host", "zeros"]
+
+DEVICE = "cuda"
+
+# Threads per block of the elementwise and per-row kernels: a multiple of the
+# warp size, and a power of two for the shared-memory tree reductions.
+THREADS = 128
+# A grid large enough to fill any current GPU; grid-stride loops do the rest.
+MAX_BLOCKS = 4096
+
+
+def grid(work: int, threads: int = THREADS) -> int:
+    """Blocks for ``work`` items at one item per thread (at least 1, at most MAX_BLOCKS)."""
+    return max(1, min(MAX_BLOCKS, -(-int(work) // threads)))
+
+
+@cuda.jit
+def _fill(out, value):
+    start, stride = cuda.grid(1), cuda.gridsize(1)
+    for i in range(start, out.size, stride):
+        out[i] = value
+
+
+@cuda.jit
+def _cast(src, out):
+    start, stride = cuda.grid(1), cuda.gridsize(1)
+    for i in range(start, out.size, stride):
+        out[i] = src[i]
+
+
+def empty(shape, dtype):
+    """Uninitialised C-contiguous device array."""
+    return cuda.device_array(shape, dtype=np.dtype(dtype))
+
+
+def full(shape, value, dtype):
+    """C-contiguous device array filled with ``value``."""
+    out = empty(shape, dtype)
+    if out.size:
+        flat = out.reshape(out.size)
+        _fill[grid(out.size), THREADS](flat, flat.dtype.type(value))
+    return out
+
+
+def zeros(shape, dtype):
+    """Zero-filled C-contiguous device array."""
+    return full(shape, 0, dtype)
+
+
+def asarray(host):
+    """A host array copied to the GPU (C-contiguous)."""
+    return cuda.to_device(np.ascontiguousarray(host))
+
+
+def to_host(x) -> np.ndarray:
+    """A device array copied to a NumPy array."""
+    return x.copy_to_host()
+
+
+def contiguous(x, dtype=None):
+    """``x`` as a C-contiguous device array of ``dtype`` (no copy when it already is one).
+
+    Device arrays reach the launchers C-contiguous (``numbapos._checks``
+    refuses others), so only a dtype change copies, elementwise on the GPU.
+    """
+    if dtype is None or np.dtype(dtype) == x.dtype:
+        return x
+    out = empty(x.shape, dtype)
+    if x.size:
+        _cast[grid(x.size), THREADS](x.reshape(x.size), out.reshape(x.size))
+    return out
