@@ -10,11 +10,21 @@ optim
     ``SGD`` for dense and row-sparse gradients.
 io
     ``save_state`` / ``load_state`` for safetensors files (needs the ``io`` extra).
+
+Devices
+-------
+Every op runs where its arrays live: NumPy arrays on the CPU, CUDA arrays
+(Numba device arrays, CuPy, PyTorch CUDA tensors) on the GPU. Modules take
+``device="cpu" | "cuda"``. :func:`cuda_available` says whether the GPU (or
+Numba's CUDA simulator) can be used; :func:`to_device` / :func:`to_host` move
+arrays. ``import numbapos`` never imports ``numba.cuda``.
 """
 
 from . import functional, io, nn, optim
+from ._device import cuda_available, device_of, to_device, to_host
 from .sparse import SparseRows
 
 __version__ = "0.1.0"
 
-__all__ = ["SparseRows", "__version__", "functional", "io", "nn", "optim"]
+__all__ = ["SparseRows", "__version__", "cuda_available", "device_of", "functional", "io", "nn",
+           "optim", "to_device", "to_host"]

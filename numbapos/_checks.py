@@ -125,6 +125,7 @@ def check_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None
             raise TypeError(f"{name}: expected a NumPy or CUDA array of float32 or float64, "
                             f"got {_describe(x)}")
         x = _device.adopt(x)
+        check_cuda_contiguous(x, name)
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected dtype float32 or float64, got {x.dtype}")
     if ndim is not None:
@@ -133,6 +134,14 @@ def check_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None
             want = " or ".join(f"{n}-D" for n in allowed)
             raise ValueError(f"{name}: expected a {want} array, got shape {x.shape}")
     return x
+
+
+def check_cuda_contiguous(x, name: str) -> None:
+    """CUDA arrays reach the kernels C-contiguous: ValueError for a strided one."""
+    if not _device.is_c_contiguous(x):
+        raise ValueError(f"{name}: expected a C-contiguous CUDA array, got strides "
+                         f"{tuple(x.strides)} for shape {tuple(x.shape)}; make a contiguous "
+                         "copy first (CuPy: cupy.ascontiguousarray, PyTorch: .contiguous())")
 
 
 def check_index_array(indices, name: str = "indices") -> np.ndarray:
@@ -146,6 +155,7 @@ def check_index_array(indices, name: str = "indices") -> np.ndarray:
         return indices  # the common case, kept fast for small lookups
     if _device.is_cuda_array(indices):
         indices = _device.adopt(indices)
+        check_cuda_contiguous(indices, name)
         if indices.dtype not in INDEX_DTYPES:
             raise TypeError(f"{name}: expected integer indices of dtype int32 or int64 on the "
                             f"GPU, got dtype {indices.dtype}; cast them first")

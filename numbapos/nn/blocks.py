@@ -135,6 +135,8 @@ class BertEmbeddings(Module):
         Seeds the table initialisation (N(0, 0.02**2), BERT's
         ``initializer_range``) and the dropout mask stream.
     dtype : float32 or float64, default float32
+    device : {"cpu", "cuda"}, default "cpu"
+        Where the parameters live and the module computes (see :meth:`Module.to`).
 
     Attributes
     ----------
@@ -158,7 +160,7 @@ class BertEmbeddings(Module):
 
     def __init__(self, vocab_size, hidden_size, max_position_embeddings=512, type_vocab_size=2,
                  pad_token_id=0, layer_norm_eps=1e-12, hidden_dropout_prob=0.1, seed=None,
-                 dtype=np.float32, *, _weights=None):
+                 dtype=np.float32, device="cpu", *, _weights=None):
         super().__init__()
         vocab_size = _checks.check_int(vocab_size, "vocab_size", minimum=1)
         hidden_size = _checks.check_int(hidden_size, "hidden_size", minimum=1)
@@ -190,6 +192,7 @@ class BertEmbeddings(Module):
         self.dropout = Dropout(hidden_dropout_prob, seed=rng)
         self.pad_token_id = pad_token_id
         self._cache = None
+        self._place(device)
 
     # -------------------------------------------------------------- sizes
 
@@ -408,6 +411,8 @@ class GPT2Embeddings(Module):
     seed : int, numpy.random.Generator or None
         Seeds the initialisation (N(0, 0.02**2)) and the dropout stream.
     dtype : float32 or float64, default float32
+    device : {"cpu", "cuda"}, default "cpu"
+        Where the parameters live and the module computes (see :meth:`Module.to`).
 
     Attributes
     ----------
@@ -423,7 +428,7 @@ class GPT2Embeddings(Module):
     """
 
     def __init__(self, vocab_size, n_positions, n_embd, embd_pdrop=0.1, seed=None,
-                 dtype=np.float32, *, _weights=None):
+                 dtype=np.float32, device="cpu", *, _weights=None):
         super().__init__()
         vocab_size = _checks.check_int(vocab_size, "vocab_size", minimum=1)
         n_positions = _checks.check_int(n_positions, "n_positions", minimum=1)
@@ -442,6 +447,7 @@ class GPT2Embeddings(Module):
         self.wpe = table(n_positions, "wpe.weight")
         self.drop = Dropout(embd_pdrop, seed=rng)
         self._cache = None
+        self._place(device)
 
     @property
     def vocab_size(self) -> int:

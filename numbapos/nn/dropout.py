@@ -35,6 +35,9 @@ class Dropout(Module):
     seed : int, numpy.random.Generator or None, default None
         The hash seed, an integer in ``[0, 2**64)``. None draws one from the
         operating system's entropy once, here; a Generator draws one from it.
+    device : {"cpu", "cuda"}, default "cpu"
+        Recorded for :attr:`device`; dropout runs wherever its input lives and
+        draws the same mask on either device.
 
     Attributes
     ----------
@@ -50,12 +53,13 @@ class Dropout(Module):
     last forward from ``(seed, counter)`` rather than storing it.
     """
 
-    def __init__(self, p=0.5, seed=None):
+    def __init__(self, p=0.5, seed=None, device="cpu"):
         super().__init__()
         self.p = _checks.check_unit_interval(p, "p")
         self.seed = _resolve_seed(seed)
         self.counter = 0
         self._last = None  # (counter, shape, p) of the last forward; counter None: identity
+        self._place(device)
 
     def forward(self, x, out=None):
         """Apply dropout to ``x`` (any shape, float32/float64).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from .. import functional as F
 from . import init as initializers
 from .module import Module
@@ -39,6 +39,9 @@ class Embedding(Module):
         ``init(shape, rng)`` initialiser; default N(0, 1) as PyTorch.
     seed : int or numpy.random.Generator, optional
         Seed for the initialiser.
+    device : {"cpu", "cuda"}, optional
+        Where the table lives and lookups run; default: where ``_weight``
+        lives, else ``"cpu"``.
 
     Attributes
     ----------
@@ -48,7 +51,7 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None,
                  norm_type=2.0, scale_grad_by_freq=False, sparse=False, _weight=None,
-                 dtype=np.float32, init=None, seed=None):
+                 dtype=np.float32, init=None, seed=None, device=None):
         super().__init__()
         self.num_embeddings = _checks.check_int(num_embeddings, "num_embeddings", minimum=1)
         self.embedding_dim = _checks.check_int(embedding_dim, "embedding_dim", minimum=1)
@@ -73,6 +76,7 @@ class Embedding(Module):
         self.weight = Parameter(table)
         self._indices = None
         self._attend_input = None
+        self._place(device)
 
     @classmethod
     def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None,
@@ -89,7 +93,7 @@ class Embedding(Module):
         padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse
             As for :class:`Embedding`.
         """
-        if not isinstance(embeddings, np.ndarray):
+        if not _checks.is_array(embeddings):
             embeddings = np.asarray(embeddings, dtype=np.float32)
         embeddings = _checks.check_float_array(embeddings, "embeddings", ndim=2)
         num, dim = embeddings.shape
@@ -105,7 +109,9 @@ class Embedding(Module):
         """
         result = F.embedding(indices, self.weight.data, padding_idx=self.padding_idx,
                              max_norm=self.max_norm, norm_type=self.norm_type, out=out)
-        self._indices = _checks.check_index_array(indices)
+        # A copy: a backward must use what this forward saw, even if the caller
+        # reuses its index buffer in between.
+        self._indices = _device.copy(_checks.check_index_array(indices))
         return result
 
     def backward(self, grad_output):
@@ -124,15 +130,22 @@ class Embedding(Module):
         return None
 
     def attend(self, h):
-        """Logits ``h @ weight.T`` of shape ``h.shape[:-1] + (V,)``, for tied output heads."""
+        """Logits ``h @ weight.T`` of shape ``h.shape[:-1] + (V,)``, for tied output heads.
+
+        The product is a GEMM, which numbapos leaves to BLAS: on the GPU ``h``
+        and the table go through the host and the logits come back to the GPU
+        (for speed there, multiply with CuPy or PyTorch on the same arrays).
+        """
         h = _checks.check_float_array(h, "h")
+        _checks.check_same_device((h, self.weight.data), ("h", "weight"))
         if h.ndim == 0 or h.shape[-1] != self.embedding_dim:
             raise ValueError(
                 f"h: expected last dimension embedding_dim={self.embedding_dim}, "
-                f"got shape {h.shape}"
+                f"got shape {tuple(h.shape)}"
             )
         self._attend_input = h
-        return h @ self.weight.data.T
+        logits = _device.to_host(h) @ _device.to_host(self.weight.data).T
+        return _device.to_device(logits, _device.device_of(h))
 
     def attend_backward(self, grad_logits):
         """Gradient wrt ``h`` of the last :meth:`attend`; accumulates the (dense) table gradient."""
@@ -140,15 +153,18 @@ class Embedding(Module):
             raise RuntimeError("Embedding.attend_backward called before attend")
         h = self._attend_input
         grad_logits = _checks.check_float_array(grad_logits, "grad_logits")
-        _checks.check_same_shape(grad_logits, h.shape[:-1] + (self.num_embeddings,),
+        _checks.check_same_shape(grad_logits, tuple(h.shape[:-1]) + (self.num_embeddings,),
                                  "grad_logits", "h.shape[:-1] + (num_embeddings,)")
-        weight = self.weight.data
+        device = _device.device_of(h)
+        _checks.check_same_device((h, grad_logits), ("h", "grad_logits"))
+        h_host, grad_host = _device.to_host(h), _device.to_host(grad_logits)
+        weight = _device.to_host(self.weight.data)
         if self.weight.requires_grad:
-            flat_grad = grad_logits.reshape(-1, self.num_embeddings)
-            table_grad = (flat_grad.T @ h.reshape(-1, self.embedding_dim)).astype(
+            flat_grad = grad_host.reshape(-1, self.num_embeddings)
+            table_grad = (flat_grad.T @ h_host.reshape(-1, self.embedding_dim)).astype(
                 weight.dtype, copy=False)
-            self.weight.accumulate_grad(table_grad, fresh=True)
-        return grad_logits @ weight
+            self.weight.accumulate_grad(_device.to_device(table_grad, device), fresh=True)
+        return _device.to_device(grad_host @ weight, device)
 
     def extra_repr(self) -> str:
         parts = [f"{self.num_embeddings}, {self.embedding_dim}"]

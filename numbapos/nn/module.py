@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import _device
 from .parameter import Parameter
 
 
@@ -104,6 +105,47 @@ class Module:
         for param in self.parameters():
             param.grad = None
 
+    @property
+    def device(self) -> str:
+        """Where the module computes, ``"cpu"`` or ``"cuda"``: its parameters' device (see
+        :meth:`to`); for a module without parameters, the device it was given."""
+        for param in self.parameters():
+            return param.device
+        return self.__dict__.get("_device", "cpu")
+
+    def _place(self, device) -> None:
+        """End of a constructor: move to ``device`` unless it is None (stay where built)."""
+        if device is not None:
+            self.to(device)
+
+    def to(self, device: str) -> Module:
+        """Move every parameter (and gradient) of this module and its children to ``device``.
+
+        In place, like PyTorch's ``Module.to``; returns self. Cached values
+        (the last forward's context, position tables) are dropped, so call it
+        between steps, not between a forward and its backward.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``device`` is not ``"cpu"`` or ``"cuda"``.
+        RuntimeError
+            ``"cuda"`` where CUDA cannot be used.
+        """
+        device = _device.check_device(device)
+        for param in self.parameters():
+            param.to(device)
+        for _, module in self.named_modules():
+            object.__setattr__(module, "_device", device)
+            module._on_device_change()
+        return self
+
+    def _on_device_change(self) -> None:
+        """Drop what depends on the device; subclasses with caches extend this."""
+        for name in ("_cache", "_context", "_indices", "_attend_input", "_input_shape", "_last"):
+            if name in self.__dict__:
+                object.__setattr__(self, name, None)
+
     def train(self, mode: bool = True) -> Module:
         """Set training mode on this module and its children; returns self."""
         for _, module in self.named_modules():
@@ -115,12 +157,14 @@ class Module:
         return self.train(False)
 
     def state_dict(self) -> OrderedDict[str, np.ndarray]:
-        """Parameter arrays by dotted name.
+        """Parameter arrays by dotted name, as NumPy arrays.
 
-        As in PyTorch the arrays are the parameters' own (no copy): copy them if
-        you need a snapshot that later training does not change.
+        On the CPU, as in PyTorch, the arrays are the parameters' own (no
+        copy): copy them if you need a snapshot that later training does not
+        change. Parameters on the GPU are copied to the host.
         """
-        return OrderedDict((name, param.data) for name, param in self.named_parameters())
+        return OrderedDict((name, _device.to_host(param.data))
+                           for name, param in self.named_parameters())
 
     def load_state_dict(self, state, strict: bool = True) -> IncompatibleKeys:
         """Copy arrays from ``state`` into the parameters, in place.
@@ -131,7 +175,8 @@ class Module:
         Parameters
         ----------
         state : mapping of str to array_like
-            As returned by :meth:`state_dict`.
+            As returned by :meth:`state_dict`: host arrays (or CUDA arrays),
+            copied to wherever each parameter lives.
         strict : bool, default True
             Require exactly this module's names: a missing name raises KeyError,
             an unexpected one ValueError. When False both are only reported.
@@ -163,11 +208,12 @@ class Module:
         for name, param in own.items():
             if name not in state:
                 continue
-            value = np.asarray(state[name])
-            if value.shape != param.data.shape:
+            value = state[name]
+            value = _device.adopt(value) if _device.is_cuda_array(value) else np.asarray(value)
+            if tuple(value.shape) != tuple(param.data.shape):
                 raise ValueError(
-                    f"load_state_dict: {name!r} has shape {value.shape}, "
-                    f"expected {param.data.shape}"
+                    f"load_state_dict: {name!r} has shape {tuple(value.shape)}, "
+                    f"expected {tuple(param.data.shape)}"
                 )
             if value.dtype != param.data.dtype:
                 raise ValueError(
@@ -176,7 +222,11 @@ class Module:
                 )
             updates.append((param, value))
         for param, value in updates:
-            np.copyto(param.data, value)
+            if param.device == "cpu":
+                np.copyto(param.data, _device.to_host(value))
+            else:
+                param.data.copy_to_device(np.ascontiguousarray(value)
+                                          if isinstance(value, np.ndarray) else value)
         return IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------ display

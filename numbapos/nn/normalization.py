@@ -50,6 +50,8 @@ class LayerNorm(Module):
         ``bias=`` argument).
     dtype : float32 or float64, default float32
         Dtype of the parameters; inputs must have the same dtype.
+    device : {"cpu", "cuda"}, default "cpu"
+        Where the parameters live and the module computes (see :meth:`Module.to`).
 
     Attributes
     ----------
@@ -58,7 +60,7 @@ class LayerNorm(Module):
     """
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True,
-                 dtype=np.float32):
+                 dtype=np.float32, device="cpu"):
         super().__init__()
         self.normalized_shape = (_normalized_dim(normalized_shape),)
         self.eps = _checks.check_eps(eps)
@@ -72,6 +74,7 @@ class LayerNorm(Module):
             self.weight = None
             self.bias = None
         self._cache = None
+        self._place(device)
 
     def _check_input(self, x):
         x = _checks.check_float_array(x, "x")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_float_array
+from .. import _device
+from .._checks import check_float_array, check_same_device
 from ..sparse import SparseRows
 
 
@@ -13,8 +14,10 @@ class Parameter:
 
     Parameters
     ----------
-    data : ndarray, float32 or float64
+    data : ndarray or CUDA array, float32 or float64
         The values; kept as given (no copy), updated in place by optimisers.
+        A CUDA array (CuPy, PyTorch, Numba) is kept as a Numba device array
+        sharing its memory.
     requires_grad : bool, default True
         False freezes the parameter: backward passes accumulate nothing into it
         and optimisers skip it.
@@ -39,6 +42,22 @@ class Parameter:
     def dtype(self) -> np.dtype:
         return self.data.dtype
 
+    @property
+    def device(self) -> str:
+        """Where the values live, ``"cpu"`` or ``"cuda"``."""
+        return _device.device_of(self.data)
+
+    def to(self, device: str) -> Parameter:
+        """Move ``data`` (and ``grad``) to ``device`` in place of the old arrays; returns self."""
+        device = _device.check_device(device)
+        if device != self.device:
+            self.data = _device.to_device(self.data, device)
+            if isinstance(self.grad, SparseRows):
+                self.grad = self.grad.to(device)
+            elif self.grad is not None:
+                self.grad = _device.to_device(self.grad, device)
+        return self
+
     def accumulate_grad(self, grad, *, fresh: bool = False) -> None:
         """Add ``grad`` (dense array or SparseRows) into ``self.grad``.
 
@@ -58,22 +77,27 @@ class Parameter:
             return
         if not isinstance(grad, SparseRows):
             grad = check_float_array(grad, "grad")
-        if grad.shape != self.data.shape:
-            raise ValueError(f"grad: expected shape {self.data.shape}, got {grad.shape}")
+        if tuple(grad.shape) != tuple(self.data.shape):
+            raise ValueError(f"grad: expected shape {tuple(self.data.shape)}, got "
+                             f"{tuple(grad.shape)}")
         if grad.dtype != self.data.dtype:
             raise TypeError(f"grad: expected dtype {self.data.dtype} (the parameter's), "
                             f"got {grad.dtype}")
+        check_same_device((self.data, grad.values if isinstance(grad, SparseRows) else grad),
+                          ("data", "grad"))
         if self.grad is None:
-            self.grad = grad if fresh or isinstance(grad, SparseRows) else grad.copy()
+            self.grad = grad if fresh or isinstance(grad, SparseRows) else _device.copy(grad)
         elif isinstance(self.grad, SparseRows) and isinstance(grad, SparseRows):
             self.grad = self.grad + grad
         elif isinstance(self.grad, SparseRows):
-            self.grad = grad + self.grad.to_dense()
+            dense = grad if fresh else _device.copy(grad)
+            self.grad = self.grad.add_to(dense)
         elif isinstance(grad, SparseRows):
             grad.add_to(self.grad)
         else:
-            self.grad += grad
+            _device.backend(self.grad).add_(self.grad, grad)
 
     def __repr__(self) -> str:
         frozen = "" if self.requires_grad else ", requires_grad=False"
-        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype}{frozen})"
+        where = "" if self.device == "cpu" else ", device='cuda'"
+        return f"Parameter(shape={tuple(self.data.shape)}, dtype={self.data.dtype}{where}{frozen})"

@@ -6,7 +6,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from .. import functional as F
 from . import init as initializers
 from .dropout import Dropout
@@ -18,8 +18,9 @@ def _check_optional_size(value, name):
     return None if value is None else _checks.check_int(value, name, minimum=1)
 
 
-def _frozen(table: np.ndarray) -> np.ndarray:
-    table.flags.writeable = False  # shared by every call that hits the cache
+def _frozen(table):
+    if isinstance(table, np.ndarray):
+        table.flags.writeable = False  # shared by every call that hits the cache
     return table
 
 
@@ -40,6 +41,9 @@ class SinusoidalPosEmbedding(Module):
         (default) accepts any width.
     base : float, default 10000.0
         Base of the wavelengths (> 0).
+    device : {"cpu", "cuda"}, default "cpu"
+        Recorded for :attr:`device`; the table is made on the device of each
+        input (and cached per device).
 
     Attributes
     ----------
@@ -59,31 +63,35 @@ class SinusoidalPosEmbedding(Module):
 
     cache_size = 16
 
-    def __init__(self, seq_len=None, embed_dim=None, base=10000.0):
+    def __init__(self, seq_len=None, embed_dim=None, base=10000.0, device="cpu"):
         super().__init__()
         self.seq_len = _check_optional_size(seq_len, "seq_len")
         self.embed_dim = _check_optional_size(embed_dim, "embed_dim")
         self.base = _checks.check_positive(base, "base")
         self._tables: OrderedDict = OrderedDict()
         self._input_shape = None
+        self._place(device)
 
-    def table(self, seq_len, embed_dim, dtype=np.float32, offset=0):
-        """The (read-only) table of positions ``offset .. offset + seq_len - 1``, cached.
+    def table(self, seq_len, embed_dim, dtype=np.float32, offset=0, device="cpu"):
+        """The table of positions ``offset .. offset + seq_len - 1`` on ``device``, cached.
 
-        The same key ``(seq_len, embed_dim, dtype, offset)`` returns the same array
-        object until it is evicted from the cache.
+        The same key ``(seq_len, embed_dim, dtype, offset, device)`` returns the
+        same array object until it is evicted from the cache (read-only on the
+        CPU; do not write a GPU table either).
         """
         seq_len = _checks.check_int(seq_len, "seq_len", minimum=1)
         embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
         dtype = _checks.check_float_dtype(dtype)
         offset = _checks.check_int(offset, "offset", minimum=0)
-        key = (seq_len, embed_dim, dtype, offset)
+        device = _device.check_device(device)
+        key = (seq_len, embed_dim, dtype, offset, device)
         table = self._tables.get(key)
         if table is not None:
             self._tables.move_to_end(key)
             return table
         table = _frozen(F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype,
-                                                   base=self.base, offset=offset))
+                                                   base=self.base, offset=offset,
+                                                   device=device))
         self._tables[key] = table
         while len(self._tables) > max(1, int(self.cache_size)):
             self._tables.popitem(last=False)
@@ -122,7 +130,7 @@ class SinusoidalPosEmbedding(Module):
                 f"x: last dimension D={dim} differs from embed_dim={self.embed_dim} fixed "
                 "at construction; pass embed_dim=None for inputs of any width"
             )
-        table = self.table(seq_len, dim, x.dtype, offset)
+        table = self.table(seq_len, dim, x.dtype, offset, _device.device_of(x))
         y = F.add_positional(x, table, out=out)
         self._input_shape = x.shape
         return y
@@ -170,6 +178,8 @@ class LearnedPosEmbedding(Module):
     seed : int or numpy.random.Generator, optional
         Seeds the initialiser and then the dropout mask.
     dtype : float32 or float64, default float32
+    device : {"cpu", "cuda"}, default "cpu"
+        Where the parameters live and the module computes (see :meth:`Module.to`).
 
     Attributes
     ----------
@@ -180,7 +190,7 @@ class LearnedPosEmbedding(Module):
     """
 
     def __init__(self, max_len, embed_dim, dropout=0.0, init="normal", seed=None,
-                 dtype=np.float32):
+                 dtype=np.float32, device="cpu"):
         super().__init__()
         self.max_len = _checks.check_int(max_len, "max_len", minimum=1)
         self.embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
@@ -199,6 +209,7 @@ class LearnedPosEmbedding(Module):
         self.weight = Parameter(table)
         self.dropout = Dropout(dropout, seed=rng)
         self._context = None
+        self._place(device)
 
     def forward(self, x, offset=0, position_ids=None):
         """Return ``dropout(x + P[offset : offset + L])`` (or the rows ``position_ids``).
@@ -293,6 +304,8 @@ class PositionalEmbedding(Module):
     seed : int or numpy.random.Generator, optional
         Seeds the initialisation of B.
     dtype : float32 or float64, default float32
+    device : {"cpu", "cuda"}, default "cpu"
+        Where the parameters live and the module computes (see :meth:`Module.to`).
         Dtype of the parameters (inputs must match).
 
     Attributes
@@ -304,7 +317,7 @@ class PositionalEmbedding(Module):
     """
 
     def __init__(self, max_len, embed_dim, type="learnable_addition", seed=None,
-                 dtype=np.float32):
+                 dtype=np.float32, device="cpu"):
         super().__init__()
         self.max_len = _check_optional_size(max_len, "max_len")
         self.embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
@@ -315,6 +328,7 @@ class PositionalEmbedding(Module):
         self._rng = _checks.as_rng(seed)
         self._tables: dict = {}
         self._context = None
+        self._place(device)
         if self.max_len is not None:
             self._build()
 
@@ -326,13 +340,14 @@ class PositionalEmbedding(Module):
             self.multipliers = Parameter(np.ones(shape, dtype=self.dtype))
         self.addends = Parameter(initializers.make_array(
             initializers.uniform(-0.02, 0.02), shape, self.dtype, self._rng))
+        self._place(self.__dict__.get("_device", "cpu"))
 
-    def _sinusoid(self, dtype):
-        table = self._tables.get(dtype)
+    def _sinusoid(self, dtype, device):
+        table = self._tables.get((dtype, device))
         if table is None:
             table = _frozen(F.sinusoidal_pos_embedding(self.max_len, self.embed_dim,
-                                                       dtype=dtype))
-            self._tables[dtype] = table
+                                                       dtype=dtype, device=device))
+            self._tables[(dtype, device)] = table
         return table
 
     def forward(self, x):
@@ -379,7 +394,7 @@ class PositionalEmbedding(Module):
         elif self.type == "learnable_mult_addition":
             y = F.positional_mult_add(x3, self.multipliers.data, self.addends.data)
         else:
-            y = F.add_positional(x3, self._sinusoid(x.dtype))
+            y = F.add_positional(x3, self._sinusoid(x.dtype, _device.device_of(x)))
         self._context = (x3 if self.type == "learnable_mult_addition" else None, x.shape)
         return y.reshape(x.shape)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["DEVICE", "asarray", "contiguous", "empty", "full", "to_host", "zeros"]
+__all__ = ["DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty", "full", "to_host",
+           "zeros"]
 
 DEVICE = "cpu"
 
@@ -46,3 +47,13 @@ def to_host(x) -> np.ndarray:
 def contiguous(x, dtype=None) -> np.ndarray:
     """``x`` as a C-contiguous array of ``dtype`` (no copy when it already is one)."""
     return np.ascontiguousarray(x, dtype=dtype)
+
+
+def add_(out, x):
+    """``out += x`` elementwise (same shape and dtype; ``out`` C-contiguous)."""
+    np.add(out, x, out=out)
+
+
+def add_rows_(dense, rows, values):
+    """``dense[rows[j]] += values[j]`` for unique ``rows`` (sparse rows into a dense array)."""
+    dense[rows] += values

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-__all__ = ["DEVICE", "asarray", "contiguous", "empty", "full", "to_host", "zeros"]
+__all__ = ["DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty", "full", "to_host",
+           "zeros"]
 
 DEVICE = "cuda"
 
@@ -37,6 +38,24 @@ def _cast(src, out):
     start, stride = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, out.size, stride):
         out[i] = src[i]
+
+
+@cuda.jit
+def _add(out, x):
+    start, stride = cuda.grid(1), cuda.gridsize(1)
+    for i in range(start, out.size, stride):
+        out[i] += x[i]
+
+
+@cuda.jit
+def _add_rows(dense, rows, values):
+    # One block per listed row (grid-stride over rows), threads along D. Rows are
+    # unique, so no two threads write one element.
+    dim = dense.shape[1]
+    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+        row = rows[j]
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            dense[row, d] += values[j, d]
 
 
 def empty(shape, dtype):
@@ -80,3 +99,15 @@ def contiguous(x, dtype=None):
     if x.size:
         _cast[grid(x.size), THREADS](x.reshape(x.size), out.reshape(x.size))
     return out
+
+
+def add_(out, x):
+    """``out += x`` elementwise (same shape and dtype, both C-contiguous)."""
+    if out.size:
+        _add[grid(out.size), THREADS](out.reshape(out.size), x.reshape(x.size))
+
+
+def add_rows_(dense, rows, values):
+    """``dense[rows[j]] += values[j]`` for unique ``rows``."""
+    if rows.size:
+        _add_rows[grid(rows.size * THREADS), THREADS](dense, rows, values)
