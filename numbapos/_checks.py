@@ -358,10 +358,10 @@ def check_same_device(arrays, names) -> str:
 def check_matching_table(x, table, table_name: str, x_name: str = "x"):
     """A 2-D float ``table`` of ``x``'s width (its last dimension) and dtype."""
     table = check_float_array(table, table_name, ndim=2)
-    if table.shape[1] != x.shape[-1]:
+    if table.shape[1] != x.shape[x.ndim - 1]:
         raise ValueError(
             f"{table_name}: has {table.shape[1]} columns but {x_name} has last dimension "
-            f"{x.shape[-1]} ({x_name}.shape={tuple(x.shape)}); they must be equal"
+            f"{x.shape[x.ndim - 1]} ({x_name}.shape={tuple(x.shape)}); they must be equal"
         )
     if table.dtype != x.dtype:
         raise TypeError(

@@ -156,6 +156,9 @@ def adopt(x):
         _require_cuda()
         from numba import cuda
 
+        if not hasattr(cuda, "as_cuda_array"):  # Numba's CUDA simulator cannot adopt memory
+            raise TypeError(f"{type(x).__name__}: arrays of other libraries need a real GPU; "
+                            "Numba's CUDA simulator only runs its own device arrays")
         return cuda.as_cuda_array(x)
     return x
 
@@ -173,7 +176,7 @@ def to_device(x, device: str):
         return adopt(x)
     from numba import cuda
 
-    return cuda.to_device(np.ascontiguousarray(x))
+    return cuda.to_device(np.require(x, requirements="C"))
 
 
 def to_host(x):

@@ -19,3 +19,30 @@ def rng():
 def tolerance(dtype):
     """(rtol, atol) suited to comparisons in ``dtype``."""
     return (1e-5, 1e-6) if np.dtype(dtype) == np.float32 else (1e-12, 1e-12)
+
+
+DEVICES = ["cpu", "cuda"]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """Each test that takes it runs on the CPU and on CUDA (the simulator without a GPU)."""
+    import numbapos
+
+    if request.param == "cuda" and not numbapos.cuda_available():
+        pytest.skip("CUDA is not available (no GPU and the simulator is off)")
+    return request.param
+
+
+def on(device, x):
+    """A host array on ``device`` (None passes through)."""
+    import numbapos
+
+    return None if x is None else numbapos.to_device(np.asarray(x), device)
+
+
+def host(x):
+    """Any array as a NumPy array (None passes through)."""
+    import numbapos
+
+    return None if x is None else numbapos.to_host(x)

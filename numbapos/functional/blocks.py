@@ -219,7 +219,7 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
         outside ``[0, 2**63)``.
     """
     mask = _checks.check_attention_mask(attention_mask)
-    total = mask.shape[-1]
+    total = mask.shape[mask.ndim - 1]
     if length is None:
         length = total
     length = _checks.check_int(length, "length", minimum=0)
@@ -627,7 +627,7 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
         raise ValueError("sparse: give it inside table_options, not beside it")
     options = _check_options(table_options, (vocab_size, n_positions), _GPT2_NAMES)
     mask = _check_mask(output_mask, 2, _GPT2_NAMES)
-    dim = grad_output.shape[-1]
+    dim = grad_output.shape[grad_output.ndim - 1]
     grad = K.contiguous(grad_output).reshape(ids.size, dim)
     if drop.active:
         masked = K.empty((ids.size, dim), grad.dtype)

@@ -176,7 +176,7 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
 
 def _scatter(K, grad_output, flat, num_rows, padding_idx, scale_grad_by_freq, sparse):
     """The table gradient of a lookup, on validated inputs (also used by the blocks)."""
-    dim = grad_output.shape[-1]
+    dim = grad_output.shape[grad_output.ndim - 1]
     grad = K.contiguous(grad_output).reshape(flat.size, dim)
     if sparse:
         rows, values = K.scatter_rows_sparse(grad, flat, num_rows, padding_idx,

@@ -8,7 +8,7 @@ from ._common import backend_for
 
 def _check_x(x, name="x"):
     x = _checks.check_float_array(x, name)
-    if x.ndim == 0 or x.shape[-1] == 0:
+    if x.ndim == 0 or x.shape[x.ndim - 1] == 0:
         raise ValueError(
             f"{name}: expected at least one dimension with a non-empty last dimension "
             f"(the one normalised), got shape {tuple(x.shape)}"
@@ -18,12 +18,12 @@ def _check_x(x, name="x"):
 
 def _check_affine(param, name, x):
     """``weight`` / ``bias``: None or a (D,) array of x's dtype."""
-    return _checks.check_vector_param(param, name, x.shape[-1], x.dtype,
+    return _checks.check_vector_param(param, name, x.shape[x.ndim - 1], x.dtype,
                                       "the last dimension of x", "the dtype of x")
 
 
 def _rows(K, x):
-    return K.contiguous(x).reshape(x.size // x.shape[-1], x.shape[-1])
+    return K.contiguous(x).reshape(x.size // x.shape[x.ndim - 1], x.shape[x.ndim - 1])
 
 
 def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, out=None):
@@ -83,8 +83,8 @@ def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, out=None):
         out = K.empty(x.shape, x.dtype)
     mean = K.empty(x.shape[:-1], x.dtype)
     rstd = K.empty(x.shape[:-1], x.dtype)
-    rows = x.size // x.shape[-1]
-    K.layer_norm_rows(_rows(K, x), weight, bias, eps, out.reshape(rows, x.shape[-1]),
+    rows = x.size // x.shape[x.ndim - 1]
+    K.layer_norm_rows(_rows(K, x), weight, bias, eps, out.reshape(rows, x.shape[x.ndim - 1]),
                       mean.reshape(rows), rstd.reshape(rows))
     return out, mean, rstd
 
@@ -181,7 +181,7 @@ def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None,
         out = _checks.check_out(out, x.shape, x.dtype, avoid=(x, grad_y, mean, rstd, weight))
     else:
         out = K.empty(x.shape, x.dtype)
-    dim = x.shape[-1]
+    dim = x.shape[x.ndim - 1]
     rows = x.size // dim
     grad_w = K.empty((dim,), x.dtype) if want_w else None
     grad_b = K.empty((dim,), x.dtype) if want_b else None

@@ -180,7 +180,7 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
     x = _check_activation(x)
     table = _checks.check_matching_table(x, table, "table")
     K = backend_for((x, table, out), ("x", "table", "out"))
-    seq_len = x.shape[-2]
+    seq_len = x.shape[x.ndim - 2]
     num_positions = table.shape[0]
     ids = None
     if position_ids is None:
@@ -286,7 +286,7 @@ def positional_mult_add(x, a, b, out=None):
     b = _checks.check_matching_table(x, b, "b")
     K = backend_for((x, a, b, out), ("x", "a", "b", "out"))
     _checks.check_same_shape(b, a.shape, "b", "the shape of a")
-    _check_length(x.shape[-2], a.shape[0])
+    _check_length(x.shape[x.ndim - 2], a.shape[0])
     out = _inplace_out(K, x, out, (a, b))
     K.mult_add(_as_3d(K, x), a, b, _as_3d(K, out))
     return out
@@ -333,7 +333,7 @@ def positional_mult_add_backward(grad_output, x, a):
     grad_output = _checks.check_float_like(grad_output, "grad_output", x.shape, x.dtype,
                                            "the shape of x", "the dtype of x")
     K = backend_for((x, a, grad_output), ("x", "a", "grad_output"))
-    _check_length(x.shape[-2], a.shape[0])
+    _check_length(x.shape[x.ndim - 2], a.shape[0])
     grad_x = K.empty(x.shape, x.dtype)
     grad_a = K.empty(a.shape, x.dtype)
     grad_b = K.empty(a.shape, x.dtype)
@@ -409,7 +409,7 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
     pad_position = _checks.check_int64(pad_position, "pad_position")
     rows_shape = ids.shape[:-1]
     # The last position, past_length + L - 1, must fit in the int64 result.
-    max_past = _checks.INT64_MAX - max(ids.shape[-1] - 1, 0)
+    max_past = _checks.INT64_MAX - max(ids.shape[ids.ndim - 1] - 1, 0)
     if isinstance(past_length, (np.ndarray, list, tuple)) or _device.is_cuda_array(past_length):
         past = _device.to_host(_checks.check_index_array(past_length, "past_length"))
         _checks.check_same_shape(past, rows_shape, "past_length", "input_ids.shape[:-1]")
@@ -425,7 +425,7 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
         past_length = _checks.check_int(past_length, "past_length", minimum=0,
                                         maximum=max_past)
         past = np.full(int(np.prod(rows_shape)), past_length, dtype=np.int64)
-    flat_shape = (past.size, ids.shape[-1])
+    flat_shape = (past.size, ids.shape[ids.ndim - 1])
     out = K.empty(ids.shape, np.int64)
     if ids.size:
         K.positions_from_padding(K.contiguous(ids).reshape(flat_shape), padding_idx,

@@ -36,7 +36,7 @@ _S32 = np.uint64(32)
 
 
 
-@register_jitable(inline="always")
+@register_jitable
 def mix64(z):
     """Stafford's variant-13 64-bit finaliser (SplitMix64's output function)."""
     z = (z ^ (z >> _S30)) * _MIX_M1
@@ -44,19 +44,19 @@ def mix64(z):
     return z ^ (z >> _S31)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def dropout_key(seed, counter):
     """The 64-bit stream key of one dropout call, from ``(seed, counter)``."""
     return mix64(mix64(np.uint64(seed) + GOLDEN_GAMMA) + np.uint64(counter) * GOLDEN_GAMMA)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def dropout_bits_keyed(key, index):
     """32 random bits for element ``index`` of the stream ``key``, as a uint64 < 2**32."""
     return mix64(key + np.uint64(index) * GOLDEN_GAMMA) >> _S32
 
 
-@register_jitable(inline="always")
+@register_jitable
 def dropout_bits(seed, counter, index):
     """32 random bits for element ``index`` of call ``counter`` under ``seed``.
 
@@ -65,7 +65,7 @@ def dropout_bits(seed, counter, index):
     return dropout_bits_keyed(dropout_key(seed, counter), index)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def keeps(key, index, threshold):
     """True iff element ``index`` of stream ``key`` survives (``threshold`` a uint64)."""
     return dropout_bits_keyed(key, index) >= threshold

@@ -138,7 +138,7 @@ class Embedding(Module):
         """
         h = _checks.check_float_array(h, "h")
         _checks.check_same_device((h, self.weight.data), ("h", "weight"))
-        if h.ndim == 0 or h.shape[-1] != self.embedding_dim:
+        if h.ndim == 0 or h.shape[h.ndim - 1] != self.embedding_dim:
             raise ValueError(
                 f"h: expected last dimension embedding_dim={self.embedding_dim}, "
                 f"got shape {tuple(h.shape)}"

@@ -79,7 +79,7 @@ class LayerNorm(Module):
     def _check_input(self, x):
         x = _checks.check_float_array(x, "x")
         dim = self.normalized_shape[0]
-        if x.ndim == 0 or x.shape[-1] != dim:
+        if x.ndim == 0 or x.shape[x.ndim - 1] != dim:
             raise ValueError(
                 f"x: expected last dimension normalized_shape={dim}, got shape "
                 f"{tuple(x.shape)}"

@@ -236,10 +236,11 @@ class LearnedPosEmbedding(Module):
             A position id outside ``[0, max_len)``.
         """
         x = _checks.check_float_array(x, "x", ndim=(2, 3))
-        if x.shape[-1] != self.embed_dim:
+        dim = x.shape[x.ndim - 1]
+        if dim != self.embed_dim:
             raise ValueError(
-                f"x: last dimension {x.shape[-1]} does not match embed_dim={self.embed_dim} "
-                f"(x.shape={x.shape})"
+                f"x: last dimension {dim} does not match embed_dim={self.embed_dim} "
+                f"(x.shape={tuple(x.shape)})"
             )
         if x.dtype != self.weight.dtype:
             raise TypeError(

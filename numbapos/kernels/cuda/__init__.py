@@ -5,8 +5,14 @@ Imported only by :func:`numbapos._device.kernels_for` when a CUDA array or
 CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before Numba is imported).
 """
 
-from . import arrays
+from . import arrays, blocks, dropout, embedding, normalization, optim, positional
 from .arrays import *  # noqa: F403
+from .blocks import *  # noqa: F403
+from .dropout import *  # noqa: F403
+from .embedding import *  # noqa: F403
+from .normalization import *  # noqa: F403
+from .optim import *  # noqa: F403
+from .positional import *  # noqa: F403
 
-AREAS = [arrays]
+AREAS = (arrays, blocks, dropout, embedding, normalization, optim, positional)
 __all__ = sorted(name for area in AREAS for name in area.__all__)

@@ -79,7 +79,7 @@ def zeros(shape, dtype):
 
 def asarray(host):
     """A host array copied to the GPU (C-contiguous)."""
-    return cuda.to_device(np.ascontiguousarray(host))
+    return cuda.to_device(np.require(host, requirements="C"))
 
 
 def to_host(x) -> np.ndarray:

@@ -1,0 +1,52 @@
+"""CUDA launchers and kernels for inverted dropout with a counter-based mask.
+
+Twin of :mod:`numbapos.kernels.cpu.dropout`. The mask bit of element ``i`` is
+:func:`numbapos.kernels.hash.keeps` of ``(key(seed, counter), i)``, the same
+``register_jitable`` SplitMix64 code the CPU compiles, so both devices draw the
+same mask bit for bit. Each element is one multiply (``x * scale`` or ``x * 0``
+in the data's dtype), so the output is bit-identical to the CPU's as well.
+"""
+
+from numba import cuda
+
+from ..hash import dropout_key, keeps
+from .arrays import THREADS, grid
+
+__all__ = ["dropout_apply", "dropout_keep_mask"]
+
+
+def dropout_apply(x, drop, out):
+    """``out[i] = x[i] * (scale if kept(i) else 0)`` over flat ``x`` / ``out``.
+
+    Forward and backward alike (the gradient of ``x * m`` is ``grad * m``).
+    Dropped elements are multiplied by zero, so NaN and inf propagate as in
+    PyTorch; ``out`` may be ``x`` itself. ``drop`` is a
+    :class:`~numbapos._args.DropoutArgs`; an inactive one (threshold 0, scale
+    1) copies ``x``, as on the CPU.
+    """
+    if x.size:
+        dtype = out.dtype.type
+        # The scale is cast on the host exactly as the CPU kernel casts it.
+        _dropout_apply[grid(x.size), THREADS](x, drop.seed, drop.counter, drop.threshold,
+                                              dtype(drop.scale), dtype(0), out)
+
+
+def dropout_keep_mask(drop, out):
+    """``out[i] = kept(i)`` over a flat bool ``out``."""
+    if out.size:
+        _dropout_keep_mask[grid(out.size), THREADS](drop.seed, drop.counter, drop.threshold, out)
+
+
+@cuda.jit
+def _dropout_apply(x, seed, counter, threshold, scale, zero, out):
+    """``out[i] = x[i] * (scale or zero)``; ``scale`` / ``zero`` are of ``out``'s dtype."""
+    key = dropout_key(seed, counter)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        out[i] = x[i] * (scale if keeps(key, i, threshold) else zero)
+
+
+@cuda.jit
+def _dropout_keep_mask(seed, counter, threshold, out):
+    key = dropout_key(seed, counter)
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = keeps(key, i, threshold)

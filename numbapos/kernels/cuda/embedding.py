@@ -1,0 +1,307 @@
+"""CUDA launchers and kernels for embedding lookup, its gradient, max-norm clipping
+and the padding mask.
+
+The twin of ``kernels/cpu/embedding.py`` (same ``__all__``, same signatures and
+semantics, on Numba device arrays). Per-row kernels run one block per row
+(grid-stride over rows by blocks) with the threads of a block along D, so
+loads and stores coalesce.
+
+Three launchers copy the flat index array (N integers, small next to the
+``N * D`` floats they move) to the host and do the data-dependent bookkeeping
+there, with the CPU backend's helpers:
+
+- :func:`renorm_used_rows_` takes the distinct rows (``np.unique``);
+- :func:`scatter_rows` / :func:`scatter_rows_sparse` group positions by row
+  with the CPU's stable counting sort, then one block per output row sums that
+  row's contributions in input order, exactly as the CPU does: the gradient is
+  bit-identical to the CPU's, with no atomics.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda, float64, int64
+
+from ..cpu.embedding import _group_by_row, _present_rows
+from . import arrays
+from .arrays import THREADS, grid
+from .fpmath import cast_like, mul_rn
+
+__all__ = ["gather_rows", "index_bounds", "not_equal_mask", "renorm_used_rows_",
+           "scatter_rows", "scatter_rows_sparse"]
+
+# index_bounds reduces over at most BOUNDS_BLOCKS blocks (a number that depends on
+# the array's size only, never on the GPU): one partial (min, max) pair per block,
+# combined on the host.
+BOUNDS_BLOCKS = 64
+
+# Norm kinds of renorm_used_rows_ (the CPU's branches on norm_type).
+_NORM_INF, _NORM_2, _NORM_1, _NORM_P = 0, 1, 2, 3
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def index_bounds(flat):
+    """``(min, max)`` of a non-empty 1-D integer array, as Python ints."""
+    if flat.size == 0:
+        raise ValueError("index_bounds: expected a non-empty array")
+    blocks = min(BOUNDS_BLOCKS, -(-flat.size // THREADS))
+    partial = arrays.empty((2, blocks), np.int64)
+    _index_bounds[blocks, THREADS](flat, partial)
+    partial = partial.copy_to_host()
+    return int(partial[0].min()), int(partial[1].max())
+
+
+def gather_rows(flat, weight, out):
+    """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``."""
+    if flat.size and weight.shape[1]:
+        _gather_rows[grid(flat.size, 1), _row_threads(weight.shape[1])](flat, weight, out)
+
+
+def renorm_used_rows_(weight, flat, max_norm, norm_type):
+    """Clip each distinct row of ``weight`` named in ``flat`` to ``max_norm``, in place.
+
+    A row whose ``norm_type``-norm exceeds ``max_norm`` is scaled by
+    ``max_norm / (norm + 1e-7)``, once however often it repeats.
+    """
+    if flat.size == 0 or weight.shape[1] == 0:
+        return
+    # The distinct rows are found on the host, from a copy of the indices.
+    rows = arrays.asarray(np.unique(flat.copy_to_host()).astype(np.int64, copy=False))
+    norm_type = float(norm_type)
+    if norm_type == math.inf:
+        kind = _NORM_INF
+    elif norm_type == 2.0:
+        kind = _NORM_2
+    elif norm_type == 1.0:
+        kind = _NORM_1
+    else:
+        kind = _NORM_P
+    _renorm_rows_[grid(rows.size, 1), _tree_threads(weight.shape[1])](
+        weight, rows, float(max_norm), kind, norm_type)
+
+
+def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
+    """Dense gradient of a lookup: ``out[r] = sum of grad[i] where flat[i] == r``.
+
+    Every row of ``out`` (``(V, D)``) is written: zero where no index points
+    (and at ``padding_idx``, when not None). Positions are grouped by row with
+    a stable counting sort and each row is summed in input order, so the
+    result is bit-identical to the CPU's. With ``scale_grad_by_freq`` each
+    contribution is divided by its row's count.
+    """
+    if out.size:
+        _zero_fill[grid(out.size), THREADS](out.reshape(out.size))
+    if flat.size == 0 or out.shape[1] == 0:
+        return
+    rows, segments = _segments(flat, out.shape[0], padding_idx)
+    if rows.size:
+        _sum_segments(grad, segments, rows.size, True, scale_grad_by_freq, out)
+
+
+def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
+    """Row-sparse gradient of a lookup: ``(rows, values)``, both device arrays.
+
+    ``rows`` (int64, unique, ascending) are the rows ``flat`` names, padding
+    left out; ``values[j]`` is the sum for ``rows[j]``, as in :func:`scatter_rows`.
+    """
+    dim = grad.shape[1]
+    if flat.size == 0:
+        return arrays.empty((0,), np.int64), arrays.empty((0, dim), grad.dtype)
+    rows, segments = _segments(flat, num_rows, padding_idx)
+    values = arrays.empty((rows.size, dim), grad.dtype)
+    if rows.size and dim:
+        _sum_segments(grad, segments, rows.size, False, scale_grad_by_freq, values)
+    return arrays.asarray(rows), values
+
+
+def not_equal_mask(flat, value, out):
+    """``out[i] = flat[i] != value`` (``out`` flat bool)."""
+    if flat.size:
+        _not_equal_mask[grid(flat.size), THREADS](flat, np.int64(value), out)
+
+
+# ---------------------------------------------------------------- launcher helpers
+
+
+def _row_threads(dim: int) -> int:
+    """Threads of a per-row block without reductions: whole warps covering ``dim``, <= THREADS."""
+    return min(THREADS, -(-dim // 32) * 32)
+
+
+def _tree_threads(dim: int) -> int:
+    """Threads of a per-row reduction block: a power of two from 32 to THREADS covering ``dim``."""
+    threads = 32
+    while threads < dim and threads < THREADS:
+        threads *= 2
+    return threads
+
+
+def _segments(flat, num_rows, padding_idx):
+    """Host grouping of positions by row (the CPU's stable counting sort).
+
+    Returns the present rows (host int64, ascending, padding left out) and one
+    device int64 array packing ``[rows | starts | counts | order]``: present row
+    ``j`` sums ``grad[order[k]]`` for ``k`` in ``starts[j] .. starts[j] + counts[j]``.
+    """
+    counts, seg_start, order = _group_by_row(flat.copy_to_host(), num_rows)
+    rows = _present_rows(counts, padding_idx)
+    packed = np.concatenate((rows, seg_start[rows], counts[rows], order))
+    return rows, arrays.asarray(packed)
+
+
+def _sum_segments(grad, segments, num_present, dense, scale_grad_by_freq, out):
+    """Launch :func:`_sum_row_segments` on the packed segments of ``num_present`` rows."""
+    m = num_present
+    rows, starts, counts = segments[:m], segments[m:2 * m], segments[2 * m:3 * m]
+    order = segments[3 * m:]
+    _sum_row_segments[grid(m, 1), _row_threads(grad.shape[1])](
+        grad, order, starts, counts, rows, bool(dense), bool(scale_grad_by_freq), out)
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@cuda.jit
+def _index_bounds(flat_idx, partial):
+    """Per-block ``(min, max)`` of ``flat_idx`` into ``partial[0, b]`` / ``partial[1, b]``.
+
+    Launched with THREADS threads per block; every thread starts from
+    ``flat_idx[0]`` (the array is non-empty), so idle threads are neutral.
+    """
+    low_s = cuda.shared.array(THREADS, int64)
+    high_s = cuda.shared.array(THREADS, int64)
+    tid = cuda.threadIdx.x
+    low = int64(flat_idx[0])
+    high = low
+    for i in range(cuda.grid(1), flat_idx.size, cuda.gridsize(1)):
+        v = int64(flat_idx[i])
+        if v < low:
+            low = v
+        if v > high:
+            high = v
+    low_s[tid] = low
+    high_s[tid] = high
+    cuda.syncthreads()
+    step = THREADS // 2
+    while step > 0:
+        if tid < step:
+            if low_s[tid + step] < low_s[tid]:
+                low_s[tid] = low_s[tid + step]
+            if high_s[tid + step] > high_s[tid]:
+                high_s[tid] = high_s[tid + step]
+        cuda.syncthreads()
+        step //= 2
+    if tid == 0:
+        partial[0, cuda.blockIdx.x] = low_s[0]
+        partial[1, cuda.blockIdx.x] = high_s[0]
+
+
+@cuda.jit
+def _gather_rows(flat_idx, weight, out):
+    """``out[i, :] = weight[flat_idx[i], :]``: one block per output row, threads along D."""
+    dim = weight.shape[1]
+    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+        row = flat_idx[i]
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            out[i, d] = weight[row, d]
+
+
+@cuda.jit
+def _renorm_rows_(weight, rows, max_norm, kind, norm_type):
+    """Scale each listed (unique) row whose norm exceeds ``max_norm`` by
+    ``max_norm / (norm + 1e-7)``, cast to the weight's dtype first (as the CPU).
+
+    One block per row (a power of two of threads, at most THREADS): each thread
+    accumulates a strided part of the row in float64 (as the CPU), then a
+    shared-memory tree combines the parts. Every thread of a block runs the
+    same row loop, so the barriers are reached uniformly.
+    """
+    acc_s = cuda.shared.array(THREADS, float64)
+    tid = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    dim = weight.shape[1]
+    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+        row = rows[j]
+        acc = 0.0
+        for d in range(tid, dim, threads):
+            a = abs(float64(weight[row, d]))
+            if kind == _NORM_INF:
+                if a > acc:
+                    acc = a
+            elif kind == _NORM_2:
+                acc += a * a
+            elif kind == _NORM_1:
+                acc += a
+            else:
+                acc += a ** norm_type
+        acc_s[tid] = acc
+        cuda.syncthreads()
+        step = threads // 2
+        while step > 0:
+            if tid < step:
+                if kind == _NORM_INF:
+                    if acc_s[tid + step] > acc_s[tid]:
+                        acc_s[tid] = acc_s[tid + step]
+                else:
+                    acc_s[tid] += acc_s[tid + step]
+            cuda.syncthreads()
+            step //= 2
+        total = acc_s[0]
+        if kind == _NORM_2:
+            norm = math.sqrt(total)
+        elif kind == _NORM_P:
+            norm = total ** (1.0 / norm_type)
+        else:
+            norm = total
+        if norm > max_norm:
+            scale = cast_like(max_norm / (norm + 1e-7), weight[row, 0])
+            for d in range(tid, dim, threads):
+                weight[row, d] *= scale
+        cuda.syncthreads()  # everyone has read acc_s[0] before the next row overwrites it
+
+
+@cuda.jit
+def _zero_fill(out):
+    """``out[:] = 0`` on a flat array (elementwise)."""
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = 0
+
+
+@cuda.jit
+def _sum_row_segments(grad, order, starts, counts, rows, dense, scale_by_freq, out):
+    """Deterministic scatter-add, the CPU's ``_sum_row_segments`` by blocks.
+
+    Present row ``j`` (output row ``rows[j]`` when ``dense``, else ``j``) is
+    owned by one block; each thread owns some columns and sums
+    ``grad[order[k], d]`` for ``k`` in the row's segment, in input order, in
+    the gradient's dtype: the same additions in the same order as the CPU,
+    hence the same bits. With ``scale_by_freq`` every term is multiplied by
+    ``1 / count`` computed in the dtype (the product never fused into the add).
+    """
+    dim = grad.shape[1]
+    for j in range(cuda.blockIdx.x, counts.size, cuda.gridDim.x):
+        start = starts[j]
+        stop = start + counts[j]
+        target = rows[j] if dense else j
+        first = order[start]
+        one = cast_like(1, grad[first, 0])
+        scale = one / cast_like(counts[j], one)
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            if scale_by_freq:
+                acc = mul_rn(grad[first, d], scale)
+                for k in range(start + 1, stop):
+                    acc = acc + mul_rn(grad[order[k], d], scale)
+            else:
+                acc = grad[first, d]
+                for k in range(start + 1, stop):
+                    acc = acc + grad[order[k], d]
+            out[target, d] = acc
+
+
+@cuda.jit
+def _not_equal_mask(flat_idx, value, out):
+    """``out[i] = flat_idx[i] != value`` (elementwise)."""
+    for i in range(cuda.grid(1), flat_idx.size, cuda.gridsize(1)):
+        out[i] = flat_idx[i] != value

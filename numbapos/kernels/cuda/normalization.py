@@ -1,0 +1,294 @@
+"""CUDA launchers and kernels for layer normalisation over the last dimension.
+
+Twin of :mod:`numbapos.kernels.cpu.normalization` (same ``__all__``, signatures
+and results). Rows are ``(R, D)`` C-contiguous device arrays.
+
+Per-row work (the forward pass, the input gradient) takes one block of
+:data:`~numbapos.kernels.cuda.arrays.THREADS` threads per row (blocks stride over
+the rows); the threads walk along D, so a warp reads consecutive elements, and
+the row sums are shared-memory tree reductions. The statistics are those of the
+CPU (corrected two-pass: a first mean, then the sum and the sum of squares of
+the deviations from it) in the input's dtype; only the order of the additions
+inside a row differs, so float32 results agree with the CPU's to a few ulp.
+
+The weight and bias gradients are sums over rows. As on the CPU they are cut
+into the fixed chunks of :func:`numbapos._args.chunk_rows` rows: one thread per
+``(chunk, d)`` adds its chunk's rows in row order into a partial row, and a
+second kernel adds the partials in chunk order, one thread per ``d``. No
+atomics; the CPU adds the same terms in the same order, so these gradients are
+bit-identical to the CPU's.
+
+FMA contraction: NVVM fuses ``acc + a * b`` into one fused multiply-add by
+default (its ``-fma=1``, which Numba leaves on without fastmath) while the CPU
+rounds the product first. The products that feed the bit-exact chunk sums go
+through :func:`~numbapos.kernels.cuda.fpmath.mul_for` (libdevice
+``__nv_fmul_rn`` / ``__nv_dmul_rn``, PTX ``mul.rn``, which is never
+contracted). Inside the row reductions and the
+normalisation contraction is left on: those are compared with a tolerance.
+"""
+
+import math
+from functools import cache
+
+from numba import cuda
+
+from ..._args import chunk_rows, num_chunks
+from .arrays import MAX_BLOCKS, THREADS, full, grid
+from .fpmath import mul_for, numba_float
+
+__all__ = ["layer_norm_backward_rows", "layer_norm_rows"]
+
+
+# ---------------------------------------------------------------- shared device helpers
+
+def row_blocks(rows: int) -> int:
+    """Blocks of a one-block-per-row kernel (blocks stride over the rows)."""
+    return max(1, min(MAX_BLOCKS, int(rows)))
+
+
+@cuda.jit(device=True)
+def block_sum(sh, a):
+    """Sum over the block of every thread's ``a`` (shared-memory tree, ``sh`` THREADS long).
+
+    Every thread of the block must call this (it holds barriers). Returns the
+    total to all threads and leaves ``sh`` free for the next call.
+    """
+    tid = cuda.threadIdx.x
+    sh[tid] = a
+    cuda.syncthreads()
+    step = THREADS // 2
+    while step > 0:
+        if tid < step:
+            sh[tid] += sh[tid + step]
+        cuda.syncthreads()
+        step //= 2
+    total = sh[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True)
+def block_sum2(sh_a, sh_b, a, b):
+    """Block sums of ``a`` and ``b`` at once, as :func:`block_sum` (same barriers)."""
+    tid = cuda.threadIdx.x
+    sh_a[tid] = a
+    sh_b[tid] = b
+    cuda.syncthreads()
+    step = THREADS // 2
+    while step > 0:
+        if tid < step:
+            sh_a[tid] += sh_a[tid + step]
+            sh_b[tid] += sh_b[tid + step]
+        cuda.syncthreads()
+        step //= 2
+    total_a = sh_a[0]
+    total_b = sh_b[0]
+    cuda.syncthreads()
+    return total_a, total_b
+
+
+@cuda.jit(device=True)
+def moments(first, c, q, n, eps, zero, one, inf):
+    """``(mean, rstd)`` from a first mean and the sums of the deviations from it.
+
+    As :func:`numbapos.kernels.cpu.normalization.row_moments`: ``var`` is the
+    biased variance clamped at 0, ``rstd = 1 / sqrt(var + eps)``, and ``inf``
+    when ``var + eps == 0`` (the output is then NaN, as in PyTorch). All
+    arguments are of the data's dtype.
+    """
+    shift = c / n
+    var = q / n - shift * shift
+    if var < zero:
+        var = zero
+    den = math.sqrt(var + eps)
+    if den == zero:
+        rstd = inf
+    else:
+        rstd = one / den
+    return first + shift, rstd
+
+
+@cuda.jit
+def sum_partials(part, out):
+    """``out[m] = part[0, m] + part[1, m] + ...`` added in chunk order, one thread per m."""
+    chunks = part.shape[0]
+    for m in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        s = part[0, m]
+        for c in range(1, chunks):
+            s += part[c, m]
+        out[m] = s
+
+
+@cuda.jit
+def fill(out, value):
+    """``out[:] = value`` over a flat ``out``."""
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = value
+
+
+def fill_zero(out):
+    """Zero a C-contiguous device array of any shape."""
+    if out.size:
+        flat = out.reshape(out.size)
+        fill[grid(flat.size), THREADS](flat, flat.dtype.type(0))
+
+
+def add_partials(part, out):
+    """``out`` (any shape) = the sum over the first axis of ``part`` (``(C,) + out.shape``)."""
+    if out.size:
+        flat = out.reshape(out.size)
+        sum_partials[grid(flat.size), THREADS](part.reshape(part.shape[0], flat.size), flat)
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
+    """Normalise each row of ``x`` (``(R, D)``) into ``y``; per-row ``mean`` and ``rstd``.
+
+    ``weight`` / ``bias`` are ``(D,)`` or None (ones / zeros).
+    """
+    rows, dim = x.shape
+    if rows == 0:
+        return
+    dt = x.dtype.type
+    weight = full((dim,), 1, x.dtype) if weight is None else weight
+    bias = full((dim,), 0, x.dtype) if bias is None else bias
+    _forward_kernel(x.dtype)[row_blocks(rows), THREADS](x, weight, bias, dt(eps), y, mean, rstd)
+
+
+def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias):
+    """Input gradient of each row into ``grad_x``; ``grad_weight`` / ``grad_bias`` summed.
+
+    ``grad_weight`` / ``grad_bias`` are ``(D,)`` outputs, or None when not
+    wanted. They are summed per fixed chunk of rows (:func:`numbapos._args.chunk_rows`)
+    and the chunks added in order, so the bits equal the CPU's.
+    """
+    rows, dim = x.shape
+    if rows == 0:
+        for out in (grad_weight, grad_bias):
+            if out is not None:
+                fill_zero(out)
+        return
+    weight = full((dim,), 1, x.dtype) if weight is None else weight
+    _backward_x_kernel(x.dtype)[row_blocks(rows), THREADS](grad_y, x, mean, rstd, weight,
+                                                            grad_x)
+    want_w = grad_weight is not None
+    want_b = grad_bias is not None
+    if not (want_w or want_b):
+        return
+    chunks = num_chunks(rows)
+    # An unwanted partial is a 1x1 placeholder that the kernel never touches.
+    part_w = cuda.device_array((chunks, dim) if want_w else (1, 1), dtype=x.dtype)
+    part_b = cuda.device_array((chunks, dim) if want_b else (1, 1), dtype=x.dtype)
+    _partials_kernel(x.dtype)[grid(chunks * dim), THREADS](
+        grad_y, x, mean, rstd, chunks, chunk_rows(rows), want_w, want_b, part_w, part_b)
+    if want_w:
+        add_partials(part_w, grad_weight)
+    if want_b:
+        add_partials(part_b, grad_bias)
+
+
+# ---------------------------------------------------------------- kernels (one set per dtype)
+
+
+@cache
+def _forward_kernel(dtype):
+    nbt = numba_float(dtype)
+
+    @cuda.jit
+    def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
+        """One block per row: moments by tree reductions, then ``y`` and the statistics."""
+        sh_a = cuda.shared.array(THREADS, nbt)
+        sh_b = cuda.shared.array(THREADS, nbt)
+        tid = cuda.threadIdx.x
+        rows, dim = x.shape
+        zero = nbt(0)
+        one = nbt(1)
+        inf = nbt(math.inf)
+        n = nbt(dim)
+        for i in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            acc = zero
+            for d in range(tid, dim, THREADS):
+                acc += x[i, d]
+            first = block_sum(sh_a, acc) / n
+            c = zero
+            q = zero
+            for d in range(tid, dim, THREADS):
+                t = x[i, d] - first
+                c += t
+                q += t * t
+            c, q = block_sum2(sh_a, sh_b, c, q)
+            m, r = moments(first, c, q, n, eps, zero, one, inf)
+            for d in range(tid, dim, THREADS):
+                y[i, d] = (x[i, d] - m) * r * weight[d] + bias[d]
+            if tid == 0:
+                mean[i] = m
+                rstd[i] = r
+
+    return layer_norm_forward
+
+
+@cache
+def _backward_x_kernel(dtype):
+    nbt = numba_float(dtype)
+
+    @cuda.jit
+    def layer_norm_backward_x(grad_y, x, mean, rstd, weight, grad_x):
+        """One block per row: ``grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat))``."""
+        sh_a = cuda.shared.array(THREADS, nbt)
+        sh_b = cuda.shared.array(THREADS, nbt)
+        tid = cuda.threadIdx.x
+        rows, dim = x.shape
+        zero = nbt(0)
+        n = nbt(dim)
+        for i in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            m = mean[i]
+            r = rstd[i]
+            sg = zero
+            sgx = zero
+            for d in range(tid, dim, THREADS):
+                g = grad_y[i, d] * weight[d]
+                grad_x[i, d] = g
+                sg += g
+                sgx += g * ((x[i, d] - m) * r)
+            sg, sgx = block_sum2(sh_a, sh_b, sg, sgx)
+            a = sg / n
+            b = sgx / n
+            for d in range(tid, dim, THREADS):
+                xhat = (x[i, d] - m) * r
+                grad_x[i, d] = r * (grad_x[i, d] - a - xhat * b)
+
+    return layer_norm_backward_x
+
+
+@cache
+def _partials_kernel(dtype):
+    nbt = numba_float(dtype)
+    mul = mul_for(dtype)
+
+    @cuda.jit
+    def layer_norm_partials(grad_y, x, mean, rstd, chunks, chunk, want_w, want_b,
+                            part_w, part_b):
+        """One thread per ``(chunk, d)``: its chunk's ``gy * xhat`` / ``gy`` in row order."""
+        rows, dim = x.shape
+        zero = nbt(0)
+        for k in range(cuda.grid(1), chunks * dim, cuda.gridsize(1)):
+            c = k // dim
+            d = k - c * dim
+            start = c * chunk
+            stop = min(start + chunk, rows)
+            pw = zero
+            pb = zero
+            for i in range(start, stop):
+                g = grad_y[i, d]
+                if want_w:
+                    pw += mul(g, (x[i, d] - mean[i]) * rstd[i])
+                if want_b:
+                    pb += g
+            if want_w:
+                part_w[c, d] = pw
+            if want_b:
+                part_b[c, d] = pb
+
+    return layer_norm_partials

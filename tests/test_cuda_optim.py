@@ -1,0 +1,157 @@
+"""CUDA SGD launchers: bit-identical to the CPU launchers and to a NumPy oracle.
+
+Runs on Numba's CUDA simulator where no GPU is present (conftest sets
+NUMBA_ENABLE_CUDASIM=1). On a real GPU the kernels' products are compiled
+unfused (``mul_rn``), so the same bits come out there too.
+"""
+
+import inspect
+
+import numpy as np
+import pytest
+from conftest import FLOAT_DTYPES
+from numba import cuda
+
+from numbapos._args import SGDHyper
+from numbapos.kernels.cpu import optim as cpu
+from numbapos.kernels.cuda import optim as gpu
+
+CONFIGS = [
+    dict(),
+    dict(momentum=0.9),
+    dict(momentum=0.9, dampening=0.5),
+    dict(momentum=0.8, nesterov=True),
+    dict(weight_decay=0.01),
+    dict(momentum=0.5, weight_decay=0.1, maximize=True),
+    dict(momentum=0.9, nesterov=True, weight_decay=1e-3, maximize=True),
+]
+
+
+def dev(x):
+    return cuda.to_device(np.ascontiguousarray(x))
+
+
+def hyper(dtype, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+          maximize=False):
+    cast = np.dtype(dtype).type
+    return SGDHyper(cast(lr), cast(momentum), cast(1.0 - dampening), cast(weight_decay),
+                    nesterov, maximize)
+
+
+def oracle_step(p, g, buf, first, h):
+    """torch.optim.SGD's rule in NumPy, in the arrays' dtype, operation for operation."""
+    if h.maximize:
+        g = -g
+    if h.weight_decay != 0:
+        g = g + h.weight_decay * p
+    if h.momentum != 0:
+        buf = g.copy() if first else buf * h.momentum + h.one_minus_dampening * g
+        g = g + h.momentum * buf if h.nesterov else buf
+    return p - h.lr * g, buf
+
+
+def test_same_launchers_and_signatures():
+    assert gpu.__all__ == cpu.__all__
+    for name in cpu.__all__:
+        assert inspect.signature(getattr(gpu, name)) == inspect.signature(getattr(cpu, name))
+
+
+# ---------------------------------------------------------------- sgd_dense_
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_sgd_dense_steps_bit_identical(rng, dtype, config):
+    n = 150  # two blocks, the second partly idle
+    h = hyper(dtype, **config)
+    momentum = h.momentum != 0
+    param = rng.normal(size=n).astype(dtype)
+    buf = np.zeros(n if momentum else 0, dtype)
+    param_d, buf_d = dev(param), dev(buf)
+    oracle_p, oracle_b = param.copy(), None
+    for step in range(3):
+        grad = rng.normal(size=n).astype(dtype)
+        first = step == 0
+        gpu.sgd_dense_(param_d, dev(grad), buf_d, first, h)
+        cpu.sgd_dense_(param, grad, buf, first, h)
+        oracle_p, oracle_b = oracle_step(oracle_p, grad, oracle_b, first, h)
+        got = param_d.copy_to_host()
+        np.testing.assert_array_equal(got, param)
+        np.testing.assert_array_equal(got, oracle_p)
+        assert got.dtype == dtype
+        if momentum:
+            np.testing.assert_array_equal(buf_d.copy_to_host(), buf)
+            np.testing.assert_array_equal(buf, oracle_b)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_sgd_dense_first_flag_restarts_the_buffer(rng, dtype):
+    # first=True ignores whatever the buffer holds; first=False reads it.
+    h = hyper(dtype, lr=0.5, momentum=0.9)
+    param = rng.normal(size=5).astype(dtype)
+    grad = rng.normal(size=5).astype(dtype)
+    stale = rng.normal(size=5).astype(dtype)
+    for first in (True, False):
+        param_d, buf_d = dev(param), dev(stale)
+        gpu.sgd_dense_(param_d, dev(grad), buf_d, first, h)
+        expected_p, expected_b = oracle_step(param, grad, stale, first, h)
+        np.testing.assert_array_equal(param_d.copy_to_host(), expected_p)
+        np.testing.assert_array_equal(buf_d.copy_to_host(), expected_b)
+
+
+def test_sgd_dense_empty_is_a_no_op():
+    h = hyper(np.float32, momentum=0.9)
+    param_d = dev(np.zeros(0, np.float32))
+    gpu.sgd_dense_(param_d, dev(np.zeros(0, np.float32)), dev(np.zeros(0, np.float32)), True, h)
+    assert param_d.copy_to_host().shape == (0,)
+
+
+# ---------------------------------------------------------------- sgd_rows_
+
+
+STEPS = ([1, 2], [2, 3], [0, 1, 3, 5], [2])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dim", [3, 130])
+def test_sgd_rows_steps_bit_identical(rng, dtype, config, dim):
+    num = 6
+    h = hyper(dtype, lr=0.05, **config)
+    momentum = h.momentum != 0
+    param = rng.normal(size=(num, dim)).astype(dtype)
+    buf = np.zeros((num, dim) if momentum else (0, 0), dtype)
+    started = np.zeros(num if momentum else 0, np.bool_)
+    if momentum:
+        started[5] = True  # a row whose momentum started before (with a zero buffer)
+    param_d, buf_d, started_d = dev(param), dev(buf), dev(started)
+    history = {r: (param[r].copy(), buf[r].copy() if momentum and started[r] else None)
+               for r in range(num)}
+    for rows in STEPS:
+        rows = np.array(rows, np.int64)
+        values = rng.normal(size=(rows.size, dim)).astype(dtype)
+        gpu.sgd_rows_(param_d, dev(rows), dev(values), buf_d, started_d, h)
+        cpu.sgd_rows_(param, rows, values, buf, started, h)
+        for r, v in zip(rows, values, strict=True):
+            p, b = history[r]
+            history[r] = oracle_step(p, v, b, b is None, h)
+        got = param_d.copy_to_host()
+        np.testing.assert_array_equal(got, param)
+        if momentum:
+            np.testing.assert_array_equal(buf_d.copy_to_host(), buf)
+            np.testing.assert_array_equal(started_d.copy_to_host(), started)
+    for r in range(num):
+        np.testing.assert_array_equal(got[r], history[r][0])  # untouched row 4 included
+    if momentum:
+        np.testing.assert_array_equal(started, [True, True, True, True, False, True])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_sgd_rows_empty_rows_is_a_no_op(rng, dtype):
+    h = hyper(dtype, momentum=0.9)
+    param = rng.normal(size=(3, 2)).astype(dtype)
+    param_d, started_d = dev(param), dev(np.zeros(3, np.bool_))
+    gpu.sgd_rows_(param_d, dev(np.zeros(0, np.int64)), dev(np.zeros((0, 2), dtype)),
+                  dev(np.zeros((3, 2), dtype)), started_d, h)
+    np.testing.assert_array_equal(param_d.copy_to_host(), param)
+    assert not started_d.copy_to_host().any()

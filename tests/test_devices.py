@@ -1,0 +1,425 @@
+"""One API on two devices: every public op and module on the CPU and on CUDA.
+
+Without a GPU the CUDA cases run on Numba's CUDA simulator (set in
+conftest.py), so shapes stay tiny. Each test runs the op on ``device`` and
+compares it with the NumPy reference or with the CPU result: bit for bit for
+pure copies, ordered sums and dropout masks, to a few ulp for reductions.
+"""
+
+import inspect
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import reference as ref
+from conftest import host, on
+
+import numbapos
+from numbapos import _device, nn, optim
+from numbapos import functional as F
+from numbapos.sparse import SparseRows
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+AREAS = ["arrays", "blocks", "dropout", "embedding", "normalization", "optim", "positional"]
+
+
+def _close(got, want, dtype=np.float64):
+    rtol, atol = (2e-5, 2e-6) if np.dtype(dtype) == np.float32 else (1e-12, 1e-12)
+    np.testing.assert_allclose(host(got), want, rtol=rtol, atol=atol)
+
+
+def _on_device(x, device):
+    assert _device.device_of(x) == device, f"result on {_device.device_of(x)}, not {device}"
+
+
+# ------------------------------------------------------------------ the seam
+
+
+@pytest.mark.parametrize("area", AREAS)
+def test_backends_export_the_same_launchers(area):
+    import importlib
+
+    cpu = importlib.import_module(f"numbapos.kernels.cpu.{area}")
+    gpu = importlib.import_module(f"numbapos.kernels.cuda.{area}")
+    assert sorted(cpu.__all__) == sorted(gpu.__all__)
+    for name in cpu.__all__:
+        a, b = getattr(cpu, name), getattr(gpu, name)
+        if callable(a):
+            params_a = inspect.signature(a).parameters.values()
+            params_b = inspect.signature(b).parameters.values()
+            assert [(p.name, p.default) for p in params_a] == \
+                   [(p.name, p.default) for p in params_b], name
+
+
+def test_namespaces_export_the_same_names():
+    from numbapos.kernels import cpu, cuda
+
+    assert cpu.__all__ == cuda.__all__
+
+
+def test_no_kernel_import_outside_kernels_and_device():
+    pattern = re.compile(r"^\s*(from|import)\s+[.a-z_]*kernels", re.MULTILINE)
+    leaks = [str(p.relative_to(ROOT)) for p in (ROOT / "numbapos").rglob("*.py")
+             if "kernels" not in p.parts and p.name != "_device.py"
+             and pattern.search(p.read_text())]
+    assert leaks == []
+
+
+def test_import_does_not_load_numba_cuda():
+    code = "import sys, numbapos; print('numba.cuda' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_mixed_devices_raise_type_error_naming_both():
+    weight = np.ones((4, 3), np.float32)
+    with pytest.raises(TypeError, match="out: is on 'cuda' but weight is on 'cpu'"):
+        F.embedding([1, 2], weight, out=on("cuda", np.empty((2, 3), np.float32)))
+    with pytest.raises(TypeError, match="arrays on different devices"):
+        _device.backend(weight, on("cuda", weight))
+    with pytest.raises(TypeError, match="indices: is a CUDA array but the data is on 'cpu'"):
+        F.embedding(on("cuda", np.array([1])), weight)
+
+
+def test_device_argument_is_checked():
+    with pytest.raises(ValueError, match="device: expected 'cpu' or 'cuda', got 'gpu'"):
+        nn.Embedding(3, 2, device="gpu")
+    with pytest.raises(TypeError, match="device: expected 'cpu' or 'cuda'"):
+        numbapos.to_device(np.ones(2), 1)
+
+
+def test_cuda_unavailable_says_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(_device, "_CUDA_CHECKED", True)
+    monkeypatch.setattr(_device, "_CUDA_ERROR", "no CUDA driver or GPU was found")
+    assert not numbapos.cuda_available()
+    with pytest.raises(RuntimeError, match=r'pip install "numbapos\[cuda\]".*NUMBA_ENABLE_CUDASIM'):
+        nn.Embedding(3, 2, device="cuda")
+
+
+def test_adopt_wraps_cuda_array_interface_objects(monkeypatch):
+    """Foreign CUDA arrays go through one function; here with a stand-in object."""
+    from numba import cuda
+
+    class StandIn:
+        __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False),
+                                    "version": 3}
+
+    wrapped = object()
+    monkeypatch.setattr(cuda, "as_cuda_array", lambda x: wrapped, raising=False)
+    stand_in = StandIn()
+    assert _device.is_cuda_array(stand_in) and _device.device_of(stand_in) == "cuda"
+    assert _device.adopt(stand_in) is wrapped
+    plain = np.ones(2)
+    assert _device.adopt(plain) is plain
+
+
+def test_to_device_and_back(device):
+    x = np.arange(6.0).reshape(2, 3)
+    y = numbapos.to_device(x, device)
+    _on_device(y, device)
+    np.testing.assert_array_equal(numbapos.to_host(y), x)
+    assert numbapos.to_device(y, device) is y
+
+
+# ------------------------------------------------------------------ embedding
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lookup(device, rng, dtype):
+    weight = rng.standard_normal((11, 5)).astype(dtype)
+    ids = rng.integers(0, 11, (3, 4)).astype(np.int32)
+    y = F.embedding(on(device, ids), on(device, weight))
+    _on_device(y, device)
+    np.testing.assert_array_equal(host(y), weight[ids])
+    out = on(device, np.zeros((3, 4, 5), dtype))
+    assert F.embedding(ids, on(device, weight), out=out) is out  # host ids are moved
+    np.testing.assert_array_equal(host(out), weight[ids])
+    np.testing.assert_array_equal(host(F.embedding(on(device, np.array(7)), on(device, weight))),
+                                  weight[7])
+    assert host(F.embedding(on(device, np.zeros((0, 2), np.int64)),
+                            on(device, weight))).shape == (0, 2, 5)
+
+
+def test_bad_index_raises_index_error_and_device_stays_usable(device):
+    weight = on(device, np.ones((4, 3), np.float32))
+    for bad, value in (([1, 4, 2], 4), ([0, -1], -1)):
+        with pytest.raises(IndexError, match=f"index {value} .* valid indices are 0 <= index < 4"):
+            F.embedding(on(device, np.array(bad)), weight)
+    np.testing.assert_array_equal(host(weight), 1.0)  # nothing was written
+    np.testing.assert_array_equal(host(F.embedding(on(device, np.array([3])), weight)), 1.0)
+
+
+def test_renorm_repeated_unsorted_indices_pytorch_case(device, rng):
+    # PyTorch's test: a 20 x 64 table, max_norm = 1, indices arange(2) repeated.
+    table = rng.standard_normal((20, 64)).astype(np.float32) * 3
+    ids = np.tile(np.arange(2), 5)
+    expected = table.copy()
+    ref.embedding_renorm_(expected, ids, 1.0, 2.0)
+    weight = on(device, table)
+    y = F.embedding(on(device, ids), weight, max_norm=1.0)
+    _close(weight, expected, np.float32)
+    _close(y, expected[ids], np.float32)
+    np.testing.assert_allclose(np.linalg.norm(host(weight)[:2], axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(host(weight)[2:], table[2:])
+    cpu = table.copy()
+    F.embedding_renorm_(cpu, ids, 1.0, 2.0)
+    np.testing.assert_allclose(host(weight), cpu, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.5, np.inf])
+def test_renorm_norm_types(device, rng, norm_type):
+    table = rng.standard_normal((6, 7)) * 2
+    ids = np.array([5, 0, 5, 2])
+    expected = table.copy()
+    ref.embedding_renorm_(expected, ids, 1.5, norm_type)
+    weight = on(device, table)
+    assert F.embedding_renorm_(weight, on(device, ids), 1.5, norm_type) is weight
+    _close(weight, expected)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("scale", [False, True])
+def test_backward_is_the_cpu_result_bit_for_bit(device, rng, sparse, scale):
+    ids = rng.integers(0, 9, (4, 6))
+    ids[0, :3] = 2  # padding, repeated
+    grad = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    cpu = F.embedding_backward(grad, ids, 9, padding_idx=2, scale_grad_by_freq=scale,
+                               sparse=sparse)
+    got = F.embedding_backward(on(device, grad), on(device, ids), 9, padding_idx=2,
+                               scale_grad_by_freq=scale, sparse=sparse)
+    if sparse:
+        assert isinstance(got, SparseRows) and got.device == device
+        np.testing.assert_array_equal(host(got.indices), cpu.indices)
+        np.testing.assert_array_equal(host(got.values), cpu.values)
+        got = got.to_dense()
+        cpu = cpu.to_dense()
+    _on_device(got, device)
+    np.testing.assert_array_equal(host(got), cpu)
+    expected = ref.embedding_backward(grad.astype(np.float64), ids, 9, padding_idx=2,
+                                      scale_grad_by_freq=scale)
+    np.testing.assert_allclose(host(got), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_padding_mask(device):
+    ids = np.array([[0, 3, 0], [1, 2, 0]])
+    mask = F.padding_mask(on(device, ids), 0)
+    _on_device(mask, device)
+    np.testing.assert_array_equal(host(mask), ids != 0)
+
+
+# ------------------------------------------------------------------ dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 1.0])
+def test_dropout_masks_are_bit_identical_to_the_cpu(device, rng, p):
+    x = rng.standard_normal((7, 33)).astype(np.float32)
+    seed, counter = 2**64 - 5, 12345
+    cpu = F.dropout(x, p, seed, counter=counter)
+    got = F.dropout(on(device, x), p, seed, counter=counter)
+    _on_device(got, device)
+    np.testing.assert_array_equal(host(got), cpu)
+    mask = F.dropout_mask(x.shape, p, seed, counter=counter, device=device)
+    np.testing.assert_array_equal(host(mask), F.dropout_mask(x.shape, p, seed, counter=counter))
+    back = F.dropout_backward(on(device, x), p, seed, counter=counter)
+    np.testing.assert_array_equal(host(back), cpu)
+    inplace = on(device, x)
+    assert F.dropout(inplace, p, seed, counter=counter, out=inplace) is inplace
+    np.testing.assert_array_equal(host(inplace), cpu)
+
+
+# ------------------------------------------------------------------ LayerNorm
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm(device, rng, dtype):
+    x = (rng.standard_normal((5, 37)) * 3 + 10).astype(dtype)
+    w = rng.standard_normal(37).astype(dtype)
+    b = rng.standard_normal(37).astype(dtype)
+    gy = rng.standard_normal((5, 37)).astype(dtype)
+    y, mean, rstd = F.layer_norm_forward(on(device, x), on(device, w), on(device, b))
+    _on_device(y, device)
+    _close(y, ref.layer_norm(x.astype(np.float64), w, b, 1e-5)[0], dtype)
+    gx, gw, gb = F.layer_norm_backward(on(device, gy), on(device, x), mean, rstd,
+                                       on(device, w), on(device, b))
+    cgx, cgw, cgb = F.layer_norm_backward(gy, x, *F.layer_norm_forward(x, w, b)[1:], w, b)
+    _close(gx, cgx, dtype)
+    _close(gw, cgw, dtype)
+    _close(gb, cgb, dtype)
+    _, gw, gb = F.layer_norm_backward(on(device, gy), on(device, x), mean, rstd,
+                                      on(device, w), on(device, b), output_mask=(False, True))
+    assert gw is None and gb is not None
+
+
+# ------------------------------------------------------------------ positions
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sinusoid_table(device, dtype):
+    table = F.sinusoidal_pos_embedding(50, 7, device=device, dtype=dtype, offset=65000)
+    _on_device(table, device)
+    bound = 1e-6 if dtype == np.float32 else 1e-10
+    assert np.max(np.abs(host(table) - ref.sinusoidal_table(50, 7, offset=65000))) <= bound
+    out = on(device, np.empty((50, 7), dtype))
+    assert F.sinusoidal_pos_embedding(50, 7, out=out, offset=65000) is out
+
+
+def test_add_positional_and_backward(device, rng):
+    x = rng.standard_normal((2, 4, 3))
+    table = rng.standard_normal((6, 3))
+    y = F.add_positional(on(device, x), on(device, table), offset=2)
+    np.testing.assert_array_equal(host(y), x + table[2:6])
+    g = F.add_positional_backward(on(device, x), 6, offset=2)
+    expected = np.zeros((6, 3))
+    expected[2:6] = x[0] + x[1]
+    np.testing.assert_array_equal(host(g), expected)
+    pos = np.array([5, 0, 5, 1])
+    y = F.add_positional(on(device, x), on(device, table), position_ids=pos)
+    np.testing.assert_array_equal(host(y), x + table[pos])
+    g = F.add_positional_backward(on(device, x), 6, position_ids=pos)
+    np.testing.assert_array_equal(host(g), F.add_positional_backward(x, 6, position_ids=pos))
+    with pytest.raises(IndexError, match="position_ids: index 6"):
+        F.add_positional(on(device, x), on(device, table), position_ids=[0, 1, 2, 6])
+
+
+def test_mult_add_and_backward(device, rng):
+    x, gy = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
+    a, b = rng.standard_normal((5, 4)), rng.standard_normal((5, 4))
+    y = F.positional_mult_add(on(device, x), on(device, a), on(device, b))
+    np.testing.assert_array_equal(host(y), a[:3] * x + b[:3])
+    got = F.positional_mult_add_backward(on(device, gy), on(device, x), on(device, a))
+    for g, want in zip(got, F.positional_mult_add_backward(gy, x, a), strict=True):
+        np.testing.assert_array_equal(host(g), want)
+
+
+def test_positions_from_padding(device):
+    ids = np.array([[0, 0, 7, 8], [7, 8, 0, 9]])
+    got = F.positions_from_padding(on(device, ids), 0, past_length=[3, 1])
+    np.testing.assert_array_equal(host(got), F.positions_from_padding(ids, 0, past_length=[3, 1]))
+
+
+# ------------------------------------------------------------------ blocks
+
+
+def _bert_arrays(rng, V=13, P=9, T=2, D=40):
+    return [rng.standard_normal(s) for s in ((V, D), (P, D), (T, D), (D,), (D,))]
+
+
+def test_bert_block(device, rng):
+    arrays = _bert_arrays(rng)
+    ids = rng.integers(0, 13, (2, 5))
+    types = rng.integers(0, 2, (2, 5))
+    kw = dict(token_type_ids=types, p=0.3, seed=7, counter=4, eps=1e-5)
+    cpu = F.bert_embeddings_forward(ids, *arrays, **kw)
+    got = F.bert_embeddings_forward(on(device, ids), *[on(device, a) for a in arrays], **kw)
+    for g, c in zip(got, cpu, strict=True):
+        _on_device(g, device)
+        _close(g, c)
+    gy = rng.standard_normal(cpu[0].shape)
+    kw.pop("eps")
+    cpu_grads = F.bert_embeddings_backward(gy, ids, *arrays[:3], *cpu[1:], *arrays[3:], **kw,
+                                           padding_idx=0, sparse=True)
+    grads = F.bert_embeddings_backward(on(device, gy), on(device, ids),
+                                       *[on(device, a) for a in arrays[:3]], *got[1:],
+                                       *[on(device, a) for a in arrays[3:]], **kw,
+                                       padding_idx=0, sparse=True)
+    assert isinstance(grads.word_embeddings, SparseRows)
+    np.testing.assert_array_equal(host(grads.word_embeddings.indices),
+                                  cpu_grads.word_embeddings.indices)
+    _close(grads.word_embeddings.values, cpu_grads.word_embeddings.values)
+    for g, c in zip(grads[1:], cpu_grads[1:], strict=True):
+        _close(g, c)
+
+
+def test_gpt2_block(device, rng):
+    wte, wpe = rng.standard_normal((11, 6)), rng.standard_normal((8, 6))
+    ids = rng.integers(0, 11, (2, 3))
+    mask = np.array([[0, 1, 1, 1], [1, 1, 1, 0]])
+    kw = dict(past_length=1, attention_mask=mask, p=0.5, seed=3, counter=2)
+    y = F.gpt2_embeddings(on(device, ids), on(device, wte), on(device, wpe), **kw)
+    np.testing.assert_array_equal(host(y), F.gpt2_embeddings(ids, wte, wpe, **kw))
+    gy = rng.standard_normal((2, 3, 6))
+    got = F.gpt2_embeddings_backward(on(device, gy), on(device, ids), 11, 8, **kw)
+    want = F.gpt2_embeddings_backward(gy, ids, 11, 8, **kw)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(host(g), w)
+
+
+# ------------------------------------------------------------------ SGD and modules
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_embedding_training_matches_the_cpu(device, rng, sparse):
+    ids = [rng.integers(0, 10, (3, 4)) for _ in range(3)]
+    grads = [rng.standard_normal((3, 4, 6)).astype(np.float32) for _ in range(3)]
+    models = []
+    for dev in ("cpu", device):
+        emb = nn.Embedding(10, 6, padding_idx=1, sparse=sparse, seed=0, device=dev)
+        opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9, nesterov=True,
+                        weight_decay=0.01)
+        for step_ids, grad in zip(ids, grads, strict=True):
+            emb(on(dev, step_ids))
+            emb.backward(on(dev, grad))
+            opt.step()
+            emb.zero_grad()
+        assert emb.device == dev and _device.device_of(emb.weight.data) == dev
+        models.append(emb)
+    np.testing.assert_array_equal(host(models[1].weight.data), models[0].weight.data)
+
+
+def test_bert_module_training_step_matches_the_cpu(device, rng):
+    ids = rng.integers(0, 20, (2, 4))
+    gy = rng.standard_normal((2, 4, 24)).astype(np.float32)
+    blocks = []
+    for dev in ("cpu", device):
+        block = nn.BertEmbeddings(20, 24, 8, 2, hidden_dropout_prob=0.2, seed=1, device=dev)
+        opt = optim.SGD(block.parameters(), lr=0.05, momentum=0.5)
+        block(ids)
+        block.backward(on(dev, gy))
+        opt.step()
+        blocks.append(block)
+    for (name, a), (_, b) in zip(blocks[0].state_dict().items(),
+                                 blocks[1].state_dict().items(), strict=True):
+        assert isinstance(b, np.ndarray)
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_modules_run_on_the_device(device, rng):
+    x = on(device, rng.standard_normal((2, 3, 8)).astype(np.float32))
+    for module in (nn.LayerNorm(8, device=device), nn.SinusoidalPosEmbedding(device=device),
+                   nn.LearnedPosEmbedding(5, 8, dropout=0.1, seed=0, device=device),
+                   nn.PositionalEmbedding(4, 8, type="learnable_mult_addition", seed=0,
+                                          device=device),
+                   nn.PositionalEmbedding(4, 8, type="transformers", device=device),
+                   nn.Dropout(0.5, seed=1, device=device)):
+        y = module(x)
+        _on_device(y, device)
+        _on_device(module.backward(y), device)
+        assert module.device == device
+        for param in module.parameters():
+            assert param.grad is None or _device.device_of(param.grad) == device
+    gpt2 = nn.GPT2Embeddings(10, 6, 8, seed=0, device=device)
+    y = gpt2(rng.integers(0, 10, (2, 3)))
+    gpt2.backward(y)
+    _on_device(gpt2.wte.weight.grad, device)
+
+
+def test_module_to_and_state_dict_round_trip(device, rng):
+    cpu_model = nn.BertEmbeddings(12, 8, 6, 2, seed=3)
+    state = {k: v.copy() for k, v in cpu_model.state_dict().items()}
+    model = nn.BertEmbeddings(12, 8, 6, 2, seed=4).to(device)
+    assert model.device == device
+    model.load_state_dict(state)  # host arrays into a module on the device
+    for name, value in model.state_dict().items():
+        assert isinstance(value, np.ndarray)
+        np.testing.assert_array_equal(value, state[name])
+    ids = rng.integers(0, 12, (2, 3))
+    model.eval()
+    cpu_model.eval()
+    _close(model(ids), cpu_model(ids), np.float32)
+    back = model.to("cpu")
+    assert back is model and model.device == "cpu"
+    assert isinstance(model.word_embeddings.weight.data, np.ndarray)
