@@ -109,12 +109,18 @@ def simulator_enabled() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
+_NAMESPACES: dict = {}
+
+
 def kernels_for(device: str):
-    """The kernel namespace of ``device`` (``"cpu"`` or ``"cuda"``)."""
-    if device == "cuda":
-        _require_cuda()
-        return importlib.import_module("numbapos.kernels.cuda")
-    return importlib.import_module("numbapos.kernels.cpu")
+    """The kernel namespace of ``device`` (``"cpu"`` or ``"cuda"``), imported on first use."""
+    namespace = _NAMESPACES.get(device)
+    if namespace is None:
+        if device == "cuda":
+            _require_cuda()
+        namespace = importlib.import_module(f"numbapos.kernels.{device}")
+        _NAMESPACES[device] = namespace
+    return namespace
 
 
 def backend(*arrays):

@@ -201,10 +201,10 @@ def test_scatter_rows_dense_bit_identical(rng, dtype, index_dtype, padding_idx, 
                                           n):
     flat = rng.integers(0, num, size=n).astype(index_dtype)
     grad = rng.normal(size=(n, dim)).astype(dtype)
-    out = nan_device((num, dim), dtype)
+    out = dev(np.zeros((num, dim), dtype))  # the contract: out arrives zero-filled
     gpu.scatter_rows(dev(grad), dev(flat), padding_idx, scale, out)
     got = out.copy_to_host()
-    expected = np.empty((num, dim), dtype)
+    expected = np.zeros((num, dim), dtype)
     cpu.scatter_rows(grad, flat, padding_idx, scale, expected)
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(got, _oracle_scatter(grad, flat, num, padding_idx, scale))
@@ -244,14 +244,14 @@ def test_scatter_sums_in_input_order(sparse):
         np.testing.assert_array_equal(rows.copy_to_host(), [1, 3])
         np.testing.assert_array_equal(values.copy_to_host(), [[2.0], [0.0]])
     else:
-        out = nan_device((4, 1), np.float32)
+        out = dev(np.zeros((4, 1), np.float32))
         gpu.scatter_rows(dev(grad), dev(flat), None, False, out)
         np.testing.assert_array_equal(out.copy_to_host(), [[0.0], [2.0], [0.0], [0.0]])
 
 
 def test_scatter_scale_grad_by_freq_pytorch_case():
     grad = np.array([[1.0, 2.0], [3.0, 5.0], [7.0, 11.0]])
-    out = nan_device((3, 2), np.float64)
+    out = dev(np.zeros((3, 2), np.float64))
     gpu.scatter_rows(dev(grad), dev(np.array([1, 1, 2])), None, True, out)
     np.testing.assert_array_equal(out.copy_to_host(), [[0, 0], [2, 3.5], [7, 11]])
 
@@ -260,7 +260,7 @@ def test_scatter_scale_grad_by_freq_pytorch_case():
 def test_scatter_all_padding(rng, dtype):
     flat = np.full(4, 2, np.int64)
     grad = rng.normal(size=(4, 3)).astype(dtype)
-    out = nan_device((5, 3), dtype)
+    out = dev(np.zeros((5, 3), dtype))
     gpu.scatter_rows(dev(grad), dev(flat), 2, True, out)
     np.testing.assert_array_equal(out.copy_to_host(), np.zeros((5, 3), dtype))
     rows, values = gpu.scatter_rows_sparse(dev(grad), dev(flat), 5, 2, False)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import _checks, _device
 
 
 def backend_for(arrays, names):
     """The kernel namespace for the data arrays (all on one device, else TypeError)."""
+    if all(type(x) is np.ndarray or x is None for x in arrays):  # the common case, kept fast
+        return _device.kernels_for("cpu")
     device = _checks.check_same_device(arrays, names)
     return _device.kernels_for(device)
 
@@ -18,7 +22,8 @@ def on_backend(K, indices, name: str = "indices"):
     CUDA indices for CPU data raise TypeError.
     """
     indices = _checks.check_index_array(indices, name)
-    if _device.device_of(indices) != K.DEVICE:
+    where = "cpu" if type(indices) is np.ndarray else _device.device_of(indices)
+    if where != K.DEVICE:
         if K.DEVICE == "cpu":
             raise TypeError(f"{name}: is a CUDA array but the data is on 'cpu'; move them to "
                             "one device first (numbapos.to_device)")

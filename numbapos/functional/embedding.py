@@ -182,7 +182,7 @@ def _scatter(K, grad_output, flat, num_rows, padding_idx, scale_grad_by_freq, sp
         rows, values = K.scatter_rows_sparse(grad, flat, num_rows, padding_idx,
                                              scale_grad_by_freq)
         return SparseRows(rows, values, num_rows)
-    out = K.empty((num_rows, dim), grad.dtype)
+    out = K.zeros((num_rows, dim), grad.dtype)
     K.scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out)
     return out
 

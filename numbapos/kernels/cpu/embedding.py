@@ -72,13 +72,13 @@ def _present_rows(counts, padding_idx):
 def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
     """Dense gradient of a lookup: ``out[r] = sum of grad[i] where flat[i] == r``.
 
-    Every row of ``out`` (``(V, D)``) is written: zero where no index points
-    (and at ``padding_idx``, when not None). Positions are grouped by row with
-    a stable counting sort and each row is summed by one thread in input order,
-    so the result is bit-identical for any thread count. With
+    ``out`` (``(V, D)``) arrives zero-filled (``zeros``: on the CPU the OS's
+    lazily zeroed pages, so rows no index names cost nothing); only the rows
+    that indices name (padding left out) are written. Positions are grouped by
+    row with a stable counting sort and each row is summed by one thread in
+    input order, so the result is bit-identical for any thread count. With
     ``scale_grad_by_freq`` each contribution is divided by its row's count.
     """
-    out[...] = 0
     if flat.size == 0:
         return
     counts, seg_start, order = _group_by_row(flat, out.shape[0])

@@ -85,14 +85,12 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
 def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
     """Dense gradient of a lookup: ``out[r] = sum of grad[i] where flat[i] == r``.
 
-    Every row of ``out`` (``(V, D)``) is written: zero where no index points
-    (and at ``padding_idx``, when not None). Positions are grouped by row with
-    a stable counting sort and each row is summed in input order, so the
-    result is bit-identical to the CPU's. With ``scale_grad_by_freq`` each
+    ``out`` (``(V, D)``) arrives zero-filled; only the rows that indices name
+    (padding left out) are written. Positions are grouped by row with a
+    stable counting sort and each row is summed in input order, so the result
+    is bit-identical to the CPU's. With ``scale_grad_by_freq`` each
     contribution is divided by its row's count.
     """
-    if out.size:
-        _zero_fill[grid(out.size), THREADS](out.reshape(out.size))
     if flat.size == 0 or out.shape[1] == 0:
         return
     rows, segments = _segments(flat, out.shape[0], padding_idx)
@@ -260,13 +258,6 @@ def _renorm_rows_(weight, rows, max_norm, kind, norm_type):
             for d in range(tid, dim, threads):
                 weight[row, d] *= scale
         cuda.syncthreads()  # everyone has read acc_s[0] before the next row overwrites it
-
-
-@cuda.jit
-def _zero_fill(out):
-    """``out[:] = 0`` on a flat array (elementwise)."""
-    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        out[i] = 0
 
 
 @cuda.jit
