@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sys
 import time
 
 
 def _cuda_status() -> str:
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        return "simulator (NUMBA_ENABLE_CUDASIM=1)"
-    try:
-        from numba import cuda
-    except ImportError:  # numba built without CUDA support
-        return "unavailable (numba.cuda not importable)"
-    try:
-        if cuda.is_available():
-            return f"available ({cuda.get_current_device().name.decode()})"
-    except Exception as err:  # driver errors surface as many types
-        return f"unavailable ({err})"
-    return "unavailable (no CUDA driver or GPU)"
+    from numbapos import _device
+
+    if not _device.cuda_available():
+        return f"unavailable ({_device._cuda_problem()})"
+    if _device.simulator_enabled():
+        return "Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1): correct, not fast"
+    from numba import cuda
+
+    name = cuda.get_current_device().name
+    return f"available ({name.decode() if isinstance(name, bytes) else name})"
 
 
 def info() -> int:
@@ -38,7 +35,7 @@ def info() -> int:
     print(f"threads  {numba.get_num_threads()} (numba threading layer: "
           f"{numba.config.THREADING_LAYER})")
     print("devices  cpu: available")
-    print(f"         cuda: {_cuda_status()} (CUDA kernels are not in this release)")
+    print(f"         cuda: {_cuda_status()}")
     return 0
 
 

@@ -11,6 +11,27 @@ FLOAT_DTYPES = [np.float32, np.float64]
 INDEX_DTYPES = [np.int32, np.int64]
 
 
+def _numba_cuda_importable() -> bool:
+    try:
+        from numba import cuda  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The CUDA kernel tests need numba-cuda (its simulator runs them without a GPU)."""
+    if collection_path.name.startswith("test_cuda_") and not _numba_cuda_importable():
+        return True
+    return None
+
+
+def pytest_report_header(config):
+    if not _numba_cuda_importable():
+        return "numba-cuda is not installed: tests/test_cuda_*.py are not collected"
+    return None
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

@@ -423,3 +423,39 @@ def test_module_to_and_state_dict_round_trip(device, rng):
     back = model.to("cpu")
     assert back is model and model.device == "cpu"
     assert isinstance(model.word_embeddings.weight.data, np.ndarray)
+
+
+# ------------------------------------------------------------------ other libraries' arrays
+
+
+def _real_gpu() -> bool:
+    return numbapos.cuda_available() and not _device.simulator_enabled()
+
+
+def _foreign(lib, array):
+    if lib == "cupy":
+        cupy = pytest.importorskip("cupy")
+        return cupy.asarray(array)
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    return torch.from_numpy(array).cuda()
+
+
+@pytest.mark.skipif(not _real_gpu(), reason="needs a real GPU (the simulator adopts no memory)")
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_cupy_and_torch_arrays_are_used_in_place(lib, rng):
+    table = rng.standard_normal((10, 8)).astype(np.float32) * 3
+    weight = _foreign(lib, table)
+    ids = _foreign(lib, np.array([[1, 4], [4, 9]]))
+    y = F.embedding(ids, weight, max_norm=1.0)  # clips rows 1, 4, 9 of the foreign array
+    expected = table.copy()
+    ref.embedding_renorm_(expected, np.array([1, 4, 9]), 1.0, 2.0)
+    np.testing.assert_allclose(host(y), expected[[[1, 4], [4, 9]]], rtol=1e-6)
+    adopted = _device.adopt(weight)
+    assert (adopted.__cuda_array_interface__["data"][0]
+            == weight.__cuda_array_interface__["data"][0])  # no copy was made
+    back = weight.get() if lib == "cupy" else weight.cpu().numpy()
+    np.testing.assert_allclose(back, expected, rtol=1e-6)  # written in place
+    grad = F.embedding_backward(_foreign(lib, np.ones((2, 2, 8), np.float32)), ids, 10)
+    np.testing.assert_array_equal(host(grad)[4], 2.0)
