@@ -18,6 +18,7 @@ there, with the CPU backend's helpers:
 """
 
 import math
+import threading
 
 import numpy as np
 from numba import cuda, float64, int64
@@ -42,15 +43,35 @@ _NORM_INF, _NORM_2, _NORM_1, _NORM_P = 0, 1, 2, 3
 # ---------------------------------------------------------------- launchers
 
 
+_BOUNDS_SCRATCH: dict = {}
+_BOUNDS_LOCK = threading.Lock()
+
+
+def _bounds_scratch():
+    """The partials buffer of index_bounds and its pinned host twin, made once per context.
+
+    Every call would otherwise pay a device allocation and a free (hundreds of
+    microseconds through Numba's default memory manager) for 1 KiB.
+    """
+    context = cuda.current_context()
+    scratch = _BOUNDS_SCRATCH.get(id(context))
+    if scratch is None or scratch[0] is not context:
+        device = arrays.empty((2, BOUNDS_BLOCKS), np.int64)
+        host = cuda.pinned_array((2, BOUNDS_BLOCKS), np.int64)
+        scratch = _BOUNDS_SCRATCH[id(context)] = (context, device, host)
+    return scratch[1], scratch[2]
+
+
 def index_bounds(flat):
     """``(min, max)`` of a non-empty 1-D integer array, as Python ints."""
     if flat.size == 0:
         raise ValueError("index_bounds: expected a non-empty array")
     blocks = min(BOUNDS_BLOCKS, -(-flat.size // THREADS))
-    partial = arrays.empty((2, blocks), np.int64)
-    _index_bounds[blocks, THREADS](flat, partial)
-    partial = partial.copy_to_host()
-    return int(partial[0].min()), int(partial[1].max())
+    with _BOUNDS_LOCK:  # one scratch buffer per context, shared by the host threads
+        device, host = _bounds_scratch()
+        _index_bounds[blocks, THREADS](flat, device)
+        device.copy_to_host(host)  # synchronous: the kernel has finished when it returns
+        return int(host[0, :blocks].min()), int(host[1, :blocks].max())
 
 
 def gather_rows(flat, weight, out):
