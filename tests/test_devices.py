@@ -459,3 +459,14 @@ def test_cupy_and_torch_arrays_are_used_in_place(lib, rng):
     np.testing.assert_allclose(back, expected, rtol=1e-6)  # written in place
     grad = F.embedding_backward(_foreign(lib, np.ones((2, 2, 8), np.float32)), ids, 10)
     np.testing.assert_array_equal(host(grad)[4], 2.0)
+
+
+def test_readme_gpu_example_runs_as_written(capsys):
+    """The README's GPU example, pasted as is (on the simulator here: device 'cuda')."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### On the GPU"):]
+    block = section[section.index("```python") + len("```python"):]
+    block = block[:block.index("```")]
+    exec(compile(block, "README.md (On the GPU)", "exec"), {})
+    device = "cuda" if numbapos.cuda_available() else "cpu"
+    assert capsys.readouterr().out.split() == [device, "(1,", "4,", "64)", "(1000,", "64)"]
