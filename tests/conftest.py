@@ -37,6 +37,16 @@ def rng():
     return np.random.default_rng(1234)
 
 
+def two_threads() -> int:
+    """2, for tests that compare results across thread counts; they skip, not pass,
+    where Numba has fewer than 2 threads (the comparison would be vacuous)."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs at least 2 Numba threads (NUMBA_NUM_THREADS)")
+    return 2
+
+
 def tolerance(dtype):
     """(rtol, atol) suited to comparisons in ``dtype``."""
     return (1e-5, 1e-6) if np.dtype(dtype) == np.float32 else (1e-12, 1e-12)

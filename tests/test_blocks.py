@@ -4,7 +4,7 @@ import numba
 import numpy as np
 import pytest
 import reference
-from conftest import FLOAT_DTYPES
+from conftest import FLOAT_DTYPES, two_threads
 
 from numbapos import functional as F
 from numbapos import nn
@@ -40,7 +40,7 @@ def _tol(dtype):
 
 
 def _threads():
-    return min(2, numba.config.NUMBA_NUM_THREADS)
+    return two_threads()
 
 
 # ================================================================== BERT forward

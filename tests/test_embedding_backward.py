@@ -4,7 +4,7 @@ import numba
 import numpy as np
 import pytest
 import reference as ref
-from conftest import FLOAT_DTYPES, INDEX_DTYPES
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, two_threads
 
 import numbapos.functional as F
 from numbapos import SparseRows
@@ -89,7 +89,7 @@ def test_bit_identical_across_thread_counts_and_runs(rng, sparse, scale):
     threads = numba.get_num_threads()
     results = []
     try:
-        for n in sorted({1, threads, max(threads, 2)}):
+        for n in sorted({1, two_threads(), threads}):
             numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
             for _ in range(2):
                 g = F.embedding_backward(grad, indices, 300, padding_idx=0,

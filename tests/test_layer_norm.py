@@ -4,7 +4,7 @@ import numba
 import numpy as np
 import pytest
 import reference
-from conftest import FLOAT_DTYPES
+from conftest import FLOAT_DTYPES, two_threads
 
 from numbapos import _args, nn
 from numbapos import functional as F
@@ -131,7 +131,7 @@ def test_chunking_depends_only_on_rows():
 
 
 def _threads():
-    return min(2, numba.config.NUMBA_NUM_THREADS)
+    return two_threads()
 
 
 def test_deterministic_for_any_thread_count(rng):

@@ -4,7 +4,7 @@ import numba
 import numpy as np
 import pytest
 import reference as ref
-from conftest import FLOAT_DTYPES, tolerance
+from conftest import FLOAT_DTYPES, tolerance, two_threads
 
 import numbapos.functional as F
 from numbapos.kernels.cpu import arrays as cpu_arrays
@@ -60,6 +60,7 @@ def test_sinusoid_error_bound_serial_path(dtype):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_sinusoid_same_values_for_any_thread_count_and_kernel(dtype, monkeypatch):
+    two_threads()
     seq_len, embed_dim = 3000, 40
     default = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype)
     threads = numba.get_num_threads()
