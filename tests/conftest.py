@@ -1,6 +1,7 @@
 """Test configuration. The CUDA simulator must be chosen before Numba is imported."""
 
 import os
+import sys
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
@@ -53,6 +54,30 @@ def tolerance(dtype):
 
 
 DEVICES = ["cpu", "cuda"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_thread_switches():
+    """The simulator runs a block's threads as Python threads that hand the GIL around
+    at every barrier: switching sooner makes the CUDA tests about 30% faster."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    yield
+    sys.setswitchinterval(old)
+
+
+def dev(a):
+    """A host array as a Numba device array (None passes through), for kernel tests."""
+    from numba import cuda
+
+    return None if a is None else cuda.to_device(np.ascontiguousarray(a))
+
+
+def nan_device(shape, dtype):
+    """A device output pre-filled with NaN (-7 for integers), so an element a launcher
+    leaves unwritten shows."""
+    fill = np.nan if np.dtype(dtype).kind == "f" else -7
+    return dev(np.full(shape, fill, dtype=dtype))
 
 
 @pytest.fixture(params=DEVICES)

@@ -6,13 +6,11 @@ Python threads, about 0.3 s per token of a per-token kernel, so the inputs are
 small; D = 150 is still larger than a block and not a multiple of 32.
 """
 
-import sys
 
 import numpy as np
 import pytest
 import reference
-from conftest import FLOAT_DTYPES, INDEX_DTYPES, tolerance
-from numba import cuda
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, dev, nan_device, tolerance
 
 from numbapos._args import NO_DROPOUT as NO_DROP
 from numbapos._args import BertIds, BertTables, DropoutArgs, chunk_rows, num_chunks
@@ -28,24 +26,6 @@ DIM = 150  # > THREADS and not a multiple of 32
 assert DIM > THREADS and DIM % 32
 VOCAB, POSITIONS = 11, 9
 EPS = 1e-12
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _fast_thread_switches():
-    """The simulator's block threads hand the GIL around at every barrier: switch sooner."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    yield
-    sys.setswitchinterval(old)
-
-
-def _dev(a):
-    return None if a is None else cuda.to_device(np.ascontiguousarray(a))
-
-
-def _garbage(shape, dtype):
-    """A device output pre-filled with NaN, so an element left unwritten shows."""
-    return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
 
 
 def _host(a):
@@ -83,7 +63,7 @@ def _bert_inputs(rng, tokens, dim, dtype, types=2, affine=True):
 
 
 def _on_device(ids, tables):
-    return BertIds(*map(_dev, ids)), BertTables(*map(_dev, tables))
+    return BertIds(*map(dev, ids)), BertTables(*map(dev, tables))
 
 
 def _row_sums(ids, tables):
@@ -102,8 +82,8 @@ def _cpu_bert_forward(ids, tables, drop):
 
 def _gpu_bert_forward(ids, tables, drop):
     tokens, dtype = ids.word.size, tables.word.dtype
-    y = _garbage((tokens, tables.word.shape[1]), dtype)
-    mean, rstd = _garbage(tokens, dtype), _garbage(tokens, dtype)
+    y = nan_device((tokens, tables.word.shape[1]), dtype)
+    mean, rstd = nan_device(tokens, dtype), nan_device(tokens, dtype)
     gpu.bert_forward(*_on_device(ids, tables), EPS, drop, y, mean, rstd)
     return y.copy_to_host(), mean.copy_to_host(), rstd.copy_to_host()
 
@@ -127,8 +107,8 @@ def _cpu_bert_backward(grad_y, ids, tables, mean, rstd, drop, wanted):
 
 def _gpu_bert_backward(grad_y, ids, tables, mean, rstd, drop, wanted):
     d_ids, d_tables = _on_device(ids, tables)
-    return _bert_backward(gpu, _garbage, _host, _dev(grad_y), d_ids, d_tables, _dev(mean),
-                          _dev(rstd), drop, wanted)
+    return _bert_backward(gpu, nan_device, _host, dev(grad_y), d_ids, d_tables, dev(mean),
+                          dev(rstd), drop, wanted)
 
 
 def test_same_launchers_as_cpu():
@@ -300,7 +280,7 @@ def test_gpt2_forward_bitwise(rng, dtype, index_dtype, p):
     wte = rng.standard_normal((VOCAB, DIM)).astype(dtype)
     wpe = rng.standard_normal((POSITIONS, DIM)).astype(dtype)
     drop = _drop(p)
-    y = _gpt2(gpu, _garbage, _host, _dev(ids), _dev(pos), _dev(wte), _dev(wpe), drop)
+    y = _gpt2(gpu, nan_device, _host, dev(ids), dev(pos), dev(wte), dev(wpe), drop)
     np.testing.assert_array_equal(y, _gpt2(cpu, np.empty, lambda a: a, ids, pos, wte, wpe, drop))
     keep = _keep_mask(drop, y.shape)
     ref = (wte[ids] + wpe[pos]) * np.where(keep, dtype(drop.scale), dtype(0))
@@ -310,6 +290,6 @@ def test_gpt2_forward_bitwise(rng, dtype, index_dtype, p):
 def test_gpt2_forward_empty():
     ids = np.empty(0, np.int64)
     wte = np.ones((VOCAB, DIM), np.float32)
-    y = _gpt2(gpu, _garbage, _host, _dev(ids), _dev(ids), _dev(wte), _dev(wte[:POSITIONS]),
+    y = _gpt2(gpu, nan_device, _host, dev(ids), dev(ids), dev(wte), dev(wte[:POSITIONS]),
               _drop(0.1))
     assert y.shape == (0, DIM)

@@ -9,20 +9,10 @@ import inspect
 
 import numpy as np
 import pytest
-from conftest import FLOAT_DTYPES, INDEX_DTYPES
-from numba import cuda
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, dev, nan_device
 
 from numbapos.kernels.cpu import embedding as cpu
 from numbapos.kernels.cuda import embedding as gpu
-
-
-def dev(x):
-    return cuda.to_device(np.ascontiguousarray(x))
-
-
-def nan_device(shape, dtype):
-    """A device output pre-filled with NaN, to catch elements a kernel fails to write."""
-    return dev(np.full(shape, np.nan, dtype=dtype))
 
 
 def test_same_launchers_and_signatures():

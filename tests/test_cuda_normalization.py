@@ -6,13 +6,11 @@ Python threads, about 0.3 s per row of a per-row kernel, so the inputs are
 small; D = 150 is still larger than a block and not a multiple of 32.
 """
 
-import sys
 
 import numpy as np
 import pytest
 import reference
-from conftest import FLOAT_DTYPES, tolerance
-from numba import cuda
+from conftest import FLOAT_DTYPES, dev, nan_device, tolerance
 
 from numbapos._args import chunk_rows, num_chunks
 from numbapos.kernels.cpu import normalization as cpu
@@ -21,24 +19,6 @@ from numbapos.kernels.cuda.arrays import THREADS
 
 DIM = 150  # > THREADS and not a multiple of 32
 assert DIM > THREADS and DIM % 32
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _fast_thread_switches():
-    """The simulator's block threads hand the GIL around at every barrier: switch sooner."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    yield
-    sys.setswitchinterval(old)
-
-
-def _dev(a):
-    return None if a is None else cuda.to_device(np.ascontiguousarray(a))
-
-
-def _garbage(shape, dtype):
-    """A device output pre-filled with NaN, so an element left unwritten shows."""
-    return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
 
 
 def _cpu_forward(x, w, b, eps):
@@ -50,8 +30,8 @@ def _cpu_forward(x, w, b, eps):
 
 def _gpu_forward(x, w, b, eps):
     rows, dtype = x.shape[0], x.dtype
-    y, mean, rstd = _garbage(x.shape, dtype), _garbage(rows, dtype), _garbage(rows, dtype)
-    gpu.layer_norm_rows(_dev(x), _dev(w), _dev(b), eps, y, mean, rstd)
+    y, mean, rstd = nan_device(x.shape, dtype), nan_device(rows, dtype), nan_device(rows, dtype)
+    gpu.layer_norm_rows(dev(x), dev(w), dev(b), eps, y, mean, rstd)
     return y.copy_to_host(), mean.copy_to_host(), rstd.copy_to_host()
 
 
@@ -66,10 +46,10 @@ def _cpu_backward(gy, x, mean, rstd, w, want_w, want_b):
 
 def _gpu_backward(gy, x, mean, rstd, w, want_w, want_b):
     dim, dtype = x.shape[1], x.dtype
-    gx = _garbage(x.shape, dtype)
-    gw = _garbage(dim, dtype) if want_w else None
-    gb = _garbage(dim, dtype) if want_b else None
-    gpu.layer_norm_backward_rows(_dev(gy), _dev(x), _dev(mean), _dev(rstd), _dev(w), gx, gw, gb)
+    gx = nan_device(x.shape, dtype)
+    gw = nan_device(dim, dtype) if want_w else None
+    gb = nan_device(dim, dtype) if want_b else None
+    gpu.layer_norm_backward_rows(dev(gy), dev(x), dev(mean), dev(rstd), dev(w), gx, gw, gb)
     return tuple(None if a is None else a.copy_to_host() for a in (gx, gw, gb))
 
 

@@ -9,8 +9,7 @@ import inspect
 
 import numpy as np
 import pytest
-from conftest import FLOAT_DTYPES
-from numba import cuda
+from conftest import FLOAT_DTYPES, dev
 
 from numbapos._args import SGDHyper
 from numbapos.kernels.cpu import optim as cpu
@@ -25,10 +24,6 @@ CONFIGS = [
     dict(momentum=0.5, weight_decay=0.1, maximize=True),
     dict(momentum=0.9, nesterov=True, weight_decay=1e-3, maximize=True),
 ]
-
-
-def dev(x):
-    return cuda.to_device(np.ascontiguousarray(x))
 
 
 def hyper(dtype, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,

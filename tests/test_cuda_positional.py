@@ -7,24 +7,13 @@ must match the CPU bit for bit; the sinusoid table within 1e-6 / 1e-10.
 import numpy as np
 import pytest
 import reference as ref
-from conftest import FLOAT_DTYPES, INDEX_DTYPES
-from numba import cuda
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, dev, nan_device
 
 from numbapos.kernels.cpu import positional as cpu
 from numbapos.kernels.cuda import positional as gpu
 from numbapos.kernels.cuda.arrays import THREADS
 
 SHAPES = [(1, 1, 1), (2, 3, 5), (3, 2, 129), (1, 2, 300)]  # (N, L, D); D > THREADS too
-
-
-def dev(a):
-    return cuda.to_device(np.ascontiguousarray(a))
-
-
-def garbage(shape, dtype):
-    """A device output filled with NaN (or -7 for ints): the launcher must overwrite it all."""
-    fill = np.nan if np.dtype(dtype).kind == "f" else -7
-    return dev(np.full(shape, fill, dtype=dtype))
 
 
 def assert_bits_equal(a, b):
@@ -56,7 +45,7 @@ def test_same_names_as_cpu():
 
 
 def gpu_sinusoid(rows, dim, dtype, offset=0):
-    out = garbage((rows, dim), dtype)
+    out = nan_device((rows, dim), dtype)
     gpu.sinusoid_fill(inv_freq(dim), offset, out)
     return out.copy_to_host()
 
@@ -123,7 +112,7 @@ def test_add_rows(shape, dtype, rng):
     start = 2
     x = rng.standard_normal(shape).astype(dtype)
     table = rng.standard_normal((l + start + 1, d)).astype(dtype)
-    out = garbage(shape, dtype)
+    out = nan_device(shape, dtype)
     gpu.add_rows(dev(x), dev(table), start, out)
     want = np.empty_like(x)
     cpu.add_rows(x, table, start, want)
@@ -151,7 +140,7 @@ def test_add_gathered_rows(shape, shared, index_dtype, dtype, rng):
     table = rng.standard_normal((m, d)).astype(dtype)
     positions = rng.integers(0, m, size=(1 if shared else n, l)).astype(index_dtype)
     positions[0, 0] = m - 1  # the last row of the table
-    out = garbage(shape, dtype)
+    out = nan_device(shape, dtype)
     gpu.add_gathered_rows(dev(x), dev(table), dev(positions), out)
     want = np.empty_like(x)
     cpu.add_gathered_rows(x, table, positions, want)
@@ -163,7 +152,7 @@ def test_add_gathered_rows_repeated_and_grid_stride(small_grid, rng):
     x = rng.standard_normal((3, 5, 40))
     table = rng.standard_normal((6, 40))
     positions = np.array([[5, 5, 0, 5, 1]] * 3, dtype=np.int64)
-    out = garbage(x.shape, x.dtype)
+    out = nan_device(x.shape, x.dtype)
     gpu.add_gathered_rows(dev(x), dev(table), dev(positions), out)
     assert_bits_equal(out.copy_to_host(), x + table[positions])
 
@@ -182,7 +171,7 @@ def test_sum_over_batch(shape, dtype, rng):
     n, l, d = shape
     start, m = 1, l + 3
     grad = (rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4, size=shape)).astype(dtype)
-    out = garbage((m, d), dtype)
+    out = nan_device((m, d), dtype)
     gpu.sum_over_batch(dev(grad), start, out)
     want = np.full((m, d), np.nan, dtype=dtype)
     cpu.sum_over_batch(grad, start, want)
@@ -195,7 +184,7 @@ def test_sum_over_batch(shape, dtype, rng):
 
 def test_sum_over_batch_grid_stride(small_grid, rng):
     grad = rng.standard_normal((5, 6, 30)).astype(np.float32)
-    out = garbage((9, 30), np.float32)
+    out = nan_device((9, 30), np.float32)
     gpu.sum_over_batch(dev(grad), 3, out)
     expected = np.zeros((9, 30), dtype=np.float32)
     expected[3:9] = ordered_batch_sum(grad)
@@ -213,7 +202,7 @@ def test_mult_add(shape, dtype, rng):
     x = rng.standard_normal(shape).astype(dtype)
     a = rng.standard_normal((m, d)).astype(dtype)
     b = rng.standard_normal((m, d)).astype(dtype)
-    out = garbage(shape, dtype)
+    out = nan_device(shape, dtype)
     gpu.mult_add(dev(x), dev(a), dev(b), out)
     want = np.empty_like(x)
     cpu.mult_add(x, a, b, want)
@@ -233,9 +222,9 @@ def test_mult_add_in_place_and_grid_stride(small_grid, rng):
 
 def run_mult_add_backward(mod, grad, x, a, to_dev):
     m, d = a.shape
-    grad_x = garbage(x.shape, x.dtype) if to_dev else np.full(x.shape, np.nan, x.dtype)
-    grad_a = garbage((m, d), x.dtype) if to_dev else np.full((m, d), np.nan, x.dtype)
-    grad_b = garbage((m, d), x.dtype) if to_dev else np.full((m, d), np.nan, x.dtype)
+    grad_x = nan_device(x.shape, x.dtype) if to_dev else np.full(x.shape, np.nan, x.dtype)
+    grad_a = nan_device((m, d), x.dtype) if to_dev else np.full((m, d), np.nan, x.dtype)
+    grad_b = nan_device((m, d), x.dtype) if to_dev else np.full((m, d), np.nan, x.dtype)
     args = (dev(grad), dev(x), dev(a)) if to_dev else (grad, x, a)
     mod.mult_add_backward(*args, grad_x, grad_a, grad_b)
     if to_dev:
@@ -278,7 +267,7 @@ def test_mult_add_backward_grid_stride(small_grid, rng):
 
 
 def run_positions(ids, padding_idx, past, pad_position):
-    out = garbage(ids.shape, np.int64)
+    out = nan_device(ids.shape, np.int64)
     gpu.positions_from_padding(dev(ids), padding_idx, dev(past.astype(np.int64)), pad_position,
                                out)
     want = np.full(ids.shape, -7, dtype=np.int64)
@@ -320,8 +309,8 @@ def test_positions_from_padding_grid_stride(small_grid, rng):
 
 
 def test_empty_inputs():
-    gpu.add_rows(dev(np.zeros((0, 2, 3))), dev(np.zeros((2, 3))), 0, garbage((0, 2, 3), float))
+    gpu.add_rows(dev(np.zeros((0, 2, 3))), dev(np.zeros((2, 3))), 0, nan_device((0, 2, 3), float))
     gpu.mult_add(dev(np.zeros((2, 0, 3))), dev(np.zeros((1, 3))), dev(np.zeros((1, 3))),
-                 garbage((2, 0, 3), float))
+                 nan_device((2, 0, 3), float))
     gpu.positions_from_padding(dev(np.zeros((0, 3), dtype=np.int64)), 0,
-                               dev(np.zeros(0, dtype=np.int64)), 0, garbage((0, 3), np.int64))
+                               dev(np.zeros(0, dtype=np.int64)), 0, nan_device((0, 3), np.int64))
