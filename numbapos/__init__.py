@@ -21,10 +21,10 @@ arrays. ``import numbapos`` never imports ``numba.cuda``.
 """
 
 from . import functional, io, nn, optim
-from ._device import cuda_available, device_of, to_device, to_host
+from ._device import cuda_available, cuda_empty_cache, device_of, to_device, to_host
 from .sparse import SparseRows
 
 __version__ = "0.1.0"
 
-__all__ = ["SparseRows", "__version__", "cuda_available", "device_of", "functional", "io", "nn",
-           "optim", "to_device", "to_host"]
+__all__ = ["SparseRows", "__version__", "cuda_available", "cuda_empty_cache", "device_of",
+           "functional", "io", "nn", "optim", "to_device", "to_host"]

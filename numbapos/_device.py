@@ -80,6 +80,10 @@ def _require_cuda() -> None:
     if not _CUDA_CHECKED:
         _CUDA_ERROR = _cuda_problem()
         _CUDA_CHECKED = True
+        if _CUDA_ERROR is None:
+            # Loading the CUDA backend now, before numbapos makes its first device
+            # array, lets it install its caching allocator (kernels/cuda/memory.py).
+            importlib.import_module("numbapos.kernels.cuda")
     if _CUDA_ERROR is not None:
         raise RuntimeError(f"device 'cuda' is not available ({_CUDA_ERROR}): {_INSTALL_HINT}")
 
@@ -265,3 +269,15 @@ def copy(x):
         out.copy_to_device(x)
         return out
     return np.array(x, copy=True)
+
+
+def cuda_empty_cache() -> None:
+    """Give the GPU memory that numbapos's caching allocator holds back to the driver.
+
+    numbapos installs a caching allocator for Numba's device arrays (as PyTorch
+    and CuPy have), unless ``NUMBAPOS_CUDA_MEMORY_POOL=0`` or another Numba
+    memory manager is configured; freed blocks are kept for reuse. Nothing
+    happens when CUDA was never used.
+    """
+    if "numbapos.kernels.cuda" in sys.modules:
+        sys.modules["numbapos.kernels.cuda"].memory.empty_cache()

@@ -470,3 +470,31 @@ def test_readme_gpu_example_runs_as_written(capsys):
     exec(compile(block, "README.md (On the GPU)", "exec"), {})
     device = "cuda" if numbapos.cuda_available() else "cpu"
     assert capsys.readouterr().out.split() == [device, "(1,", "4,", "64)", "(1000,", "64)"]
+
+
+def test_memory_pool_bucket_sizes():
+    from numbapos.kernels.cuda.memory import bucket_size
+
+    assert bucket_size(1) == 512 and bucket_size(513) == 1024
+    assert bucket_size(1 << 20) == 1 << 20
+    big = 100 * (1 << 20) + 1
+    assert big <= bucket_size(big) <= big * 1.25
+
+
+@pytest.mark.skipif(not _real_gpu(), reason="the pool manages real device memory")
+def test_memory_pool_reuses_blocks_and_empties():
+    from numba import cuda
+
+    manager = cuda.current_context().memory_manager
+    if not hasattr(manager, "empty_cache"):
+        pytest.skip("another memory manager was configured")
+    first = cuda.device_array(1000, np.float32)
+    address = first.__cuda_array_interface__["data"][0]
+    del first
+    again = cuda.device_array(1000, np.float32)  # same bucket: the cached block
+    assert again.__cuda_array_interface__["data"][0] == address
+    again.copy_to_device(np.arange(1000, dtype=np.float32))
+    np.testing.assert_array_equal(again.copy_to_host(), np.arange(1000))
+    del again
+    numbapos.cuda_empty_cache()
+    assert not any(manager._free.values())

@@ -5,14 +5,18 @@ Imported only by :func:`numbapos._device.kernels_for` when a CUDA array or
 CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before Numba is imported).
 """
 
-from . import arrays, blocks, dropout, embedding, normalization, optim, positional
-from .arrays import *  # noqa: F403
-from .blocks import *  # noqa: F403
-from .dropout import *  # noqa: F403
-from .embedding import *  # noqa: F403
-from .normalization import *  # noqa: F403
-from .optim import *  # noqa: F403
-from .positional import *  # noqa: F403
+from . import memory
+
+memory.install()  # before Numba makes its first CUDA context (see memory.py)
+
+from . import arrays, blocks, dropout, embedding, normalization, optim, positional  # noqa: E402
+from .arrays import *  # noqa: E402, F403
+from .blocks import *  # noqa: E402, F403
+from .dropout import *  # noqa: E402, F403
+from .embedding import *  # noqa: E402, F403
+from .normalization import *  # noqa: E402, F403
+from .optim import *  # noqa: E402, F403
+from .positional import *  # noqa: E402, F403
 
 AREAS = (arrays, blocks, dropout, embedding, normalization, optim, positional)
 __all__ = sorted(name for area in AREAS for name in area.__all__)

@@ -1,0 +1,126 @@
+"""A caching allocator for Numba's device arrays (an EMM plugin), as PyTorch and CuPy use.
+
+Numba's default memory manager calls ``cuMemAlloc`` for every device array and
+frees it (with a device synchronisation) soon after it dies: a few hundred
+microseconds per allocation, more than most embedding kernels take. This
+manager keeps freed blocks in size buckets and hands them out again, so a
+training loop that allocates the same shapes every step stops calling the
+driver after its first step.
+
+Reuse is safe on one stream: numbapos launches everything on the default
+stream, so a kernel that gets a recycled block runs after every kernel that
+used it before. Sizes are rounded up to 512 bytes below 1 MiB and to an
+eighth of the next power of two above, so a block serves requests of nearly
+the same size. On an out-of-memory error the cache is emptied and the
+allocation retried once.
+
+It is installed when the CUDA backend is first imported, only if Numba has
+made no CUDA context yet, the user has not chosen another manager
+(``NUMBA_CUDA_MEMORY_MANAGER``) and ``NUMBAPOS_CUDA_MEMORY_POOL`` is not
+``0``. :func:`empty_cache` gives the cached blocks back to the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import defaultdict
+
+from numba import config, cuda
+
+__all__ = []  # not launchers
+
+SMALL = 1 << 20
+ALIGN = 512
+
+
+def bucket_size(size: int) -> int:
+    """The size of the block that serves a request of ``size`` bytes."""
+    if size <= SMALL:
+        return max(ALIGN, -(-size // ALIGN) * ALIGN)
+    step = 1 << (size.bit_length() - 3)
+    return -(-size // step) * step
+
+
+def _manager_class():
+    """The plugin class, built on Numba's own manager (None if its internals moved)."""
+    try:
+        from numba.cuda.cudadrv.driver import (
+            CudaAPIError,
+            MemoryPointer,
+            NumbaCUDAMemoryManager,
+            binding,
+        )
+    except ImportError:
+        return None
+
+    out_of_memory = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+
+    class CachingMemoryManager(NumbaCUDAMemoryManager):
+        """Numba's manager with freed device blocks cached per size bucket."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._free = defaultdict(list)
+            self._lock = threading.Lock()
+
+        def memalloc(self, size):
+            bucket = bucket_size(size)
+            with self._lock:
+                blocks = self._free.get(bucket)
+                block = blocks.pop() if blocks else None
+            if block is None:
+                try:
+                    block = super().memalloc(bucket)
+                except CudaAPIError as err:
+                    if err.code != out_of_memory:
+                        raise
+                    self.empty_cache()
+                    block = super().memalloc(bucket)
+            free, lock = self._free, self._lock
+
+            def give_back():
+                with lock:
+                    free[bucket].append(block)
+
+            return MemoryPointer(weakref.proxy(self.context), block.device_pointer, size,
+                                 finalizer=give_back)
+
+        def empty_cache(self):
+            """Drop the cached blocks; Numba's own finalizers free them."""
+            with self._lock:
+                self._free.clear()
+            self.deallocations.clear()
+
+        def reset(self):
+            self.empty_cache()
+            super().reset()
+
+    return CachingMemoryManager
+
+
+def install() -> bool:
+    """Make the caching manager Numba's memory manager, where that is still possible."""
+    if config.ENABLE_CUDASIM or os.environ.get("NUMBAPOS_CUDA_MEMORY_POOL", "1") == "0":
+        return False
+    if config.CUDA_MEMORY_MANAGER != "default":
+        return False  # the user chose a manager (RMM, ...)
+    from numba.cuda.cudadrv import driver
+
+    if getattr(driver, "_memory_manager", True) is not None:
+        return False  # a context exists already and keeps the manager it was made with
+    manager = _manager_class()
+    if manager is None:
+        return False
+    cuda.set_memory_manager(manager)
+    return True
+
+
+def empty_cache() -> None:
+    """Give the device blocks cached by this allocator back to the driver."""
+    if config.ENABLE_CUDASIM:
+        return
+    manager = cuda.current_context().memory_manager
+    if hasattr(manager, "empty_cache"):
+        manager.empty_cache()
