@@ -22,6 +22,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from . import _device
+
 __all__ = ["load_metadata", "load_state", "save_state"]
 
 # Dtypes that safetensors.numpy can write and NumPy can hold.
@@ -156,7 +158,7 @@ def _collect(module_or_dict) -> dict[str, np.ndarray]:
         items = module_or_dict
     else:
         raise TypeError(
-            "module_or_dict: expected a numbapos Module or a mapping of str to ndarray, "
+            "module_or_dict: expected a numbapos Module or a mapping of str to arrays, "
             f"got {type(module_or_dict).__name__}"
         )
     tensors = {}
@@ -166,6 +168,8 @@ def _collect(module_or_dict) -> dict[str, np.ndarray]:
                             f"{name!r}")
         if isinstance(value, Parameter):
             value = value.data
+        if _device.is_cuda_array(value):
+            value = _device.to_host(value)  # GPU arrays are saved from a host copy
         if not isinstance(value, np.ndarray):
             raise TypeError(
                 f"save_state: {name!r} must be a NumPy array, got {type(value).__name__}"

@@ -498,3 +498,19 @@ def test_memory_pool_reuses_blocks_and_empties():
     del again
     numbapos.cuda_empty_cache()
     assert not any(manager._free.values())
+
+
+def test_checkpoint_of_a_module_on_the_device(device, tmp_path):
+    pytest.importorskip("safetensors")
+    from numbapos import io
+
+    model = nn.GPT2Embeddings(9, 5, 4, seed=2, device=device)
+    io.save_state(model, tmp_path / "m.safetensors")
+    io.save_state({"wte": model.wte.weight.data}, tmp_path / "t.safetensors")  # a device array
+    state = io.load_state(tmp_path / "m.safetensors")
+    np.testing.assert_array_equal(state["wte.weight"], host(model.wte.weight.data))
+    np.testing.assert_array_equal(io.load_state(tmp_path / "t.safetensors")["wte"],
+                                  state["wte.weight"])
+    other = nn.GPT2Embeddings(9, 5, 4, seed=3, device=device)
+    other.load_state_dict(state)
+    np.testing.assert_array_equal(host(other.wpe.weight.data), state["wpe.weight"])
