@@ -184,9 +184,7 @@ def to_device(x, device: str):
         return to_host(x)
     if is_cuda_array(x):
         return adopt(x)
-    from numba import cuda
-
-    return cuda.to_device(np.require(x, requirements="C"))
+    return kernels_for("cuda").asarray(x)
 
 
 def to_host(x):

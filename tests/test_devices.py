@@ -514,3 +514,13 @@ def test_checkpoint_of_a_module_on_the_device(device, tmp_path):
     other = nn.GPT2Embeddings(9, 5, 4, seed=3, device=device)
     other.load_state_dict(state)
     np.testing.assert_array_equal(host(other.wpe.weight.data), state["wpe.weight"])
+
+
+def test_to_device_gives_standard_strides_to_size_one_axes():
+    # NumPy calls x[None] (stride 0 on the new axis) C-contiguous; a device array keeping
+    # that stride is refused as non-contiguous on a real GPU (the simulator hides it).
+    x = np.ones((4, 3), np.float32)
+    y = numbapos.to_device(x[None], "cuda")
+    assert tuple(y.strides) == (48, 12, 4)
+    assert numbapos.to_device(np.array(3), "cuda").shape == ()
+    np.testing.assert_array_equal(host(F.embedding(np.arange(3)[None], on("cuda", x))), x[:3][None])

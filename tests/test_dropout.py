@@ -1,14 +1,21 @@
-"""Dropout: the counter-based hash, functional forward/backward/mask, and nn.Dropout."""
+"""Dropout: the counter-based hash, functional forward/backward/mask, and nn.Dropout.
+
+Tests of the ops and the module run on the CPU and on CUDA (the ``device``
+fixture; Numba's simulator without a GPU): both devices draw the same masks, so
+the expected values are the same, bit for bit. The hash's statistics (100,000
+draws), the CPU's thread-count and serial/parallel checks, strided NumPy inputs
+and Python lists stay on the CPU.
+"""
 
 import numba
 import numpy as np
 import pytest
 import reference
-from conftest import FLOAT_DTYPES
+from conftest import FLOAT_DTYPES, host, on
 from numba import njit
 
 import numbapos.functional as F
-from numbapos import nn
+from numbapos import _device, nn
 from numbapos._args import DropoutArgs, keep_threshold
 from numbapos.kernels import hash as kernels
 from numbapos.kernels.cpu import arrays as cpu_arrays
@@ -34,6 +41,24 @@ def bits(seed, counter, n, start=0):
 
 def corr(a, b):
     return float(np.corrcoef(a.astype(np.float64), b.astype(np.float64))[0, 1])
+
+
+def device_params(cases, cuda=lambda *case: True):
+    """``(device, *case)`` for every case on the CPU, and on CUDA where ``cuda(*case)``.
+
+    Use with ``indirect=["device"]``: conftest's fixture then still skips CUDA where
+    it is unavailable.
+    """
+    params = []
+    for case in cases:
+        params.append(pytest.param("cpu", *case))
+        if cuda(*case):
+            params.append(pytest.param("cuda", *case))
+    return params
+
+
+def _assert_on(x, device):
+    assert _device.device_of(x) == device, f"result on {_device.device_of(x)}, not {device}"
 
 
 # ----------------------------------------------------------------- the hash
@@ -97,41 +122,47 @@ def test_keep_threshold():
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-def test_dropout_matches_reference(rng, dtype, p):
+def test_dropout_matches_reference(device, rng, dtype, p):
     x = rng.standard_normal((3, 5, 7)).astype(dtype)
-    got = F.dropout(x, p, seed=11, counter=2)
+    xd = on(device, x)
+    got = F.dropout(xd, p, seed=11, counter=2)
+    _assert_on(got, device)
     want = reference.dropout(x, p, 11, 2)
     assert got.dtype == dtype and got.shape == x.shape
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(host(got), want)
+    np.testing.assert_array_equal(host(xd), x)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_scale_is_rounded_to_dtype(dtype):
-    x = np.ones(1000, dtype=dtype)
-    y = F.dropout(x, 0.1, seed=5)
+def test_scale_is_rounded_to_dtype(device, dtype):
+    x = on(device, np.ones(1000, dtype=dtype))
+    y = host(F.dropout(x, 0.1, seed=5))
     scale = dtype(1.0 / 0.9)
     assert set(np.unique(y).tolist()) == {0.0, float(scale)}
 
 
-def test_same_seed_and_counter_same_mask(rng):
-    x = rng.standard_normal((8, 16))
-    np.testing.assert_array_equal(F.dropout(x, 0.5, 3, counter=4),
-                                  F.dropout(x, 0.5, 3, counter=4))
-    np.testing.assert_array_equal(F.dropout_mask((8, 16), 0.5, 3, counter=4),
-                                  F.dropout_mask((8, 16), 0.5, 3, counter=4))
+def test_same_seed_and_counter_same_mask(device, rng):
+    x = on(device, rng.standard_normal((8, 16)))
+    np.testing.assert_array_equal(host(F.dropout(x, 0.5, 3, counter=4)),
+                                  host(F.dropout(x, 0.5, 3, counter=4)))
+    np.testing.assert_array_equal(host(F.dropout_mask((8, 16), 0.5, 3, counter=4, device=device)),
+                                  host(F.dropout_mask((8, 16), 0.5, 3, counter=4, device=device)))
 
 
-def test_different_counter_or_seed_different_mask():
-    m = F.dropout_mask(1000, 0.5, 3, counter=0)
-    assert not np.array_equal(m, F.dropout_mask(1000, 0.5, 3, counter=1))
-    assert not np.array_equal(m, F.dropout_mask(1000, 0.5, 4, counter=0))
+def test_different_counter_or_seed_different_mask(device):
+    m = host(F.dropout_mask(1000, 0.5, 3, counter=0, device=device))
+    assert not np.array_equal(m, host(F.dropout_mask(1000, 0.5, 3, counter=1, device=device)))
+    assert not np.array_equal(m, host(F.dropout_mask(1000, 0.5, 4, counter=0, device=device)))
 
 
-def test_mask_matches_reference_and_dropout():
-    mask = F.dropout_mask((4, 6), 0.3, 99, counter=5)
+def test_mask_matches_reference_and_dropout(device):
+    mask = F.dropout_mask((4, 6), 0.3, 99, counter=5, device=device)
+    _assert_on(mask, device)
+    assert mask.dtype == np.bool_ and mask.shape == (4, 6)
+    mask = host(mask)
     np.testing.assert_array_equal(mask, reference.dropout_mask((4, 6), 0.3, 99, 5))
-    x = np.ones((4, 6))
-    y = F.dropout(x, 0.3, 99, counter=5)
+    x = on(device, np.ones((4, 6)))
+    y = host(F.dropout(x, 0.3, 99, counter=5))
     np.testing.assert_array_equal(y != 0, mask)
 
 
@@ -200,32 +231,34 @@ def test_functional_paths_agree(monkeypatch, rng):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_p_zero_and_eval_return_input_itself(rng, dtype):
+def test_p_zero_and_eval_return_input_itself(device, rng, dtype):
     x = rng.standard_normal((3, 4)).astype(dtype)
-    assert F.dropout(x, 0.0, 1) is x
-    assert F.dropout(x, 0.7, 1, training=False) is x
-    assert F.dropout_backward(x, 0.7, 1, training=False) is x
-    out = np.empty_like(x)
-    assert F.dropout(x, 0.7, 1, training=False, out=out) is out
-    np.testing.assert_array_equal(out, x)
+    xd = on(device, x)
+    assert F.dropout(xd, 0.0, 1) is xd
+    assert F.dropout(xd, 0.7, 1, training=False) is xd
+    assert F.dropout_backward(xd, 0.7, 1, training=False) is xd
+    out = on(device, np.empty_like(x))
+    assert F.dropout(xd, 0.7, 1, training=False, out=out) is out
+    np.testing.assert_array_equal(host(out), x)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_p_one_gives_zeros(rng, dtype):
+def test_p_one_gives_zeros(device, rng, dtype):
     x = rng.standard_normal((3, 4)).astype(dtype)
-    y = F.dropout(x, 1.0, 1)
+    xd = on(device, x)
+    y = F.dropout(xd, 1.0, 1)
     assert y.dtype == dtype
-    np.testing.assert_array_equal(y, np.zeros_like(x))
-    assert not F.dropout_mask((3, 4), 1.0, 1).any()
-    assert F.dropout_mask((3, 4), 0.0, 1).all()
-    np.testing.assert_array_equal(F.dropout_backward(x, 1.0, 1), np.zeros_like(x))
+    np.testing.assert_array_equal(host(y), np.zeros_like(x))
+    assert not host(F.dropout_mask((3, 4), 1.0, 1, device=device)).any()
+    assert host(F.dropout_mask((3, 4), 0.0, 1, device=device)).all()
+    np.testing.assert_array_equal(host(F.dropout_backward(xd, 1.0, 1)), np.zeros_like(x))
 
 
-def test_nan_propagates_like_pytorch():
+def test_nan_propagates_like_pytorch(device):
     # Dropped elements are multiplied by zero, as torch does: NaN stays NaN.
-    x = np.full(64, np.nan)
-    assert np.isnan(F.dropout(x, 0.5, 0)).all()
-    assert np.isnan(F.dropout(x, 1.0, 0)).all()
+    x = on(device, np.full(64, np.nan))
+    assert np.isnan(host(F.dropout(x, 0.5, 0))).all()
+    assert np.isnan(host(F.dropout(x, 1.0, 0))).all()
 
 
 def test_non_contiguous_input(rng):
@@ -237,50 +270,55 @@ def test_non_contiguous_input(rng):
         assert got.flags.c_contiguous
 
 
-def test_zero_size_and_zero_d():
-    x = np.empty((0, 3), dtype=np.float32)
-    assert F.dropout(x, 0.5, 1).shape == (0, 3)
-    assert F.dropout_mask((0, 3), 0.5, 1).shape == (0, 3)
-    z = np.array(2.0)
+def test_zero_size_and_zero_d(device):
+    x = on(device, np.empty((0, 3), dtype=np.float32))
+    y = F.dropout(x, 0.5, 1)
+    _assert_on(y, device)
+    assert y.shape == (0, 3)
+    assert F.dropout_mask((0, 3), 0.5, 1, device=device).shape == (0, 3)
+    z = on(device, np.array(2.0))
     y = F.dropout(z, 0.5, 1)
-    assert y.shape == () and float(y) in (0.0, 4.0)
-    assert F.dropout_mask(5, 0.5, 1).shape == (5,)
+    _assert_on(y, device)
+    assert y.shape == () and float(host(y)) in (0.0, 4.0)
+    assert float(host(y)) == float(F.dropout(np.array(2.0), 0.5, 1))
+    assert F.dropout_mask(5, 0.5, 1, device=device).shape == (5,)
 
 
-def test_out_and_in_place(rng):
+def test_out_and_in_place(device, rng):
     x = rng.standard_normal((4, 5))
-    want = F.dropout(x, 0.5, 3)
-    out = np.empty_like(x)
-    assert F.dropout(x, 0.5, 3, out=out) is out
-    np.testing.assert_array_equal(out, want)
-    y = x.copy()
+    want = reference.dropout(x, 0.5, 3, 0)
+    out = on(device, np.empty_like(x))
+    assert F.dropout(on(device, x), 0.5, 3, out=out) is out
+    np.testing.assert_array_equal(host(out), want)
+    y = on(device, x.copy())
     assert F.dropout(y, 0.5, 3, out=y) is y
-    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(host(y), want)
 
 
 # ----------------------------------------------------------------- functional backward
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_backward_is_mask_times_scale(rng, dtype):
+def test_backward_is_mask_times_scale(device, rng, dtype):
     g = rng.standard_normal((5, 6)).astype(dtype)
-    mask = F.dropout_mask(g.shape, 0.3, 4, counter=2)
-    got = F.dropout_backward(g, 0.3, 4, counter=2)
+    mask = reference.dropout_mask(g.shape, 0.3, 4, 2)
+    got = F.dropout_backward(on(device, g), 0.3, 4, counter=2)
+    _assert_on(got, device)
     want = np.where(mask, g * dtype(1 / 0.7), dtype(0))
     assert got.dtype == dtype
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(host(got), want)
 
 
-def test_backward_matches_finite_differences(rng):
+def test_backward_matches_finite_differences(device, rng):
     x = rng.standard_normal((3, 4))
     w = rng.standard_normal((3, 4))
 
-    def loss():
-        return float((F.dropout(x, 0.4, 6, counter=1) * w).sum())
+    def loss():  # the forward on ``device``, of the current host values
+        return float((host(F.dropout(on(device, x), 0.4, 6, counter=1)) * w).sum())
 
     numeric = reference.finite_difference(loss, x)
-    analytic = F.dropout_backward(w, 0.4, 6, counter=1)
-    np.testing.assert_allclose(analytic, numeric, rtol=1e-7, atol=1e-8)
+    analytic = F.dropout_backward(on(device, w), 0.4, 6, counter=1)
+    np.testing.assert_allclose(host(analytic), numeric, rtol=1e-7, atol=1e-8)
 
 
 # ----------------------------------------------------------------- errors
@@ -293,17 +331,17 @@ def test_backward_matches_finite_differences(rng):
     ("0.5", TypeError, "p: expected a real number"),
     (None, TypeError, "p: expected a real number"),
 ])
-def test_bad_p(p, exc, match):
-    x = np.ones(4)
+def test_bad_p(device, p, exc, match):
+    x = on(device, np.ones(4))
     with pytest.raises(exc, match=match):
         F.dropout(x, p, 1)
     with pytest.raises(exc, match=match):
         F.dropout_backward(x, p, 1)
     with pytest.raises(exc, match=match):
-        F.dropout_mask(4, p, 1)
+        F.dropout_mask(4, p, 1, device=device)
     with pytest.raises(exc, match=match):
-        nn.Dropout(p)
-    np.testing.assert_array_equal(x, np.ones(4))
+        nn.Dropout(p, device=device)
+    np.testing.assert_array_equal(host(x), np.ones(4))
 
 
 @pytest.mark.parametrize("seed,exc,match", [
@@ -313,11 +351,11 @@ def test_bad_p(p, exc, match):
     (True, TypeError, "seed: expected an integer, got bool"),
     (None, TypeError, "seed: expected an integer, got NoneType"),
 ])
-def test_bad_seed(seed, exc, match):
+def test_bad_seed(device, seed, exc, match):
     with pytest.raises(exc, match=match):
-        F.dropout(np.ones(4), 0.5, seed)
+        F.dropout(on(device, np.ones(4)), 0.5, seed)
     with pytest.raises(exc, match=match):
-        F.dropout_mask(4, 0.5, seed)
+        F.dropout_mask(4, 0.5, seed, device=device)
 
 
 @pytest.mark.parametrize("counter,exc,match", [
@@ -325,42 +363,51 @@ def test_bad_seed(seed, exc, match):
     (2**64, ValueError, r"counter: expected an integer < 2\*\*64"),
     (2.0, TypeError, "counter: expected an integer, got float"),
 ])
-def test_bad_counter(counter, exc, match):
+def test_bad_counter(device, counter, exc, match):
     with pytest.raises(exc, match=match):
-        F.dropout(np.ones(4), 0.5, 1, counter=counter)
+        F.dropout(on(device, np.ones(4)), 0.5, 1, counter=counter)
+    with pytest.raises(exc, match=match):
+        F.dropout_mask(4, 0.5, 1, counter=counter, device=device)
 
 
-def test_seed_accepts_numpy_and_large_ints():
-    x = np.ones(16)
-    np.testing.assert_array_equal(F.dropout(x, 0.5, np.int64(5)), F.dropout(x, 0.5, 5))
-    np.testing.assert_array_equal(F.dropout(x, 0.5, np.uint64(2**64 - 1)),
-                                  F.dropout(x, 0.5, 2**64 - 1))
+def test_seed_accepts_numpy_and_large_ints(device):
+    x = on(device, np.ones(16))
+    np.testing.assert_array_equal(host(F.dropout(x, 0.5, np.int64(5))),
+                                  reference.dropout(np.ones(16), 0.5, 5, 0))
+    np.testing.assert_array_equal(host(F.dropout(x, 0.5, np.uint64(2**64 - 1))),
+                                  reference.dropout(np.ones(16), 0.5, 2**64 - 1, 0))
 
 
-@pytest.mark.parametrize("x,match", [
+@pytest.mark.parametrize("device, x, match", device_params([
     (np.ones(4, dtype=np.int64), "x: expected dtype float32 or float64, got int64"),
     (np.ones(4, dtype=np.float16), "x: expected dtype float32 or float64, got float16"),
     ([1.0, 2.0], "x: expected a NumPy or CUDA array of float32 or float64, got list"),
-])
-def test_bad_x(x, match):
+], cuda=lambda x, match: isinstance(x, np.ndarray)), indirect=["device"])
+def test_bad_x(device, x, match):
+    x = on(device, x) if isinstance(x, np.ndarray) else x
     with pytest.raises(TypeError, match=match):
         F.dropout(x, 0.5, 1)
     with pytest.raises(TypeError, match=match.replace("x:", "grad_output:")):
         F.dropout_backward(x, 0.5, 1)
 
 
-def test_bad_out_leaves_inputs_unchanged():
-    x = np.arange(12, dtype=np.float64).reshape(3, 4)
-    keep = x.copy()
+def test_bad_out_leaves_inputs_unchanged(device):
+    keep = np.arange(12, dtype=np.float64).reshape(3, 4)
+    x = on(device, keep.copy())
     with pytest.raises(ValueError, match=r"out: expected shape \(3, 4\) and dtype float64"):
-        F.dropout(x, 0.5, 1, out=np.empty((3, 4), dtype=np.float32))
+        F.dropout(x, 0.5, 1, out=on(device, np.empty((3, 4), dtype=np.float32)))
     with pytest.raises(ValueError, match="out: must not share memory with an input array"):
         F.dropout(x, 0.5, 1, out=x.reshape(4, 3).reshape(3, 4))
-    with pytest.raises(ValueError, match="out: expected a C-contiguous"):
-        F.dropout(x, 0.5, 1, out=np.empty((4, 3)).T)
-    with pytest.raises(TypeError, match="out: expected a NumPy or CUDA array"):
-        F.dropout(x, 0.5, 1, out=[0.0])
-    np.testing.assert_array_equal(x, keep)
+    buf = on(device, np.arange(16.0))  # out a shifted view of grad_output
+    with pytest.raises(ValueError, match="out: must not share memory with an input array"):
+        F.dropout_backward(buf[:12].reshape(3, 4), 0.5, 1, out=buf[4:].reshape(3, 4))
+    np.testing.assert_array_equal(host(buf), np.arange(16.0))
+    if device == "cpu":  # CUDA arrays are always C-contiguous here; lists are host-only
+        with pytest.raises(ValueError, match="out: expected a C-contiguous"):
+            F.dropout(x, 0.5, 1, out=np.empty((4, 3)).T)
+        with pytest.raises(TypeError, match="out: expected a NumPy or CUDA array"):
+            F.dropout(x, 0.5, 1, out=[0.0])
+    np.testing.assert_array_equal(host(x), keep)
 
 
 @pytest.mark.parametrize("shape,exc,match", [
@@ -369,48 +416,52 @@ def test_bad_out_leaves_inputs_unchanged():
     ((2, 1.5), TypeError, r"shape\[1\]: expected an integer"),
     ([2, 3], TypeError, "shape: expected an integer"),
 ])
-def test_bad_mask_shape(shape, exc, match):
+def test_bad_mask_shape(device, shape, exc, match):
     with pytest.raises(exc, match=match):
-        F.dropout_mask(shape, 0.5, 1)
+        F.dropout_mask(shape, 0.5, 1, device=device)
 
 
 # ----------------------------------------------------------------- nn.Dropout
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_module_advances_counter(rng, dtype):
+def test_module_advances_counter(device, rng, dtype):
     x = rng.standard_normal((4, 8)).astype(dtype)
-    d = nn.Dropout(0.5, seed=21)
+    xd = on(device, x)
+    d = nn.Dropout(0.5, seed=21, device=device)
     assert d.counter == 0 and d.seed == 21
-    y0 = d(x)
-    y1 = d(x)
+    y0 = d(xd)
+    _assert_on(y0, device)
+    y0 = host(y0)
+    y1 = host(d(xd))
     assert d.counter == 2
-    np.testing.assert_array_equal(y0, F.dropout(x, 0.5, 21, counter=0))
-    np.testing.assert_array_equal(y1, F.dropout(x, 0.5, 21, counter=1))
+    np.testing.assert_array_equal(y0, reference.dropout(x, 0.5, 21, 0))
+    np.testing.assert_array_equal(y1, reference.dropout(x, 0.5, 21, 1))
     assert not np.array_equal(y0, y1)
-    replay = nn.Dropout(0.5, seed=21)
-    np.testing.assert_array_equal(replay(x), y0)
-    np.testing.assert_array_equal(replay(x), y1)
+    replay = nn.Dropout(0.5, seed=21, device=device)
+    np.testing.assert_array_equal(host(replay(xd)), y0)
+    np.testing.assert_array_equal(host(replay(xd)), y1)
 
 
-def test_module_backward_uses_last_forward_mask(rng):
-    x = rng.standard_normal((4, 8))
+def test_module_backward_uses_last_forward_mask(device, rng):
+    x = on(device, rng.standard_normal((4, 8)))
     g = rng.standard_normal((4, 8))
-    d = nn.Dropout(0.3, seed=5)
+    d = nn.Dropout(0.3, seed=5, device=device)
     d(x)
     d(x)                     # counter 1 is the last forward
     d.p = 0.6                # backward uses the p of that forward
-    got = d.backward(g)
-    mask = F.dropout_mask(x.shape, 0.3, 5, counter=1)
-    np.testing.assert_array_equal(got, np.where(mask, g * (1 / 0.7), 0.0))
+    got = d.backward(on(device, g))
+    _assert_on(got, device)
+    mask = reference.dropout_mask(x.shape, 0.3, 5, 1)
+    np.testing.assert_array_equal(host(got), np.where(mask, g * (1 / 0.7), 0.0))
 
 
-def test_module_eval_is_identity(rng):
-    x = rng.standard_normal((3, 3))
-    d = nn.Dropout(0.5, seed=1).eval()
+def test_module_eval_is_identity(device, rng):
+    x = on(device, rng.standard_normal((3, 3)))
+    d = nn.Dropout(0.5, seed=1, device=device).eval()
     assert d(x) is x
     assert d.counter == 0
-    g = rng.standard_normal((3, 3))
+    g = on(device, rng.standard_normal((3, 3)))
     assert d.backward(g) is g
     d.train()
     assert d(x) is not x
@@ -433,15 +484,18 @@ def test_module_has_no_parameters_and_repr():
     assert repr(d) == "Dropout(p=0.25, seed=4)"
 
 
-def test_module_errors(rng):
-    d = nn.Dropout(0.5, seed=1)
+def test_module_errors(device):
+    def ones(shape, dtype=np.float64):
+        return on(device, np.ones(shape, dtype))
+
+    d = nn.Dropout(0.5, seed=1, device=device)
     with pytest.raises(RuntimeError, match="Dropout.backward called before forward"):
-        d.backward(np.ones(3))
-    d(np.ones((2, 3)))
+        d.backward(ones(3))
+    d(ones((2, 3)))
     with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 3\)"):
-        d.backward(np.ones((3, 2)))
+        d.backward(ones((3, 2)))
     with pytest.raises(TypeError, match="x: expected dtype float32 or float64"):
-        d(np.ones(3, dtype=np.int32))
+        d(ones(3, np.int32))
     assert d.counter == 1    # a failed forward does not advance the counter
     with pytest.raises(ValueError, match="seed: expected an integer >= 0"):
-        nn.Dropout(0.5, seed=-2)
+        nn.Dropout(0.5, seed=-2, device=device)

@@ -1,82 +1,112 @@
-"""Gradient of the embedding lookup: dense, sparse, padding, frequency scaling, determinism."""
+"""Gradient of the embedding lookup: dense, sparse, padding, frequency scaling, determinism.
+
+Tests of the ops take the ``device`` fixture (conftest): they run on the CPU and
+on CUDA (Numba's simulator without a GPU, so CUDA shapes stay tiny). The
+thread-count test and lists of floats stay on the CPU.
+"""
+
+import itertools
 
 import numba
 import numpy as np
 import pytest
 import reference as ref
-from conftest import FLOAT_DTYPES, INDEX_DTYPES, two_threads
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, host, on, two_threads
 
 import numbapos.functional as F
-from numbapos import SparseRows
+from numbapos import SparseRows, _device
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("padding_idx", [None, 0, 3, -1])
-@pytest.mark.parametrize("scale", [False, True])
-@pytest.mark.parametrize("shape", [(), (0,), (9,), (4, 6), (2, 3, 4)])
-def test_dense_backward_matches_reference(rng, dtype, index_dtype, padding_idx, scale, shape):
+def cases(cpu, cuda):
+    """``(device, *case)`` rows for ``parametrize(..., indirect=["device"])``: all the
+    ``cpu`` cases, and ``cuda``, the subset the simulator can afford."""
+    def name(value):
+        if isinstance(value, tuple):
+            return "x".join(map(str, value)) or "0d"
+        return getattr(value, "__name__", None) or str(value)
+
+    rows = [("cpu", *c) for c in cpu] + [("cuda", *c) for c in cuda]
+    return [pytest.param(*row, id="-".join(map(name, row))) for row in rows]
+
+
+PADDING = [None, 0, 3, -1]
+SHAPES = [(), (0,), (9,), (4, 6), (2, 3, 4)]
+_ALL = list(itertools.product(PADDING, (False, True), SHAPES))
+# CUDA: every padding, scaling and shape, with the four dtype pairs in turn.
+_DTYPE_PAIRS = list(itertools.product(FLOAT_DTYPES, INDEX_DTYPES))
+DENSE_CASES = cases(
+    [(d, i, *rest) for d, i in _DTYPE_PAIRS for rest in _ALL],
+    [(*_DTYPE_PAIRS[k % 4], *rest) for k, rest in enumerate(_ALL)])
+
+
+@pytest.mark.parametrize("device, dtype, index_dtype, padding_idx, scale, shape", DENSE_CASES,
+                         indirect=["device"])
+def test_dense_backward_matches_reference(rng, device, dtype, index_dtype, padding_idx, scale,
+                                          shape):
     num, dim = 7, 5
     indices = rng.integers(0, num, size=shape).astype(index_dtype)
     grad = rng.normal(size=shape + (dim,)).astype(dtype)
-    got = F.embedding_backward(grad, indices, num, padding_idx=padding_idx,
-                               scale_grad_by_freq=scale)
+    got = F.embedding_backward(on(device, grad), on(device, indices), num,
+                               padding_idx=padding_idx, scale_grad_by_freq=scale)
     pad = None if padding_idx is None else padding_idx % num
     expected = ref.embedding_backward(grad, indices, num, pad, scale)
     assert got.shape == (num, dim) and got.dtype == dtype
     rtol = 1e-5 if dtype == np.float32 else 1e-12
-    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(host(got), expected, rtol=rtol, atol=rtol)
 
 
 @pytest.mark.parametrize("padding_idx", [None, 2])
 @pytest.mark.parametrize("scale", [False, True])
-def test_sparse_backward_equals_dense(rng, padding_idx, scale):
-    indices = np.array([[5, 2, 5], [0, 2, 9]])
-    grad = rng.normal(size=(2, 3, 4))
+def test_sparse_backward_equals_dense(rng, device, padding_idx, scale):
+    indices = on(device, np.array([[5, 2, 5], [0, 2, 9]]))
+    grad = on(device, rng.normal(size=(2, 3, 4)))
     dense = F.embedding_backward(grad, indices, 10, padding_idx, scale)
     sparse = F.embedding_backward(grad, indices, 10, padding_idx, scale, sparse=True)
-    assert isinstance(sparse, SparseRows)
+    assert isinstance(sparse, SparseRows) and sparse.device == device
     expected_rows = [0, 5, 9] if padding_idx == 2 else [0, 2, 5, 9]
-    np.testing.assert_array_equal(sparse.indices, expected_rows)
+    np.testing.assert_array_equal(host(sparse.indices), expected_rows)
     assert sparse.indices.dtype == np.int64
     assert sparse.shape == (10, 4)
-    np.testing.assert_array_equal(sparse.to_dense(), dense)
+    np.testing.assert_array_equal(host(sparse.to_dense()), host(dense))
 
 
-def test_sparse_backward_of_empty_batch():
-    result = F.embedding_backward(np.zeros((0, 3)), np.zeros(0, dtype=np.int64), 4, sparse=True)
+def test_sparse_backward_of_empty_batch(device):
+    result = F.embedding_backward(on(device, np.zeros((0, 3))),
+                                  on(device, np.zeros(0, dtype=np.int64)), 4, sparse=True)
     assert result.indices.shape == (0,) and result.values.shape == (0, 3)
+    assert result.device == device
 
 
-def test_scale_grad_by_freq_pytorch_case():
-    grad = np.array([[1.0, 2.0], [3.0, 5.0], [7.0, 11.0]])
-    got = F.embedding_backward(grad, np.array([1, 1, 2]), 3, scale_grad_by_freq=True)
-    np.testing.assert_array_equal(got, [[0, 0], [2, 3.5], [7, 11]])
+def test_scale_grad_by_freq_pytorch_case(device):
+    grad = on(device, np.array([[1.0, 2.0], [3.0, 5.0], [7.0, 11.0]]))
+    got = F.embedding_backward(grad, on(device, np.array([1, 1, 2])), 3, scale_grad_by_freq=True)
+    np.testing.assert_array_equal(host(got), [[0, 0], [2, 3.5], [7, 11]])
 
 
-def test_scale_counts_padding_occurrences():
+def test_scale_counts_padding_occurrences(device):
     # Row 1 occurs twice next to padding row 0 occurring three times: PyTorch divides
     # by each row's own count, padding included in the counting.
-    grad = np.ones((5, 1))
-    got = F.embedding_backward(grad, np.array([0, 0, 0, 1, 1]), 2, padding_idx=0,
+    grad = on(device, np.ones((5, 1)))
+    got = F.embedding_backward(grad, on(device, np.array([0, 0, 0, 1, 1])), 2, padding_idx=0,
                                scale_grad_by_freq=True)
-    np.testing.assert_array_equal(got, [[0.0], [1.0]])
+    np.testing.assert_array_equal(host(got), [[0.0], [1.0]])
 
 
 @pytest.mark.parametrize("repeats", [1, 2, 1000])
 @pytest.mark.parametrize("sparse", [False, True])
-def test_padding_row_gets_exactly_zero(rng, repeats, sparse):
+def test_padding_row_gets_exactly_zero(rng, device, repeats, sparse):
     indices = np.array([4] * repeats + [1, 2])
     grad = rng.normal(size=(indices.size, 3))
-    got = F.embedding_backward(grad, indices, 5, padding_idx=4, sparse=sparse)
-    dense = got.to_dense() if sparse else got
+    got = F.embedding_backward(on(device, grad), on(device, indices), 5, padding_idx=4,
+                               sparse=sparse)
+    dense = host(got.to_dense() if sparse else got)
     assert np.all(dense[4] == 0.0)
     np.testing.assert_allclose(dense[1], grad[repeats])
 
 
-def test_padding_idx_minus_two_means_row_eight(rng):
-    indices = np.array([8, 8, 3])
-    got = F.embedding_backward(np.ones((3, 2)), indices, 10, padding_idx=-2)
+def test_padding_idx_minus_two_means_row_eight(device):
+    indices = on(device, np.array([8, 8, 3]))
+    got = host(F.embedding_backward(on(device, np.ones((3, 2))), indices, 10, padding_idx=-2))
     np.testing.assert_array_equal(got[8], [0, 0])
     np.testing.assert_array_equal(got[3], [1, 1])
 
@@ -101,17 +131,19 @@ def test_bit_identical_across_thread_counts_and_runs(rng, sparse, scale):
         assert np.array_equal(results[0].view(np.uint32), other.view(np.uint32))
 
 
-def test_sum_is_in_input_order():
+def test_sum_is_in_input_order(device):
     # 1e8 + 1 - 1e8 in float32: input order gives 0 + ... exactly as a serial loop.
     grad = np.array([[1e8], [1.0], [-1e8]], dtype=np.float32)
-    got = F.embedding_backward(grad, np.array([0, 0, 0]), 1)
+    got = host(F.embedding_backward(on(device, grad), on(device, np.array([0, 0, 0])), 1))
     expected = np.float32(0)
     for g in grad[:, 0]:
         expected = np.float32(expected + g)
     assert got[0, 0] == expected
 
 
-def test_gradient_matches_finite_differences(rng):
+def test_gradient_matches_finite_differences(rng, device):
+    # The finite differences probe the CPU lookup (hundreds of calls); the gradient
+    # under test is computed on ``device``.
     indices = np.array([[1, 3, 1], [0, 3, 3]])
     weight = rng.normal(size=(5, 4))
     probe = rng.normal(size=(2, 3, 4))
@@ -120,50 +152,55 @@ def test_gradient_matches_finite_differences(rng):
         return float(np.sum(np.sin(F.embedding(indices, weight)) * probe))
 
     grad_out = np.cos(F.embedding(indices, weight)) * probe
-    got = F.embedding_backward(grad_out, indices, 5, padding_idx=0)
+    got = F.embedding_backward(on(device, grad_out), on(device, indices), 5, padding_idx=0)
     numeric = ref.finite_difference(loss, weight)
     numeric[0] = 0  # padding row gets no gradient by definition
-    np.testing.assert_allclose(got, numeric, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(host(got), numeric, rtol=1e-6, atol=1e-8)
 
 
 # ------------------------------------------------------------------ errors
 
 
-def test_grad_shape_mismatch():
+def test_grad_shape_mismatch(device):
     with pytest.raises(ValueError, match=r"grad_output: expected shape indices.shape \+ \(D,\)"):
-        F.embedding_backward(np.zeros((3, 4)), np.array([[0, 1, 2]]), 5)
+        F.embedding_backward(on(device, np.zeros((3, 4))), on(device, np.array([[0, 1, 2]])), 5)
     with pytest.raises(ValueError, match="grad_output"):
-        F.embedding_backward(np.zeros(3), np.array([0, 1, 2]), 5)
+        F.embedding_backward(on(device, np.zeros(3)), on(device, np.array([0, 1, 2])), 5)
 
 
-def test_backward_index_errors():
+def test_backward_index_errors(device):
+    grad = on(device, np.zeros((2, 4)))
     with pytest.raises(IndexError, match=r"index 5 .*num_embeddings=5"):
-        F.embedding_backward(np.zeros((2, 4)), np.array([0, 5]), 5)
+        F.embedding_backward(grad, on(device, np.array([0, 5])), 5)
     with pytest.raises(IndexError, match=r"index -1"):
-        F.embedding_backward(np.zeros((2, 4)), np.array([-1, 0]), 5)
+        F.embedding_backward(grad, on(device, np.array([-1, 0])), 5)
     with pytest.raises(TypeError, match="indices"):
-        F.embedding_backward(np.zeros((2, 4)), np.array([0.0, 1.0]), 5)
+        F.embedding_backward(grad, on(device, np.array([0.0, 1.0])), 5)
 
 
-def test_backward_other_errors():
+def test_backward_other_errors(device):
+    indices = on(device, np.array([0, 1]))
     with pytest.raises(TypeError, match="grad_output"):
-        F.embedding_backward(np.zeros((2, 4), dtype=np.int32), np.array([0, 1]), 5)
+        F.embedding_backward(on(device, np.zeros((2, 4), dtype=np.int32)), indices, 5)
     with pytest.raises(ValueError, match="num_embeddings"):
-        F.embedding_backward(np.zeros((2, 4)), np.array([0, 1]), 0)
+        F.embedding_backward(on(device, np.zeros((2, 4))), indices, 0)
     with pytest.raises(ValueError, match="padding_idx"):
-        F.embedding_backward(np.zeros((2, 4)), np.array([0, 1]), 5, padding_idx=5)
+        F.embedding_backward(on(device, np.zeros((2, 4))), indices, 5, padding_idx=5)
 
 
-def test_sparse_rows_merge_and_validation():
-    a = SparseRows(np.array([1, 4]), np.ones((2, 2)), 6)
-    b = SparseRows(np.array([0, 4]), np.full((2, 2), 2.0), 6)
+def test_sparse_rows_merge_and_validation(device):
+    a = SparseRows(np.array([1, 4]), on(device, np.ones((2, 2))), 6)
+    b = SparseRows(np.array([0, 4]), on(device, np.full((2, 2), 2.0)), 6)
+    assert a.device == device and _device.device_of(a.indices) == device  # host rows were moved
     merged = a + b
-    np.testing.assert_array_equal(merged.indices, [0, 1, 4])
-    np.testing.assert_array_equal(merged.to_dense(), a.to_dense() + b.to_dense())
+    assert merged.device == device
+    np.testing.assert_array_equal(host(merged.indices), [0, 1, 4])
+    np.testing.assert_array_equal(host(merged.to_dense()),
+                                  host(a.to_dense()) + host(b.to_dense()))
     with pytest.raises(ValueError, match="indices"):
-        SparseRows(np.array([1]), np.ones((2, 2)), 6)
+        SparseRows(np.array([1]), on(device, np.ones((2, 2))), 6)
     with pytest.raises(ValueError, match="shapes"):
-        a + SparseRows(np.array([1]), np.ones((1, 2)), 7)
+        a + SparseRows(np.array([1]), on(device, np.ones((1, 2))), 7)
 
 
 @pytest.mark.parametrize("indices, values, num_rows, error, match", [
@@ -178,9 +215,11 @@ def test_sparse_rows_merge_and_validation():
     (np.array([1]), [[1.0, 2.0]], 6, TypeError, "values: expected a NumPy or CUDA array"),
     (np.array([1]), np.ones((1, 2)), -6, ValueError, "num_rows"),
 ])
-def test_sparse_rows_rejects_rows_an_optimiser_would_write_out_of_bounds(indices, values,
+def test_sparse_rows_rejects_rows_an_optimiser_would_write_out_of_bounds(device, indices, values,
                                                                          num_rows, error, match):
     # SGD writes the listed rows with an unchecked kernel: a row past the table was a
     # segfault, a repeated row a wrong momentum update.
+    if isinstance(values, np.ndarray):
+        values = on(device, values)
     with pytest.raises(error, match=match):
-        SparseRows(indices, values, num_rows)
+        SparseRows(on(device, indices), values, num_rows)

@@ -1,31 +1,77 @@
-"""Functional positional ops: sinusoid table, x + P, A * X + B, positions from padding."""
+"""Functional positional ops: sinusoid table, x + P, A * X + B, positions from padding.
+
+Tests of kernel-backed ops run on the CPU and on CUDA (the ``device`` fixture;
+Numba's simulator without a GPU), with the same NumPy reference. Large shapes,
+strided or read-only NumPy inputs, Python lists as float arrays and the CPU's
+thread-count and serial/parallel checks stay on the CPU.
+"""
 
 import numba
 import numpy as np
 import pytest
 import reference as ref
-from conftest import FLOAT_DTYPES, tolerance, two_threads
+from conftest import FLOAT_DTYPES, host, on, tolerance, two_threads
 
 import numbapos.functional as F
+from numbapos import _device
 from numbapos.kernels.cpu import arrays as cpu_arrays
+
+# Largest N*D of one call on CUDA: the simulator runs every thread as Python.
+CUDA_MAX_ELEMENTS = 10_000
+
+
+def device_params(cases, cuda=lambda *case: True, cuda_marks=()):
+    """``(device, *case)`` for every case on the CPU, and on CUDA where ``cuda(*case)``
+    (with ``cuda_marks``).
+
+    Use with ``indirect=["device"]``: conftest's fixture then still skips CUDA where
+    it is unavailable.
+    """
+    params = []
+    for case in cases:
+        params.append(pytest.param("cpu", *case))
+        if cuda(*case):
+            params.append(pytest.param("cuda", *case, marks=cuda_marks))
+    return params
+
+
+def _small(*dims):
+    return int(np.prod(dims)) <= CUDA_MAX_ELEMENTS
+
+
+def _small_shape(shape, *rest):
+    return _small(*shape)
+
+
+def _placed(device, value):
+    """An ndarray argument on ``device``; anything else (lists, ints, None) as it is."""
+    return on(device, value) if isinstance(value, np.ndarray) else value
+
+
+def _assert_on(x, device):
+    assert _device.device_of(x) == device, f"result on {_device.device_of(x)}, not {device}"
+
 
 # ---------------------------------------------------------------- sinusoid table
 
+SINUSOID_SHAPES = [(1, 1), (1, 2), (5, 7), (9, 8), (600, 6), (300, 129), (1024, 64)]
+
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("seq_len, embed_dim", [(1, 1), (1, 2), (5, 7), (9, 8), (600, 6),
-                                                (300, 129), (1024, 64)])
-def test_sinusoid_matches_formula(seq_len, embed_dim, dtype):
-    table = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype)
+@pytest.mark.parametrize("device, seq_len, embed_dim", device_params(SINUSOID_SHAPES, _small),
+                         indirect=["device"])
+def test_sinusoid_matches_formula(device, seq_len, embed_dim, dtype):
+    table = F.sinusoidal_pos_embedding(seq_len, embed_dim, device=device, dtype=dtype)
+    _assert_on(table, device)
     assert table.shape == (seq_len, embed_dim) and table.dtype == dtype
-    assert table.flags.c_contiguous
+    assert _device.is_c_contiguous(table)
     expected = ref.sinusoidal_table(seq_len, embed_dim)
     atol = 1e-6 if dtype == np.float32 else 1e-10
-    np.testing.assert_allclose(table, expected, rtol=0, atol=atol)
+    np.testing.assert_allclose(host(table), expected, rtol=0, atol=atol)
 
 
-def test_sinusoid_layout_sin_then_cos():
-    table = F.sinusoidal_pos_embedding(3, 5, dtype=np.float64)
+def test_sinusoid_layout_sin_then_cos(device):
+    table = host(F.sinusoidal_pos_embedding(3, 5, device=device, dtype=np.float64))
     w = 10000.0 ** (-np.array([0, 2, 4]) / 5)
     for p in range(3):
         np.testing.assert_allclose(table[p, 0::2], np.sin(p * w), atol=1e-14)
@@ -34,13 +80,17 @@ def test_sinusoid_layout_sin_then_cos():
     np.testing.assert_array_equal(table[0], [0, 1, 0, 1, 0])
 
 
-def test_sinusoid_default_dtype_is_float32():
-    assert F.sinusoidal_pos_embedding(2, 4).dtype == np.float32
+def test_sinusoid_default_dtype_is_float32(device):
+    table = F.sinusoidal_pos_embedding(2, 4, device=device)
+    _assert_on(table, device)
+    assert table.dtype == np.float32
 
 
 @pytest.mark.parametrize("dtype, bound", [(np.float32, 1e-6), (np.float64, 1e-10)])
 @pytest.mark.parametrize("embed_dim", [64, 33])
 def test_sinusoid_error_bound_65536_positions(dtype, bound, embed_dim):
+    # CPU only (4 million elements); test_sinusoid_offset and test_devices check the
+    # CUDA table at large positions.
     seq_len = 65536
     table = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype)
     err = np.max(np.abs(table.astype(np.float64) - ref.sinusoidal_table(seq_len, embed_dim)))
@@ -78,37 +128,39 @@ def test_sinusoid_same_values_for_any_thread_count_and_kernel(dtype, monkeypatch
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("offset", [1, 7, 300])
-def test_sinusoid_offset(offset, dtype):
-    table = F.sinusoidal_pos_embedding(40, 10, dtype=dtype, offset=offset)
+def test_sinusoid_offset(device, offset, dtype):
+    table = host(F.sinusoidal_pos_embedding(40, 10, device=device, dtype=dtype, offset=offset))
     np.testing.assert_allclose(table, ref.sinusoidal_table(40, 10, offset=offset),
                                rtol=0, atol=tolerance(dtype)[1] * 10)
-    longer = F.sinusoidal_pos_embedding(40 + offset, 10, dtype=dtype)
+    longer = host(F.sinusoidal_pos_embedding(40 + offset, 10, device=device, dtype=dtype))
     np.testing.assert_allclose(table, longer[offset:], rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("base", [100.0, 10000, 1e6, 0.5])
-def test_sinusoid_base(base):
-    table = F.sinusoidal_pos_embedding(50, 12, dtype=np.float64, base=base)
-    np.testing.assert_allclose(table, ref.sinusoidal_table(50, 12, base=float(base)),
+def test_sinusoid_base(device, base):
+    table = F.sinusoidal_pos_embedding(50, 12, device=device, dtype=np.float64, base=base)
+    np.testing.assert_allclose(host(table), ref.sinusoidal_table(50, 12, base=float(base)),
                                rtol=0, atol=1e-12)
 
 
-def test_sinusoid_out():
-    out = np.full((6, 4), np.nan, dtype=np.float64)
+def test_sinusoid_out(device):
+    out = on(device, np.full((6, 4), np.nan, dtype=np.float64))
     result = F.sinusoidal_pos_embedding(6, 4, dtype=np.float64, out=out)
     assert result is out
-    np.testing.assert_allclose(out, ref.sinusoidal_table(6, 4), atol=1e-12)
+    np.testing.assert_allclose(host(out), ref.sinusoidal_table(6, 4), atol=1e-12)
     # dtype=None follows out
-    out32 = np.empty((6, 4), dtype=np.float32)
+    out32 = on(device, np.empty((6, 4), dtype=np.float32))
     assert F.sinusoidal_pos_embedding(6, 4, out=out32) is out32
 
 
-def test_sinusoid_numpy_integer_sizes():
-    table = F.sinusoidal_pos_embedding(np.int64(3), np.int32(4), offset=np.int16(2))
+def test_sinusoid_numpy_integer_sizes(device):
+    table = F.sinusoidal_pos_embedding(np.int64(3), np.int32(4), offset=np.int16(2),
+                                       device=device)
+    _assert_on(table, device)
     assert table.shape == (3, 4)
 
 
-@pytest.mark.parametrize("kwargs, exc, match", [
+SINUSOID_ERRORS = [
     (dict(seq_len=0, embed_dim=4), ValueError, "seq_len: expected an integer >= 1, got 0"),
     (dict(seq_len=-3, embed_dim=4), ValueError, "seq_len"),
     (dict(seq_len=3, embed_dim=0), ValueError, "embed_dim: expected an integer >= 1, got 0"),
@@ -124,30 +176,41 @@ def test_sinusoid_numpy_integer_sizes():
     (dict(seq_len=3, embed_dim=4, base=0.0), ValueError, "base: expected a finite positive"),
     (dict(seq_len=3, embed_dim=4, base=-2.0), ValueError, "base"),
     (dict(seq_len=3, embed_dim=4, base="e"), TypeError, "base: expected a real number"),
-    (dict(seq_len=3, embed_dim=4, device="gpu"), ValueError, "device: expected 'cpu' or 'cuda'"),
-    (dict(seq_len=3, embed_dim=4, device=0), TypeError, "device: expected 'cpu' or 'cuda'"),
-    (dict(seq_len=3, embed_dim=4, device=0), TypeError, "device"),
     (dict(seq_len=3, embed_dim=4, out=np.empty((3, 5), np.float32)), ValueError, "out: expected"),
     (dict(seq_len=3, embed_dim=4, dtype=np.float64, out=np.empty((3, 4), np.float32)),
      ValueError, "out: expected shape"),
-    (dict(seq_len=3, embed_dim=4, out=np.empty((4, 3), np.float32).T), ValueError,
-     "C-contiguous"),
-    (dict(seq_len=3, embed_dim=4, out=[[0.0] * 4] * 3), TypeError, "out: expected a NumPy"),
     # beyond int64 the kernel failed to type (2**64) or wrapped to negative positions
     (dict(seq_len=3, embed_dim=4, offset=2**64), ValueError, "offset: .* does not fit in int64"),
     (dict(seq_len=3, embed_dim=4, offset=2**63 - 2), ValueError,
      r"offset \+ seq_len - 1 = 9223372036854775808"),
-])
-def test_sinusoid_errors(kwargs, exc, match):
+]
+# The device argument itself, and outs that cannot be CUDA arrays (strided, a list).
+SINUSOID_HOST_ERRORS = [
+    (dict(seq_len=3, embed_dim=4, device="gpu"), ValueError, "device: expected 'cpu' or 'cuda'"),
+    (dict(seq_len=3, embed_dim=4, device=0), TypeError, "device: expected 'cpu' or 'cuda'"),
+    (dict(seq_len=3, embed_dim=4, out=np.empty((4, 3), np.float32).T), ValueError,
+     "C-contiguous"),
+    (dict(seq_len=3, embed_dim=4, out=[[0.0] * 4] * 3), TypeError, "out: expected a NumPy"),
+]
+
+
+@pytest.mark.parametrize("device, kwargs, exc, match",
+                         device_params(SINUSOID_ERRORS)
+                         + device_params(SINUSOID_HOST_ERRORS, cuda=lambda *case: False),
+                         indirect=["device"])
+def test_sinusoid_errors(device, kwargs, exc, match):
+    kwargs = {name: _placed(device, value) for name, value in kwargs.items()}
+    if "out" not in kwargs and "device" not in kwargs:
+        kwargs["device"] = device
     with pytest.raises(exc, match=match):
         F.sinusoidal_pos_embedding(**kwargs)
 
 
-def test_sinusoid_error_leaves_out_untouched():
-    out = np.full((3, 4), 7.0, dtype=np.float32)
+def test_sinusoid_error_leaves_out_untouched(device):
+    out = on(device, np.full((3, 4), 7.0, dtype=np.float32))
     with pytest.raises(ValueError):
         F.sinusoidal_pos_embedding(3, 4, base=-1.0, out=out)
-    assert np.all(out == 7.0)
+    assert np.all(host(out) == 7.0)
 
 
 # ---------------------------------------------------------------- x + P
@@ -158,58 +221,66 @@ def _x(rng, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape", [(5, 3), (2, 5, 3), (4, 64, 128)])
+@pytest.mark.parametrize("device, shape", device_params([((5, 3),), ((2, 5, 3),),
+                                                         ((4, 64, 128),)], _small_shape),
+                         indirect=["device"])
 @pytest.mark.parametrize("offset", [0, 2])
-def test_add_positional_offset(rng, shape, offset, dtype):
+def test_add_positional_offset(device, rng, shape, offset, dtype):
     x = _x(rng, shape, dtype)
     table = _x(rng, (shape[-2] + 3, shape[-1]), dtype)
-    x_before = x.copy()
-    y = F.add_positional(x, table, offset=offset)
+    xd = on(device, x)
+    y = F.add_positional(xd, on(device, table), offset=offset)
+    _assert_on(y, device)
     expected = x + table[offset:offset + shape[-2]]
-    np.testing.assert_array_equal(y, expected)
-    np.testing.assert_array_equal(x, x_before)
+    np.testing.assert_array_equal(host(y), expected)
+    np.testing.assert_array_equal(host(xd), x)
     assert y.dtype == dtype
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("x_shape, ids_shape", [((5, 3), (5,)), ((2, 5, 3), (5,)),
-                                                ((2, 5, 3), (1, 5)), ((2, 5, 3), (2, 5)),
-                                                ((4, 64, 128), (4, 64))])
-def test_add_positional_position_ids(rng, x_shape, ids_shape, dtype):
+@pytest.mark.parametrize("device, x_shape, ids_shape",
+                         device_params([((5, 3), (5,)), ((2, 5, 3), (5,)), ((2, 5, 3), (1, 5)),
+                                        ((2, 5, 3), (2, 5)), ((4, 64, 128), (4, 64))],
+                                       _small_shape),
+                         indirect=["device"])
+def test_add_positional_position_ids(device, rng, x_shape, ids_shape, dtype):
     x = _x(rng, x_shape, dtype)
     table = _x(rng, (7, x_shape[-1]), dtype)
     ids = rng.integers(0, 7, size=ids_shape)
-    y = F.add_positional(x, table, position_ids=ids)
-    np.testing.assert_array_equal(y, x + table[ids])
+    y = F.add_positional(on(device, x), on(device, table), position_ids=on(device, ids))
+    _assert_on(y, device)
+    np.testing.assert_array_equal(host(y), x + table[ids])
 
 
-def test_add_positional_in_place_and_out(rng):
+def test_add_positional_in_place_and_out(device, rng):
     x = _x(rng, (2, 4, 3), np.float32)
     table = _x(rng, (4, 3), np.float32)
     expected = x + table
-    assert F.add_positional(x, table, out=x) is x
-    np.testing.assert_array_equal(x, expected)
-    out = np.empty_like(x)
-    assert F.add_positional(x, table, out=out) is out
+    xd, td = on(device, x), on(device, table)
+    assert F.add_positional(xd, td, out=xd) is xd
+    np.testing.assert_array_equal(host(xd), expected)
+    out = on(device, np.empty_like(x))
+    assert F.add_positional(xd, td, out=out) is out
 
 
-def test_out_overlapping_inputs_is_refused(rng):
+def test_out_overlapping_inputs_is_refused(device, rng):
     # out may be x itself, but a shifted view of x (read after being written) or
     # of the position ids (an index overwritten before it is read) is refused.
-    buf = rng.standard_normal(64)
+    before = rng.standard_normal(64)
+    buf = on(device, before)
     x, out = buf[:60].reshape(3, 5, 4), buf[4:].reshape(3, 5, 4)
-    table = rng.standard_normal((7, 4))
-    before = buf.copy()
+    table = on(device, rng.standard_normal((7, 4)))
     with pytest.raises(ValueError, match="out: must not share memory"):
         F.add_positional(x, table, out=out)
     with pytest.raises(ValueError, match="out: must not share memory"):
         F.positional_mult_add(x, table, table, out=out)
-    np.testing.assert_array_equal(buf, before)
-    ids_buf = np.zeros(48, dtype=np.int64)
+    np.testing.assert_array_equal(host(buf), before)
+    ids_buf = on(device, np.zeros(48, dtype=np.int64))
     with pytest.raises(ValueError, match="out: must not share memory"):
-        F.add_positional(np.zeros((40, 1)), np.full((9, 1), 1e300), position_ids=ids_buf[:40],
+        F.add_positional(on(device, np.zeros((40, 1))), on(device, np.full((9, 1), 1e300)),
+                         position_ids=ids_buf[:40],
                          out=ids_buf[8:].view(np.float64).reshape(40, 1))
-    np.testing.assert_array_equal(ids_buf, 0)
+    np.testing.assert_array_equal(host(ids_buf), 0)
 
 
 def test_add_positional_non_contiguous_input(rng):
@@ -222,10 +293,9 @@ def _add_args(rng, dtype=np.float32):
     return _x(rng, (2, 4, 3), dtype), _x(rng, (6, 3), dtype)
 
 
-@pytest.mark.parametrize("change, exc, match", [
+ADD_ERRORS = [
     (lambda x, t: (x.astype(np.int32), t, {}), TypeError, "x: expected dtype float32 or float64"),
     (lambda x, t: (x[0, 0], t, {}), ValueError, r"x: expected a 2-D or 3-D array"),
-    (lambda x, t: (x[None], t, {}), ValueError, r"x: expected a 2-D or 3-D array"),
     (lambda x, t: (x, t[:, :2], {}), ValueError, "table: has 2 columns"),
     (lambda x, t: (x, t[0], {}), ValueError, "table: expected a 2-D"),
     (lambda x, t: (x, t.astype(np.float64), {}), TypeError, "table: dtype float64 differs"),
@@ -240,81 +310,118 @@ def _add_args(rng, dtype=np.float32):
      r"position_ids: expected shape"),
     (lambda x, t: (x, t, {"position_ids": [0, 1, 6, 2]}), IndexError,
      r"position_ids: index 6 .*max_len=6"),
+    (lambda x, t: (x, t, {"position_ids": np.array([0, 1, 6, 2])}), IndexError,
+     r"position_ids: index 6 .*max_len=6"),
     (lambda x, t: (x, t, {"position_ids": [0, -1, 2, 2]}), IndexError, "index -1"),
     (lambda x, t: (x, t, {"position_ids": [0.0, 1.0, 2.0, 3.0]}), TypeError,
      "position_ids: expected integer"),
     (lambda x, t: (x, t, {"out": np.empty((2, 4, 2), np.float32)}), ValueError, "out: expected"),
     (lambda x, t: (x, t, {"out": t}), ValueError, "out: expected shape"),
+]
+ADD_4D_ERRORS = [  # x[None]: a stride-0 axis, which to_device must normalise
+    (lambda x, t: (x[None], t, {}), ValueError, r"x: expected a 2-D or 3-D array"),
+]
+ADD_HOST_ERRORS = [  # a Python list as the float input
     (lambda x, t: (list(x), t, {}), TypeError, "x: expected a NumPy or CUDA array"),
-])
-def test_add_positional_errors(rng, change, exc, match):
+]
+
+
+@pytest.mark.parametrize("device, change, exc, match",
+                         device_params(ADD_ERRORS)
+                         + device_params(ADD_4D_ERRORS)
+                         + device_params(ADD_HOST_ERRORS, cuda=lambda *case: False),
+                         indirect=["device"])
+def test_add_positional_errors(device, rng, change, exc, match):
     x, table = _add_args(rng)
     x0, t0 = x.copy(), table.copy()
     args_x, args_t, kwargs = change(x, table)
+    sources = [args_x, args_t, *kwargs.values()]
+    placed = [_placed(device, value) for value in sources]
     with pytest.raises(exc, match=match):
-        F.add_positional(args_x, args_t, **kwargs)
+        F.add_positional(placed[0], placed[1], **dict(zip(kwargs, placed[2:], strict=True)))
     np.testing.assert_array_equal(x, x0)
     np.testing.assert_array_equal(table, t0)
+    for source, array in zip(sources, placed, strict=True):  # the device copies too
+        if isinstance(source, np.ndarray):
+            np.testing.assert_array_equal(host(array), source)
 
 
-def test_add_positional_2d_rejects_batched_ids(rng):
+def test_add_positional_2d_rejects_batched_ids(device, rng):
     with pytest.raises(ValueError, match=r"position_ids: expected shape \(4,\)"):
-        F.add_positional(_x(rng, (4, 3), np.float32), _x(rng, (6, 3), np.float32),
-                         position_ids=np.zeros((1, 4), int))
+        F.add_positional(on(device, _x(rng, (4, 3), np.float32)),
+                         on(device, _x(rng, (6, 3), np.float32)),
+                         position_ids=on(device, np.zeros((1, 4), int)))
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape", [(5, 3), (3, 5, 3), (4, 64, 128)])
-def test_add_positional_backward_offset(rng, shape, dtype):
+@pytest.mark.parametrize("device, shape", device_params([((5, 3),), ((3, 5, 3),),
+                                                         ((4, 64, 128),)], _small_shape),
+                         indirect=["device"])
+def test_add_positional_backward_offset(device, rng, shape, dtype):
     grad = _x(rng, shape, dtype)
-    result = F.add_positional_backward(grad, shape[-2] + 4, offset=3)
+    result = F.add_positional_backward(on(device, grad), shape[-2] + 4, offset=3)
+    _assert_on(result, device)
     g3 = grad.reshape((-1,) + shape[-2:]).astype(np.float64)
     expected = np.zeros((shape[-2] + 4, shape[-1]))
     expected[3:3 + shape[-2]] = g3.sum(axis=0)
     assert result.dtype == dtype and result.shape == expected.shape
-    np.testing.assert_allclose(result, expected, *tolerance(dtype))
+    np.testing.assert_allclose(host(result), expected, *tolerance(dtype))
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("ids_shape", [(5,), (1, 5), (3, 5)])
-def test_add_positional_backward_repeated_ids(rng, ids_shape, dtype):
+def test_add_positional_backward_repeated_ids(device, rng, ids_shape, dtype):
     grad = _x(rng, (3, 5, 4), dtype)
     ids = np.array([2, 2, 0, 2, 5]) if len(ids_shape) == 1 else rng.integers(0, 3, ids_shape)
-    result = F.add_positional_backward(grad, 6, position_ids=ids)
+    gd = on(device, grad)
+    result = F.add_positional_backward(gd, 6, position_ids=ids)
+    _assert_on(result, device)
     expected = ref.embedding_backward(grad, np.broadcast_to(ids, (3, 5)), 6)
-    np.testing.assert_allclose(result, expected, *tolerance(dtype))
-    # deterministic: bit-identical on a second run
-    np.testing.assert_array_equal(result, F.add_positional_backward(grad, 6, position_ids=ids))
+    np.testing.assert_allclose(host(result), expected, *tolerance(dtype))
+    # deterministic: bit-identical on a second run (device ids this time)
+    np.testing.assert_array_equal(
+        host(result), host(F.add_positional_backward(gd, 6, position_ids=on(device, ids))))
 
 
-def test_add_positional_backward_errors(rng):
-    grad = _x(rng, (2, 4, 3), np.float32)
+def test_add_positional_backward_errors(device, rng):
+    g = _x(rng, (2, 4, 3), np.float32)
+    grad = on(device, g)
     with pytest.raises(ValueError, match=r"offset=3 .*L=4.*max_len=6"):
         F.add_positional_backward(grad, 6, offset=3)
     with pytest.raises(IndexError, match="position_ids: index 6"):
         F.add_positional_backward(grad, 6, position_ids=[0, 6, 1, 1])
+    with pytest.raises(IndexError, match="position_ids: index -1"):
+        F.add_positional_backward(grad, 6, position_ids=on(device, np.array([0, -1, 1, 1])))
     with pytest.raises(ValueError, match="num_positions"):
         F.add_positional_backward(grad, 0)
     with pytest.raises(TypeError, match="grad_output"):
-        F.add_positional_backward(grad.astype(np.int64), 6)
+        F.add_positional_backward(on(device, g.astype(np.int64)), 6)
     with pytest.raises(ValueError, match="either an offset"):
         F.add_positional_backward(grad, 6, offset=1, position_ids=[0, 1, 2, 3])
+    np.testing.assert_array_equal(host(grad), g)
 
 
 # ---------------------------------------------------------------- A * X + B
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape", [(4, 3), (2, 4, 3), (4, 64, 128)])
-def test_mult_add_values(rng, shape, dtype):
+@pytest.mark.parametrize("device, shape", device_params([((4, 3),), ((2, 4, 3),),
+                                                         ((4, 64, 128),)], _small_shape),
+                         indirect=["device"])
+def test_mult_add_values(device, rng, shape, dtype):
     x = _x(rng, shape, dtype)
     a = _x(rng, (shape[-2] + 2, shape[-1]), dtype)
     b = _x(rng, (shape[-2] + 2, shape[-1]), dtype)
-    y = F.positional_mult_add(x, a, b)
+    xd, ad = on(device, x), on(device, a)
+    y = F.positional_mult_add(xd, ad, on(device, b))
+    _assert_on(y, device)
     seq = shape[-2]
-    np.testing.assert_allclose(y, a[:seq] * x + b[:seq], *tolerance(dtype))
+    np.testing.assert_allclose(host(y), a[:seq] * x + b[:seq], *tolerance(dtype))
     grad = _x(rng, shape, dtype)
-    gx, ga, gb = F.positional_mult_add_backward(grad, x, a)
+    got = F.positional_mult_add_backward(on(device, grad), xd, ad)
+    for g in got:
+        _assert_on(g, device)
+    gx, ga, gb = (host(g) for g in got)
     g3 = grad.reshape((-1,) + shape[-2:]).astype(np.float64)
     x3 = x.reshape((-1,) + shape[-2:]).astype(np.float64)
     np.testing.assert_allclose(gx, grad * a[:seq], *tolerance(dtype))
@@ -327,49 +434,55 @@ def test_mult_add_values(rng, shape, dtype):
     np.testing.assert_allclose(gb, exp_b, rtol, atol * 10)
 
 
-def test_mult_add_finite_differences(rng):
+def test_mult_add_finite_differences(device, rng):
     x = rng.standard_normal((3, 4, 2))
     a = rng.standard_normal((5, 2))
     b = rng.standard_normal((5, 2))
     r = rng.standard_normal((3, 4, 2))
 
-    def loss():
-        return float(np.sum(F.positional_mult_add(x, a, b) * r))
+    def loss():  # the forward on ``device``, of the current host values
+        y = F.positional_mult_add(on(device, x), on(device, a), on(device, b))
+        return float(np.sum(host(y) * r))
 
-    gx, ga, gb = F.positional_mult_add_backward(r, x, a)
-    for analytic, var in ((gx, x), (ga, a), (gb, b)):
-        np.testing.assert_allclose(analytic, ref.finite_difference(loss, var), atol=1e-7)
+    got = F.positional_mult_add_backward(on(device, r), on(device, x), on(device, a))
+    for analytic, var in zip(got, (x, a, b), strict=True):
+        np.testing.assert_allclose(host(analytic), ref.finite_difference(loss, var), atol=1e-7)
 
 
-def test_mult_add_errors(rng):
+def test_mult_add_errors(device, rng):
     x = _x(rng, (2, 4, 3), np.float32)
-    a = _x(rng, (3, 3), np.float32)
+    xd = on(device, x)
+    a3 = _x(rng, (3, 3), np.float32)
     with pytest.raises(ValueError, match="sequence is too long: L=4 .*max_len=3"):
-        F.positional_mult_add(x, a, a)
+        F.positional_mult_add(xd, on(device, a3), on(device, a3))
     a = _x(rng, (5, 3), np.float32)
+    ad = on(device, a)
     with pytest.raises(ValueError, match=r"b: expected shape \(5, 3\)"):
-        F.positional_mult_add(x, a, a[:4])
+        F.positional_mult_add(xd, ad, on(device, a[:4]))
     with pytest.raises(TypeError, match="b: dtype float64 differs"):
-        F.positional_mult_add(x, a, a.astype(np.float64))
+        F.positional_mult_add(xd, ad, on(device, a.astype(np.float64)))
     with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 4, 3\)"):
-        F.positional_mult_add_backward(x[0], x, a)
+        F.positional_mult_add_backward(on(device, x[0]), xd, ad)
     with pytest.raises(TypeError, match="grad_output: expected dtype float32"):
-        F.positional_mult_add_backward(x.astype(np.float64), x, a)
+        F.positional_mult_add_backward(on(device, x.astype(np.float64)), xd, ad)
     with pytest.raises(ValueError, match="sequence is too long"):
-        F.positional_mult_add_backward(x, x, a[:2])
+        F.positional_mult_add_backward(xd, xd, on(device, a[:2]))
+    np.testing.assert_array_equal(host(xd), x)
+    np.testing.assert_array_equal(host(ad), a)
 
 
 # ---------------------------------------------------------------- positions from padding
 
 
-def test_positions_from_padding_docstring_example():
-    ids = np.array([[0, 0, 7, 8], [7, 8, 0, 0]])
-    np.testing.assert_array_equal(F.positions_from_padding(ids, 0),
-                                  [[0, 0, 0, 1], [0, 1, 0, 0]])
+def test_positions_from_padding_docstring_example(device):
+    ids = on(device, np.array([[0, 0, 7, 8], [7, 8, 0, 0]]))
+    got = F.positions_from_padding(ids, 0)
+    _assert_on(got, device)
+    np.testing.assert_array_equal(host(got), [[0, 0, 0, 1], [0, 1, 0, 0]])
 
 
 @pytest.mark.parametrize("past_length", [0, 5])
-def test_left_and_right_padding_give_same_positions(rng, past_length):
+def test_left_and_right_padding_give_same_positions(device, rng, past_length):
     pad = 1
     lengths = [3, 6, 1, 5]
     seq_len = 6
@@ -381,9 +494,10 @@ def test_left_and_right_padding_give_same_positions(rng, past_length):
         tokens.append(t)
         left[r, seq_len - n:] = t
         right[r, :n] = t
-    pos_left = F.positions_from_padding(left, pad, past_length=past_length)
-    pos_right = F.positions_from_padding(right, pad, past_length=past_length)
+    pos_left = F.positions_from_padding(on(device, left), pad, past_length=past_length)
+    pos_right = host(F.positions_from_padding(on(device, right), pad, past_length=past_length))
     assert pos_left.dtype == np.int64
+    pos_left = host(pos_left)
     for r, n in enumerate(lengths):
         expected = np.arange(past_length, past_length + n)
         np.testing.assert_array_equal(pos_left[r, seq_len - n:], expected)
@@ -392,49 +506,58 @@ def test_left_and_right_padding_give_same_positions(rng, past_length):
         np.testing.assert_array_equal(pos_right[r, n:], 0)
 
 
-@pytest.mark.parametrize("shape", [(7,), (3, 9), (2, 3, 5)])
-@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
-def test_positions_from_padding_vs_reference(rng, shape, dtype):
+# uint8 ids stay on the CPU: CUDA index arrays must be int32 or int64 (a TypeError there).
+@pytest.mark.parametrize("device, shape, dtype",
+                         device_params([(shape, dtype) for shape in [(7,), (3, 9), (2, 3, 5)]
+                                        for dtype in [np.int32, np.int64, np.uint8]],
+                                       cuda=lambda shape, dtype: dtype != np.uint8),
+                         indirect=["device"])
+def test_positions_from_padding_vs_reference(device, rng, shape, dtype):
     ids = rng.integers(0, 3, size=shape).astype(dtype)
-    got = F.positions_from_padding(ids, 0, past_length=2, pad_position=-1)
-    np.testing.assert_array_equal(got, ref.positions_from_padding(ids, 0, 2, -1))
+    got = F.positions_from_padding(on(device, ids), 0, past_length=2, pad_position=-1)
+    _assert_on(got, device)
+    np.testing.assert_array_equal(host(got), ref.positions_from_padding(ids, 0, 2, -1))
 
 
-def test_positions_from_padding_per_row_past(rng):
+def test_positions_from_padding_per_row_past(device, rng):
     ids = rng.integers(0, 3, size=(4, 6))
+    idsd = on(device, ids)
     past = np.array([0, 3, 1, 10])
-    got = F.positions_from_padding(ids, 0, past_length=past)
+    got = host(F.positions_from_padding(idsd, 0, past_length=past))
     np.testing.assert_array_equal(got, ref.positions_from_padding(ids, 0, past))
-    got_list = F.positions_from_padding(ids, 0, past_length=list(past))
-    np.testing.assert_array_equal(got, got_list)
+    for same in (list(past), on(device, past)):
+        np.testing.assert_array_equal(
+            host(F.positions_from_padding(idsd, 0, past_length=same)), got)
 
 
-def test_positions_from_padding_matches_fairseq(rng):
+def test_positions_from_padding_matches_fairseq(device, rng):
     ids = rng.integers(0, 4, size=(5, 8))
     ids[:, :2] = 1  # some left padding
-    got = F.positions_from_padding(ids, 1, past_length=2, pad_position=1)
-    np.testing.assert_array_equal(got, ref.fairseq_make_positions(ids, 1))
+    got = F.positions_from_padding(on(device, ids), 1, past_length=2, pad_position=1)
+    np.testing.assert_array_equal(host(got), ref.fairseq_make_positions(ids, 1))
 
 
-def test_positions_from_padding_matches_hf_attention_mask(rng):
+def test_positions_from_padding_matches_hf_attention_mask(device, rng):
     ids = rng.integers(0, 4, size=(5, 8))
     ids[:3, :3] = 0
     attention_mask = (ids != 0).astype(np.int64)
     hf = attention_mask.cumsum(-1) - 1
     hf[attention_mask == 0] = 1
-    np.testing.assert_array_equal(F.positions_from_padding(ids, 0, pad_position=1), hf)
+    np.testing.assert_array_equal(
+        host(F.positions_from_padding(on(device, ids), 0, pad_position=1)), hf)
 
 
-def test_positions_from_padding_largest_positions():
+def test_positions_from_padding_largest_positions(device):
     top = 2**63 - 1
     np.testing.assert_array_equal(
-        F.positions_from_padding(np.array([[5, 5, 0]]), 0, past_length=top - 2,
-                                 pad_position=top), [[top - 2, top - 1, top]])
+        host(F.positions_from_padding(on(device, np.array([[5, 5, 0]])), 0,
+                                      past_length=top - 2, pad_position=top)),
+        [[top - 2, top - 1, top]])
 
 
-def test_positions_from_padding_no_padding_is_arange():
-    ids = np.arange(1, 11).reshape(2, 5)
-    np.testing.assert_array_equal(F.positions_from_padding(ids, 0, past_length=4),
+def test_positions_from_padding_no_padding_is_arange(device):
+    ids = on(device, np.arange(1, 11).reshape(2, 5))
+    np.testing.assert_array_equal(host(F.positions_from_padding(ids, 0, past_length=4)),
                                   np.tile(np.arange(4, 9), (2, 1)))
 
 
@@ -461,6 +584,7 @@ def test_positions_from_padding_no_padding_is_arange():
     ((np.ones((2, 3), int), 0), {"past_length": [0, 2**63 - 2]}, ValueError,
      "past_length: expected values <= 9223372036854775805"),
 ])
-def test_positions_from_padding_errors(args, kwargs, exc, match):
+def test_positions_from_padding_errors(device, args, kwargs, exc, match):
+    ids, padding_idx = args
     with pytest.raises(exc, match=match):
-        F.positions_from_padding(*args, **kwargs)
+        F.positions_from_padding(on(device, ids), padding_idx, **kwargs)

@@ -77,9 +77,26 @@ def zeros(shape, dtype):
     return full(shape, 0, dtype)
 
 
+def _standard_strides(x: np.ndarray) -> bool:
+    """Whether ``x`` has exactly the strides of a fresh C-ordered array of its shape.
+
+    NumPy calls ``x[None]`` (stride 0 on the new axis) C-contiguous, but Numba's
+    device arrays keep those strides and then refuse them as non-contiguous.
+    """
+    step = x.itemsize
+    for extent, stride in zip(reversed(x.shape), reversed(x.strides), strict=True):
+        if stride != step:
+            return False
+        step *= extent
+    return True
+
+
 def asarray(host):
-    """A host array copied to the GPU (C-contiguous)."""
-    return cuda.to_device(np.require(host, requirements="C"))
+    """A host array copied to the GPU, with standard C strides (0-d arrays stay 0-d)."""
+    host = np.asarray(host)
+    if not _standard_strides(host):
+        host = np.array(host, order="C", copy=True)
+    return cuda.to_device(host)
 
 
 def to_host(x) -> np.ndarray:
