@@ -12,6 +12,41 @@ FLOAT_DTYPES = [np.float32, np.float64]
 INDEX_DTYPES = [np.int32, np.int64]
 
 
+def _atomic_simulator_shared_arrays():
+    """Work around a race in Numba's CUDA simulator (numba-cuda's ``FakeCUDAShared.array``).
+
+    The simulator gives a block's ``cuda.shared.array`` to the first of its threads
+    that asks (a dict get, then a separate set): a thread switch in between hands
+    two threads of one block different arrays, and a tree reduction over them
+    returns garbage for that block (seen as one wrong LayerNorm row now and then).
+    ``dict.setdefault`` does both steps at once. Arrays stay identified by the
+    line that asks for them, as in the original; dynamic shared memory (shape 0)
+    keeps the original code.
+    """
+    try:
+        from numba.core import types
+        from numba.cuda.simulator import kernelapi
+        from numba.np import numpy_support
+    except ImportError:  # numba-cuda missing: no CUDA tests run
+        return
+    original = kernelapi.FakeCUDAShared.array
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return original(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        return self._allocations.setdefault(key, np.empty(shape, dtype))
+
+    kernelapi.FakeCUDAShared.array = array
+
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    _atomic_simulator_shared_arrays()
+
+
 def _numba_cuda_importable() -> bool:
     try:
         from numba import cuda  # noqa: F401

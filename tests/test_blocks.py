@@ -1,21 +1,34 @@
-"""BertEmbeddings and GPT2Embeddings: fused forward/backward against the NumPy reference."""
+"""BertEmbeddings and GPT2Embeddings: fused forward/backward against the NumPy reference.
+
+Tests of the blocks run on the CPU and on CUDA (the ``device`` fixture; Numba's CUDA
+simulator without a GPU). The BERT kernels take one block of threads per token, about
+0.25 s per token on the simulator, so CUDA gets fewer tokens and a subset of the
+combinations; finite-difference checks evaluate the loss on a CPU twin of the block
+and take the gradients from the device. Thread-count, parallel-kernel, read-only
+and non-contiguous-table tests, and checkpoint loading, stay on the CPU.
+"""
+
+import itertools
 
 import numba
 import numpy as np
 import pytest
 import reference
-from conftest import FLOAT_DTYPES, two_threads
+from conftest import FLOAT_DTYPES, host, on, tolerance, two_threads
 
+from numbapos import _device, nn
 from numbapos import functional as F
-from numbapos import nn
 from numbapos.functional import blocks as FB
 from numbapos.kernels.cpu import arrays as cpu_arrays
 from numbapos.sparse import SparseRows
 
 V, D, P, TV = 12, 6, 10, 3  # vocab, hidden, positions, token types
 
+# The simulator evaluates the uint64 dropout hash on NumPy scalars, which warn on wrap-around.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
-def _bert(dtype=np.float64, p=0.0, seed=0, **kwargs):
+
+def _bert(dtype=np.float64, p=0.0, seed=0, device="cpu", **kwargs):
     block = nn.BertEmbeddings(V, D, P, TV, pad_token_id=kwargs.pop("pad_token_id", 0),
                               layer_norm_eps=kwargs.pop("eps", 1e-3), hidden_dropout_prob=p,
                               seed=seed, dtype=dtype, **kwargs)
@@ -23,15 +36,15 @@ def _bert(dtype=np.float64, p=0.0, seed=0, **kwargs):
     # Non-trivial LayerNorm parameters so their gradients and effect are tested.
     block.LayerNorm.weight.data[:] = rng.standard_normal(D) + 1.0
     block.LayerNorm.bias.data[:] = rng.standard_normal(D)
-    return block
+    return block.to(device)
 
 
 def _bert_reference(block, ids, counter=0, training=True, **kwargs):
     drop = block.dropout
     return reference.bert_embeddings(
-        ids, block.word_embeddings.weight.data, block.position_embeddings.weight.data,
-        block.token_type_embeddings.weight.data, block.LayerNorm.weight.data,
-        block.LayerNorm.bias.data, block.LayerNorm.eps, p=drop.p if training else 0.0,
+        ids, host(block.word_embeddings.weight.data), host(block.position_embeddings.weight.data),
+        host(block.token_type_embeddings.weight.data), host(block.LayerNorm.weight.data),
+        host(block.LayerNorm.bias.data), block.LayerNorm.eps, p=drop.p if training else 0.0,
         seed=drop.seed, counter=counter, **kwargs)
 
 
@@ -43,38 +56,67 @@ def _threads():
     return two_threads()
 
 
+def _id(value):
+    return getattr(value, "__name__", str(value))
+
+
+def _cases(combinations, on_cuda):
+    """``(device, *combination)`` parameters: every combination on the CPU, those in
+    ``on_cuda`` on CUDA too (for ``indirect=["device"]``)."""
+    return [pytest.param(device, *c, id="-".join(map(_id, (device, *c))))
+            for device in ("cpu", "cuda") for c in combinations
+            if device == "cpu" or c in on_cuda]
+
+
+def _assert_on(device, *arrays):
+    for a in arrays:
+        assert _device.device_of(a) == device, f"result on {_device.device_of(a)}, not {device}"
+
+
 # ================================================================== BERT forward
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("p", [0.0, 0.4])
-def test_bert_forward_matches_reference(rng, dtype, p):
-    block = _bert(dtype, p=p)
-    ids = rng.integers(0, V, (3, 5))
-    types = rng.integers(0, TV, (3, 5))
-    y = block(ids, token_type_ids=types, past_length=2)
-    assert y.shape == (3, 5, D) and y.dtype == dtype
+@pytest.mark.parametrize(("device", "dtype", "p"),
+                         _cases([(d, p) for p in (0.0, 0.4) for d in FLOAT_DTYPES],
+                                {(np.float32, 0.4), (np.float64, 0.0)}), indirect=["device"])
+def test_bert_forward_matches_reference(rng, device, dtype, p):
+    block = _bert(dtype, p=p, device=device)
+    shape = (3, 5) if device == "cpu" else (2, 3)
+    ids = rng.integers(0, V, shape)
+    types = rng.integers(0, TV, shape)
+    y = block(on(device, ids), token_type_ids=on(device, types), past_length=2)
+    _assert_on(device, y)
+    assert y.shape == (*shape, D) and y.dtype == dtype
     ref = _bert_reference(block, ids, token_type_ids=types, past_length=2)
-    np.testing.assert_allclose(y, ref, *_tol(dtype))
+    np.testing.assert_allclose(host(y), ref, *_tol(dtype))
     assert block.dropout.counter == (1 if p else 0)
 
 
-def test_bert_forward_position_and_type_variants(rng):
-    block = _bert()
-    ids = rng.integers(0, V, (2, 4))
-    for pos in (rng.integers(0, P, (2, 4)), np.array([3, 1, 4, 1]), np.array([[0, 9, 2, 2]])):
-        for types in (None, np.array([0, 1, 2, 1]), rng.integers(0, TV, (2, 4))):
-            y = block(ids, token_type_ids=types, position_ids=pos)
-            ref = _bert_reference(block, ids, token_type_ids=types, position_ids=pos)
-            np.testing.assert_allclose(y, ref, rtol=1e-10, atol=1e-10)
+def test_bert_forward_position_and_type_variants(rng, device):
+    block = _bert(device=device)
+    length = 4 if device == "cpu" else 2
+    ids = rng.integers(0, V, (2, length))
+    positions = (rng.integers(0, P, (2, length)), np.array([3, 1, 4, 1])[:length],
+                 np.array([[0, 9, 2, 2]])[:, :length])
+    types = (None, np.array([0, 1, 2, 1])[:length], rng.integers(0, TV, (2, length)))
+    # Every pairing on the CPU; on CUDA each variant once (host ids, moved by the block).
+    if device == "cpu":
+        pairs = itertools.product(positions, types)
+    else:
+        pairs = zip(positions, types, strict=True)
+    for pos, tt in pairs:
+        y = block(ids, token_type_ids=tt, position_ids=pos)
+        ref = _bert_reference(block, ids, token_type_ids=tt, position_ids=pos)
+        np.testing.assert_allclose(host(y), ref, rtol=1e-10, atol=1e-10)
 
 
-def test_bert_forward_1d_ids_and_int32(rng):
-    block = _bert(np.float32)
-    ids = rng.integers(0, V, 7).astype(np.int32)
-    y = block(ids, past_length=3)
-    assert y.shape == (7, D)
-    np.testing.assert_allclose(y, _bert_reference(block, ids, past_length=3), rtol=2e-5,
+def test_bert_forward_1d_ids_and_int32(rng, device):
+    block = _bert(np.float32, device=device)
+    length = 7 if device == "cpu" else 4
+    ids = rng.integers(0, V, length).astype(np.int32)
+    y = block(on(device, ids), past_length=3)
+    assert y.shape == (length, D)
+    np.testing.assert_allclose(host(y), _bert_reference(block, ids, past_length=3), rtol=2e-5,
                                atol=2e-5)
 
 
@@ -87,85 +129,100 @@ def test_bert_large_input_uses_parallel_kernel(rng):
     np.testing.assert_allclose(y, _bert_reference(block, ids), rtol=2e-5, atol=2e-5)
 
 
-def test_bert_fused_equals_unfused_chain_bitwise(rng):
+def test_bert_fused_equals_unfused_chain(rng, device):
     # The fused kernel draws the Dropout child's mask and adds the rows in Hugging
-    # Face's order: same bits as running the children one after the other.
-    block = _bert(np.float32, p=0.3)
-    ids = rng.integers(0, V, (2, 5))
-    types = rng.integers(0, TV, (2, 5))
+    # Face's order: same bits as running the children one after the other on the CPU;
+    # on CUDA the two LayerNorm kernels may contract multiply-adds differently, so the
+    # values agree to a few ulp and the dropped elements exactly.
+    block = _bert(np.float32, p=0.3, device=device)
+    shape = (2, 5) if device == "cpu" else (1, 3)
+    ids = rng.integers(0, V, shape)
+    types = rng.integers(0, TV, shape)
     counter = block.dropout.counter
-    fused = block(ids, token_type_ids=types)
-    total = (F.embedding(ids, block.word_embeddings.weight.data)
-             + F.embedding(types, block.token_type_embeddings.weight.data)
-             + F.embedding(np.arange(5), block.position_embeddings.weight.data))
-    normed = F.layer_norm(total, block.LayerNorm.weight.data, block.LayerNorm.bias.data,
-                          eps=block.LayerNorm.eps)
-    unfused = F.dropout(normed, block.dropout.p, block.dropout.seed, counter=counter)
-    np.testing.assert_array_equal(fused, unfused)
+    fused = host(block(on(device, ids), token_type_ids=on(device, types)))
+    rows = [host(F.embedding(on(device, i), table.weight.data)) for i, table in
+            ((ids, block.word_embeddings), (types, block.token_type_embeddings),
+             (np.arange(shape[1]), block.position_embeddings))]
+    total = rows[0] + rows[1] + rows[2]
+    normed = F.layer_norm(on(device, total), block.LayerNorm.weight.data,
+                          block.LayerNorm.bias.data, eps=block.LayerNorm.eps)
+    unfused = host(F.dropout(normed, block.dropout.p, block.dropout.seed, counter=counter))
+    if device == "cpu":
+        np.testing.assert_array_equal(fused, unfused)
+    else:
+        np.testing.assert_allclose(fused, unfused, *tolerance(np.float32))
+        np.testing.assert_array_equal(fused == 0, unfused == 0)
+    assert (fused == 0).any()
 
 
-def test_bert_eval_mode_and_counter(rng):
-    block = _bert(p=0.5)
-    ids = rng.integers(0, V, (2, 3))
-    first = block(ids)
-    second = block(ids)
+def test_bert_eval_mode_and_counter(rng, device):
+    block = _bert(p=0.5, device=device)
+    ids = rng.integers(0, V, (2, 3) if device == "cpu" else (1, 3))
+    first = host(block(ids))
+    second = host(block(ids))
     assert block.dropout.counter == 2
     assert not np.array_equal(first, second)
     np.testing.assert_allclose(second, _bert_reference(block, ids, counter=1), rtol=1e-10,
                                atol=1e-10)
     block.eval()
-    clean = block(ids)
+    clean = host(block(ids))
     assert block.dropout.counter == 2
     np.testing.assert_allclose(clean, _bert_reference(block, ids, training=False), rtol=1e-10,
                                atol=1e-10)
 
 
-def test_bert_out_buffer(rng):
-    block = _bert(np.float32)
-    ids = rng.integers(0, V, (2, 3))
-    out = np.empty((2, 3, D), np.float32)
-    assert block(ids, out=out) is out
-    np.testing.assert_allclose(out, _bert_reference(block, ids), rtol=2e-5, atol=2e-5)
+def test_bert_out_buffer(rng, device):
+    block = _bert(np.float32, device=device)
+    shape = (2, 3) if device == "cpu" else (1, 2)
+    ids = rng.integers(0, V, shape)
+    out = on(device, np.full((*shape, D), np.nan, np.float32))
+    assert block(on(device, ids), out=out) is out
+    np.testing.assert_allclose(host(out), _bert_reference(block, ids), rtol=2e-5, atol=2e-5)
 
 
-def test_out_overlapping_inputs_is_refused():
+def test_out_overlapping_inputs_is_refused(device):
     # LayerNorm parameters and the flat ids are read while out is written.
-    block = _bert()
-    buf = np.zeros(2 * D)
-    buf[:D] = 1.0
+    block = _bert(device=device)
+    buf_host = np.zeros(2 * D)
+    buf_host[:D] = 1.0
+    buf = on(device, buf_host)
     block.LayerNorm.weight.data = buf[:D]
+    pair = on(device, np.array([[1, 2]]))
     with pytest.raises(ValueError, match="out: must not share memory"):
-        block(np.array([[1, 2]]), out=buf.reshape(1, 2, D))
+        block(pair, out=buf.reshape(1, 2, D))
     with pytest.raises(ValueError, match="out: must not share memory"):
-        F.bert_embeddings(np.array([[1, 2]]), block.word_embeddings.weight.data,
+        F.bert_embeddings(pair, block.word_embeddings.weight.data,
                           block.position_embeddings.weight.data,
                           block.token_type_embeddings.weight.data, buf[:D],
                           out=buf.reshape(1, 2, D))
-    ids = np.zeros(2 * D, dtype=np.int64)
+    np.testing.assert_array_equal(host(buf), buf_host)
+    ids = on(device, np.zeros(2 * D, dtype=np.int64))
     with pytest.raises(ValueError, match="out: must not share memory"):
-        F.gpt2_embeddings(ids, np.ones((V, 1)), np.ones((2 * D, 1)),
+        F.gpt2_embeddings(ids, on(device, np.ones((V, 1))), on(device, np.ones((2 * D, 1))),
                           out=ids.view(np.float64).reshape(2 * D, 1))
-    np.testing.assert_array_equal(ids, 0)
+    np.testing.assert_array_equal(host(ids), 0)
 
 
-def test_bert_empty_tables_are_refused(rng):
+def test_bert_empty_tables_are_refused(rng, device):
     # The default token type 0 was gathered from a 0-row table (garbage forward,
     # segfault in backward); D = 0 raised ZeroDivisionError inside the kernel.
-    word, pos = rng.standard_normal((V, D)), rng.standard_normal((P, D))
-    no_types = np.zeros((0, D))
-    ids = np.array([[1, 2]])
+    word, pos = on(device, rng.standard_normal((V, D))), on(device, rng.standard_normal((P, D)))
+    no_types = on(device, np.zeros((0, D)))
+    ids = on(device, np.array([[1, 2]]))
     with pytest.raises(IndexError, match="token_type_ids: the default token type 0 .* "
                                          "type_vocab_size=0"):
         F.bert_embeddings(ids, word, pos, no_types)
     with pytest.raises(IndexError, match="type_vocab_size=0"):
-        F.bert_embeddings_backward(np.ones((1, 2, D)), ids, word, pos, no_types,
-                                   np.zeros((1, 2)), np.ones((1, 2)))
-    assert F.bert_embeddings(np.zeros((1, 0), np.int64), word, pos, no_types).shape == (1, 0, D)
-    block = _bert()
+        F.bert_embeddings_backward(on(device, np.ones((1, 2, D))), ids, word, pos, no_types,
+                                   on(device, np.zeros((1, 2))), on(device, np.ones((1, 2))))
+    empty = F.bert_embeddings(on(device, np.zeros((1, 0), np.int64)), word, pos, no_types)
+    _assert_on(device, empty)
+    assert empty.shape == (1, 0, D)
+    block = _bert(device=device)
     block.token_type_embeddings.weight.data = no_types
     with pytest.raises(IndexError, match="type_vocab_size=0"):
         block(ids)
-    flat = np.zeros((4, 0))
+    flat = on(device, np.zeros((4, 0)))
     with pytest.raises(ValueError, match="word_embeddings: expected a hidden size >= 1"):
         F.bert_embeddings(ids, flat, flat, flat)
 
@@ -207,31 +264,33 @@ def test_max_norm_clips_non_contiguous_tables_before_the_gather(rng):
     assert np.linalg.norm(wte[[1, 2]], axis=1).max() <= 1.0 + 1e-12
 
 
-def test_bert_empty_input():
-    block = _bert()
-    y = block(np.zeros((2, 0), dtype=np.int64))
+def test_bert_empty_input(device):
+    block = _bert(device=device)
+    y = block(on(device, np.zeros((2, 0), dtype=np.int64)))
+    _assert_on(device, y)
     assert y.shape == (2, 0, D)
-    block.backward(np.zeros((2, 0, D)))
-    np.testing.assert_array_equal(block.word_embeddings.weight.grad, 0)
-    np.testing.assert_array_equal(block.LayerNorm.weight.grad, 0)
+    block.backward(on(device, np.zeros((2, 0, D))))
+    np.testing.assert_array_equal(host(block.word_embeddings.weight.grad), 0)
+    np.testing.assert_array_equal(host(block.LayerNorm.weight.grad), 0)
 
 
-def test_bert_init_and_names():
-    block = nn.BertEmbeddings(30, 8, 16, 2, pad_token_id=1, seed=0)
+def test_bert_init_and_names(device):
+    block = nn.BertEmbeddings(30, 8, 16, 2, pad_token_id=1, seed=0, device=device)
+    assert block.device == device
     names = [name for name, _ in block.named_parameters()]
     assert names == ["word_embeddings.weight", "position_embeddings.weight",
                      "token_type_embeddings.weight", "LayerNorm.weight", "LayerNorm.bias"]
     assert block.word_embeddings.padding_idx == 1
-    np.testing.assert_array_equal(block.word_embeddings.weight.data[1], 0)
-    np.testing.assert_array_equal(block.LayerNorm.weight.data, 1)
-    np.testing.assert_array_equal(block.LayerNorm.bias.data, 0)
+    word = host(block.word_embeddings.weight.data)
+    np.testing.assert_array_equal(word[1], 0)
+    np.testing.assert_array_equal(host(block.LayerNorm.weight.data), 1)
+    np.testing.assert_array_equal(host(block.LayerNorm.bias.data), 0)
     assert block.LayerNorm.eps == 1e-12 and block.dropout.p == 0.1
-    assert 0.01 < block.word_embeddings.weight.data.std() < 0.03
+    assert 0.01 < word.std() < 0.03
     assert (block.vocab_size, block.hidden_size, block.max_position_embeddings,
             block.type_vocab_size) == (30, 8, 16, 2)
     again = nn.BertEmbeddings(30, 8, 16, 2, pad_token_id=1, seed=0)
-    np.testing.assert_array_equal(again.word_embeddings.weight.data,
-                                  block.word_embeddings.weight.data)
+    np.testing.assert_array_equal(again.word_embeddings.weight.data, word)
     assert again.dropout.seed == block.dropout.seed
     assert "vocab_size=30" in repr(block)
 
@@ -239,31 +298,49 @@ def test_bert_init_and_names():
 # ================================================================== BERT backward
 
 
-@pytest.mark.parametrize("p", [0.0, 0.3])
-def test_bert_gradients_match_finite_differences(rng, p):
-    block = _bert(np.float64, p=p, seed=1)
+def _check_finite_differences(block, twin, loss, skip_row=None):
+    """``block``'s accumulated gradients against finite differences of ``loss``, which
+    evaluates ``twin`` (``block`` itself on the CPU; a CPU copy of a CUDA ``block``,
+    as a forward pass per probed element would take minutes on the simulator)."""
+    for (name, param), (_, twin_param) in zip(block.named_parameters(), twin.named_parameters(),
+                                             strict=True):
+        np.testing.assert_array_equal(host(param.data), twin_param.data, err_msg=name)
+        expected = reference.finite_difference(loss, twin_param.data)
+        if skip_row is not None and name == skip_row[0]:
+            expected[skip_row[1]] = 0
+        np.testing.assert_allclose(host(param.grad), expected, rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize(("device", "p"), _cases([(0.0,), (0.3,)], {(0.3,)}),
+                         indirect=["device"])
+def test_bert_gradients_match_finite_differences(rng, device, p):
+    block = _bert(np.float64, p=p, seed=1, device=device)
+    twin = block if device == "cpu" else _bert(np.float64, p=p, seed=1)
     ids = np.array([[1, 0, 5, 5], [7, 1, 1, 0]])  # repeats and the padding id 0
     types = np.array([[0, 2, 2, 1], [1, 1, 0, 0]])
     probe = rng.standard_normal((2, 4, D))
 
     def loss():
-        block.dropout.counter = 0
-        return float((block(ids, token_type_ids=types, past_length=1) * probe).sum())
+        twin.dropout.counter = 0
+        return float((twin(ids, token_type_ids=types, past_length=1) * probe).sum())
 
-    loss()
-    block.backward(probe)
-    pad = block.word_embeddings.padding_idx
-    for param in block.parameters():
-        expected = reference.finite_difference(loss, param.data)
-        if param is block.word_embeddings.weight:
-            expected[pad] = 0  # the padding row never receives a gradient (HF / PyTorch)
-        np.testing.assert_allclose(param.grad, expected, rtol=1e-6, atol=1e-7)
+    block.dropout.counter = 0
+    block(on(device, ids), token_type_ids=on(device, types), past_length=1)
+    block.backward(on(device, probe))
+    # The padding row never receives a gradient (HF / PyTorch).
+    _check_finite_differences(block, twin, loss,
+                              ("word_embeddings.weight", block.word_embeddings.padding_idx))
 
 
-def test_bert_gradients_with_explicit_positions_and_large_type_vocab(rng):
+def test_bert_gradients_with_explicit_positions_and_large_type_vocab(rng, device):
     # 20 token types is above FUSED_TYPE_GRAD_MAX_ROWS: the scatter path.
-    block = nn.BertEmbeddings(V, D, P, 20, pad_token_id=None, layer_norm_eps=1e-3,
-                              hidden_dropout_prob=0.0, seed=2, dtype=np.float64)
+    def make():
+        return nn.BertEmbeddings(V, D, P, 20, pad_token_id=None, layer_norm_eps=1e-3,
+                                 hidden_dropout_prob=0.0, seed=2, dtype=np.float64)
+
+    block = make().to(device)
+    twin = block if device == "cpu" else make()
     assert 20 > FB.FUSED_TYPE_GRAD_MAX_ROWS
     ids = rng.integers(0, V, (2, 3))
     types = rng.integers(0, 20, (2, 3))
@@ -271,76 +348,84 @@ def test_bert_gradients_with_explicit_positions_and_large_type_vocab(rng):
     probe = rng.standard_normal((2, 3, D))
 
     def loss():
-        return float((block(ids, token_type_ids=types, position_ids=pos) * probe).sum())
+        return float((twin(ids, token_type_ids=types, position_ids=pos) * probe).sum())
 
-    loss()
-    block.backward(probe)
-    for param in block.parameters():
-        np.testing.assert_allclose(param.grad, reference.finite_difference(loss, param.data),
-                                   rtol=1e-6, atol=1e-7)
+    block(on(device, ids), token_type_ids=on(device, types), position_ids=on(device, pos))
+    block.backward(on(device, probe))
+    _check_finite_differences(block, twin, loss)
 
 
-def test_bert_backward_accumulates_and_respects_frozen(rng):
-    block = _bert(np.float64)
-    ids = rng.integers(0, V, (2, 3))
-    probe = rng.standard_normal((2, 3, D))
+def test_bert_backward_accumulates_and_respects_frozen(rng, device):
+    block = _bert(np.float64, device=device)
+    shape = (2, 3) if device == "cpu" else (1, 2)
+    ids = rng.integers(0, V, shape)
+    probe = on(device, rng.standard_normal((*shape, D)))
     block(ids)
     block.backward(probe)
-    first = {name: param.grad.copy() for name, param in block.named_parameters()}
+    first = {name: host(param.grad).copy() for name, param in block.named_parameters()}
     block(ids)
     block.backward(probe)
     for name, param in block.named_parameters():
-        np.testing.assert_allclose(param.grad, 2 * first[name], rtol=1e-12)
+        _assert_on(device, param.grad)
+        np.testing.assert_allclose(host(param.grad), 2 * first[name], rtol=1e-12)
     block.zero_grad()
     block.word_embeddings.weight.requires_grad = False
     block.LayerNorm.bias.requires_grad = False
     block(ids)
     assert block.backward(probe) is None
     assert block.word_embeddings.weight.grad is None and block.LayerNorm.bias.grad is None
-    np.testing.assert_allclose(block.position_embeddings.weight.grad,
+    np.testing.assert_allclose(host(block.position_embeddings.weight.grad),
                                first["position_embeddings.weight"], rtol=1e-12)
-    np.testing.assert_allclose(block.LayerNorm.weight.grad, first["LayerNorm.weight"],
+    np.testing.assert_allclose(host(block.LayerNorm.weight.grad), first["LayerNorm.weight"],
                                rtol=1e-12)
 
 
-def test_bert_child_embedding_options(rng):
-    dense = _bert(np.float64)
-    sparse = _bert(np.float64)
+def test_bert_child_embedding_options(rng, device):
+    dense = _bert(np.float64, device=device)
+    sparse = _bert(np.float64, device=device)
     sparse.word_embeddings.sparse = True
-    ids = rng.integers(0, V, (2, 4))
-    probe = rng.standard_normal((2, 4, D))
+    # On CUDA three tokens, one id repeated (its sparse row sums two terms).
+    ids = rng.integers(0, V, (2, 4)) if device == "cpu" else np.array([[3, 7, 3]])
+    probe = on(device, rng.standard_normal((*ids.shape, D)))
     for block in (dense, sparse):
-        block(ids)
+        block(on(device, ids))
         block.backward(probe)
-    assert isinstance(sparse.word_embeddings.weight.grad, SparseRows)
-    np.testing.assert_allclose(sparse.word_embeddings.weight.grad.to_dense(),
-                               dense.word_embeddings.weight.grad, rtol=1e-12)
+    grad = sparse.word_embeddings.weight.grad
+    assert isinstance(grad, SparseRows)
+    _assert_on(device, grad.indices, grad.values)
+    np.testing.assert_allclose(host(grad.to_dense()), host(dense.word_embeddings.weight.grad),
+                               rtol=1e-12)
     clipped = _bert(np.float64)
     clipped.word_embeddings.weight.data *= 100
     clipped.word_embeddings.max_norm = 1.0
-    clipped(ids)
-    norms = np.linalg.norm(clipped.word_embeddings.weight.data[np.unique(ids)], axis=1)
+    clipped.to(device)
+    clipped(on(device, ids))
+    norms = np.linalg.norm(host(clipped.word_embeddings.weight.data)[np.unique(ids)], axis=1)
     assert np.all(norms <= 1.0 + 1e-6)
 
 
-def test_bert_functional_backward_matches_module(rng):
-    block = _bert(np.float32, p=0.2)
-    ids = rng.integers(0, V, (2, 4))
-    probe = rng.standard_normal((2, 4, D)).astype(np.float32)
+def test_bert_functional_backward_matches_module(rng, device):
+    block = _bert(np.float32, p=0.2, device=device)
+    ids = on(device, rng.integers(0, V, (2, 4) if device == "cpu" else (1, 2)))
+    probe = on(device, rng.standard_normal((*ids.shape, D)).astype(np.float32))
     tables = (block.word_embeddings.weight.data, block.position_embeddings.weight.data,
               block.token_type_embeddings.weight.data)
     ln = (block.LayerNorm.weight.data, block.LayerNorm.bias.data)
     kwargs = dict(p=0.2, seed=block.dropout.seed, counter=block.dropout.counter)
     y, mean, rstd = F.bert_embeddings_forward(ids, *tables, *ln, eps=block.LayerNorm.eps,
                                               **kwargs)
-    np.testing.assert_array_equal(block(ids), y)
-    np.testing.assert_array_equal(F.bert_embeddings(ids, *tables, *ln, eps=block.LayerNorm.eps,
-                                                    **kwargs), y)
+    _assert_on(device, y, mean, rstd)
+    # Same device, same kernels: bit-identical.
+    np.testing.assert_array_equal(host(block(ids)), host(y))
+    np.testing.assert_array_equal(host(F.bert_embeddings(ids, *tables, *ln,
+                                                         eps=block.LayerNorm.eps, **kwargs)),
+                                  host(y))
     grads = F.bert_embeddings_backward(probe, ids, *tables, mean, rstd, *ln, padding_idx=0,
                                        **kwargs)
     block.backward(probe)
     for got, param in zip(grads, block.parameters(), strict=True):
-        np.testing.assert_array_equal(got, param.grad)
+        _assert_on(device, got)
+        np.testing.assert_array_equal(host(got), host(param.grad))
 
 
 def test_bert_deterministic_for_any_thread_count(rng):
@@ -365,18 +450,19 @@ def test_bert_deterministic_for_any_thread_count(rng):
 # ================================================================== BERT errors
 
 
-def test_bert_input_errors(rng):
-    block = _bert(np.float32, p=0.5)
-    ids = rng.integers(0, V, (2, 3))
-    before = {name: param.data.copy() for name, param in block.named_parameters()}
+def test_bert_input_errors(rng, device):
+    block = _bert(np.float32, p=0.5, device=device)
+    ids_host = rng.integers(0, V, (2, 3))
+    ids = on(device, ids_host)
+    before = {name: host(param.data).copy() for name, param in block.named_parameters()}
     with pytest.raises(IndexError, match=rf"input_ids: index {V} .*vocab_size={V}; valid"):
-        block(np.array([[1, V, 2]]))
+        block(on(device, np.array([[1, V, 2]])))
     with pytest.raises(IndexError, match=r"input_ids: index -1 .*vocab_size"):
-        block(np.array([-1, 2]))
+        block(on(device, np.array([-1, 2])))
     with pytest.raises(IndexError, match=rf"token_type_ids: index {TV} .*type_vocab_size={TV}"):
-        block(ids, token_type_ids=np.full((2, 3), TV))
+        block(ids, token_type_ids=on(device, np.full((2, 3), TV)))
     with pytest.raises(IndexError, match=rf"position_ids: index {P} .*max_position_embeddings"):
-        block(ids, position_ids=np.array([0, 1, P]))
+        block(ids, position_ids=on(device, np.array([0, 1, P])))
     with pytest.raises(ValueError, match=rf"past_length \+ L = 8 \+ 3 = 11 exceeds "
                                          rf"max_position_embeddings={P}"):
         block(ids, past_length=8)
@@ -385,30 +471,33 @@ def test_bert_input_errors(rng):
     with pytest.raises(TypeError, match="past_length: expected an integer"):
         block(ids, past_length=1.0)
     with pytest.raises(ValueError, match=r"input_ids: expected shape \(N, L\) or \(L,\)"):
-        block(ids[None])
+        # reshape, not ids_host[None]: numbapos.to_device keeps NumPy's stride 0 on the new
+        # axis, and a real GPU's device array then counts as not C-contiguous.
+        block(on(device, ids_host.reshape(1, 2, 3)))
     with pytest.raises(TypeError, match="input_ids: expected integer indices"):
-        block(ids.astype(np.float32))
+        block(on(device, ids_host.astype(np.float32)))
     with pytest.raises(ValueError, match=r"token_type_ids: expected shape .*got \(2, 2\)"):
-        block(ids, token_type_ids=np.zeros((2, 2), np.int64))
+        block(ids, token_type_ids=on(device, np.zeros((2, 2), np.int64)))
     with pytest.raises(ValueError, match=r"position_ids: expected shape .*got \(4,\)"):
-        block(ids, position_ids=np.arange(4))
+        block(ids, position_ids=on(device, np.arange(4)))
     with pytest.raises(ValueError, match=r"out: expected shape \(2, 3, 6\) and dtype float32"):
-        block(ids, out=np.empty((2, 3, D)))
-    # Nothing ran: the tables and the dropout counter are unchanged.
+        block(ids, out=on(device, np.empty((2, 3, D))))
+    # Nothing ran: the tables, the ids and the dropout counter are unchanged.
     assert block.dropout.counter == 0
+    np.testing.assert_array_equal(host(ids), ids_host)
     for name, param in block.named_parameters():
-        np.testing.assert_array_equal(param.data, before[name])
+        np.testing.assert_array_equal(host(param.data), before[name])
 
 
-def test_bert_backward_errors(rng):
-    block = _bert(np.float32)
+def test_bert_backward_errors(rng, device):
+    block = _bert(np.float32, device=device)
     with pytest.raises(RuntimeError, match="before forward"):
-        block.backward(np.zeros((1, 2, D), np.float32))
-    block(rng.integers(0, V, (2, 3)))
-    with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 3, 6\)"):
-        block.backward(np.zeros((2, 3, D + 1), np.float32))
+        block.backward(on(device, np.zeros((1, 2, D), np.float32)))
+    block(on(device, rng.integers(0, V, (2, 2))))
+    with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 2, 6\)"):
+        block.backward(on(device, np.zeros((2, 2, D + 1), np.float32)))
     with pytest.raises(TypeError, match="grad_output: expected dtype float32"):
-        block.backward(np.zeros((2, 3, D)))
+        block.backward(on(device, np.zeros((2, 2, D))))
     assert block.word_embeddings.weight.grad is None
 
 
@@ -427,30 +516,36 @@ def test_bert_constructor_errors():
         nn.BertEmbeddings(10, 4, dtype=np.int64)
 
 
-def test_bert_functional_errors(rng):
-    word = rng.standard_normal((V, D)).astype(np.float32)
-    pos = rng.standard_normal((P, D)).astype(np.float32)
-    tt = rng.standard_normal((TV, D)).astype(np.float32)
-    ids = rng.integers(0, V, (2, 3))
+def test_bert_functional_errors(rng, device):
+    word_host = rng.standard_normal((V, D)).astype(np.float32)
+    word = on(device, word_host)
+    pos_host = rng.standard_normal((P, D)).astype(np.float32)
+    pos = on(device, pos_host)
+    tt_host = rng.standard_normal((TV, D)).astype(np.float32)
+    tt = on(device, tt_host)
+    ids = on(device, rng.integers(0, V, (2, 1)))
     with pytest.raises(TypeError, match="position_embeddings: expected dtype float32"):
-        F.bert_embeddings(ids, word, pos.astype(np.float64), tt)
+        F.bert_embeddings(ids, word, on(device, pos_host.astype(np.float64)), tt)
     with pytest.raises(ValueError, match="token_type_embeddings: expected 6 columns"):
-        F.bert_embeddings(ids, word, pos, tt[:, :4])
+        F.bert_embeddings(ids, word, pos, on(device, tt_host[:, :4]))
     with pytest.raises(ValueError, match=r"ln_weight: expected shape \(6,\)"):
-        F.bert_embeddings(ids, word, pos, tt, np.ones(5, np.float32))
+        F.bert_embeddings(ids, word, pos, tt, on(device, np.ones(5, np.float32)))
     with pytest.raises(TypeError, match="ln_bias: expected dtype float32"):
-        F.bert_embeddings(ids, word, pos, tt, None, np.ones(D))
+        F.bert_embeddings(ids, word, pos, tt, None, on(device, np.ones(D)))
     with pytest.raises(ValueError, match=r"p: expected a probability in \[0, 1\]"):
         F.bert_embeddings(ids, word, pos, tt, p=2.0)
     with pytest.raises(ValueError, match="seed: expected an integer >= 0"):
         F.bert_embeddings(ids, word, pos, tt, p=0.1, seed=-1)
     y, mean, rstd = F.bert_embeddings_forward(ids, word, pos, tt)
-    with pytest.raises(ValueError, match=r"mean: expected shape \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"mean: expected shape \(2, 1\)"):
         F.bert_embeddings_backward(y, ids, word, pos, tt, mean[:1], rstd)
     with pytest.raises(TypeError, match="rstd: expected dtype float32"):
-        F.bert_embeddings_backward(y, ids, word, pos, tt, mean, rstd.astype(np.float64))
+        F.bert_embeddings_backward(y, ids, word, pos, tt, mean,
+                                   on(device, host(rstd).astype(np.float64)))
     with pytest.raises(ValueError, match="padding_idx: 12 is outside"):
         F.bert_embeddings_backward(y, ids, word, pos, tt, mean, rstd, padding_idx=V)
+    for table, want in ((word, word_host), (pos, pos_host), (tt, tt_host)):
+        np.testing.assert_array_equal(host(table), want)
 
 
 # ================================================================== checkpoints
@@ -564,105 +659,123 @@ def test_bert_from_hf_state_dict_errors(rng):
 # ================================================================== GPT-2
 
 
-def _gpt2(dtype=np.float64, p=0.0, seed=0):
-    return nn.GPT2Embeddings(V, P, D, embd_pdrop=p, seed=seed, dtype=dtype)
+def _gpt2(dtype=np.float64, p=0.0, seed=0, device="cpu"):
+    return nn.GPT2Embeddings(V, P, D, embd_pdrop=p, seed=seed, dtype=dtype, device=device)
 
 
 def _gpt2_reference(block, ids, counter=0, training=True, **kwargs):
-    return reference.gpt2_embeddings(ids, block.wte.weight.data, block.wpe.weight.data,
+    return reference.gpt2_embeddings(ids, host(block.wte.weight.data), host(block.wpe.weight.data),
                                      p=block.drop.p if training else 0.0, seed=block.drop.seed,
                                      counter=counter, **kwargs)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("p", [0.0, 0.5])
-def test_gpt2_forward_matches_reference(rng, dtype, p):
-    block = _gpt2(dtype, p)
+def test_gpt2_forward_matches_reference(rng, device, dtype, p):
+    block = _gpt2(dtype, p, device=device)
     ids = rng.integers(0, V, (3, 4))
-    y = block(ids, past_length=2)
+    y = block(on(device, ids), past_length=2)
+    _assert_on(device, y)
     assert y.shape == (3, 4, D) and y.dtype == dtype
-    np.testing.assert_allclose(y, _gpt2_reference(block, ids, past_length=2), *_tol(dtype))
+    np.testing.assert_allclose(host(y), _gpt2_reference(block, ids, past_length=2),
+                               *_tol(dtype))
     pos = rng.integers(0, P, (3, 4))
-    np.testing.assert_allclose(block(ids, position_ids=pos),
+    np.testing.assert_allclose(host(block(on(device, ids), position_ids=on(device, pos))),
                                _gpt2_reference(block, ids, counter=1 if p else 0,
                                                position_ids=pos), *_tol(dtype))
     ids1 = rng.integers(0, V, 5)
     block.eval()
-    np.testing.assert_allclose(block(ids1), _gpt2_reference(block, ids1, training=False),
+    np.testing.assert_allclose(host(block(ids1)), _gpt2_reference(block, ids1, training=False),
                                *_tol(dtype))
 
 
-def test_gpt2_fused_dropout_equals_functional_dropout(rng):
-    block = _gpt2(np.float32, 0.3)
+def test_gpt2_fused_dropout_equals_functional_dropout(rng, device):
+    # A gather, one add and the mask: bit-identical to the CPU's functional dropout.
+    block = _gpt2(np.float32, 0.3, device=device)
     ids = rng.integers(0, V, (2, 5))
-    fused = block(ids)
-    total = block.wte.weight.data[ids] + block.wpe.weight.data[np.arange(5)]
+    fused = host(block(on(device, ids)))
+    total = host(block.wte.weight.data)[ids] + host(block.wpe.weight.data)[np.arange(5)]
     np.testing.assert_array_equal(fused, F.dropout(total, 0.3, block.drop.seed, counter=0))
     assert block.drop.counter == 1
 
 
-def test_gpt2_attention_mask_positions(rng):
-    block = _gpt2()
+def test_gpt2_attention_mask_positions(rng, device):
+    block = _gpt2(device=device)
     block.eval()
     real = rng.integers(1, V, 3)
     # The same three tokens, left-padded in row 0 and right-padded in row 1.
     ids = np.array([[0, 0, *real], [*real, 0, 0]])
     mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])
-    y = block(ids, attention_mask=mask)
+    y = host(block(on(device, ids), attention_mask=on(device, mask)))
     np.testing.assert_allclose(y[0, 2:], y[1, :3], rtol=1e-12)
     np.testing.assert_allclose(y, _gpt2_reference(block, ids, attention_mask=mask), rtol=1e-12)
     # With a cache: the mask covers past + current tokens, positions continue from it.
     mask = np.array([[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
     step = block(ids[:, :2], past_length=3, attention_mask=mask)
-    np.testing.assert_allclose(step, _gpt2_reference(block, ids[:, :2], attention_mask=mask),
+    np.testing.assert_allclose(host(step),
+                               _gpt2_reference(block, ids[:, :2], attention_mask=mask),
                                rtol=1e-12)
     expected = np.array([[2, 3], [3, 1]])
-    np.testing.assert_array_equal(F.positions_from_attention_mask(mask, 2), expected)
-    np.testing.assert_array_equal(F.positions_from_attention_mask(mask.astype(bool), 2),
-                                  reference.hf_positions_from_attention_mask(mask, 2))
+    np.testing.assert_array_equal(host(F.positions_from_attention_mask(on(device, mask), 2)),
+                                  expected)
+    np.testing.assert_array_equal(host(F.positions_from_attention_mask(
+        on(device, mask.astype(bool)), 2)), reference.hf_positions_from_attention_mask(mask, 2))
     np.testing.assert_array_equal(F.positions_from_attention_mask([1, 1, 0]), [0, 1, 1])
     # transformers 5.x fills padding with 0 instead of 1; real tokens are unchanged.
-    np.testing.assert_array_equal(F.positions_from_attention_mask(mask, 2, pad_position=0),
-                                  [[2, 3], [3, 0]])
+    np.testing.assert_array_equal(
+        host(F.positions_from_attention_mask(on(device, mask), 2, pad_position=0)),
+        [[2, 3], [3, 0]])
     # Explicit position_ids take precedence over the mask.
     pos = np.array([[5, 6], [7, 8]])
-    np.testing.assert_allclose(block(ids[:, :2], past_length=3, attention_mask=mask,
-                                     position_ids=pos),
+    np.testing.assert_allclose(host(block(on(device, ids[:, :2]), past_length=3,
+                                          attention_mask=on(device, mask),
+                                          position_ids=on(device, pos))),
                                _gpt2_reference(block, ids[:, :2], position_ids=pos), rtol=1e-12)
 
 
+def test_positions_from_attention_mask_stay_on_the_device(device):
+    # Every public op returns its result on its input's device.
+    mask = on(device, np.array([[0, 1, 1], [1, 1, 0]]))
+    got = F.positions_from_attention_mask(mask, 2)
+    np.testing.assert_array_equal(host(got), [[0, 1], [1, 1]])
+    _assert_on(device, got)
+
+
 @pytest.mark.parametrize("use_mask", [False, True])
-def test_gpt2_gradients_match_finite_differences(rng, use_mask):
-    block = _gpt2(np.float64, p=0.4, seed=3)
+def test_gpt2_gradients_match_finite_differences(rng, device, use_mask):
+    block = _gpt2(np.float64, p=0.4, seed=3, device=device)
+    twin = block if device == "cpu" else _gpt2(np.float64, p=0.4, seed=3)
     ids = np.array([[1, 1, 4], [2, 9, 1]])
     mask = np.array([[1, 1, 1, 1], [0, 1, 1, 1]]) if use_mask else None
     probe = rng.standard_normal((2, 3, D))
 
     def loss():
-        block.drop.counter = 0
-        return float((block(ids, past_length=1, attention_mask=mask) * probe).sum())
+        twin.drop.counter = 0
+        return float((twin(ids, past_length=1, attention_mask=mask) * probe).sum())
 
-    loss()
-    block.backward(probe)
-    for param in block.parameters():
-        np.testing.assert_allclose(param.grad, reference.finite_difference(loss, param.data),
-                                   rtol=1e-6, atol=1e-7)
+    block.drop.counter = 0
+    block(on(device, ids), past_length=1, attention_mask=on(device, mask))
+    block.backward(on(device, probe))
+    _check_finite_differences(block, twin, loss)
 
 
-def test_gpt2_functional_backward_and_frozen(rng):
-    block = _gpt2(np.float32, 0.25)
-    ids = rng.integers(0, V, (2, 4))
-    probe = rng.standard_normal((2, 4, D)).astype(np.float32)
+def test_gpt2_functional_backward_and_frozen(rng, device):
+    block = _gpt2(np.float32, 0.25, device=device)
+    ids = on(device, rng.integers(0, V, (2, 4)))
+    probe = on(device, rng.standard_normal((2, 4, D)).astype(np.float32))
     y = F.gpt2_embeddings(ids, block.wte.weight.data, block.wpe.weight.data, p=0.25,
                           seed=block.drop.seed)
-    np.testing.assert_array_equal(block(ids), y)
+    _assert_on(device, y)
+    np.testing.assert_array_equal(host(block(ids)), host(y))
     grads = F.gpt2_embeddings_backward(probe, ids, V, P, p=0.25, seed=block.drop.seed)
     block.backward(probe)
-    np.testing.assert_array_equal(grads.wte, block.wte.weight.grad)
-    np.testing.assert_array_equal(grads.wpe, block.wpe.weight.grad)
+    _assert_on(device, *grads)
+    np.testing.assert_array_equal(host(grads.wte), host(block.wte.weight.grad))
+    np.testing.assert_array_equal(host(grads.wpe), host(block.wpe.weight.grad))
     sparse = F.gpt2_embeddings_backward(probe, ids, V, P, p=0.25, seed=block.drop.seed,
                                         sparse=True)
-    np.testing.assert_array_equal(sparse.wte.to_dense(), grads.wte)
+    _assert_on(device, sparse.wte.indices, sparse.wte.values)
+    np.testing.assert_array_equal(host(sparse.wte.to_dense()), host(grads.wte))
     block.zero_grad()
     block.wte.weight.requires_grad = False
     block(ids)
@@ -688,56 +801,59 @@ def test_gpt2_deterministic_for_any_thread_count(rng):
         np.testing.assert_array_equal(first, second)
 
 
-def test_gpt2_names_and_init():
-    block = nn.GPT2Embeddings(30, 16, 8, seed=0)
+def test_gpt2_names_and_init(device):
+    block = nn.GPT2Embeddings(30, 16, 8, seed=0, device=device)
+    assert block.device == device
     assert [name for name, _ in block.named_parameters()] == ["wte.weight", "wpe.weight"]
     assert block.drop.p == 0.1 and isinstance(block.drop, nn.Dropout)
-    assert 0.01 < block.wte.weight.data.std() < 0.03
+    assert 0.01 < host(block.wte.weight.data).std() < 0.03
     assert (block.vocab_size, block.n_positions, block.n_embd) == (30, 16, 8)
 
 
-def test_gpt2_errors(rng):
-    block = _gpt2(np.float32, p=0.5)
-    ids = rng.integers(0, V, (2, 3))
+def test_gpt2_errors(rng, device):
+    block = _gpt2(np.float32, p=0.5, device=device)
+    ids = on(device, rng.integers(0, V, (2, 3)))
     with pytest.raises(IndexError, match=rf"input_ids: index {V} .*vocab_size={V}"):
-        block(np.array([V]))
+        block(on(device, np.array([V])))
     with pytest.raises(IndexError, match=rf"position_ids: index {P} .*n_positions={P}"):
-        block(ids, position_ids=np.array([0, 1, P]))
+        block(ids, position_ids=on(device, np.array([0, 1, P])))
     with pytest.raises(ValueError, match=rf"past_length \+ L = 8 \+ 3 = 11 exceeds "
                                          rf"n_positions={P}"):
         block(ids, past_length=8)
     with pytest.raises(ValueError, match=r"attention_mask: expected shape \(2, 5\) .*past_length "
                                          r"\+ L = 2 \+ 3 columns\), got \(2, 3\)"):
-        block(ids, past_length=2, attention_mask=np.ones((2, 3), np.int64))
+        block(ids, past_length=2, attention_mask=on(device, np.ones((2, 3), np.int64)))
     with pytest.raises(ValueError, match="attention_mask: expected only 0 and 1, got 2"):
-        block(ids, attention_mask=np.array([[1, 1, 2], [1, 1, 1]]))
+        block(ids, attention_mask=on(device, np.array([[1, 1, 2], [1, 1, 1]])))
     with pytest.raises(TypeError, match="attention_mask: expected a bool or integer mask"):
-        block(ids, attention_mask=np.ones((2, 3)))
+        block(ids, attention_mask=on(device, np.ones((2, 3))))
     with pytest.raises(ValueError, match=rf"attention_mask: gives position 10, but "
                                          rf"n_positions={P}"):
-        block(ids, past_length=8, attention_mask=np.ones((2, 11), np.int64))
+        block(ids, past_length=8, attention_mask=on(device, np.ones((2, 11), np.int64)))
     with pytest.raises(ValueError, match="attention_mask: expected a 1-D or 2-D mask"):
-        F.positions_from_attention_mask(np.ones((1, 2, 3), np.int64))
+        F.positions_from_attention_mask(on(device, np.ones((1, 2, 3), np.int64)))
     with pytest.raises(ValueError, match="attention_mask: has 3 columns, fewer than the 4"):
-        F.positions_from_attention_mask(np.ones(3, np.int64), 4)
+        F.positions_from_attention_mask(on(device, np.ones(3, np.int64)), 4)
     with pytest.raises(ValueError, match="pad_position: expected an integer >= 0, got -1"):
-        F.positions_from_attention_mask(np.ones(3, np.int64), pad_position=-1)
+        F.positions_from_attention_mask(on(device, np.ones(3, np.int64)), pad_position=-1)
     with pytest.raises(ValueError, match="pad_position: expected an integer <="):
-        F.positions_from_attention_mask(np.ones(3, np.int64), pad_position=2**63)
+        F.positions_from_attention_mask(on(device, np.ones(3, np.int64)), pad_position=2**63)
     assert block.drop.counter == 0
     with pytest.raises(RuntimeError, match="before forward"):
-        block.backward(np.zeros((2, 3, D), np.float32))
+        block.backward(on(device, np.zeros((2, 3, D), np.float32)))
     block(ids)
     with pytest.raises(ValueError, match=r"grad_output: expected shape \(2, 3, 6\)"):
-        block.backward(np.zeros((3, 3, D), np.float32))
+        block.backward(on(device, np.zeros((3, 3, D), np.float32)))
     with pytest.raises(TypeError, match="grad_output: expected dtype float32"):
-        block.backward(np.zeros((2, 3, D)))
+        block.backward(on(device, np.zeros((2, 3, D))))
     with pytest.raises(ValueError, match=r"embd_pdrop: expected a probability"):
-        nn.GPT2Embeddings(10, 4, 4, embd_pdrop=-0.1)
+        nn.GPT2Embeddings(10, 4, 4, embd_pdrop=-0.1, device=device)
     with pytest.raises(ValueError, match=r"grad_output: expected shape input_ids.shape"):
-        F.gpt2_embeddings_backward(np.zeros((2, 4, D)), ids, V, P)
+        F.gpt2_embeddings_backward(on(device, np.zeros((2, 4, D))), ids, V, P)
     with pytest.raises(TypeError, match="wpe: expected dtype float32"):
-        F.gpt2_embeddings(ids, np.zeros((V, D), np.float32), np.zeros((P, D)))
+        F.gpt2_embeddings(ids, on(device, np.zeros((V, D), np.float32)),
+                          on(device, np.zeros((P, D))))
+    assert block.wte.weight.grad is None
 
 
 def test_gpt2_from_hf_state_dict(rng, tmp_path):

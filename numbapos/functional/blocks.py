@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from .._args import BertIds, BertTables, DropoutArgs
 from ._common import backend_for, check_range, flatten, on_backend
 from .embedding import _scatter
@@ -207,6 +207,7 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
     Returns
     -------
     ndarray of int64, shape (N, L) or (L,)
+        On the mask's device (computed on the host: masks are small).
 
     Raises
     ------
@@ -218,7 +219,8 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
         shorter than ``length``; a negative ``length``, or a ``pad_position``
         outside ``[0, 2**63)``.
     """
-    mask = _checks.check_attention_mask(attention_mask)
+    device = _device.device_of(attention_mask)
+    mask = _checks.check_attention_mask(attention_mask)  # a host array (masks are small)
     total = mask.shape[mask.ndim - 1]
     if length is None:
         length = total
@@ -231,7 +233,7 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
     mask = mask.astype(np.int64)
     positions = np.cumsum(mask, axis=-1) - 1
     positions[mask == 0] = pad_position
-    return np.ascontiguousarray(positions[..., total - length:])
+    return _device.to_device(np.ascontiguousarray(positions[..., total - length:]), device)
 
 
 def _mask_positions(K, attention_mask, shape, past_length, max_positions, size_name):
