@@ -125,6 +125,36 @@ def device(request):
     return request.param
 
 
+def _param_id(value):
+    if isinstance(value, np.ndarray):
+        strided = "" if value.flags.c_contiguous else "-strided"
+        return f"{value.dtype}-" + "x".join(map(str, value.shape)) + strided
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, tuple):
+        return "x".join(map(str, value)) or "0d"
+    return getattr(value, "__name__", None) or str(value)
+
+
+def device_cases(cases, cuda=None):
+    """``(device, *case)`` parameters for ``parametrize(..., indirect=["device"])``.
+
+    Every case runs on the CPU; on CUDA, ``cuda`` says which: None for all of
+    them, a predicate called with a case's values, or the CUDA cases themselves
+    (a subset, or smaller versions, that the simulator can afford). Through the
+    ``device`` fixture a CUDA case still skips where CUDA is unavailable.
+    """
+    cases = [tuple(case) for case in cases]
+    if cuda is None:
+        on_cuda = cases
+    elif callable(cuda):
+        on_cuda = [case for case in cases if cuda(*case)]
+    else:
+        on_cuda = [tuple(case) for case in cuda]
+    rows = [("cpu", *case) for case in cases] + [("cuda", *case) for case in on_cuda]
+    return [pytest.param(*row, id="-".join(map(_param_id, row))) for row in rows]
+
+
 def on(device, x):
     """A host array on ``device`` (None passes through)."""
     import numbapos

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 import pytest
 import reference
-from conftest import FLOAT_DTYPES, host, on, tolerance, two_threads
+from conftest import FLOAT_DTYPES, device_cases, host, on, tolerance, two_threads
 
 from numbapos import _device, nn
 from numbapos import functional as F
@@ -56,18 +56,6 @@ def _threads():
     return two_threads()
 
 
-def _id(value):
-    return getattr(value, "__name__", str(value))
-
-
-def _cases(combinations, on_cuda):
-    """``(device, *combination)`` parameters: every combination on the CPU, those in
-    ``on_cuda`` on CUDA too (for ``indirect=["device"]``)."""
-    return [pytest.param(device, *c, id="-".join(map(_id, (device, *c))))
-            for device in ("cpu", "cuda") for c in combinations
-            if device == "cpu" or c in on_cuda]
-
-
 def _assert_on(device, *arrays):
     for a in arrays:
         assert _device.device_of(a) == device, f"result on {_device.device_of(a)}, not {device}"
@@ -77,8 +65,9 @@ def _assert_on(device, *arrays):
 
 
 @pytest.mark.parametrize(("device", "dtype", "p"),
-                         _cases([(d, p) for p in (0.0, 0.4) for d in FLOAT_DTYPES],
-                                {(np.float32, 0.4), (np.float64, 0.0)}), indirect=["device"])
+                         device_cases([(d, p) for p in (0.0, 0.4) for d in FLOAT_DTYPES],
+                                      [(np.float32, 0.4), (np.float64, 0.0)]),
+                         indirect=["device"])
 def test_bert_forward_matches_reference(rng, device, dtype, p):
     block = _bert(dtype, p=p, device=device)
     shape = (3, 5) if device == "cpu" else (2, 3)
@@ -312,7 +301,7 @@ def _check_finite_differences(block, twin, loss, skip_row=None):
                                    err_msg=name)
 
 
-@pytest.mark.parametrize(("device", "p"), _cases([(0.0,), (0.3,)], {(0.3,)}),
+@pytest.mark.parametrize(("device", "p"), device_cases([(0.0,), (0.3,)], [(0.3,)]),
                          indirect=["device"])
 def test_bert_gradients_match_finite_differences(rng, device, p):
     block = _bert(np.float64, p=p, seed=1, device=device)

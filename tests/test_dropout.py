@@ -11,7 +11,7 @@ import numba
 import numpy as np
 import pytest
 import reference
-from conftest import FLOAT_DTYPES, host, on
+from conftest import FLOAT_DTYPES, device_cases, host, on
 from numba import njit
 
 import numbapos.functional as F
@@ -41,20 +41,6 @@ def bits(seed, counter, n, start=0):
 
 def corr(a, b):
     return float(np.corrcoef(a.astype(np.float64), b.astype(np.float64))[0, 1])
-
-
-def device_params(cases, cuda=lambda *case: True):
-    """``(device, *case)`` for every case on the CPU, and on CUDA where ``cuda(*case)``.
-
-    Use with ``indirect=["device"]``: conftest's fixture then still skips CUDA where
-    it is unavailable.
-    """
-    params = []
-    for case in cases:
-        params.append(pytest.param("cpu", *case))
-        if cuda(*case):
-            params.append(pytest.param("cuda", *case))
-    return params
 
 
 def _assert_on(x, device):
@@ -378,7 +364,7 @@ def test_seed_accepts_numpy_and_large_ints(device):
                                   reference.dropout(np.ones(16), 0.5, 2**64 - 1, 0))
 
 
-@pytest.mark.parametrize("device, x, match", device_params([
+@pytest.mark.parametrize("device, x, match", device_cases([
     (np.ones(4, dtype=np.int64), "x: expected dtype float32 or float64, got int64"),
     (np.ones(4, dtype=np.float16), "x: expected dtype float32 or float64, got float16"),
     ([1.0, 2.0], "x: expected a NumPy or CUDA array of float32 or float64, got list"),

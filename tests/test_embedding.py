@@ -9,35 +9,17 @@ CPU's serial/parallel paths stay on the CPU.
 import numpy as np
 import pytest
 import reference as ref
-from conftest import FLOAT_DTYPES, INDEX_DTYPES, host, on
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, device_cases, host, on
 
 import numbapos.functional as F
 
 # The submodule, not the function of the same name that numbapos.functional exports.
 from numbapos.kernels.cpu import arrays as cpu_arrays  # noqa: E402
 
-
-def cases(cpu, cuda):
-    """``(device, *case)`` rows for ``parametrize(..., indirect=["device"])``: all the
-    ``cpu`` cases, and ``cuda``, the subset the simulator can afford."""
-    def name(value):
-        if isinstance(value, np.ndarray):
-            strided = "" if value.flags.c_contiguous else "-strided"
-            return f"{value.dtype}-" + "x".join(map(str, value.shape)) + strided
-        if isinstance(value, list):
-            return "list"
-        if isinstance(value, tuple):
-            return "x".join(map(str, value)) or "0d"
-        return getattr(value, "__name__", None) or str(value)
-
-    rows = [("cpu", *c) for c in cpu] + [("cuda", *c) for c in cuda]
-    return [pytest.param(*row, id="-".join(map(name, row))) for row in rows]
-
-
 SHAPES = [(), (0,), (7,), (3, 4), (2, 3, 5), (2, 0, 3)]
 
 
-@pytest.mark.parametrize("device, dtype, index_dtype, shape", cases(
+@pytest.mark.parametrize("device, dtype, index_dtype, shape", device_cases(
     [(d, i, s) for d in FLOAT_DTYPES for i in INDEX_DTYPES for s in SHAPES],
     [(d, i, s) for d, i in zip(FLOAT_DTYPES, INDEX_DTYPES, strict=True) for s in SHAPES]),
     indirect=["device"])
@@ -112,7 +94,7 @@ def test_padding_row_is_returned_as_stored(rng, device):
 NORM_TYPES = [2.0, 1.0, 0.5, 3.0, np.inf]
 
 
-@pytest.mark.parametrize("device, dtype, norm_type", cases(
+@pytest.mark.parametrize("device, dtype, norm_type", device_cases(
     [(d, n) for d in FLOAT_DTYPES for n in NORM_TYPES],
     [(np.float32, 2.0), (np.float64, 1.0), (np.float32, 0.5), (np.float64, np.inf)]),
     indirect=["device"])
@@ -135,7 +117,8 @@ def test_max_norm_matches_reference(rng, device, dtype, norm_type):
 
 
 # 100_000 ids take the CPU's parallel path; the simulator runs one block per id.
-@pytest.mark.parametrize("device, repeats", cases([(100_000,)], [(64,)]), indirect=["device"])
+@pytest.mark.parametrize("device, repeats", device_cases([(100_000,)], [(64,)]),
+                         indirect=["device"])
 def test_repeated_row_is_renormed_once(device, repeats):
     # A racy or per-occurrence renorm would scale row 0 many times (norm -> 1/50, ...).
     weight = on(device, np.array([[30.0, 40.0], [0.1, 0.1]]))
@@ -204,7 +187,7 @@ def test_non_integer_indices_raise_type_error(rng, device, indices):
         F.embedding(indices, weight)
 
 
-@pytest.mark.parametrize("device, weight", cases(
+@pytest.mark.parametrize("device, weight", device_cases(
     [(np.zeros((4, 3), dtype=np.int64),), (np.zeros((4, 3), dtype=np.float16),), ([[0.0, 1.0]],)],
     [(np.zeros((4, 3), dtype=np.int64),), (np.zeros((4, 3), dtype=np.float16),)]),
     indirect=["device"])
@@ -244,7 +227,7 @@ def test_bad_norm_options(device, kwargs):
 
 
 # A transposed view is C-contiguous once copied to the GPU: that case is the CPU's.
-@pytest.mark.parametrize("device, out", cases(
+@pytest.mark.parametrize("device, out", device_cases(
     [(np.empty((2, 4)),), (np.empty((2, 3), dtype=np.float32),), (np.empty((3, 2))[:, ::1].T,)],
     [(np.empty((2, 4)),), (np.empty((2, 3), dtype=np.float32),)]),
     indirect=["device"])

@@ -11,30 +11,17 @@ import numba
 import numpy as np
 import pytest
 import reference as ref
-from conftest import FLOAT_DTYPES, INDEX_DTYPES, host, on, two_threads
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, device_cases, host, on, two_threads
 
 import numbapos.functional as F
 from numbapos import SparseRows, _device
-
-
-def cases(cpu, cuda):
-    """``(device, *case)`` rows for ``parametrize(..., indirect=["device"])``: all the
-    ``cpu`` cases, and ``cuda``, the subset the simulator can afford."""
-    def name(value):
-        if isinstance(value, tuple):
-            return "x".join(map(str, value)) or "0d"
-        return getattr(value, "__name__", None) or str(value)
-
-    rows = [("cpu", *c) for c in cpu] + [("cuda", *c) for c in cuda]
-    return [pytest.param(*row, id="-".join(map(name, row))) for row in rows]
-
 
 PADDING = [None, 0, 3, -1]
 SHAPES = [(), (0,), (9,), (4, 6), (2, 3, 4)]
 _ALL = list(itertools.product(PADDING, (False, True), SHAPES))
 # CUDA: every padding, scaling and shape, with the four dtype pairs in turn.
 _DTYPE_PAIRS = list(itertools.product(FLOAT_DTYPES, INDEX_DTYPES))
-DENSE_CASES = cases(
+DENSE_CASES = device_cases(
     [(d, i, *rest) for d, i in _DTYPE_PAIRS for rest in _ALL],
     [(*_DTYPE_PAIRS[k % 4], *rest) for k, rest in enumerate(_ALL)])
 

@@ -10,7 +10,7 @@ import numba
 import numpy as np
 import pytest
 import reference as ref
-from conftest import FLOAT_DTYPES, host, on, tolerance, two_threads
+from conftest import FLOAT_DTYPES, device_cases, host, on, tolerance, two_threads
 
 import numbapos.functional as F
 from numbapos import _device
@@ -18,21 +18,6 @@ from numbapos.kernels.cpu import arrays as cpu_arrays
 
 # Largest N*D of one call on CUDA: the simulator runs every thread as Python.
 CUDA_MAX_ELEMENTS = 10_000
-
-
-def device_params(cases, cuda=lambda *case: True, cuda_marks=()):
-    """``(device, *case)`` for every case on the CPU, and on CUDA where ``cuda(*case)``
-    (with ``cuda_marks``).
-
-    Use with ``indirect=["device"]``: conftest's fixture then still skips CUDA where
-    it is unavailable.
-    """
-    params = []
-    for case in cases:
-        params.append(pytest.param("cpu", *case))
-        if cuda(*case):
-            params.append(pytest.param("cuda", *case, marks=cuda_marks))
-    return params
 
 
 def _small(*dims):
@@ -58,7 +43,7 @@ SINUSOID_SHAPES = [(1, 1), (1, 2), (5, 7), (9, 8), (600, 6), (300, 129), (1024, 
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("device, seq_len, embed_dim", device_params(SINUSOID_SHAPES, _small),
+@pytest.mark.parametrize("device, seq_len, embed_dim", device_cases(SINUSOID_SHAPES, _small),
                          indirect=["device"])
 def test_sinusoid_matches_formula(device, seq_len, embed_dim, dtype):
     table = F.sinusoidal_pos_embedding(seq_len, embed_dim, device=device, dtype=dtype)
@@ -195,8 +180,8 @@ SINUSOID_HOST_ERRORS = [
 
 
 @pytest.mark.parametrize("device, kwargs, exc, match",
-                         device_params(SINUSOID_ERRORS)
-                         + device_params(SINUSOID_HOST_ERRORS, cuda=lambda *case: False),
+                         device_cases(SINUSOID_ERRORS)
+                         + device_cases(SINUSOID_HOST_ERRORS, cuda=()),
                          indirect=["device"])
 def test_sinusoid_errors(device, kwargs, exc, match):
     kwargs = {name: _placed(device, value) for name, value in kwargs.items()}
@@ -221,7 +206,7 @@ def _x(rng, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("device, shape", device_params([((5, 3),), ((2, 5, 3),),
+@pytest.mark.parametrize("device, shape", device_cases([((5, 3),), ((2, 5, 3),),
                                                          ((4, 64, 128),)], _small_shape),
                          indirect=["device"])
 @pytest.mark.parametrize("offset", [0, 2])
@@ -239,7 +224,7 @@ def test_add_positional_offset(device, rng, shape, offset, dtype):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("device, x_shape, ids_shape",
-                         device_params([((5, 3), (5,)), ((2, 5, 3), (5,)), ((2, 5, 3), (1, 5)),
+                         device_cases([((5, 3), (5,)), ((2, 5, 3), (5,)), ((2, 5, 3), (1, 5)),
                                         ((2, 5, 3), (2, 5)), ((4, 64, 128), (4, 64))],
                                        _small_shape),
                          indirect=["device"])
@@ -327,9 +312,9 @@ ADD_HOST_ERRORS = [  # a Python list as the float input
 
 
 @pytest.mark.parametrize("device, change, exc, match",
-                         device_params(ADD_ERRORS)
-                         + device_params(ADD_4D_ERRORS)
-                         + device_params(ADD_HOST_ERRORS, cuda=lambda *case: False),
+                         device_cases(ADD_ERRORS)
+                         + device_cases(ADD_4D_ERRORS)
+                         + device_cases(ADD_HOST_ERRORS, cuda=()),
                          indirect=["device"])
 def test_add_positional_errors(device, rng, change, exc, match):
     x, table = _add_args(rng)
@@ -354,7 +339,7 @@ def test_add_positional_2d_rejects_batched_ids(device, rng):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("device, shape", device_params([((5, 3),), ((3, 5, 3),),
+@pytest.mark.parametrize("device, shape", device_cases([((5, 3),), ((3, 5, 3),),
                                                          ((4, 64, 128),)], _small_shape),
                          indirect=["device"])
 def test_add_positional_backward_offset(device, rng, shape, dtype):
@@ -405,7 +390,7 @@ def test_add_positional_backward_errors(device, rng):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("device, shape", device_params([((4, 3),), ((2, 4, 3),),
+@pytest.mark.parametrize("device, shape", device_cases([((4, 3),), ((2, 4, 3),),
                                                          ((4, 64, 128),)], _small_shape),
                          indirect=["device"])
 def test_mult_add_values(device, rng, shape, dtype):
@@ -508,7 +493,7 @@ def test_left_and_right_padding_give_same_positions(device, rng, past_length):
 
 # uint8 ids stay on the CPU: CUDA index arrays must be int32 or int64 (a TypeError there).
 @pytest.mark.parametrize("device, shape, dtype",
-                         device_params([(shape, dtype) for shape in [(7,), (3, 9), (2, 3, 5)]
+                         device_cases([(shape, dtype) for shape in [(7,), (3, 9), (2, 3, 5)]
                                         for dtype in [np.int32, np.int64, np.uint8]],
                                        cuda=lambda shape, dtype: dtype != np.uint8),
                          indirect=["device"])
