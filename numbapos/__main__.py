@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
-import time
 
 
 def _cuda_status() -> str:
@@ -39,48 +38,76 @@ def info() -> int:
     return 0
 
 
-def demo(steps: int = 200, seed: int = 0) -> int:
-    """Train a tiny embedding model with sparse gradients and SGD; print the loss."""
-    import numpy as np
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
-    from numbapos import nn, optim
 
-    rng = np.random.default_rng(seed)
-    vocab, dim, batch, length = 1000, 32, 16, 24
-    targets = rng.normal(size=(vocab, dim)).astype(np.float32)
-    emb = nn.Embedding(vocab, dim, padding_idx=0, sparse=True, seed=seed + 1)
-    opt = optim.SGD(emb.parameters(), lr=10.0, momentum=0.9)
-    print(f"demo: fit a {vocab}x{dim} Embedding(sparse=True) to random targets, "
-          f"batches of {batch}x{length}, SGD(lr=10, momentum=0.9)")
-    start = time.perf_counter()
-    for step in range(1, steps + 1):
-        ids = rng.integers(0, vocab, size=(batch, length))
-        out = emb(ids)
-        diff = out - targets[ids]
-        diff[ids == 0] = 0.0
-        tokens = ids.size
-        loss = float(np.sum(diff * diff)) / tokens
-        emb.zero_grad()
-        emb.backward(2.0 * diff / tokens)
-        opt.step()
-        if step == 1 or step % 50 == 0:
-            print(f"  step {step:4d}  loss {loss:.5f}")
-    elapsed = time.perf_counter() - start
-    print(f"done in {elapsed:.2f} s ({elapsed / steps * 1e3:.2f} ms/step, JIT compile included)")
-    return 0
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from numbapos import __version__
+    from numbapos.demo import POSITIONS
+
+    parser = argparse.ArgumentParser(
+        prog="python -m numbapos",
+        description="numbapos: embedding layers and positional encodings with Numba kernels.")
+    parser.add_argument("--version", action="version", version=f"numbapos {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, threads and usable devices",
+                   description="Print versions, Numba threads and usable devices.")
+    demo = sub.add_parser(
+        "demo", help="train a tiny next-token model with and without positions",
+        description="Train a tiny next-token model, built only from numbapos parts, on a "
+                    "synthetic corpus where the next token depends on the position; compare "
+                    "it with the same model without positions.")
+    demo.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                      help="where to train (default: cpu)")
+    demo.add_argument("--steps", type=_positive_int, default=300,
+                      help="SGD steps per model (default: 300)")
+    demo.add_argument("--seed", type=_seed, default=0, help="seed of data and weights")
+    demo.add_argument("--positions", choices=POSITIONS, default="learned",
+                      help="position encoding of the model (default: learned)")
+    demo.add_argument("--layer-norm", action=argparse.BooleanOptionalAction, default=True,
+                      help="LayerNorm before the tied output head (default: on)")
+    demo.add_argument("--plot", metavar="PATH", default=None,
+                      help="write a PNG of position similarities and loss curves "
+                           "(needs matplotlib)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m numbapos", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="versions, threads and usable devices")
-    demo_parser = sub.add_parser("demo", help="train a tiny embedding model")
-    demo_parser.add_argument("--steps", type=int, default=200)
-    demo_parser.add_argument("--seed", type=int, default=0)
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()
-    return demo(args.steps, args.seed)
+    from numbapos import _device
+    from numbapos.demo import run
+
+    if args.device == "cuda" and not _device.cuda_available():
+        parser.error(f"--device cuda: {_device._cuda_problem()}; install numbapos[cuda] on a "
+                     "machine with an NVIDIA GPU, or set NUMBA_ENABLE_CUDASIM=1 (slow)")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error('--plot needs matplotlib: pip install "numbapos[plot]"')
+    return run(args.steps, args.seed, args.device, args.positions, args.layer_norm, args.plot,
+               show_progress=not args.no_progress)
 
 
 if __name__ == "__main__":
