@@ -23,7 +23,7 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_QUOTE = 200
 
 
-def _quote(value) -> str:
+def quote(value) -> str:
     """``repr(value)``, cut to about MAX_QUOTE characters (messages never print whole arrays)."""
     text = repr(value)
     return text if len(text) <= MAX_QUOTE else text[:MAX_QUOTE] + "..."
@@ -32,7 +32,7 @@ def _quote(value) -> str:
 def _describe(x) -> str:
     if isinstance(x, np.ndarray) or _device.is_cuda_array(x):
         return f"{type(x).__name__} of dtype {x.dtype} and shape {tuple(x.shape)}"
-    return f"{type(x).__name__} {_quote(x)}"
+    return f"{type(x).__name__} {quote(x)}"
 
 
 def is_array(x) -> bool:
@@ -105,7 +105,7 @@ def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
     try:
         resolved = np.dtype(dtype)
     except TypeError as err:
-        raise TypeError(f"{name}: expected float32 or float64, got {dtype!r}") from err
+        raise TypeError(f"{name}: expected float32 or float64, got {quote(dtype)}") from err
     if resolved not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected float32 or float64, got {resolved}")
     return resolved

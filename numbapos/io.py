@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import _device
+from . import _checks, _device
 
 __all__ = ["load_metadata", "load_state", "save_state"]
 
@@ -54,7 +54,8 @@ def _fspath(path, name: str = "path") -> str:
         path = os.fsdecode(os.fspath(path))
     except TypeError as err:
         raise TypeError(
-            f"{name}: expected a str or os.PathLike, got {type(path).__name__} {path!r}"
+            f"{name}: expected a str or os.PathLike, got {type(path).__name__} "
+            f"{_checks.quote(path)}"
         ) from err
     if not path:
         raise ValueError(f"{name}: expected a file path, got an empty string")

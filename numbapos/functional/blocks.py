@@ -74,7 +74,7 @@ def _check_options(options, row_counts, names):
         return (PLAIN,) * len(row_counts)
     if not isinstance(options, (tuple, list)) or len(options) != len(row_counts):
         raise TypeError(f"table_options: expected a tuple of {len(row_counts)} TableOptions "
-                        f"({', '.join(names)}), got {_checks._quote(options)}")
+                        f"({', '.join(names)}), got {_checks.quote(options)}")
     checked = []
     for opts, rows, name in zip(options, row_counts, names, strict=True):
         if not isinstance(opts, TableOptions):
@@ -93,7 +93,7 @@ def _check_mask(output_mask, count, names):
         return (True,) * count
     if not isinstance(output_mask, (tuple, list)) or len(output_mask) != count:
         raise TypeError(f"output_mask: expected a tuple of {count} bools ({', '.join(names)}), "
-                        f"got {_checks._quote(output_mask)}")
+                        f"got {_checks.quote(output_mask)}")
     return tuple(bool(flag) for flag in output_mask)
 
 

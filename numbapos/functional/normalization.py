@@ -174,7 +174,7 @@ def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None,
                     ("x", "grad_y", "mean", "rstd", "weight", "bias", "out"))
     if not isinstance(output_mask, tuple) or len(output_mask) != 2:
         raise TypeError(f"output_mask: expected a tuple of two bools, got "
-                        f"{_checks._quote(output_mask)}")
+                        f"{_checks.quote(output_mask)}")
     want_w = weight is not None and bool(output_mask[0])
     want_b = (weight is not None or bias is not None) and bool(output_mask[1])
     if out is not None:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import _checks
+
 Initializer = Callable[[tuple, np.random.Generator], np.ndarray]
 
 
@@ -81,7 +83,8 @@ def make_array(init: Initializer, shape: tuple, dtype, rng: np.random.Generator,
                name: str = "init") -> np.ndarray:
     """Run ``init(shape, rng)`` and return a fresh C-contiguous array of ``dtype``."""
     if not callable(init):
-        raise TypeError(f"{name}: expected a callable init(shape, rng), got {init!r}")
+        raise TypeError(f"{name}: expected a callable init(shape, rng), got "
+                        f"{_checks.quote(init)}")
     values = np.asarray(init(tuple(shape), rng))
     if values.shape != tuple(shape):
         raise ValueError(f"{name}: returned shape {values.shape}, expected {tuple(shape)}")

@@ -17,14 +17,15 @@ def _normalized_dim(normalized_shape) -> int:
         if len(normalized_shape) != 1:
             raise ValueError(
                 f"normalized_shape: only normalisation over the last dimension is supported, "
-                f"so pass an int or a 1-tuple; got {tuple(normalized_shape)!r} "
+                f"so pass an int or a 1-tuple; got {_checks.quote(tuple(normalized_shape))} "
                 f"(flatten the trailing dimensions into one first)"
             )
         normalized_shape = normalized_shape[0]
     if isinstance(normalized_shape, (bool, np.bool_)) or not isinstance(
             normalized_shape, numbers.Integral):
         raise TypeError(
-            f"normalized_shape: expected an int or a 1-tuple of int, got {normalized_shape!r}"
+            f"normalized_shape: expected an int or a 1-tuple of int, got "
+            f"{_checks.quote(normalized_shape)}"
         )
     return _checks.check_int(normalized_shape, "normalized_shape", minimum=1)
 

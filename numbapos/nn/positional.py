@@ -198,12 +198,13 @@ class LearnedPosEmbedding(Module):
         if isinstance(init, str):
             if init not in _LEARNED_INITS:
                 raise ValueError(
-                    f"init: unknown initialiser {init!r}; expected one of "
+                    f"init: unknown initialiser {_checks.quote(init)}; expected one of "
                     f"{sorted(_LEARNED_INITS)} or a callable init(shape, rng)"
                 )
             init = _LEARNED_INITS[init]()
         elif not callable(init):
-            raise TypeError(f"init: expected a string or a callable init(shape, rng), got {init!r}")
+            raise TypeError(f"init: expected a string or a callable init(shape, rng), got "
+                            f"{_checks.quote(init)}")
         rng = _checks.as_rng(seed)
         table = initializers.make_array(init, (self.max_len, self.embed_dim), dtype, rng)
         self.weight = Parameter(table)
@@ -323,7 +324,8 @@ class PositionalEmbedding(Module):
         self.max_len = _check_optional_size(max_len, "max_len")
         self.embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
         if not isinstance(type, str) or type not in POSITIONAL_TYPES:
-            raise ValueError(f"type: expected one of {list(POSITIONAL_TYPES)}, got {type!r}")
+            raise ValueError(f"type: expected one of {list(POSITIONAL_TYPES)}, got "
+                             f"{_checks.quote(type)}")
         self.type = type
         self.dtype = _checks.check_float_dtype(dtype)
         self._rng = _checks.as_rng(seed)
