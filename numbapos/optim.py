@@ -30,7 +30,8 @@ class SGD:
     step that touches it and is neither decayed nor applied on steps that do
     not. This differs from a dense update (which keeps moving every row along
     its momentum) and is what makes a sparse step cost O(rows used), not O(V).
-    PyTorch's SGD handles sparse gradients only without momentum or weight decay.
+    PyTorch's SGD refuses weight decay with sparse gradients, and its sparse
+    momentum buffer grows to every row seen so far.
 
     The state (momentum buffers) lives on the device of its parameter; the
     updates run there, through :func:`numbapos.functional.sgd_` and

@@ -135,6 +135,7 @@ class BertEmbeddings(Module):
         Seeds the table initialisation (N(0, 0.02**2), BERT's
         ``initializer_range``) and the dropout mask stream.
     dtype : float32 or float64, default float32
+        Dtype of every table and of the LayerNorm parameters.
     device : {"cpu", "cuda"}, default "cpu"
         Where the parameters live and the module computes (see :meth:`Module.to`).
 
@@ -411,6 +412,7 @@ class GPT2Embeddings(Module):
     seed : int, numpy.random.Generator or None
         Seeds the initialisation (N(0, 0.02**2)) and the dropout stream.
     dtype : float32 or float64, default float32
+        Dtype of every table and of the LayerNorm parameters.
     device : {"cpu", "cuda"}, default "cpu"
         Where the parameters live and the module computes (see :meth:`Module.to`).
 

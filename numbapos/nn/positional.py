@@ -178,6 +178,7 @@ class LearnedPosEmbedding(Module):
     seed : int or numpy.random.Generator, optional
         Seeds the initialiser and then the dropout mask.
     dtype : float32 or float64, default float32
+        Dtype of the table (inputs must match).
     device : {"cpu", "cuda"}, default "cpu"
         Where the parameters live and the module computes (see :meth:`Module.to`).
 
@@ -306,9 +307,9 @@ class PositionalEmbedding(Module):
     seed : int or numpy.random.Generator, optional
         Seeds the initialisation of B.
     dtype : float32 or float64, default float32
+        Dtype of the parameters (inputs must match).
     device : {"cpu", "cuda"}, default "cpu"
         Where the parameters live and the module computes (see :meth:`Module.to`).
-        Dtype of the parameters (inputs must match).
 
     Attributes
     ----------
