@@ -38,24 +38,18 @@ def info() -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _int_at_least(minimum: int, what: str):
+    """An argparse type: an integer >= ``minimum``, else a clear argparse error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
 
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "it with the same model without positions.")
     demo.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                       help="where to train (default: cpu)")
-    demo.add_argument("--steps", type=_positive_int, default=300,
+    demo.add_argument("--steps", type=_int_at_least(1, "a positive integer"), default=300,
                       help="SGD steps per model (default: 300)")
-    demo.add_argument("--seed", type=_seed, default=0, help="seed of data and weights")
+    demo.add_argument("--seed", type=_int_at_least(0, "an integer >= 0"), default=0,
+                      help="seed of data and weights")
     demo.add_argument("--positions", choices=POSITIONS, default="learned",
                       help="position encoding of the model (default: learned)")
     demo.add_argument("--layer-norm", action=argparse.BooleanOptionalAction, default=True,

@@ -9,6 +9,17 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 FLOAT_DTYPES = [np.float32, np.float64]
+
+# SGD option sets every optimiser test runs through (PyTorch's update rule, each branch).
+SGD_CONFIGS = [
+    dict(),
+    dict(momentum=0.9),
+    dict(momentum=0.9, dampening=0.5),
+    dict(momentum=0.8, nesterov=True),
+    dict(weight_decay=0.01),
+    dict(momentum=0.5, weight_decay=0.1, maximize=True),
+    dict(momentum=0.9, nesterov=True, weight_decay=1e-3, maximize=True),
+]
 INDEX_DTYPES = [np.int32, np.int64]
 
 

@@ -9,21 +9,13 @@ import inspect
 
 import numpy as np
 import pytest
-from conftest import FLOAT_DTYPES, dev
+from conftest import FLOAT_DTYPES, SGD_CONFIGS, dev
 
 from numbapos._args import SGDHyper
 from numbapos.kernels.cpu import optim as cpu
 from numbapos.kernels.cuda import optim as gpu
 
-CONFIGS = [
-    dict(),
-    dict(momentum=0.9),
-    dict(momentum=0.9, dampening=0.5),
-    dict(momentum=0.8, nesterov=True),
-    dict(weight_decay=0.01),
-    dict(momentum=0.5, weight_decay=0.1, maximize=True),
-    dict(momentum=0.9, nesterov=True, weight_decay=1e-3, maximize=True),
-]
+CONFIGS = SGD_CONFIGS
 
 
 def hyper(dtype, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,

@@ -8,19 +8,11 @@ parameters, and option checks, stay on the CPU.
 import numpy as np
 import pytest
 import reference as ref
-from conftest import host, on
+from conftest import SGD_CONFIGS, host, on
 
 from numbapos import SparseRows, nn, optim
 
-CONFIGS = [
-    dict(),
-    dict(momentum=0.9),
-    dict(momentum=0.9, dampening=0.5),
-    dict(momentum=0.8, nesterov=True),
-    dict(weight_decay=0.01),
-    dict(momentum=0.5, weight_decay=0.1, maximize=True),
-    dict(momentum=0.9, nesterov=True, weight_decay=1e-3, maximize=True),
-]
+CONFIGS = SGD_CONFIGS
 
 
 @pytest.mark.parametrize("config", CONFIGS)

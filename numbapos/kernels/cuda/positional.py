@@ -117,15 +117,21 @@ def _sinusoid_fill(inv_freq, offset, out):
 # ---------------------------------------------------------------- x + P
 
 
+@cuda.jit(device=True)
+def _unravel(k, seq, dim):
+    """``(n, l, d)`` of flat element ``k`` of an ``(N, seq, dim)`` array."""
+    row = k // dim
+    d = k - row * dim
+    n = row // seq
+    return n, row - n * seq, d
+
+
 @cuda.jit
 def _add_rows(x, table, start, out):
     dim = x.shape[2]
     seq = x.shape[1]
     for k in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        row = k // dim
-        d = k - row * dim
-        n = row // seq
-        l = row - n * seq
+        n, l, d = _unravel(k, seq, dim)
         out[n, l, d] = x[n, l, d] + table[start + l, d]
 
 
@@ -134,10 +140,7 @@ def _add_gathered_rows(x, table, positions, shared, out):
     dim = x.shape[2]
     seq = x.shape[1]
     for k in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        row = k // dim
-        d = k - row * dim
-        n = row // seq
-        l = row - n * seq
+        n, l, d = _unravel(k, seq, dim)
         pn = 0 if shared else n
         out[n, l, d] = x[n, l, d] + table[positions[pn, l], d]
 
@@ -168,10 +171,7 @@ def _make_mult_add(mul):
         dim = x.shape[2]
         seq = x.shape[1]
         for k in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-            row = k // dim
-            d = k - row * dim
-            n = row // seq
-            l = row - n * seq
+            n, l, d = _unravel(k, seq, dim)
             out[n, l, d] = mul(a[l, d], x[n, l, d]) + b[l, d]
 
     return kernel
