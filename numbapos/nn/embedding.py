@@ -125,7 +125,8 @@ class Embedding(Module):
             grad = F.embedding_backward(grad_output, self._indices, self.num_embeddings,
                                         padding_idx=self.padding_idx,
                                         scale_grad_by_freq=self.scale_grad_by_freq,
-                                        sparse=self.sparse)
+                                        sparse=self.sparse,
+                                        lazy=self.weight.has_post_accumulate_grad_hooks)
             self.weight.accumulate_grad(grad, fresh=True)
         return None
 
