@@ -24,6 +24,13 @@ def _options(embedding: Embedding) -> F.TableOptions:
                           embedding.max_norm, embedding.norm_type)
 
 
+def _forward_options(*tables: Embedding):
+    """The tables' options for a forward call: None when no table clips (the fast path)."""
+    if all(table.max_norm is None for table in tables):
+        return None
+    return tuple(_options(table) for table in tables)
+
+
 def _dropout_state(dropout: Dropout) -> dict:
     """The dropout keywords of this forward call of the block's Dropout child."""
     active = dropout.training and dropout.p > 0.0
@@ -498,7 +505,7 @@ class GPT2Embeddings(Module):
         y = F.gpt2_embeddings(input_ids, self.wte.weight.data, self.wpe.weight.data,
                               past_length=past_length, position_ids=position_ids,
                               attention_mask=attention_mask, out=out,
-                              table_options=(_options(self.wte), _options(self.wpe)), **drop)
+                              table_options=_forward_options(self.wte, self.wpe), **drop)
         if drop["training"]:
             self.drop.counter = drop["counter"] + 1
         ids = {"input_ids": _snapshot(input_ids), "position_ids": _snapshot(position_ids),
