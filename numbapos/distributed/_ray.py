@@ -1,0 +1,57 @@
+"""Ray, imported only when a sharded table needs it (``import numbapos`` never does)."""
+
+from __future__ import annotations
+
+INSTALL_HINT = 'pip install "numbapos[distributed]"'
+
+
+def require_ray():
+    """The ``ray`` module, or an ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError as err:  # pragma: no cover - exercised in a subprocess test
+        raise ImportError(
+            "numbapos.distributed.ShardedEmbedding runs its shards as Ray actors, and Ray is "
+            f"not installed: {INSTALL_HINT} (Ray >= 2.60)"
+        ) from err
+    return ray
+
+
+def actor_env(threads: int) -> dict:
+    """Environment of a shard's worker process, set before it starts.
+
+    Ray sets ``OMP_NUM_THREADS=1`` for its workers, which Numba ignores (its
+    pool has one thread per core): ``NUMBA_NUM_THREADS`` caps it. OpenMP
+    threads that spin-wait between parallel regions would burn the cores that
+    the other shards on the machine need, so they sleep (``OMP_WAIT_POLICY``).
+    ``NUMBA_CACHE_DIR`` is passed on when the driver has one, so every actor
+    loads the kernels the driver compiled instead of compiling them again.
+    """
+    import os
+
+    env = {"NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+           "OMP_WAIT_POLICY": "PASSIVE"}
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        env["NUMBA_CACHE_DIR"] = os.environ["NUMBA_CACHE_DIR"]
+    return env
+
+
+def actor_options(threads: int, max_restarts: int, extra: dict | None) -> dict:
+    """Options of a shard actor: see :class:`~numbapos.distributed.ShardedEmbedding`."""
+    options = {
+        # A shard uses its threads outside Ray's CPU accounting: an actor that
+        # reserved a CPU each would leave a small cluster unable to schedule.
+        "num_cpus": 0,
+        # One call at a time: the updates of a shard are applied in order.
+        "max_concurrency": 1,
+        # A killed shard is restarted (and brought back by the driver) ...
+        "max_restarts": max_restarts,
+        # ... but no call is re-run by Ray on its own on the fresh actor.
+        "max_task_retries": 0,
+    }
+    extra = dict(extra or {})
+    runtime_env = dict(extra.pop("runtime_env", None) or {})
+    runtime_env["env_vars"] = {**actor_env(threads), **runtime_env.get("env_vars", {})}
+    options["runtime_env"] = runtime_env
+    options.update(extra)
+    return options
