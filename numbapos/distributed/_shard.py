@@ -89,15 +89,13 @@ class Shard:
                              f"{(self.num_rows, spec['embedding_dim'])}")
         self.param = Parameter(weight)
         self.optimizer = spec["optimizer"]([self.param], **spec["optimizer_kwargs"])
-        import_state(self.optimizer, self.param,
-                     {**data["rows"], **data["arrays"], **data["scalars"]})
+        import_state(self.optimizer, {**data["rows"], **data["arrays"], **data["scalars"]})
         self.applied = {str(k): int(v) for k, v in data["applied"].items()}
 
     def _export(self) -> dict:
         from ._state import export_state, split_state
 
-        rows, arrays, scalars = split_state(export_state(self.optimizer, self.param),
-                                            self.num_rows)
+        rows, arrays, scalars = split_state(export_state(self.optimizer), self.num_rows)
         return {"weight": self.param.data, "rows": rows, "arrays": arrays, "scalars": scalars,
                 "applied": dict(self.applied)}
 

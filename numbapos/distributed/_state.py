@@ -1,11 +1,10 @@
 """An optimiser's state for one parameter, split into per-row and global parts.
 
-Optimisers with ``state_dict()`` / ``load_state_dict()`` (PyTorch's layout,
-``{"state": {index: {name: value}}, "param_groups": [...]}``) are read and
-written through them; older ones through ``optimizer.state[id(param)]``.
-By the convention numbapos's optimisers keep, a state array whose first
-dimension is the parameter's number of rows is per-row state (momentum,
-moments, row flags, row accumulators): a shard holds the part of its rows and
+The state is read and written through the optimiser's ``state_dict()`` /
+``load_state_dict()`` (PyTorch's layout, ``{"state": {index: {name: value}},
+"param_groups": [...]}``). By the convention numbapos's optimisers keep, a
+state array whose first dimension is the parameter's number of rows is
+per-row state (momentum, moments, row flags, row accumulators): a shard holds the part of its rows and
 resharding moves it with them. Everything else (step counts, flags of the
 whole parameter) is global: every shard holds the same value.
 """
@@ -15,27 +14,17 @@ from __future__ import annotations
 import numpy as np
 
 
-def export_state(optimizer, param) -> dict:
-    """``{name: value}`` of ``param`` (the optimiser's only parameter), copies of arrays."""
-    if hasattr(optimizer, "state_dict"):
-        return dict(optimizer.state_dict()["state"].get(0, {}))
-    state = optimizer.state.get(id(param), {})
-    return {name: np.array(value, copy=True) if isinstance(value, np.ndarray) else value
-            for name, value in state.items() if value is not None}
+def export_state(optimizer) -> dict:
+    """``{name: value}`` of the optimiser's only parameter (arrays are copies)."""
+    return dict(optimizer.state_dict()["state"].get(0, {}))
 
 
-def import_state(optimizer, param, state: dict) -> None:
-    """Make ``state`` the optimiser's state of ``param`` (nothing to do for an empty one)."""
-    if not state:
-        return
-    if hasattr(optimizer, "load_state_dict"):
+def import_state(optimizer, state: dict) -> None:
+    """Make ``state`` the state of the optimiser's only parameter (none: nothing to do)."""
+    if state:
         saved = optimizer.state_dict()
         saved["state"] = {0: dict(state)}
         optimizer.load_state_dict(saved)
-        return
-    optimizer.state[id(param)] = {name: np.array(value, copy=True)
-                                  if isinstance(value, np.ndarray) else value
-                                  for name, value in state.items()}
 
 
 def split_state(state: dict, num_rows: int) -> tuple[dict, dict, dict]:
