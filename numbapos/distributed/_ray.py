@@ -55,3 +55,37 @@ def actor_options(threads: int, max_restarts: int, extra: dict | None) -> dict:
     options["runtime_env"] = runtime_env
     options.update(extra)
     return options
+
+
+class _LocalMethod:
+    def __init__(self, method):
+        self.remote = method
+
+
+class LocalHandle:
+    """A shard object in this process, called like an actor handle (``h.method.remote(...)``)."""
+
+    def __init__(self, shard):
+        self._shard = shard
+
+    def __getattr__(self, name):
+        return _LocalMethod(getattr(self._shard, name))
+
+
+class _NoActorError(Exception):
+    """Never raised: local shards cannot die on their own."""
+
+
+class LocalRay:
+    """The few ``ray`` calls a table makes, for shards that are objects in this process."""
+
+    class exceptions:  # noqa: N801 - mirrors ray.exceptions
+        RayActorError = _NoActorError
+
+    @staticmethod
+    def get(result):
+        return result
+
+    @staticmethod
+    def kill(handle, no_restart=True):
+        pass

@@ -4,9 +4,10 @@ The state is read and written through the optimiser's ``state_dict()`` /
 ``load_state_dict()`` (PyTorch's layout, ``{"state": {index: {name: value}},
 "param_groups": [...]}``). By the convention numbapos's optimisers keep, a
 state array whose first dimension is the parameter's number of rows is
-per-row state (momentum, moments, row flags, row accumulators): a shard holds the part of its rows and
-resharding moves it with them. Everything else (step counts, flags of the
-whole parameter) is global: every shard holds the same value.
+per-row state (momentum, moments, row flags, row accumulators): a shard
+holds the part of its rows and resharding moves it with them. Everything
+else (step counts, flags of the whole parameter) is global: every shard
+holds the same value.
 """
 
 from __future__ import annotations

@@ -115,6 +115,10 @@ class ShardedEmbedding:
         ``runtime_env``...). Shards request ``num_cpus=0`` by default, so that
         S actors fit on a cluster of fewer CPUs; give ``num_cpus`` here to
         reserve cores for them.
+    backend : {"ray", "local"}, default "ray"
+        ``"local"`` keeps the shards as plain objects in this process, called
+        one after the other (no Ray needed): for debugging, and to measure
+        what Ray adds to a step.
 
     Attributes
     ----------
@@ -137,8 +141,11 @@ class ShardedEmbedding:
                  max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=True,
                  dtype=np.float32, seed=0, optimizer=None, optimizer_kwargs=None, threads=1,
                  max_restarts=3, checkpoint_dir=None, checkpoint_every=None,
-                 actor_options=None, _source=None):
-        self._ray = _ray.require_ray()
+                 actor_options=None, backend="ray", _source=None):
+        if backend not in ("ray", "local"):
+            raise ValueError(f"backend: expected 'ray' or 'local', got {_checks.quote(backend)}")
+        self.backend = backend
+        self._ray = _ray.require_ray() if backend == "ray" else _ray.LocalRay
         self.num_embeddings = _checks.check_int(num_embeddings, "num_embeddings", minimum=1)
         self.embedding_dim = _checks.check_int(embedding_dim, "embedding_dim", minimum=1)
         self.num_shards = _checks.check_int(num_shards, "num_shards", minimum=1,
@@ -166,10 +173,14 @@ class ShardedEmbedding:
         self._log = []       # (method, per-shard args) of every changing call since _base
         self._base = None    # (directory, manifest) of the last checkpoint saved or loaded
         self._saved = None   # what backward needs from the last forward
-        if not self._ray.is_initialized():
-            self._ray.init()
-        remote = self._ray.remote(Shard).options(**_ray.actor_options(threads, max_restarts,
-                                                                       actor_options))
+        if backend == "ray":
+            if not self._ray.is_initialized():
+                self._ray.init()
+            remote = self._ray.remote(Shard).options(**_ray.actor_options(
+                threads, max_restarts, actor_options)).remote
+        else:
+            def remote(spec, source):
+                return _ray.LocalHandle(Shard(spec, source))
         self._shards = []
         for index in range(self.num_shards):
             spec = {"index": index, "num_shards": self.num_shards,
@@ -179,7 +190,7 @@ class ShardedEmbedding:
                     "sparse": self.sparse, "optimizer": self._optimizer,
                     "optimizer_kwargs": self.optimizer_kwargs, "threads": threads}
             source = ("keyed", seed) if _source is None else _source(index)
-            self._shards.append(remote.remote(spec, source))
+            self._shards.append(remote(spec, source))
         self._run("status", [()] * self.num_shards)  # fail here if a shard cannot start
 
     def _check_optimizer(self, optimizer, kwargs):
