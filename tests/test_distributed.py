@@ -7,6 +7,7 @@ same optimiser in this process.
 """
 
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -31,7 +32,12 @@ def cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # The workers import numbapos from this checkout, whatever else is installed.
+        root = str(pathlib.Path(__file__).resolve().parents[1])
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
+                                             if p)}
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": env})
     yield
     if started:
         ray.shutdown()
@@ -201,6 +207,10 @@ def test_reshard_on_load_continues_bit_identically(tmp_path):
 def table():
     with ShardedEmbedding(V, D, 2, seed=1, optimizer_kwargs={"lr": 0.1}) as shared:
         yield shared
+
+
+def test_shards_run_one_numba_thread_each(table):
+    assert [ray.get(shard.status.remote())["threads"] for shard in table._shards] == [1, 1]
 
 
 def test_bad_ids_raise_before_any_shard_changes(table):

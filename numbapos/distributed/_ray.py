@@ -17,26 +17,7 @@ def require_ray():
     return ray
 
 
-def actor_env(threads: int) -> dict:
-    """Environment of a shard's worker process, set before it starts.
-
-    Ray sets ``OMP_NUM_THREADS=1`` for its workers, which Numba ignores (its
-    pool has one thread per core): ``NUMBA_NUM_THREADS`` caps it. OpenMP
-    threads that spin-wait between parallel regions would burn the cores that
-    the other shards on the machine need, so they sleep (``OMP_WAIT_POLICY``).
-    ``NUMBA_CACHE_DIR`` is passed on when the driver has one, so every actor
-    loads the kernels the driver compiled instead of compiling them again.
-    """
-    import os
-
-    env = {"NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-           "OMP_WAIT_POLICY": "PASSIVE"}
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        env["NUMBA_CACHE_DIR"] = os.environ["NUMBA_CACHE_DIR"]
-    return env
-
-
-def actor_options(threads: int, max_restarts: int, extra: dict | None) -> dict:
+def actor_options(max_restarts: int, extra: dict | None) -> dict:
     """Options of a shard actor: see :class:`~numbapos.distributed.ShardedEmbedding`."""
     options = {
         # A shard uses its threads outside Ray's CPU accounting: an actor that
@@ -50,9 +31,6 @@ def actor_options(threads: int, max_restarts: int, extra: dict | None) -> dict:
         "max_task_retries": 0,
     }
     extra = dict(extra or {})
-    runtime_env = dict(extra.pop("runtime_env", None) or {})
-    runtime_env["env_vars"] = {**actor_env(threads), **runtime_env.get("env_vars", {})}
-    options["runtime_env"] = runtime_env
     options.update(extra)
     return options
 
@@ -80,10 +58,10 @@ class LocalRay:
     """The few ``ray`` calls a table makes, for shards that are objects in this process."""
 
     class exceptions:  # noqa: N801 - mirrors ray.exceptions
-        RayActorError = _NoActorError
+        RayActorError = ActorUnavailableError = _NoActorError
 
     @staticmethod
-    def get(result):
+    def get(result, timeout=None):
         return result
 
     @staticmethod

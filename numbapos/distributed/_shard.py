@@ -26,11 +26,24 @@ class StaleShardError(RuntimeError):
     """
 
 
-def _configure_threads(threads: int) -> None:
-    # The actor's environment already caps Numba's pool (NUMBA_NUM_THREADS);
-    # this also holds when the actor runs in a process that did not get it.
+def configure_process(threads: int, cache_dir: str | None) -> None:
+    """Set up this shard's process for Numba, before it runs a kernel.
+
+    Ray sets ``OMP_NUM_THREADS=1`` for its workers, which Numba ignores (its
+    pool has one thread per core): the pool is capped here. OpenMP threads
+    that spin-wait between parallel regions would burn the cores the other
+    shards of the machine need, so they sleep (``OMP_WAIT_POLICY=PASSIVE``,
+    read when Numba loads its threading layer, which this call does). With the
+    driver's ``cache_dir`` (``NUMBA_CACHE_DIR``) every shard loads the kernels
+    the driver compiled instead of compiling them again; numbapos imports its
+    kernels on first use, after this.
+    """
     import numba
 
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if cache_dir:
+        os.environ["NUMBA_CACHE_DIR"] = cache_dir
+        numba.config.CACHE_DIR = cache_dir
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
 
 
@@ -42,7 +55,7 @@ class Shard:
     spec : dict
         ``index``, ``num_shards``, ``num_embeddings``, ``embedding_dim``,
         ``dtype``, ``padding_idx``, ``max_norm``, ``norm_type``, ``sparse``,
-        ``optimizer`` (a class), ``optimizer_kwargs``, ``threads``.
+        ``optimizer`` (a class), ``optimizer_kwargs``, ``threads``, ``cache_dir``.
     source : tuple
         Where the rows come from: ``("keyed", seed)`` (the keyed initialiser
         of their table rows), ``("rows", array)`` (this shard's rows, copied)
@@ -51,7 +64,8 @@ class Shard:
     """
 
     def __init__(self, spec: dict, source: tuple):
-        _configure_threads(spec["threads"])
+        if spec["threads"] is not None:  # None: a local shard, in the driver's process
+            configure_process(spec["threads"], spec["cache_dir"])
         self.spec = spec
         self.num_rows = len(range(spec["index"], spec["num_embeddings"], spec["num_shards"]))
         self._install(self._initial(source))
@@ -169,5 +183,8 @@ class Shard:
         return self.status()
 
     def status(self) -> dict:
-        """``{"pid", "applied"}``: this actor's process and the steps it applied."""
-        return {"pid": os.getpid(), "applied": dict(self.applied)}
+        """``{"pid", "threads", "applied"}``: its process, Numba threads and applied steps."""
+        import numba
+
+        return {"pid": os.getpid(), "threads": numba.get_num_threads(),
+                "applied": dict(self.applied)}

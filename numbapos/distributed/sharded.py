@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import time
 import uuid
 from pathlib import Path
@@ -103,7 +104,9 @@ class ShardedEmbedding:
         driver before any actor starts. JSON-serialisable (saved in the
         checkpoint manifest).
     threads : int, default 1
-        Numba threads per shard.
+        Numba threads per shard (set in the actor: Numba ignores Ray's
+        ``OMP_NUM_THREADS``; idle OpenMP threads sleep instead of spinning).
+        The driver's ``NUMBA_CACHE_DIR``, if set, is used by every shard.
     max_restarts : int, default 3
         How often Ray may restart a dead shard actor.
     checkpoint_dir : path, optional
@@ -117,8 +120,8 @@ class ShardedEmbedding:
         reserve cores for them.
     backend : {"ray", "local"}, default "ray"
         ``"local"`` keeps the shards as plain objects in this process, called
-        one after the other (no Ray needed): for debugging, and to measure
-        what Ray adds to a step.
+        one after the other with the driver's threads (no Ray needed): for
+        debugging, and to measure what Ray adds to a step.
 
     Attributes
     ----------
@@ -177,7 +180,7 @@ class ShardedEmbedding:
             if not self._ray.is_initialized():
                 self._ray.init()
             remote = self._ray.remote(Shard).options(**_ray.actor_options(
-                threads, max_restarts, actor_options)).remote
+                max_restarts, actor_options)).remote
         else:
             def remote(spec, source):
                 return _ray.LocalHandle(Shard(spec, source))
@@ -188,10 +191,13 @@ class ShardedEmbedding:
                     "dtype": self.dtype.name, "padding_idx": self.padding_idx,
                     "max_norm": self.max_norm, "norm_type": self.norm_type,
                     "sparse": self.sparse, "optimizer": self._optimizer,
-                    "optimizer_kwargs": self.optimizer_kwargs, "threads": threads}
+                    "optimizer_kwargs": self.optimizer_kwargs,
+                    "threads": threads if backend == "ray" else None,
+                    "cache_dir": os.environ.get("NUMBA_CACHE_DIR")}
             source = ("keyed", seed) if _source is None else _source(index)
             self._shards.append(remote(spec, source))
-        self._run("status", [()] * self.num_shards)  # fail here if a shard cannot start
+        # A shard that cannot start fails here (no recovery: there is nothing to restore).
+        self._ray.get([shard.status.remote() for shard in self._shards])
 
     def _check_optimizer(self, optimizer, kwargs):
         from .. import optim
@@ -282,12 +288,14 @@ class ShardedEmbedding:
         """Bring shard ``index`` back: wait for its actor, restore it, replay the log."""
         ray = self._ray
         shard = self._shards[index]
+        # Calls to an actor that Ray is restarting wait for it; a shard that is
+        # unreachable for a moment is asked again, a dead one (no restarts left) raises.
         deadline = time.monotonic() + timeout
         while True:
             try:
-                status = ray.get(shard.status.remote())
+                status = ray.get(shard.status.remote(), timeout=timeout)
                 break
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.ActorUnavailableError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
