@@ -19,16 +19,21 @@ from numbapos import SparseRows, nn, optim
 MAKERS = [
     (optim.SGD, dict(lr=0.1, momentum=0.9)),
     (optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    (optim.Adam, dict(lr=0.01, weight_decay=0.1)),
+    (optim.Adam, dict(lr=0.01, amsgrad=True)),  # dense steps only
+    (optim.AdamW, dict(lr=0.01)),
+    (optim.Adagrad, dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1)),
+    (optim.RowWiseAdagrad, dict(lr=0.1, weight_decay=0.01, weight_decay_mode="l2")),
 ]
 V, D = 6, 3
 
 
-def _grads(device, seed, steps=6):
-    """A fixed sequence of gradients for (table, bias): sparse, dense and mixed steps."""
+def _grads(device, seed, options, steps=6):
+    """A fixed sequence of gradients for (table, bias): sparse and dense steps mixed."""
     rng = np.random.default_rng(seed)
     out = []
     for step in range(steps):
-        if step % 3 == 2:
+        if step % 3 == 2 or options.get("amsgrad"):
             table = on(device, rng.normal(size=(V, D)).astype(np.float32))
         else:
             rows = np.sort(rng.choice(V, size=2 + step % 2, replace=False))
@@ -57,7 +62,7 @@ def _make(cls, options, params):
 
 @pytest.mark.parametrize("cls, options", MAKERS)
 def test_resume_from_checkpoint_is_bit_identical(device, cls, options):
-    grads = _grads(device, seed=1)
+    grads = _grads(device, 1, options)
     straight = _model(device)
     _run(_make(cls, options, straight), straight, grads)
 
@@ -87,7 +92,7 @@ def test_state_dict_round_trip_across_devices(device, target, cls, options):
             pytest.skip("CUDA is not available")
     params = _model(device)
     opt = _make(cls, options, params)
-    _run(opt, params, _grads(device, seed=2, steps=3))
+    _run(opt, params, _grads(device, 2, options, steps=3))
     saved = opt.state_dict()
     for values in saved["state"].values():
         for value in values.values():
@@ -148,10 +153,44 @@ def test_load_accepts_pytorch_sgd_state_dict():
     p = nn.Parameter(np.zeros((3, 2), np.float32))
     opt = optim.SGD([p], lr=0.1, momentum=0.9)
     saved["state"][0].update(row_started=np.ones(3, bool), dense_started=True)
-    saved["param_groups"][0] = {k: v for k, v in saved["param_groups"][0].items()
-                                if k in optim.SGD._OPTIONS or k == "params"}
     opt.load_state_dict(saved)
     np.testing.assert_array_equal(opt.state[id(p)]["momentum_buffer"], np.ones((3, 2)))
+
+
+def test_load_accepts_pytorch_adam_state_dict_and_continues_like_it(rng):
+    torch = pytest.importorskip("torch")
+    start = rng.normal(size=(3, 2)).astype(np.float32)
+    grads = rng.normal(size=(4, 3, 2)).astype(np.float32)
+    t = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    topt = torch.optim.Adam([t], lr=0.1, amsgrad=True, foreach=False)
+    for g in grads[:2]:
+        t.grad = torch.from_numpy(g.copy())
+        topt.step()
+    p = nn.Parameter(t.detach().numpy().copy())
+    opt = optim.Adam([p])
+    opt.load_state_dict(topt.state_dict())  # step is a tensor there, lr and amsgrad come along
+    assert opt.param_groups[0]["lr"] == 0.1 and opt.state[id(p)]["step"] == 2
+    for g in grads[2:]:
+        t.grad = torch.from_numpy(g.copy())
+        p.grad = g
+        topt.step()
+        opt.step()
+    np.testing.assert_allclose(p.data, t.detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_adam_and_rowwise_state_dict_layout():
+    a = nn.Parameter(np.zeros((4, 2), np.float32))
+    a.grad = SparseRows(np.array([2]), np.ones((1, 2), np.float32), 4)
+    adam = optim.Adam([a], lr=0.1)
+    adam.step()
+    state = adam.state_dict()["state"][0]
+    assert sorted(state) == ["exp_avg", "exp_avg_sq", "step"] and state["step"] == 1
+    assert state["exp_avg"].shape == (4, 2)
+    rowwise = optim.RowWiseAdagrad([a])
+    rowwise.step()
+    saved = rowwise.state_dict()
+    assert sorted(saved["state"][0]) == ["sum"] and saved["state"][0]["sum"].shape == (4,)
+    assert saved["param_groups"][0]["weight_decay_mode"] == "none"
 
 
 def _loaded_sgd():

@@ -8,6 +8,8 @@ written), and saves its state with ``state_dict()`` in PyTorch's layout (see
 """
 
 from ._base import Optimizer
+from .adagrad import Adagrad, RowWiseAdagrad
+from .adam import Adam, AdamW
 from .sgd import SGD
 
-__all__ = ["SGD", "Optimizer"]
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Optimizer", "RowWiseAdagrad"]

@@ -21,6 +21,11 @@ DUPLICATE_WARNING = ("optimizer contains a parameter group with duplicate parame
                      "see github.com/pytorch/pytorch/issues/40967 for more information")
 
 
+# Options of PyTorch's optimisers that pick an implementation, not the arithmetic:
+# a PyTorch checkpoint loads when they are off (False or None).
+TORCH_ONLY_FLAGS = ("foreach", "capturable", "differentiable", "fused")
+
+
 class StateArray(NamedTuple):
     """One array of a parameter's state: its shape, dtype and the value it starts at."""
 
@@ -326,7 +331,10 @@ class Optimizer:
         state_dict : dict
             ``{"state": {...}, "param_groups": [...]}``. Arrays may be NumPy
             arrays, CUDA arrays or anything ``numpy.asarray`` accepts (PyTorch
-            CPU tensors); ``None`` entries are ignored.
+            CPU tensors); ``None`` entries are ignored, and so are PyTorch's
+            implementation flags (``foreach``, ``capturable``,
+            ``differentiable``, ``fused``) when they are off, so a PyTorch
+            optimiser's ``state_dict()`` of the same options loads.
 
         Raises
         ------
@@ -370,6 +378,7 @@ class Optimizer:
             if len(indices) != len(current["params"]):
                 raise ValueError(f"{where}: lists {len(indices)} parameter(s), the optimiser's "
                                  f"group {i} has {len(current['params'])}")
+            saved = {k: v for k, v in saved.items() if not (k in TORCH_ONLY_FLAGS and not v)}
             unknown = set(saved) - {"params", *self._OPTIONS}
             if unknown:
                 raise ValueError(f"{where}: unknown option(s) {sorted(unknown)}")

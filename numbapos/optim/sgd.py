@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks, _device
+from .. import _device
 from ..functional import optim as F
 from ..nn.parameter import Parameter
 from ..sparse import SparseRows
@@ -91,18 +91,7 @@ class SGD(Optimizer):
                                       maximize=maximize))
 
     def _check_options(self, options):
-        checked = dict(options)
-        for name in ("lr", "momentum", "dampening", "weight_decay"):
-            value = _checks.check_real(checked[name], name)
-            if value < 0 or np.isinf(value):
-                raise ValueError(f"{name}: expected a finite number >= 0, got {value}")
-            checked[name] = value
-        checked["nesterov"] = bool(checked["nesterov"])
-        checked["maximize"] = bool(checked["maximize"])
-        if checked["nesterov"] and (checked["momentum"] <= 0 or checked["dampening"] != 0):
-            raise ValueError("nesterov: requires momentum > 0 and dampening == 0, got "
-                             f"momentum={checked['momentum']}, dampening={checked['dampening']}")
-        return checked
+        return F.check_sgd_options(options)
 
     def _state_spec(self, shape, dtype, group):
         if group["momentum"] == 0:
