@@ -80,8 +80,9 @@ def _same(a, b):
 
 
 SGD_MOMENTUM = (optim.SGD, {"lr": 0.1, "momentum": 0.9})
+ADAMW = (optim.AdamW, {"lr": 0.05, "weight_decay": 0.1, "betas": (0.8, 0.99)})
 CASES = [
-    (1, dict(sparse=True), SGD_MOMENTUM),
+    (1, dict(sparse=True), (optim.Adam, {"lr": 0.05})),
     (2, dict(sparse=True, padding_idx=3, max_norm=1.5, scale_grad_by_freq=True),
      (optim.SGD, {"lr": 0.05, "momentum": 0.8, "nesterov": True, "weight_decay": 0.01})),
     (3, dict(sparse=False, padding_idx=3), SGD_MOMENTUM),
@@ -174,11 +175,11 @@ def test_killed_shard_is_restored_and_replayed(tmp_path):
 def test_reshard_on_load_continues_bit_identically(tmp_path):
     options = dict(sparse=True, padding_idx=3)
     batches = _batches(9, seed=6)
-    emb, opt = _reference(options, *SGD_MOMENTUM)
+    emb, opt = _reference(options, *ADAMW)  # per-row moments, a global step count
     want = _train(emb, opt, batches)
     got = []
-    with ShardedEmbedding(V, D, 2, seed=0, optimizer=optim.SGD,
-                          optimizer_kwargs=SGD_MOMENTUM[1], **options) as table:
+    with ShardedEmbedding(V, D, 2, seed=0, optimizer=ADAMW[0], optimizer_kwargs=ADAMW[1],
+                          **options) as table:
         got += _train(table, None, batches[:3])
         table.save(tmp_path / "two")
     with ShardedEmbedding.load(tmp_path / "two", num_shards=3) as table:
@@ -197,8 +198,8 @@ def test_reshard_on_load_continues_bit_identically(tmp_path):
                                    2, index)
         written = ckpt.read_shard(tmp_path / "offline" / manifest["shards"][index])
         _same(written["weight"], direct["weight"])
-        assert written["rows"].keys() == direct["rows"].keys() == {"momentum_buffer",
-                                                                     "row_started"}
+        assert written["rows"].keys() == direct["rows"].keys() == {"exp_avg", "exp_avg_sq"}
+        assert written["scalars"] == direct["scalars"] == {"step": 6}
         for name in direct["rows"]:
             _same(written["rows"][name], direct["rows"][name])
 

@@ -26,17 +26,28 @@ def _batches(count, num_rows, dim, seed=0):
              rng.standard_normal((3, 8, dim)).astype(np.float32)) for _ in range(count)]
 
 
+OPTIMIZERS = [
+    (optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+    (optim.Adam, {"lr": 0.05}),
+    (optim.AdamW, {"lr": 0.05, "weight_decay": 0.1, "betas": (0.8, 0.99)}),
+    (optim.Adagrad, {"lr": 0.1, "lr_decay": 0.01}),
+    (optim.RowWiseAdagrad, {"lr": 0.1}),
+]
+
+
+@pytest.mark.parametrize("optimizer, kwargs", OPTIMIZERS,
+                         ids=[o.__name__ for o, _ in OPTIMIZERS])
 @pytest.mark.parametrize("num_shards", [1, 2, 3])
-def test_local_shards_train_like_one_process(num_shards):
+def test_local_shards_train_like_one_process(num_shards, optimizer, kwargs):
     batches = _batches(5, 30, 4, seed=num_shards)
+    batches[2][0][:] = 2  # a batch of padding only: no rows to update, steps still count
     emb = nn.Embedding(30, 4, padding_idx=2, max_norm=1.0, sparse=True,
                        init=nn.init.keyed_normal(7))
     emb.weight.data[2] = 0
-    opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    opt = optimizer(emb.parameters(), **kwargs)
     want = _steps(emb, opt, batches)
     table = ShardedEmbedding(30, 4, num_shards, padding_idx=2, max_norm=1.0, seed=7,
-                             optimizer_kwargs={"lr": 0.1, "momentum": 0.9,
-                                               "weight_decay": 0.01}, backend="local")
+                             optimizer=optimizer, optimizer_kwargs=kwargs, backend="local")
     got = _steps(table, None, batches)
     for a, b in zip(got, want, strict=True):
         assert a.tobytes() == b.tobytes()
