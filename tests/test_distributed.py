@@ -21,7 +21,7 @@ from numbapos.distributed import checkpoint as ckpt
 
 ray = pytest.importorskip("ray")
 
-from numbapos.distributed import ShardedEmbedding  # noqa: E402
+from numbapos.distributed import ShardedEmbedding, StaleShardError  # noqa: E402
 from numbapos.distributed.sharded import unique_id_grad  # noqa: E402
 
 V, D = 23, 5
@@ -228,6 +228,18 @@ def test_bad_ids_raise_before_any_shard_changes(table):
         table.backward(np.ones((2, D), np.float32))
     assert table.step == step
     _same(table.to_embedding().weight.data, before)
+
+
+def test_a_step_that_skips_ahead_is_refused_and_a_replay_ignored(table):
+    shard, step = table._shards[0], table.step
+    rows, values = np.array([0]), np.ones((1, D), np.float32)
+    with pytest.raises(StaleShardError, match=f"sent step {step + 2}"):
+        ray.get(shard.update.remote(table.trainer, step + 2, rows, values))
+    with pytest.raises(StaleShardError, match="sent step"):
+        ray.get(shard.lookup.remote(table.trainer, step + 1, rows, False))
+    before = ray.get(shard.weights.remote()).copy()
+    assert ray.get(shard.update.remote(table.trainer, step, rows, values)) is False
+    _same(ray.get(shard.weights.remote()), before)
 
 
 def test_checkpoint_files_and_manifest(table, tmp_path):

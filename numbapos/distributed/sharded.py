@@ -259,6 +259,7 @@ class ShardedEmbedding:
                     _source=lambda index: ("checkpoint", str(directory), manifest), **options)
         table.trainer, table.step = manifest["trainer"], int(manifest["step"])
         table.updates = int(manifest["updates"])
+        table._base = (directory, manifest)  # what a restarted shard is restored from
         return table
 
     # ------------------------------------------------------------ calls to the shards
