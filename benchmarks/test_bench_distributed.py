@@ -102,7 +102,7 @@ def test_training_step(benchmark, model, size):
         state["i"] += 1
         made.step(ids, grad)
 
-    benchmark.pedantic(step, rounds=12, iterations=1, warmup_rounds=1)
+    benchmark.pedantic(step, rounds=20, iterations=1, warmup_rounds=2)
     unique = np.mean([np.unique(ids).size for ids, _ in batches])
     benchmark.extra_info.update(impl=impl, ids=size, unique_rows=float(unique),
                                 unique_rows_per_s=float(unique / benchmark.stats["median"]))

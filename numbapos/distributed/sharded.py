@@ -111,7 +111,9 @@ class ShardedEmbedding:
         How often Ray may restart a dead shard actor.
     checkpoint_dir : path, optional
         Where :meth:`backward` saves a checkpoint every ``checkpoint_every``
-        updates (each save also truncates the replay log).
+        updates. Each save (this one or :meth:`save`) truncates the replay
+        log, which otherwise keeps every update since the table was made
+        (each step's unique rows and their gradient sums, on the driver).
     checkpoint_every : int, optional
     actor_options : dict, optional
         Extra ``ActorClass.options(...)`` (``resources``, ``scheduling_strategy``,
