@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from training import assert_same_bits, train_steps
 
 from numbapos import functional as F
 from numbapos import nn, optim
@@ -62,23 +63,6 @@ def _reference(options, optimizer, kwargs, seed=0):
     return emb, optimizer(emb.parameters(), **kwargs)
 
 
-def _train(model, opt, batches):
-    """Steps of a table (sharded: opt is None) or of nn.Embedding + opt; the outputs."""
-    outputs = []
-    for ids, grad in batches:
-        outputs.append(model(ids))
-        model.backward(grad)
-        if opt is not None:
-            opt.step()
-            model.zero_grad()
-    return outputs
-
-
-def _same(a, b):
-    np.testing.assert_array_equal(a, b)
-    assert a.tobytes() == b.tobytes()  # -0.0 and NaN payloads too
-
-
 SGD_MOMENTUM = (optim.SGD, {"lr": 0.1, "momentum": 0.9})
 ADAMW = (optim.AdamW, {"lr": 0.05, "weight_decay": 0.1, "betas": (0.8, 0.99)})
 CASES = [
@@ -94,17 +78,17 @@ CASES = [
 def test_training_is_bit_identical_to_one_process(num_shards, options, optimizer):
     batches = _batches(6, seed=num_shards)
     emb, opt = _reference(options, *optimizer)
-    want = _train(emb, opt, batches)
+    want = train_steps(emb, opt, batches)
     with ShardedEmbedding(V, D, num_shards, seed=0, optimizer=optimizer[0],
                           optimizer_kwargs=optimizer[1], **options) as table:
         start = table.to_embedding().weight.data
-        got = _train(table, None, batches)
+        got = train_steps(table, None, batches)
         for y_got, y_want in zip(got, want, strict=True):
-            _same(y_got, y_want)
-        _same(table.to_embedding().weight.data, emb.weight.data)
+            assert_same_bits(y_got, y_want)
+        assert_same_bits(table.to_embedding().weight.data, emb.weight.data)
         assert table.step == 6 + (6 if options.get("max_norm") else 0)
     fresh, _ = _reference(options, *optimizer)
-    _same(start, fresh.weight.data)  # keyed initialisation: the one-machine table
+    assert_same_bits(start, fresh.weight.data)  # keyed initialisation: the one-machine table
 
 
 def test_from_embedding_keeps_rows_and_options():
@@ -113,15 +97,15 @@ def test_from_embedding_keeps_rows_and_options():
     reference = nn.Embedding(V, D, padding_idx=-1, scale_grad_by_freq=True, sparse=True,
                              _weight=emb.weight.data.copy())
     opt = optim.SGD(reference.parameters(), lr=0.2)
-    want = _train(reference, opt, batches)
+    want = train_steps(reference, opt, batches)
     with ShardedEmbedding.from_embedding(emb, num_shards=2, optimizer=optim.SGD,
                                          optimizer_kwargs={"lr": 0.2}) as table:
         assert (table.padding_idx, table.scale_grad_by_freq) == (V - 1, True)
-        got = _train(table, None, batches)
+        got = train_steps(table, None, batches)
         back = table.to_embedding()
     for y_got, y_want in zip(got, want, strict=True):
-        _same(y_got, y_want)
-    _same(back.weight.data, reference.weight.data)
+        assert_same_bits(y_got, y_want)
+    assert_same_bits(back.weight.data, reference.weight.data)
     assert back.padding_idx == V - 1 and back.sparse
 
 
@@ -156,52 +140,58 @@ def test_killed_shard_is_restored_and_replayed(tmp_path):
     options = dict(sparse=True, max_norm=2.0)
     batches = _batches(8, seed=4)
     emb, opt = _reference(options, *SGD_MOMENTUM)
-    want = _train(emb, opt, batches)
+    want = train_steps(emb, opt, batches)
     with ShardedEmbedding(V, D, 2, seed=0, optimizer=optim.SGD,
                           optimizer_kwargs=SGD_MOMENTUM[1], checkpoint_dir=tmp_path,
                           checkpoint_every=3, **options) as table:
-        got = _train(table, None, batches[:5])  # a checkpoint at update 3, two logged since
+        got = train_steps(table, None, batches[:5])  # a checkpoint at update 3, two logged since
         assert ckpt.read_manifest(tmp_path)["updates"] == 3
         pid = ray.get(table._shards[1].status.remote())["pid"]
         ray.kill(table._shards[1], no_restart=False)
         _wait_for_restart(table, 1, pid)
-        got += _train(table, None, batches[5:])
+        got += train_steps(table, None, batches[5:])
         assert table.recoveries == 1
         for y_got, y_want in zip(got, want, strict=True):
-            _same(y_got, y_want)
-        _same(table.to_embedding().weight.data, emb.weight.data)
+            assert_same_bits(y_got, y_want)
+        assert_same_bits(table.to_embedding().weight.data, emb.weight.data)
 
 
 def test_reshard_on_load_continues_bit_identically(tmp_path):
     options = dict(sparse=True, padding_idx=3)
     batches = _batches(9, seed=6)
     emb, opt = _reference(options, *ADAMW)  # per-row moments, a global step count
-    want = _train(emb, opt, batches)
+    want = train_steps(emb, opt, batches)
     got = []
     with ShardedEmbedding(V, D, 2, seed=0, optimizer=ADAMW[0], optimizer_kwargs=ADAMW[1],
                           **options) as table:
-        got += _train(table, None, batches[:3])
+        got += train_steps(table, None, batches[:3])
         table.save(tmp_path / "two")
     with ShardedEmbedding.load(tmp_path / "two", num_shards=3) as table:
         assert table.num_shards == 3 and table.step == 3
-        got += _train(table, None, batches[3:6])
+        got += train_steps(table, None, batches[3:6])
         table.save(tmp_path / "three")
     with ShardedEmbedding.load(tmp_path / "three", num_shards=2) as table:
-        got += _train(table, None, batches[6:])
-        _same(table.to_embedding().weight.data, emb.weight.data)
+        got += train_steps(table, None, batches[6:7])
+        # A shard of a loaded table comes back from that checkpoint, resharded again.
+        pid = ray.get(table._shards[0].status.remote())["pid"]
+        ray.kill(table._shards[0], no_restart=False)
+        _wait_for_restart(table, 0, pid)
+        got += train_steps(table, None, batches[7:])
+        assert table.recoveries == 1
+        assert_same_bits(table.to_embedding().weight.data, emb.weight.data)
     for y_got, y_want in zip(got, want, strict=True):
-        _same(y_got, y_want)
+        assert_same_bits(y_got, y_want)
     # The offline tool writes the same shards as loading does.
     manifest = ckpt.reshard(tmp_path / "three", tmp_path / "offline", 2)
     for index in range(2):
         direct = ckpt.gather_shard(tmp_path / "three", ckpt.read_manifest(tmp_path / "three"),
                                    2, index)
         written = ckpt.read_shard(tmp_path / "offline" / manifest["shards"][index])
-        _same(written["weight"], direct["weight"])
+        assert_same_bits(written["weight"], direct["weight"])
         assert written["rows"].keys() == direct["rows"].keys() == {"exp_avg", "exp_avg_sq"}
         assert written["scalars"] == direct["scalars"] == {"step": 6}
         for name in direct["rows"]:
-            _same(written["rows"][name], direct["rows"][name])
+            assert_same_bits(written["rows"][name], direct["rows"][name])
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +217,7 @@ def test_bad_ids_raise_before_any_shard_changes(table):
     with pytest.raises(ValueError, match="grad_output"):
         table.backward(np.ones((2, D), np.float32))
     assert table.step == step
-    _same(table.to_embedding().weight.data, before)
+    assert_same_bits(table.to_embedding().weight.data, before)
 
 
 def test_a_step_that_skips_ahead_is_refused_and_a_replay_ignored(table):
@@ -239,7 +229,7 @@ def test_a_step_that_skips_ahead_is_refused_and_a_replay_ignored(table):
         ray.get(shard.lookup.remote(table.trainer, step + 1, rows, False))
     before = ray.get(shard.weights.remote()).copy()
     assert ray.get(shard.update.remote(table.trainer, step, rows, values)) is False
-    _same(ray.get(shard.weights.remote()), before)
+    assert_same_bits(ray.get(shard.weights.remote()), before)
 
 
 def test_checkpoint_files_and_manifest(table, tmp_path):

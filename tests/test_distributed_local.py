@@ -4,20 +4,10 @@ import json
 
 import numpy as np
 import pytest
+from training import assert_same_bits, train_steps
 
 from numbapos import nn, optim
 from numbapos.distributed import ShardedEmbedding, checkpoint
-
-
-def _steps(model, opt, batches):
-    outputs = []
-    for ids, grad in batches:
-        outputs.append(model(ids))
-        model.backward(grad)
-        if opt is not None:
-            opt.step()
-            model.zero_grad()
-    return outputs
 
 
 def _batches(count, num_rows, dim, seed=0):
@@ -45,19 +35,19 @@ def test_local_shards_train_like_one_process(num_shards, optimizer, kwargs):
                        init=nn.init.keyed_normal(7))
     emb.weight.data[2] = 0
     opt = optimizer(emb.parameters(), **kwargs)
-    want = _steps(emb, opt, batches)
+    want = train_steps(emb, opt, batches)
     table = ShardedEmbedding(30, 4, num_shards, padding_idx=2, max_norm=1.0, seed=7,
                              optimizer=optimizer, optimizer_kwargs=kwargs, backend="local")
-    got = _steps(table, None, batches)
+    got = train_steps(table, None, batches)
     for a, b in zip(got, want, strict=True):
-        assert a.tobytes() == b.tobytes()
-    assert table.to_embedding().weight.data.tobytes() == emb.weight.data.tobytes()
+        assert_same_bits(a, b)
+    assert_same_bits(table.to_embedding().weight.data, emb.weight.data)
 
 
 def test_offline_reshard_moves_rows_and_their_state(tmp_path):
     table = ShardedEmbedding(11, 3, 2, seed=1, optimizer_kwargs={"lr": 0.1, "momentum": 0.5},
                              backend="local")
-    _steps(table, None, _batches(2, 11, 3))
+    train_steps(table, None, _batches(2, 11, 3))
     table.save(tmp_path / "two")
     whole = table.to_embedding().weight.data
     momentum = np.empty_like(whole)

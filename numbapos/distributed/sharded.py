@@ -313,6 +313,15 @@ class ShardedEmbedding:
 
     # ------------------------------------------------------------ forward / backward
 
+    def _split(self, rows):
+        """``(order, local)`` of sorted table ``rows``: ``rows[order]`` grouped by shard, and
+        each shard's part as its local rows (int64, still sorted)."""
+        owner = rows % self.num_shards
+        order = np.argsort(owner, kind="stable")
+        cuts = np.searchsorted(owner[order], np.arange(self.num_shards + 1))
+        local = (rows[order] // self.num_shards).astype(np.int64, copy=False)
+        return order, [local[cuts[s]:cuts[s + 1]] for s in range(self.num_shards)]
+
     def __call__(self, indices):
         return self.forward(indices)
 
@@ -333,14 +342,10 @@ class ShardedEmbedding:
         bounds = (int(flat.min()), int(flat.max())) if flat.size else None
         _checks.check_index_range(flat, self.num_embeddings, bounds)
         unique, inverse = np.unique(flat, return_inverse=True)
-        owner = unique % self.num_shards
-        order = np.argsort(owner, kind="stable")
-        cuts = np.searchsorted(owner[order], np.arange(self.num_shards + 1))
-        local = unique[order] // self.num_shards
+        order, local = self._split(unique)
         renorm = self.max_norm is not None
         step = self.step + 1 if renorm else self.step
-        args = [(self.trainer, step, local[cuts[s]:cuts[s + 1]].astype(np.int64), renorm)
-                for s in range(self.num_shards)]
+        args = [(self.trainer, step, rows, renorm) for rows in local]
         parts = self._run("lookup", args, log=renorm)
         self.step = step
         rows = np.empty((unique.size, self.embedding_dim), self.dtype)
@@ -370,14 +375,12 @@ class ShardedEmbedding:
             raise RuntimeError("ShardedEmbedding.backward called before forward")
         rows, values = unique_id_grad(grad_output, *self._saved, self.padding_idx,
                                       self.scale_grad_by_freq)
-        owner = rows % self.num_shards
-        order = np.argsort(owner, kind="stable")
-        cuts = np.searchsorted(owner[order], np.arange(self.num_shards + 1))
-        local = rows[order] // self.num_shards
+        order, local = self._split(rows)
         values = values[order]
+        cuts = np.cumsum([0] + [part.size for part in local])
         step = self.step + 1
-        args = [(self.trainer, step, local[cuts[s]:cuts[s + 1]].astype(np.int64),
-                 values[cuts[s]:cuts[s + 1]]) for s in range(self.num_shards)]
+        args = [(self.trainer, step, part, values[cuts[s]:cuts[s + 1]])
+                for s, part in enumerate(local)]
         self._run("update", args, log=True)
         self.step = step
         self.updates += 1
