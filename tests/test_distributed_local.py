@@ -1,6 +1,8 @@
 """numbapos.distributed without Ray: in-process shards, and checkpoints resharded offline."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -70,6 +72,12 @@ def test_offline_reshard_moves_rows_and_their_state(tmp_path):
         checkpoint.read_manifest(bad)
     with pytest.raises(ValueError, match="num_shards"):
         checkpoint.reshard(tmp_path / "two", tmp_path / "x", 12)
+
+
+def test_command_line_entry_point():
+    result = subprocess.run([sys.executable, "-m", "numbapos.distributed", "--help"],
+                            capture_output=True, text=True, check=True)
+    assert "--num-shards" in result.stdout and result.stderr == ""
 
 
 def test_backend_is_checked():

@@ -19,7 +19,7 @@ new manifest is in place.
 and without ever holding the whole table: each new shard is built from the
 old shard files one at a time (memory: one old and one new shard). Run it as::
 
-    python -m numbapos.distributed.checkpoint SOURCE DESTINATION --num-shards 3
+    python -m numbapos.distributed SOURCE DESTINATION --num-shards 3
 """
 
 from __future__ import annotations
@@ -214,9 +214,9 @@ def reshard(source, destination, num_shards: int) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m numbapos.distributed.checkpoint SOURCE DESTINATION --num-shards N``."""
+    """``python -m numbapos.distributed SOURCE DESTINATION --num-shards N``."""
     parser = argparse.ArgumentParser(
-        prog="python -m numbapos.distributed.checkpoint",
+        prog="python -m numbapos.distributed",
         description="Reshard a ShardedEmbedding checkpoint (no Ray needed; one old and one "
                     "new shard in memory at a time).")
     parser.add_argument("source", help="checkpoint directory (with manifest.json)")
@@ -227,7 +227,3 @@ def main(argv=None) -> int:
     print(f"{args.destination}: {manifest['num_embeddings']} rows in "
           f"{manifest['num_shards']} shards at step {manifest['step']}")
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
