@@ -156,7 +156,7 @@ def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
                        weight_decay, nesterov, maximize)
     bufs = _momentum_buffer(momentum_buffer, hyper.momentum)
     K, param, grad, bufs = _dense_args(param, grad, bufs, ["momentum_buffer"][:len(bufs)])
-    no_buffer = K.empty((0,), param.dtype)
+    no_buffer = K.empty((0,), param.dtype)  # the kernel's buffer when there is none to pass
     return _run_flat(K, param, grad, bufs, lambda p, g, b=no_buffer: K.sgd_dense_(
         p, g, b, bool(first_step), hyper))
 
@@ -300,7 +300,7 @@ def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-
         states.append(max_exp_avg_sq)
         names.append("max_exp_avg_sq")
     K, param, grad, states = _dense_args(param, grad, states, names)
-    no_max = K.empty((0,), param.dtype)
+    no_max = K.empty((0,), param.dtype)  # the kernel's max_exp_avg_sq without amsgrad
     return _run_flat(K, param, grad, states, lambda p, g, m, v, vmax=no_max: K.adam_dense_(
         p, g, m, v, vmax, hyper))
 
