@@ -27,10 +27,11 @@ arrays. ``import numbapos`` never imports ``numba.cuda``.
 from . import functional, io, nn, optim
 from ._device import cuda_available, cuda_empty_cache, device_of, to_device, to_host
 from ._pool import get_num_threads, set_num_threads
+from ._warmup import warmup
 from .sparse import SparseRows
 
 __version__ = "0.1.0"
 
 __all__ = ["SparseRows", "__version__", "cuda_available", "cuda_empty_cache", "device_of",
            "functional", "get_num_threads", "io", "nn", "optim", "set_num_threads", "to_device",
-           "to_host"]
+           "to_host", "warmup"]

@@ -1,4 +1,4 @@
-"""Command line: ``python -m numbapos info`` and ``python -m numbapos demo``."""
+"""Command line: ``python -m numbapos info | demo | warmup | bench``."""
 
 from __future__ import annotations
 
@@ -53,6 +53,37 @@ def _int_at_least(minimum: int, what: str):
     return parse
 
 
+def _choices(allowed, what: str):
+    """An argparse type: a comma-separated list of names from ``allowed``."""
+    def parse(text: str) -> tuple:
+        names = tuple(name.strip() for name in text.split(",") if name.strip())
+        bad = [name for name in names if name not in allowed]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(
+                f"expected {what} from {', '.join(allowed)} (comma-separated), got {text!r}")
+        return names
+
+    return parse
+
+
+def _add_warmup(sub) -> None:
+    from numbapos import _warmup
+
+    warm = sub.add_parser(
+        "warmup", help="compile the CPU kernels into Numba's on-disk cache",
+        description="Compile every CPU kernel for the common signatures (serial and parallel "
+                    "bodies) into Numba's on-disk cache, so later processes start without "
+                    "compiling: for Docker images and CI caches. The cache is NUMBA_CACHE_DIR "
+                    "when set, else the __pycache__ folders of the installed package.")
+    warm.add_argument("--dtypes", type=_choices(_warmup.DTYPES, "data dtypes"),
+                      default=_warmup.DTYPES, help="default: float32,float64")
+    warm.add_argument("--index-dtypes", type=_choices(_warmup.INDEX_DTYPES, "index dtypes"),
+                      default=_warmup.INDEX_DTYPES, help="default: int32,int64")
+    warm.add_argument("--ops", type=_choices(_warmup.CASE_NAMES, "op groups"), default=None,
+                      help=f"only these op groups (default: all: {','.join(_warmup.CASE_NAMES)})")
+    warm.add_argument("--quiet", action="store_true", help="print nothing unless it fails")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from numbapos import __version__
     from numbapos.demo import POSITIONS
@@ -83,7 +114,38 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write a PNG of position similarities and loss curves "
                            "(needs matplotlib)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_warmup(sub)
+    bench = sub.add_parser(
+        "bench", help="time numbapos next to NumPy and PyTorch, print a table",
+        description="Time the headline cases of benchmarks/ (lookups, backward passes, the "
+                    "sparse training step, LayerNorm, the BERT and GPT-2 blocks) next to NumPy "
+                    "and PyTorch (optional), and how the cost grows with D and the batch; print "
+                    "median ms, GB/s and the ratios. Sides are warmed up, then timed in "
+                    "interleaved rounds.")
+    bench.add_argument("--quick", action="store_true",
+                       help="fewer rounds and scaling points (well under a minute)")
+    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="where to time (default: cpu); cuda compares with PyTorch CUDA "
+                            "and CuPy when installed")
+    bench.add_argument("--plot", metavar="PATH", default=None,
+                       help="write the scaling curves to a PNG (needs matplotlib)")
+    bench.add_argument("--repeat", metavar="N", type=_int_at_least(3, "an integer >= 3"),
+                       default=None, help="rounds per case (default: 30, or 5 with --quick)")
+    bench.add_argument("--size", choices=("full", "quick", "tiny"), default=None,
+                       help=argparse.SUPPRESS)  # tiny: tests and the CUDA simulator
     return parser
+
+
+def warmup(args) -> int:
+    """Run :func:`numbapos.warmup`; 1 with the error on stderr when an op fails."""
+    from numbapos import _warmup
+
+    try:
+        _warmup.warmup(args.dtypes, args.index_dtypes, args.ops, verbose=not args.quiet)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv=None) -> int:
@@ -91,8 +153,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()
+    if args.command == "warmup":
+        return warmup(args)
     from numbapos import _device
-    from numbapos.demo import run
 
     if args.device == "cuda" and not _device.cuda_available():
         parser.error(f"--device cuda: {_device._cuda_problem()}; install numbapos[cuda] on a "
@@ -102,6 +165,12 @@ def main(argv=None) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             parser.error('--plot needs matplotlib: pip install "numbapos[plot]"')
+    if args.command == "bench":
+        from numbapos import bench
+
+        return bench.run(args.quick, args.device, args.plot, args.repeat, args.size)
+    from numbapos.demo import run
+
     return run(args.steps, args.seed, args.device, args.positions, args.layer_norm, args.plot,
                show_progress=not args.no_progress)
 

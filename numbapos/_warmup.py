@@ -1,0 +1,333 @@
+"""Compile the CPU kernels into Numba's on-disk cache before the first real call.
+
+Every CPU kernel is ``@njit(cache=True)``: compiled on its first call for the
+argument types it gets (float32 or float64 data, int32 or int64 indices), then
+saved to the cache and loaded, not compiled, by later processes. :func:`warmup`
+makes those first calls on tiny inputs through the public ops and modules, so
+a Docker image or a CI cache can carry the machine code. The ops it drives are
+the table :data:`CASES`: a new op gets one entry there.
+
+The CPU launchers choose a serial or a parallel body by the size of the work
+(``kernels.cpu.arrays.PARALLEL_MIN_ELEMENTS``, read by ``pick`` at each call).
+Tiny inputs reach only the serial bodies, so each case runs twice: once as is
+and once with that threshold at 0, which sends the same inputs to the
+parallel bodies. The threshold is restored afterwards; do not run numbapos
+work in other threads during a warm-up (it would pick a body by the lowered
+threshold: the same results, at another speed).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _checks, nn, optim
+from . import functional as F
+from .sparse import SparseRows
+
+DTYPES = ("float32", "float64")
+INDEX_DTYPES = ("int32", "int64")
+
+# Tiny shapes: a batch of 2 sequences of 4 tokens, tables of 8 rows of 4 features.
+_IDS = [[1, 2, 2, 0], [3, 1, 0, 0]]
+_ROWS, _DIM = 8, 4
+
+
+def _ids(index_dtype) -> np.ndarray:
+    return np.array(_IDS, dtype=index_dtype)
+
+
+def _activation(dtype, shape=(2, 4, _DIM)) -> np.ndarray:
+    return np.random.default_rng(0).normal(size=shape).astype(dtype)
+
+
+def _train(module, *inputs, **kwargs) -> None:
+    """One forward and backward of ``module`` (a gradient of ones)."""
+    y = module(*inputs, **kwargs)
+    module.backward(np.ones_like(y))
+
+
+def _embedding(dtype, index_dtype) -> None:
+    ids = _ids(index_dtype)
+    for sparse in (False, True):
+        emb = nn.Embedding(_ROWS, _DIM, padding_idx=0, sparse=sparse, dtype=dtype, seed=0)
+        _train(emb, ids)
+        emb(ids, out=np.empty(ids.shape + (_DIM,), dtype))
+        F.embedding_backward(np.ones(ids.shape + (_DIM,), dtype), ids, _ROWS,
+                             scale_grad_by_freq=True, sparse=sparse)
+
+
+def _renorm(dtype, index_dtype) -> None:
+    ids = _ids(index_dtype)
+    table = _activation(dtype, (_ROWS, _DIM))
+    for norm_type in (2.0, 1.0, float("inf")):
+        F.embedding(ids, table, max_norm=0.5, norm_type=norm_type)
+
+
+def _padding(dtype, index_dtype) -> None:
+    ids = _ids(index_dtype)
+    F.padding_mask(ids, padding_idx=0)
+    F.positions_from_padding(ids, padding_idx=0)
+    F.positions_from_attention_mask(ids != 0)
+
+
+def _positional(dtype, index_dtype) -> None:
+    x = _activation(dtype)
+    learned = nn.LearnedPosEmbedding(8, _DIM, dropout=0.1, seed=0, dtype=dtype)
+    _train(learned, x)
+    _train(learned, x, position_ids=np.array([[0, 1, 2, 3], [2, 3, 4, 5]], index_dtype))
+    _train(nn.SinusoidalPosEmbedding(), x)
+    for kind in ("learnable_addition", "learnable_mult_addition", "transformers"):
+        _train(nn.PositionalEmbedding(8, _DIM, type=kind, seed=0, dtype=dtype), x)
+
+
+def _sinusoid(dtype, index_dtype) -> None:
+    F.sinusoidal_pos_embedding(4, 6, dtype=dtype)
+    F.sinusoidal_pos_embedding(3, 5, dtype=dtype, offset=2)
+
+
+def _dropout(dtype, index_dtype) -> None:
+    _train(nn.Dropout(0.5, seed=0), _activation(dtype))
+    F.dropout_mask((2, 3), 0.5, seed=0)
+
+
+def _layer_norm(dtype, index_dtype) -> None:
+    x = _activation(dtype)
+    _train(nn.LayerNorm(_DIM, dtype=dtype), x)
+    _train(nn.LayerNorm(_DIM, elementwise_affine=False, dtype=dtype), x)
+
+
+def _bert(dtype, index_dtype) -> None:
+    ids = _ids(index_dtype)
+    block = nn.BertEmbeddings(_ROWS, _DIM, 8, 2, seed=0, dtype=dtype)
+    _train(block, ids, token_type_ids=(ids % 2).astype(index_dtype))
+    block.eval()
+    block(ids)
+
+
+def _gpt2(dtype, index_dtype) -> None:
+    ids = _ids(index_dtype)
+    block = nn.GPT2Embeddings(_ROWS, 8, _DIM, seed=0, dtype=dtype)
+    _train(block, ids)
+    _train(block, ids, attention_mask=ids != 0)
+    block.eval()
+    block(ids[:, :1], past_length=3)
+
+
+def _sgd(dtype, index_dtype) -> None:
+    rows = np.array([1, 3], index_dtype)
+    for options in ({}, {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True}):
+        dense = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
+        sparse = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
+        opt = optim.SGD([dense, sparse], lr=0.1, weight_decay=0.01, **options)
+        for _ in range(2):  # the first step starts the momentum, the second uses it
+            dense.grad = np.ones((_ROWS, _DIM), dtype)
+            sparse.grad = SparseRows(rows, np.ones((2, _DIM), dtype), _ROWS)
+            opt.step()
+
+
+class Case(NamedTuple):
+    """One entry of the warm-up: ``run(dtype, index_dtype)`` calls the ops on tiny inputs.
+
+    ``indexed`` False: the kernels do not see the index dtype (run once per dtype).
+    """
+
+    name: str
+    what: str
+    run: Callable[[str, str], None]
+    indexed: bool = True
+
+
+#: What :func:`warmup` drives, in order. Add a line here for each new op.
+CASES: tuple[Case, ...] = (
+    Case("embedding", "lookup (allocating, out=), dense and sparse backward", _embedding),
+    Case("renorm", "max_norm clipping for norm_type 2, 1 and inf", _renorm),
+    Case("padding", "padding_mask, positions_from_padding / _attention_mask", _padding),
+    Case("positional", "learned, sinusoidal and NeoML positional modules, fwd + bwd",
+         _positional),
+    Case("sinusoid", "sinusoidal_pos_embedding", _sinusoid, indexed=False),
+    Case("dropout", "Dropout fwd + bwd, dropout_mask", _dropout, indexed=False),
+    Case("layer_norm", "LayerNorm fwd + bwd, with and without affine", _layer_norm,
+         indexed=False),
+    Case("bert", "BertEmbeddings fwd + bwd (train), fwd (eval)", _bert),
+    Case("gpt2", "GPT2Embeddings fwd + bwd, attention mask, 1-token fwd", _gpt2),
+    Case("sgd", "SGD dense and sparse, without and with (Nesterov) momentum", _sgd),
+)
+CASE_NAMES = tuple(case.name for case in CASES)
+
+
+class WarmupResult(NamedTuple):
+    """What one case did for one pair of dtypes (serial and parallel kernels)."""
+
+    case: str
+    dtype: str
+    index_dtype: str
+    seconds: float
+    compiled: int
+    loaded: int
+
+
+def kernel_dispatchers() -> list:
+    """Every ``@njit`` function of :mod:`numbapos.kernels.cpu`, once each."""
+    from numba.core.registry import CPUDispatcher
+
+    from .kernels import cpu
+
+    found = {}
+    for area in cpu.AREAS:
+        for obj in vars(area).values():
+            if isinstance(obj, CPUDispatcher) and obj.py_func.__module__.startswith(
+                    "numbapos.kernels"):
+                found[id(obj)] = obj
+    return list(found.values())
+
+
+def _cache_counts(dispatchers) -> tuple[int, int]:
+    """(signatures compiled, signatures loaded from the cache) so far in this process."""
+    compiled = loaded = 0
+    for dispatcher in dispatchers:
+        stats = dispatcher.stats
+        compiled += sum(stats.cache_misses.values())
+        loaded += sum(stats.cache_hits.values())
+    return compiled, loaded
+
+
+def cache_location() -> str | None:
+    """The folder Numba caches numbapos's CPU kernels in (None: no writable cache).
+
+    ``NUMBA_CACHE_DIR`` when set (a subfolder per source folder), else the
+    ``__pycache__`` next to ``numbapos/kernels/cpu/*.py`` when writable, else
+    Numba's per-user cache folder.
+    """
+    return kernel_dispatchers()[0].stats.cache_path
+
+
+@contextmanager
+def _parallel_bodies(parallel: bool) -> Iterator[None]:
+    """Make the CPU launchers pick their parallel bodies (or, unchanged, the serial ones)."""
+    from .kernels.cpu import arrays
+
+    saved = arrays.PARALLEL_MIN_ELEMENTS
+    if parallel:
+        arrays.PARALLEL_MIN_ELEMENTS = 0
+    try:
+        yield
+    finally:
+        arrays.PARALLEL_MIN_ELEMENTS = saved
+
+
+def _dtype_name(value) -> str:
+    return np.dtype(value).name
+
+
+def _names(values, name: str, allowed: Sequence[str], convert=str) -> tuple[str, ...]:
+    """``values`` as a non-empty tuple of names from ``allowed`` (ValueError otherwise)."""
+    if isinstance(values, (str, np.dtype, type)):
+        values = [values]
+    try:
+        names = [convert(v) for v in values]
+    except TypeError:
+        raise ValueError(f"{name}: expected names from {list(allowed)}, got "
+                         f"{_checks.quote(values)}") from None
+    bad = [v for v in names if v not in allowed]
+    if not names or bad:
+        raise ValueError(f"{name}: expected one or more of {list(allowed)}, got "
+                         f"{_checks.quote(bad or values)}")
+    return tuple(dict.fromkeys(names))
+
+
+def _run_case(case: Case, dtype: str, index_dtype: str, dispatchers) -> WarmupResult:
+    """Run ``case`` through the serial, then the parallel kernels; count what it compiled."""
+    before = _cache_counts(dispatchers)
+    start = time.perf_counter()
+    for parallel in (False, True):
+        try:
+            with _parallel_bodies(parallel):
+                case.run(dtype, index_dtype)
+        except Exception as exc:
+            kind = "parallel" if parallel else "serial"
+            raise RuntimeError(f"warmup: {case.name} ({dtype}, {index_dtype}, {kind} kernels) "
+                               f"failed: {type(exc).__name__}: {exc}") from exc
+    after = _cache_counts(dispatchers)
+    return WarmupResult(case.name, dtype, index_dtype if case.indexed else "-",
+                        time.perf_counter() - start, after[0] - before[0], after[1] - before[1])
+
+
+def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, file=None):
+    """Compile numbapos's CPU kernels into Numba's on-disk cache.
+
+    Runs each op of :data:`CASES` on tiny inputs for every pair of data and
+    index dtypes, through its serial and its parallel kernel, so that later
+    processes load the machine code from the cache instead of compiling it
+    (``python -m numbapos warmup`` from the command line). Kernels already in
+    the cache are loaded, not compiled again, so a second warm-up is quick.
+
+    Parameters
+    ----------
+    dtypes : sequence of {"float32", "float64"}, default both
+        Data dtypes to compile for.
+    index_dtypes : sequence of {"int32", "int64"}, default both
+        Index dtypes to compile for.
+    ops : sequence of str, optional
+        Names of the :data:`CASES` to run (default: all of them).
+    verbose : bool, default True
+        Print a line per case (time, signatures compiled and loaded) and a total.
+    file : file object, optional
+        Where to print (default ``sys.stdout``).
+
+    Returns
+    -------
+    list of WarmupResult
+        One per case and pair of dtypes: ``case``, ``dtype``, ``index_dtype``,
+        ``seconds``, ``compiled`` and ``loaded`` (kernel signatures compiled,
+        or loaded from the cache, counting kernels called by other kernels).
+
+    Raises
+    ------
+    ValueError
+        A dtype or op name not listed above.
+    RuntimeError
+        An op failed; the message names the case and dtypes, the cause is chained.
+
+    Notes
+    -----
+    The cache is ``NUMBA_CACHE_DIR`` when set, else the ``__pycache__`` folders
+    next to the installed package (see :func:`cache_location`). Entries are
+    keyed by the kernel's source, its argument types and the CPU model, so a
+    cache built on one machine is used on another only with the same CPU model
+    (or with ``NUMBA_CPU_NAME=generic`` set both when warming and when running).
+    """
+    dtypes = _names(dtypes, "dtypes", DTYPES, _dtype_name)
+    index_dtypes = _names(index_dtypes, "index_dtypes", INDEX_DTYPES, _dtype_name)
+    wanted = CASE_NAMES if ops is None else _names(ops, "ops", CASE_NAMES)
+    out = sys.stdout if file is None else file
+
+    def say(text):
+        if verbose:
+            print(text, file=out, flush=True)
+
+    dispatchers = kernel_dispatchers()
+    location = cache_location()
+    say(f"numbapos warmup: {', '.join(dtypes)} x {', '.join(index_dtypes)}, serial and "
+        f"parallel kernels, into {location or 'no cache (not writable): nothing is kept'}")
+    results = []
+    start = time.perf_counter()
+    for dtype in dtypes:
+        for index_dtype in index_dtypes:
+            for case in CASES:
+                if case.name in wanted and (case.indexed or index_dtype == index_dtypes[0]):
+                    result = _run_case(case, dtype, index_dtype, dispatchers)
+                    results.append(result)
+                    say(f"  {case.name:<11} {dtype:<8} {result.index_dtype:<6} "
+                        f"{result.seconds:7.2f} s  {result.compiled:3d} compiled, "
+                        f"{result.loaded:3d} from the cache")
+    compiled = sum(r.compiled for r in results)
+    loaded = sum(r.loaded for r in results)
+    say(f"done in {time.perf_counter() - start:.1f} s: {compiled} kernel signatures compiled, "
+        f"{loaded} loaded from the cache")
+    return results

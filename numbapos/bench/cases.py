@@ -1,0 +1,219 @@
+"""What ``python -m numbapos bench`` times: the cases, their sizes and every side's code.
+
+A case names its shape and, per side (``numbapos``, ``numpy``, ``torch``,
+``cupy``), a factory ``make(inputs, device)`` that prepares the arrays on the
+device and returns a zero-argument callable doing one call of the work. The
+NumPy side exists on the CPU only, CuPy's on CUDA only; PyTorch's runs on the
+device asked for. The shapes are those of ``benchmarks/`` and of the issue's
+targets: BERT-base (vocabulary 30522, D = 768) and MiniLM (D = 384) blocks,
+32 x 128 tokens, and the sparse training step at V = 50,000, 32 x 512 tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import cycle
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import _device, nn, optim
+from .. import functional as F
+from . import peers
+from .data import LN_EPS, Inputs, Shape, Sizes, batches, bert_block, gpt2_block, layer_norm_params
+
+Factory = Callable[[Inputs, str], Callable[[], object]]
+
+
+class Case(NamedTuple):
+    """One row of the table: ``sides`` maps a side's name to its :data:`Factory`.
+
+    ``moved(shape)``: bytes read and written by one call (for GB/s), or None.
+    """
+
+    name: str
+    shape: Shape
+    sides: dict
+    moved: Callable[[Shape], int] | None = None
+    note: str = ""
+
+
+def _on(device, *arrays):
+    return [_device.to_device(a, device) for a in arrays]
+
+
+# ------------------------------------------------------------------ numbapos sides
+
+
+def _lookup(x, device):
+    weight, ids = _on(device, x.weight, x.ids)
+    return lambda: F.embedding(ids, weight)
+
+
+def _lookup_out(x, device):
+    weight, ids = _on(device, x.weight, x.ids)
+    out = _device.empty(x.ids.shape + (x.shape.dim,), np.float32, device)
+    return lambda: F.embedding(ids, weight, out=out)
+
+
+def _backward(sparse):
+    def make(x, device):
+        grad, ids = _on(device, x.grad, x.ids)
+        return lambda: F.embedding_backward(grad, ids, x.shape.vocab, sparse=sparse)
+    return make
+
+
+def _sparse_step(x, device):
+    emb = nn.Embedding(x.shape.vocab, x.shape.dim, sparse=True, _weight=x.weight.copy(),
+                       device=device)
+    opt = optim.SGD(emb.parameters(), lr=1e-3, momentum=0.9)
+    id_batches = cycle(_on(device, *batches(x)))
+    (grad,) = _on(device, x.grad)
+
+    def step():
+        emb.zero_grad()
+        emb(next(id_batches))
+        emb.backward(grad)
+        opt.step()
+    return step
+
+
+def _layer_norm(x, device):
+    rows, w, b = _on(device, x.grad_rows, *layer_norm_params(x.shape.dim))
+    return lambda: F.layer_norm(rows, w, b, LN_EPS)
+
+
+def _layer_norm_backward(x, device):
+    rows, w, b = _on(device, x.grad_rows, *layer_norm_params(x.shape.dim))
+    _, mean, rstd = F.layer_norm_forward(rows, w, b, LN_EPS)
+    return lambda: F.layer_norm_backward(rows, rows, mean, rstd, w, b)
+
+
+def _train_or_eval(block, ids, grad, train, **kwargs):
+    if not train:
+        block.eval()
+        return lambda: block(ids, **kwargs)
+
+    def step():
+        block.zero_grad()
+        block(ids, **kwargs)
+        block.backward(grad)
+    return step
+
+
+def _bert(train):
+    def make(x, device):
+        block = bert_block(x.shape).to(device)
+        ids, grad = _on(device, x.ids, x.grad)
+        return _train_or_eval(block, ids, grad, train)
+    return make
+
+
+def _gpt2(train, positions):
+    def make(x, device):
+        block = gpt2_block(x.shape, positions).to(device)
+        ids, grad = _on(device, x.ids, x.grad)
+        return _train_or_eval(block, ids, grad, train)
+    return make
+
+
+def _gpt2_next_token(positions):
+    def make(x, device):
+        block = gpt2_block(x.shape, positions).to(device).eval()
+        (ids,) = _on(device, x.ids[:1, :1])
+        return lambda: block(ids, past_length=positions // 2)
+    return make
+
+
+# ------------------------------------------------------------------ the cases
+
+
+def _gathered(shape: Shape) -> int:
+    return 2 * shape.tokens * shape.dim * 4
+
+
+def _activations(copies):
+    return lambda shape: copies * shape.tokens * shape.dim * 4
+
+
+def _lookup_sides():
+    return {"numbapos": _lookup, "numpy": peers.numpy_take, "torch": peers.torch_embedding,
+            "cupy": peers.cupy_take}
+
+
+def _step_sides():
+    return {"numbapos": _sparse_step, "torch": peers.torch_dense_step}
+
+
+def headline(sizes: Sizes) -> list[Case]:
+    """The comparison table's cases at ``sizes``."""
+    base = Shape(sizes.vocab, sizes.dim, sizes.batch, sizes.seq)
+    minilm = base._replace(dim=sizes.minilm_dim)
+    small = base._replace(batch=1, seq=sizes.small_tokens)
+    step = Shape(sizes.step_vocab, sizes.dim, sizes.batch, sizes.step_seq)
+    gpt2 = base._replace(vocab=sizes.gpt2_vocab)
+    positions = sizes.gpt2_positions
+    cases = [
+        Case(f"lookup, {small.tokens} tokens", small, _lookup_sides(), _gathered),
+        Case(f"lookup, {base.tokens} tokens", base, _lookup_sides(), _gathered),
+        Case(f"lookup, {base.tokens} tokens into out=", base,
+             {"numbapos": _lookup_out, "numpy": peers.numpy_copyto,
+              "torch": peers.torch_index_select_out, "cupy": peers.cupy_take_out}, _gathered,
+             "NumPy: np.copyto of the same bytes"),
+        Case("dense backward", base, {"numbapos": _backward(False), "numpy": peers.numpy_add_at,
+                                      "torch": peers.torch_dense_backward},
+             lambda s: s.tokens * s.dim * 4 + s.vocab * s.dim * 4),
+        Case("sparse backward", base, {"numbapos": _backward(True),
+                                       "numpy": peers.numpy_sparse_backward,
+                                       "torch": peers.torch_sparse_backward},
+             note="PyTorch: uncoalesced"),
+        Case(f"training step V={step.vocab}, {step.batch}x{step.seq}", step, _step_sides(),
+             note="fwd + bwd + SGD(momentum=0.9); numbapos sparse, PyTorch dense"),
+        Case("LayerNorm forward", base, {"numbapos": _layer_norm, "numpy": peers.numpy_layer_norm,
+                                         "torch": peers.torch_layer_norm}, _activations(2)),
+        Case("LayerNorm backward", base, {"numbapos": _layer_norm_backward,
+                                          "torch": peers.torch_layer_norm_backward},
+             _activations(4)),
+    ]
+    for train in (False, True):
+        what = "fwd + bwd" if train else "forward"
+        for shape, label in ((minilm, "MiniLM"), (base, "base")):
+            cases.append(Case(f"BertEmbeddings {what}, {label} D={shape.dim}", shape,
+                              {"numbapos": _bert(train), "numpy": peers.numpy_bert(train),
+                               "torch": peers.torch_bert(train)},
+                              None if train else _gathered))
+        for shape in (gpt2._replace(dim=sizes.minilm_dim), gpt2):
+            cases.append(Case(f"GPT2Embeddings {what}, D={shape.dim}", shape,
+                              {"numbapos": _gpt2(train, positions),
+                               "numpy": peers.numpy_gpt2(train, positions),
+                               "torch": peers.torch_gpt2(train, positions)},
+                              None if train else _gathered))
+    cases.append(Case("GPT2Embeddings forward, 1 token", gpt2,
+                      {"numbapos": _gpt2_next_token(positions),
+                       "numpy": peers.numpy_gpt2_next_token(positions),
+                       "torch": peers.torch_gpt2_next_token(positions)}))
+    return cases
+
+
+class Scaling(NamedTuple):
+    """A case of the scaling curves: ``op`` at ``axis`` (``"D"`` or ``"batch"``) = ``value``."""
+
+    op: str
+    axis: str
+    value: int
+    case: Case
+
+
+def scaling(sizes: Sizes) -> list[Scaling]:
+    """How cost grows with D (at the base batch) and with the batch (at the base D)."""
+    base = Shape(sizes.vocab, sizes.dim, sizes.batch, sizes.seq)
+    points = [("D", d, base._replace(dim=d)) for d in sizes.dims]
+    points += [("batch", b, base._replace(batch=b)) for b in sizes.batches]
+    found = []
+    for axis, value, shape in points:
+        label = f"{axis}={value}" if axis == "D" else f"{value}x{shape.seq} tokens"
+        found.append(Scaling("lookup", axis, value,
+                             Case(f"lookup, {label}", shape, _lookup_sides(), _gathered)))
+        found.append(Scaling("training step", axis, value,
+                             Case(f"training step, {label}", shape, _step_sides())))
+    return found

@@ -1,0 +1,101 @@
+"""The inputs of the bench: sizes, shapes, seeded arrays and the blocks the sides share."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import nn
+
+LN_EPS = 1e-12  # BERT's LayerNorm eps (Hugging Face's layer_norm_eps)
+
+
+class Shape(NamedTuple):
+    """A table of ``vocab`` x ``dim`` float32 and a batch of ``batch`` x ``seq`` token ids."""
+
+    vocab: int
+    dim: int
+    batch: int
+    seq: int
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+
+class Sizes(NamedTuple):
+    """The sizes of one run: ``FULL`` (and ``QUICK``) or ``TINY`` (tests, the simulator)."""
+
+    vocab: int = 30522
+    dim: int = 768
+    minilm_dim: int = 384
+    batch: int = 32
+    seq: int = 128
+    step_vocab: int = 50_000
+    step_seq: int = 512
+    gpt2_vocab: int = 50257
+    gpt2_positions: int = 1024
+    small_tokens: int = 8
+    dims: tuple = (64, 256, 1024)
+    batches: tuple = (1, 8, 32, 128)
+
+
+FULL = Sizes()
+QUICK = FULL._replace(batches=(1, 8, 32))
+TINY = Sizes(vocab=40, dim=8, minilm_dim=4, batch=2, seq=4, step_vocab=50, step_seq=4,
+             gpt2_vocab=60, gpt2_positions=16, small_tokens=3, dims=(4, 8), batches=(1, 2))
+
+
+class Inputs(NamedTuple):
+    """Host arrays of one shape: ``weight`` (V, D), ``ids`` (B, L), ``grad`` (B, L, D)."""
+
+    shape: Shape
+    weight: np.ndarray
+    ids: np.ndarray
+    grad: np.ndarray
+
+    @property
+    def grad_rows(self) -> np.ndarray:
+        """``grad`` as (B * L, D) rows."""
+        return self.grad.reshape(-1, self.shape.dim)
+
+
+@lru_cache(maxsize=2)
+def inputs(shape: Shape) -> Inputs:
+    """Seeded random inputs of ``shape`` (the last two shapes are kept)."""
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((shape.vocab, shape.dim), dtype=np.float32)
+    ids = rng.integers(0, shape.vocab, size=(shape.batch, shape.seq))
+    grad = rng.standard_normal((shape.batch, shape.seq, shape.dim), dtype=np.float32)
+    return Inputs(shape, weight, ids, grad)
+
+
+def batches(x: Inputs, count: int = 4) -> list:
+    """``count`` batches of ids of ``x``'s shape: a new batch at each training step."""
+    rng = np.random.default_rng(1)
+    return [x.ids] + [rng.integers(0, x.shape.vocab, size=x.ids.shape) for _ in range(count - 1)]
+
+
+def layer_norm_params(dim: int):
+    """Seeded LayerNorm weight and bias of ``dim`` features."""
+    rng = np.random.default_rng(2)
+    return (rng.normal(1.0, 0.1, dim).astype(np.float32),
+            rng.normal(0.0, 0.1, dim).astype(np.float32))
+
+
+def bert_block(shape: Shape) -> nn.BertEmbeddings:
+    """The BERT block of ``shape`` (dropout off, seeded); peers copy its tables."""
+    return nn.BertEmbeddings(shape.vocab, shape.dim, max(512, shape.seq),
+                             hidden_dropout_prob=0.0, seed=0)
+
+
+def gpt2_block(shape: Shape, positions: int) -> nn.GPT2Embeddings:
+    """The GPT-2 block of ``shape`` (dropout off, seeded); peers copy its tables."""
+    return nn.GPT2Embeddings(shape.vocab, positions, shape.dim, embd_pdrop=0.0, seed=0)
+
+
+def host_tables(block) -> list:
+    """The parameters of ``block`` as C-contiguous host arrays, in ``state_dict`` order."""
+    return [np.ascontiguousarray(v) for v in block.state_dict().values()]
