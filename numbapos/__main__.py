@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write the scaling curves to a PNG (needs matplotlib)")
     bench.add_argument("--repeat", metavar="N", type=_int_at_least(3, "an integer >= 3"),
                        default=None, help="rounds per case (default: 30, or 5 with --quick)")
+    bench.add_argument("--only", metavar="TEXT", default=None,
+                       help="time only the cases whose names contain TEXT (e.g. lookup)")
     bench.add_argument("--size", choices=("full", "quick", "tiny"), default=None,
                        help=argparse.SUPPRESS)  # tiny: tests and the CUDA simulator
     return parser
@@ -168,7 +170,8 @@ def main(argv=None) -> int:
     if args.command == "bench":
         from numbapos import bench
 
-        return bench.run(args.quick, args.device, args.plot, args.repeat, args.size)
+        return bench.run(args.quick, args.device, args.plot, args.repeat, args.size,
+                         args.only)
     from numbapos.demo import run
 
     return run(args.steps, args.seed, args.device, args.positions, args.layer_norm, args.plot,

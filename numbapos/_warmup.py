@@ -304,7 +304,8 @@ def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, fil
     """
     dtypes = _names(dtypes, "dtypes", DTYPES, _dtype_name)
     index_dtypes = _names(index_dtypes, "index_dtypes", INDEX_DTYPES, _dtype_name)
-    wanted = CASE_NAMES if ops is None else _names(ops, "ops", CASE_NAMES)
+    names = tuple(case.name for case in CASES)
+    wanted = names if ops is None else _names(ops, "ops", names)
     out = sys.stdout if file is None else file
 
     def say(text):

@@ -15,7 +15,6 @@ numbapos's side), :mod:`.peers` (NumPy, PyTorch, CuPy), :mod:`.timing`
 
 from __future__ import annotations
 
-import gc
 import sys
 
 import numba
@@ -74,13 +73,12 @@ def time_case(case, device: str, plan: Plan, errors: list) -> report.Row:
         if sync is not None:
             syncs[side] = sync
     seconds = interleaved_medians(calls, plan, syncs) if calls else {}
-    del calls
-    gc.collect()
     return report.Row(case.name, seconds, case.moved(case.shape) if case.moved else None,
                       case.note)
 
 
-def run(quick=False, device="cpu", plot=None, repeat=None, size=None, file=None) -> int:
+def run(quick=False, device="cpu", plot=None, repeat=None, size=None, only=None,
+        file=None) -> int:
     """Time the bench cases and print the table; 1 when a numbapos side failed.
 
     Parameters
@@ -96,6 +94,8 @@ def run(quick=False, device="cpu", plot=None, repeat=None, size=None, file=None)
     size : {"full", "quick", "tiny"}, optional
         The sizes (default: "quick" with ``quick``, else "full"); "tiny" is for
         tests and Numba's CUDA simulator.
+    only : str, optional
+        Time only the cases whose names contain this text (e.g. ``"lookup"``).
     file : file object, optional
         Where to print (default ``sys.stdout``).
     """
@@ -115,12 +115,16 @@ def run(quick=False, device="cpu", plot=None, repeat=None, size=None, file=None)
     say(report.header(columns))
     errors = []
     for case in cases.headline(sizes):
+        if only is not None and only not in case.name:
+            continue
         say(report.format_row(time_case(case, device, plan, errors), columns))
     say()
     say("How the cost grows with D (batch "
         f"{sizes.batch}x{sizes.seq}) and with the batch (D={sizes.dim}):")
     points = []
     for point in cases.scaling(sizes):
+        if only is not None and only not in point.case.name:
+            continue
         row = time_case(point.case, device, plan, errors)
         points.append((point.op, point.axis, point.value, row))
         say(report.format_row(row, columns))
