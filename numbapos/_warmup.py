@@ -261,8 +261,9 @@ def _run_case(case: Case, dtype: str, index_dtype: str, dispatchers) -> WarmupRe
 def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, file=None):
     """Compile numbapos's CPU kernels into Numba's on-disk cache.
 
-    Runs each op of :data:`CASES` on tiny inputs for every pair of data and
-    index dtypes, through its serial and its parallel kernel, so that later
+    Runs each op group of the table ``numbapos._warmup.CASES`` on tiny inputs
+    for every pair of data and index dtypes, through its serial and its
+    parallel kernel, so that later
     processes load the machine code from the cache instead of compiling it
     (``python -m numbapos warmup`` from the command line). Kernels already in
     the cache are loaded, not compiled again, so a second warm-up is quick.
@@ -274,7 +275,9 @@ def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, fil
     index_dtypes : sequence of {"int32", "int64"}, default both
         Index dtypes to compile for.
     ops : sequence of str, optional
-        Names of the :data:`CASES` to run (default: all of them).
+        Op groups to run (default: all): ``"embedding"``, ``"renorm"``,
+        ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"dropout"``,
+        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``.
     verbose : bool, default True
         Print a line per case (time, signatures compiled and loaded) and a total.
     file : file object, optional
@@ -297,7 +300,7 @@ def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, fil
     Notes
     -----
     The cache is ``NUMBA_CACHE_DIR`` when set, else the ``__pycache__`` folders
-    next to the installed package (see :func:`cache_location`). Entries are
+    next to the installed package (the first line printed names it). Entries are
     keyed by the kernel's source, its argument types and the CPU model, so a
     cache built on one machine is used on another only with the same CPU model
     (or with ``NUMBA_CPU_NAME=generic`` set both when warming and when running).

@@ -181,3 +181,12 @@ def test_cache_location_is_numbas():
     location = _warmup.cache_location()
     expected = os.environ.get("NUMBA_CACHE_DIR") or str(Path(cpu.__file__).parent / "__pycache__")
     assert location is not None and location.startswith(expected)
+
+
+def test_the_docstring_and_the_cli_list_every_op_group(capsys):
+    for name in _warmup.CASE_NAMES:
+        assert f'``"{name}"``' in numbapos.warmup.__doc__
+    with pytest.raises(SystemExit):
+        main(["warmup", "--help"])
+    assert ",".join(_warmup.CASE_NAMES) in capsys.readouterr().out.replace("\n", "").replace(
+        " ", "")

@@ -31,7 +31,7 @@ PEERS = {"cpu": ("numpy", "torch"), "cuda": ("cupy", "torch")}
 def plan_for(quick: bool, repeat: int | None) -> Plan:
     """The timing plan of a ``--quick`` run or a full one; ``repeat`` overrides the rounds."""
     if quick:
-        return Plan(rounds=repeat or 5, warmup_s=0.05, min_round_s=2e-4, budget_s=1.0)
+        return Plan(rounds=repeat or 5, warmup_s=0.05, min_round_s=2e-4, budget_s=0.5)
     return Plan(rounds=repeat or 30, warmup_s=0.3, min_round_s=1e-3, budget_s=5.0)
 
 

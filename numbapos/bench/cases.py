@@ -94,6 +94,8 @@ def _train_or_eval(block, ids, grad, train, **kwargs):
         block.eval()
         return lambda: block(ids, **kwargs)
 
+    block.train()
+
     def step():
         block.zero_grad()
         block(ids, **kwargs)
@@ -166,7 +168,7 @@ def headline(sizes: Sizes) -> list[Case]:
         Case("sparse backward", base, {"numbapos": _backward(True),
                                        "numpy": peers.numpy_sparse_backward,
                                        "torch": peers.torch_sparse_backward},
-             note="PyTorch: uncoalesced"),
+             note="PyTorch: + coalesce(), as its optimisers do"),
         Case(f"training step V={step.vocab}, {step.batch}x{step.seq}", step, _step_sides(),
              note="fwd + bwd + SGD(momentum=0.9); numbapos sparse, PyTorch dense"),
         Case("LayerNorm forward", base, {"numbapos": _layer_norm, "numpy": peers.numpy_layer_norm,

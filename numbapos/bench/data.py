@@ -85,14 +85,16 @@ def layer_norm_params(dim: int):
             rng.normal(0.0, 0.1, dim).astype(np.float32))
 
 
+@lru_cache(maxsize=2)
 def bert_block(shape: Shape) -> nn.BertEmbeddings:
-    """The BERT block of ``shape`` (dropout off, seeded); peers copy its tables."""
+    """The BERT block of ``shape`` (dropout off, seeded, shared); peers copy its tables."""
     return nn.BertEmbeddings(shape.vocab, shape.dim, max(512, shape.seq),
                              hidden_dropout_prob=0.0, seed=0)
 
 
+@lru_cache(maxsize=2)
 def gpt2_block(shape: Shape, positions: int) -> nn.GPT2Embeddings:
-    """The GPT-2 block of ``shape`` (dropout off, seeded); peers copy its tables."""
+    """The GPT-2 block of ``shape`` (dropout off, seeded, shared); peers copy its tables."""
     return nn.GPT2Embeddings(shape.vocab, positions, shape.dim, embd_pdrop=0.0, seed=0)
 
 

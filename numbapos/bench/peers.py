@@ -192,7 +192,8 @@ def torch_dense_backward(x, device):
 def torch_sparse_backward(x, device):
     torch = _torch()
     grad, ids = _tensors(device, x.grad, x.ids)
-    return lambda: torch.ops.aten.embedding_backward(grad, ids, x.shape.vocab, -1, False, True)
+    vocab = x.shape.vocab
+    return lambda: torch.ops.aten.embedding_backward(grad, ids, vocab, -1, False, True).coalesce()
 
 
 def torch_dense_step(x, device):
