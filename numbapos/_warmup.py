@@ -8,12 +8,13 @@ a Docker image or a CI cache can carry the machine code. The ops it drives are
 the table :data:`CASES`: a new op gets one entry there.
 
 The CPU launchers choose a serial or a parallel body by the size of the work
-(``kernels.cpu.arrays.PARALLEL_MIN_ELEMENTS``, read by ``pick`` at each call).
-Tiny inputs reach only the serial bodies, so each case runs twice: once as is
-and once with that threshold at 0, which sends the same inputs to the
-parallel bodies. The threshold is restored afterwards; do not run numbapos
-work in other threads during a warm-up (it would pick a body by the lowered
-threshold: the same results, at another speed).
+(``kernels.cpu.arrays.PARALLEL_MIN_ELEMENTS``, read at each call by ``pick``
+and by launchers that import it). Tiny inputs reach only the serial bodies, so
+each case runs twice: once as is and once with that threshold at 0 in every
+kernel module, which sends the same inputs to the parallel bodies. The
+threshold is restored afterwards; do not run numbapos work in other threads
+during a warm-up (it would pick a body by the lowered threshold: the same
+results, at another speed).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from . import _checks, nn, optim
 from . import functional as F
 from .sparse import SparseRows
 
+_THRESHOLD = "PARALLEL_MIN_ELEMENTS"  # kernels.cpu.arrays: serial below, parallel from here
 DTYPES = ("float32", "float64")
 INDEX_DTYPES = ("int32", "int64")
 
@@ -129,6 +131,10 @@ def _sgd(dtype, index_dtype) -> None:
             dense.grad = np.ones((_ROWS, _DIM), dtype)
             sparse.grad = SparseRows(rows, np.ones((2, _DIM), dtype), _ROWS)
             opt.step()
+    emb = nn.Embedding(_ROWS, _DIM, sparse=True, dtype=dtype, seed=0)
+    optim.SGD(emb.parameters(), lr=0.1, momentum=0.9).fuse_with_backward()
+    for _ in range(2):  # the update fused with the sparse backward
+        _train(emb, _ids(index_dtype))
 
 
 class Case(NamedTuple):
@@ -156,7 +162,8 @@ CASES: tuple[Case, ...] = (
          indexed=False),
     Case("bert", "BertEmbeddings fwd + bwd (train), fwd (eval)", _bert),
     Case("gpt2", "GPT2Embeddings fwd + bwd, attention mask, 1-token fwd", _gpt2),
-    Case("sgd", "SGD dense and sparse, without and with (Nesterov) momentum", _sgd),
+    Case("sgd", "SGD dense and sparse, without and with (Nesterov) momentum, fused with "
+         "the sparse backward", _sgd),
 )
 CASE_NAMES = tuple(case.name for case in CASES)
 
@@ -209,16 +216,23 @@ def cache_location() -> str | None:
 
 @contextmanager
 def _parallel_bodies(parallel: bool) -> Iterator[None]:
-    """Make the CPU launchers pick their parallel bodies (or, unchanged, the serial ones)."""
-    from .kernels.cpu import arrays
+    """Make the CPU launchers pick their parallel bodies (or, unchanged, the serial ones).
 
-    saved = arrays.PARALLEL_MIN_ELEMENTS
+    The threshold is set to 0 in every kernel module that holds it (``pick``
+    reads ``arrays``'s; a launcher may compare with its own imported copy).
+    """
+    from .kernels import cpu
+
+    holders = [area for area in cpu.AREAS if hasattr(area, _THRESHOLD)]
+    saved = [getattr(area, _THRESHOLD) for area in holders]
     if parallel:
-        arrays.PARALLEL_MIN_ELEMENTS = 0
+        for area in holders:
+            setattr(area, _THRESHOLD, 0)
     try:
         yield
     finally:
-        arrays.PARALLEL_MIN_ELEMENTS = saved
+        for area, value in zip(holders, saved, strict=True):
+            setattr(area, _THRESHOLD, value)
 
 
 def _dtype_name(value) -> str:
