@@ -137,6 +137,33 @@ def _sgd(dtype, index_dtype) -> None:
         _train(emb, _ids(index_dtype))
 
 
+# The optimisers besides SGD, with the options that reach other kernels, and whether
+# they take SparseRows gradients too. A numbapos without one skips it.
+_OPTIMISERS = (
+    ("Adam", {}, True),
+    ("Adam", {"amsgrad": True, "weight_decay": 0.01}, False),
+    ("AdamW", {}, True),
+    ("Adagrad", {}, True),
+    ("RowWiseAdagrad", {}, True),
+    ("RowWiseAdagrad", {"weight_decay": 0.01, "weight_decay_mode": "l2"}, True),
+)
+
+
+def _optimisers(dtype, index_dtype) -> None:
+    rows = np.array([1, 3], index_dtype)
+    for name, options, takes_sparse in _OPTIMISERS:
+        kind = getattr(optim, name, None)
+        if kind is None:
+            continue
+        dense = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
+        sparse = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
+        opt = kind([dense, sparse] if takes_sparse else [dense], **options)
+        for _ in range(2):
+            dense.grad = np.ones((_ROWS, _DIM), dtype)
+            sparse.grad = SparseRows(rows, np.ones((2, _DIM), dtype), _ROWS)
+            opt.step()
+
+
 class Case(NamedTuple):
     """One entry of the warm-up: ``run(dtype, index_dtype)`` calls the ops on tiny inputs.
 
@@ -164,6 +191,8 @@ CASES: tuple[Case, ...] = (
     Case("gpt2", "GPT2Embeddings fwd + bwd, attention mask, 1-token fwd", _gpt2),
     Case("sgd", "SGD dense and sparse, without and with (Nesterov) momentum, fused with "
          "the sparse backward", _sgd),
+    Case("optimisers", "Adam, AdamW, Adagrad, RowWiseAdagrad where numbapos has them, dense "
+         "and sparse", _optimisers),
 )
 CASE_NAMES = tuple(case.name for case in CASES)
 
@@ -291,7 +320,7 @@ def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, fil
     ops : sequence of str, optional
         Op groups to run (default: all): ``"embedding"``, ``"renorm"``,
         ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"dropout"``,
-        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``.
+        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"optimisers"``.
     verbose : bool, default True
         Print a line per case (time, signatures compiled and loaded) and a total.
     file : file object, optional
