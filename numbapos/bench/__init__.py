@@ -19,7 +19,7 @@ import sys
 
 import numba
 
-from .. import __version__
+from .. import __version__, _device
 from . import cases, peers, report
 from .data import FULL, QUICK, TINY, inputs
 from .timing import Plan, interleaved_medians
@@ -44,11 +44,18 @@ def _peer_versions(device: str) -> str:
 
 
 def _threads(device: str) -> str:
-    """Numba's threads, PyTorch's set to the same number (fair on the CPU)."""
+    """Numba's threads, PyTorch's set to the same number (fair on the CPU); or the GPU."""
+    if device == "cuda":
+        from numba import cuda
+
+        if _device.simulator_enabled():
+            return "Numba's CUDA simulator (the times say nothing about a GPU)"
+        name = cuda.get_current_device().name
+        return name.decode() if isinstance(name, bytes) else str(name)
     threads = numba.get_num_threads()
-    if device == "cpu" and peers.available("torch", "cpu") is None:
+    if peers.available("torch", "cpu") is None:
         peers._torch().set_num_threads(threads)
-    return f"{threads} threads (Numba and PyTorch)" if device == "cpu" else "CUDA"
+    return f"{threads} threads (Numba and PyTorch)"
 
 
 def time_case(case, device: str, plan: Plan, errors: list) -> report.Row:
