@@ -47,7 +47,9 @@ def format_row(row: Row, peers) -> str:
 def legend(peers) -> str:
     """What the ratio columns mean."""
     names = ", ".join(NAMES[p] for p in peers)
-    return (f"vs {names}: the peer's median time / numbapos's (above 1: numbapos is faster). "
+    return (f"vs {names}: the peer's median time / numbapos's (above 1: numbapos is faster).\n"
+            "GB/s: the bytes a call must at least read and write (rows gathered, output, "
+            "gradient) / numbapos's median.\n"
             "Medians of interleaved rounds after a warm-up; JIT compilation excluded.")
 
 
