@@ -118,7 +118,7 @@ def _gpt2(dtype, index_dtype) -> None:
     _train(block, ids)
     _train(block, ids, attention_mask=ids != 0)
     block.eval()
-    block(ids[:, :1], past_length=3)
+    block(np.array([[3]], index_dtype), past_length=3)  # one token of generation
 
 
 def _sgd(dtype, index_dtype) -> None:
