@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _checks, nn, optim
+from . import _checks, _device, nn, optim
 from . import functional as F
 from .sparse import SparseRows
 
@@ -212,10 +212,8 @@ def kernel_dispatchers() -> list:
     """Every ``@njit`` function of :mod:`numbapos.kernels.cpu`, once each."""
     from numba.core.registry import CPUDispatcher
 
-    from .kernels import cpu
-
     found = {}
-    for area in cpu.AREAS:
+    for area in _device.kernels_for("cpu").AREAS:
         for obj in vars(area).values():
             if isinstance(obj, CPUDispatcher) and obj.py_func.__module__.startswith(
                     "numbapos.kernels"):
@@ -250,9 +248,7 @@ def _parallel_bodies(parallel: bool) -> Iterator[None]:
     The threshold is set to 0 in every kernel module that holds it (``pick``
     reads ``arrays``'s; a launcher may compare with its own imported copy).
     """
-    from .kernels import cpu
-
-    holders = [area for area in cpu.AREAS if hasattr(area, _THRESHOLD)]
+    holders = [area for area in _device.kernels_for("cpu").AREAS if hasattr(area, _THRESHOLD)]
     saved = [getattr(area, _THRESHOLD) for area in holders]
     if parallel:
         for area in holders:
