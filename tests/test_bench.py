@@ -185,3 +185,18 @@ def test_every_numbapos_side_runs_on_the_simulator(cuda_device):
         result = case.sides["numbapos"](data.inputs(case.shape), "cuda")()
         if result is not None and not isinstance(result, tuple):
             assert _device.device_of(getattr(result, "values", result)) == "cuda", case.name
+
+
+def test_without_pytorch_the_table_says_so(monkeypatch):
+    def missing():
+        raise ImportError("No module named 'torch'")
+
+    monkeypatch.setattr(peers, "_torch", missing)
+    out = io.StringIO()
+    assert bench.run(quick=True, size="tiny", repeat=3, only="lookup, 3 tokens", file=out) == 0
+    lines = out.getvalue().splitlines()
+    assert "PyTorch not installed" in lines[0]
+    row = next(line for line in lines if line.startswith("lookup, 3 tokens"))
+    cells = row[report.NAME_WIDTH:].split()
+    assert cells[3] == "-" and cells[5] == "-"  # PyTorch ms, vs PyTorch
+    assert re.fullmatch(r"\d+\.\d\dx", cells[4])  # vs NumPy still there
