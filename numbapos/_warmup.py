@@ -88,6 +88,12 @@ def _positional(dtype, index_dtype) -> None:
         _train(nn.PositionalEmbedding(8, _DIM, type=kind, seed=0, dtype=dtype), x)
 
 
+def _init(dtype, index_dtype) -> None:
+    table = np.empty((_ROWS, _DIM), dtype)
+    F.keyed_normal_(table, seed=0)
+    F.keyed_normal_(table[:2], seed=0, rows=np.array([3, 7], index_dtype))
+
+
 def _sinusoid(dtype, index_dtype) -> None:
     F.sinusoidal_pos_embedding(4, 6, dtype=dtype)
     F.sinusoidal_pos_embedding(3, 5, dtype=dtype, offset=2)
@@ -184,6 +190,7 @@ CASES: tuple[Case, ...] = (
     Case("positional", "learned, sinusoidal and NeoML positional modules, fwd + bwd",
          _positional),
     Case("sinusoid", "sinusoidal_pos_embedding", _sinusoid, indexed=False),
+    Case("init", "keyed_normal_ (the keyed initialiser of sharded tables)", _init),
     Case("dropout", "Dropout fwd + bwd, dropout_mask", _dropout, indexed=False),
     Case("layer_norm", "LayerNorm fwd + bwd, with and without affine", _layer_norm,
          indexed=False),
@@ -315,7 +322,7 @@ def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, fil
         Index dtypes to compile for.
     ops : sequence of str, optional
         Op groups to run (default: all): ``"embedding"``, ``"renorm"``,
-        ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"dropout"``,
+        ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"init"``, ``"dropout"``,
         ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"optimisers"``.
     verbose : bool, default True
         Print a line per case (time, signatures compiled and loaded) and a total.
