@@ -200,3 +200,15 @@ def test_without_pytorch_the_table_says_so(monkeypatch):
     cells = row[report.NAME_WIDTH:].split()
     assert cells[3] == "-" and cells[5] == "-"  # PyTorch ms, vs PyTorch
     assert re.fullmatch(r"\d+\.\d\dx", cells[4])  # vs NumPy still there
+
+
+def test_each_timed_block_starts_after_the_settle_pause(monkeypatch):
+    from numbapos.bench import timing
+
+    events = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(("sleep", s)))
+    interleaved_medians({"a": lambda: events.append("a")},
+                        Plan(rounds=3, warmup_s=0.0, min_round_s=0.0, budget_s=10.0,
+                             settle_s=0.002))
+    assert events == ["a", "a"] + [("sleep", 0.002), "a"] * 3  # no pause in the warm-up
+    assert bench.plan_for(True, None).settle_s > 0 and bench.plan_for(False, 7).rounds == 7

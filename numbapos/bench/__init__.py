@@ -25,14 +25,17 @@ from .data import FULL, QUICK, TINY, inputs
 from .timing import Plan, interleaved_medians
 
 SIZES = {"full": FULL, "quick": QUICK, "tiny": TINY}
+SETTLE_S = 0.003  # pause before each timed block: the other side's threads stop spinning
 PEERS = {"cpu": ("numpy", "torch"), "cuda": ("cupy", "torch")}
 
 
 def plan_for(quick: bool, repeat: int | None) -> Plan:
     """The timing plan of a ``--quick`` run or a full one; ``repeat`` overrides the rounds."""
     if quick:
-        return Plan(rounds=repeat or 5, warmup_s=0.05, min_round_s=2e-4, budget_s=0.5)
-    return Plan(rounds=repeat or 30, warmup_s=0.3, min_round_s=1e-3, budget_s=5.0)
+        return Plan(rounds=repeat or 5, warmup_s=0.05, min_round_s=2e-4, budget_s=0.5,
+                    settle_s=SETTLE_S)
+    return Plan(rounds=repeat or 30, warmup_s=0.3, min_round_s=1e-3, budget_s=5.0,
+                settle_s=SETTLE_S)
 
 
 def _peer_versions(device: str) -> str:

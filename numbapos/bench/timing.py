@@ -3,7 +3,11 @@
 On a shared machine one side timed after another sees different neighbours;
 interleaving the sides round by round and taking medians keeps their ratio
 honest. Calls far shorter than a millisecond are repeated within a round so
-the timer's resolution does not matter.
+the timer's resolution does not matter. Before each timed block the timer
+sleeps ``settle_s``: the OpenMP threads of the side timed just before
+(PyTorch's spin about a millisecond after each op) go idle instead of taking
+the cores from the side being timed, as they would not in a program running
+one library alone.
 """
 
 from __future__ import annotations
@@ -16,16 +20,21 @@ from typing import NamedTuple
 
 class Plan(NamedTuple):
     """How long to time: ``rounds`` rounds (fewer once ``budget_s`` has passed, never < 3),
-    after ``warmup_s`` of calls per side; a round of one side lasts >= ``min_round_s``."""
+    after ``warmup_s`` of calls per side; a round of one side lasts >= ``min_round_s`` and
+    starts after a pause of ``settle_s``."""
 
     rounds: int
     warmup_s: float
     min_round_s: float
     budget_s: float
+    settle_s: float = 0.0
 
 
-def _timed(fn: Callable[[], object], sync: Callable[[], None], number: int) -> float:
+def _timed(fn: Callable[[], object], sync: Callable[[], None], number: int,
+           settle_s: float = 0.0) -> float:
     """Seconds per call of ``number`` calls of ``fn``, the device synchronised at the end."""
+    if settle_s:
+        time.sleep(settle_s)
     start = time.perf_counter()
     for _ in range(number):
         fn()
@@ -72,7 +81,8 @@ def interleaved_medians(sides: Mapping[str, Callable[[], object]], plan: Plan,
     start = time.perf_counter()
     for r in range(plan.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(_timed(sides[name], sync[name], number[name]))
+            samples[name].append(_timed(sides[name], sync[name], number[name],
+                                        plan.settle_s))
         if r >= 2 and time.perf_counter() - start > plan.budget_s:
             break
     return {name: median(values) for name, values in samples.items()}
