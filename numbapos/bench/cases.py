@@ -20,7 +20,17 @@ import numpy as np
 from .. import _device, nn, optim
 from .. import functional as F
 from . import peers
-from .data import LN_EPS, Inputs, Shape, Sizes, batches, bert_block, gpt2_block, layer_norm_params
+from .data import (
+    LN_EPS,
+    Inputs,
+    Shape,
+    Sizes,
+    batches,
+    bert_block,
+    gpt2_block,
+    layer_norm_params,
+    primed,
+)
 
 Factory = Callable[[Inputs, str], Callable[[], object]]
 
@@ -75,7 +85,7 @@ def _sparse_step(x, device):
         emb(next(id_batches))
         emb.backward(grad)
         opt.step()
-    return step
+    return primed(step, x)
 
 
 def _layer_norm(x, device):
