@@ -11,6 +11,12 @@ optim
 io
     ``save_state`` / ``load_state`` for safetensors files (needs the ``io`` extra).
 
+Gradients
+---------
+Modules pair each training-mode forward with one ``backward`` (last in, first
+out); :class:`no_grad` (a context manager and decorator) turns the recording
+off for inference, :func:`is_grad_enabled` tells whether it is on.
+
 Devices
 -------
 Every op runs where its arrays live: NumPy arrays on the CPU, CUDA arrays
@@ -22,9 +28,11 @@ arrays. ``import numbapos`` never imports ``numba.cuda``.
 
 from . import functional, io, nn, optim
 from ._device import cuda_available, cuda_empty_cache, device_of, to_device, to_host
+from ._grad_mode import is_grad_enabled, no_grad
 from .sparse import SparseRows
 
 __version__ = "0.1.0"
 
 __all__ = ["SparseRows", "__version__", "cuda_available", "cuda_empty_cache", "device_of",
-           "functional", "io", "nn", "optim", "to_device", "to_host"]
+           "functional", "io", "is_grad_enabled", "nn", "no_grad", "optim", "to_device",
+           "to_host"]
