@@ -129,7 +129,8 @@ class Module:
                 f"{type(self).__name__}.{call} called before {channel}, or more often than "
                 f"{channel} was recorded: each {call} consumes one training-mode {channel} "
                 f"(last in, first out), and a {channel} in eval() mode or under "
-                "numbapos.no_grad() records nothing"
+                "numbapos.no_grad() records nothing (for gradients with dropout off, keep "
+                "the module in training mode and call eval() on its Dropout children only)"
             )
         return stack[-1]
 
