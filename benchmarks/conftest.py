@@ -5,15 +5,16 @@ same inputs, so ``--benchmark-group-by=group`` shows the ratios directly. JIT
 compilation is excluded: every numbapos case runs once before it is timed.
 """
 
-import numba
 import pytest
+
+import numbapos
 
 try:
     import torch
 except ImportError:  # PyTorch is an optional peer
     torch = None
 else:
-    torch.set_num_threads(numba.get_num_threads())
+    torch.set_num_threads(numbapos.get_num_threads())
 
 IMPLEMENTATIONS = ["numbapos", "numpy", "torch"]
 

@@ -29,10 +29,11 @@ arrays. ``import numbapos`` never imports ``numba.cuda``.
 from . import functional, io, nn, optim
 from ._device import cuda_available, cuda_empty_cache, device_of, to_device, to_host
 from ._grad_mode import is_grad_enabled, no_grad
+from .kernels.pool import get_num_threads, set_num_threads
 from .sparse import SparseRows
 
 __version__ = "0.1.0"
 
 __all__ = ["SparseRows", "__version__", "cuda_available", "cuda_empty_cache", "device_of",
-           "functional", "io", "is_grad_enabled", "nn", "no_grad", "optim", "to_device",
-           "to_host"]
+           "functional", "get_num_threads", "io", "is_grad_enabled", "nn", "no_grad", "optim",
+           "set_num_threads", "to_device", "to_host"]

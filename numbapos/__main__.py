@@ -31,8 +31,9 @@ def info() -> int:
     print(f"python   {platform.python_version()} ({platform.machine()})")
     print(f"numpy    {numpy.__version__}")
     print(f"numba    {numba.__version__}")
-    print(f"threads  {numba.get_num_threads()} (numba threading layer: "
-          f"{numba.config.THREADING_LAYER})")
+    pool = numbapos.kernels.pool.pool_settings()
+    print(f"threads  {pool['threads']} of {pool['pool_size']} (numba threading layer: "
+          f"{pool['layer']}; idle threads: {pool['wait']})")
     print("devices  cpu: available")
     print(f"         cuda: {_cuda_status()}")
     return 0

@@ -57,6 +57,37 @@ def test_sparse_backward_equals_dense(rng, device, padding_idx, scale):
     np.testing.assert_array_equal(host(sparse.to_dense()), host(dense))
 
 
+@pytest.mark.parametrize("ids", [
+    [7, 3, 7, 7, 0, 3],
+    list(range(0, 1 << 20, 1 << 12)) * 2,            # strided ids: hash-collision prone
+    [2**62 + 5, 17, 2**62 + 5, 2**40, 17],           # ids far beyond any hash table
+    [5] * 100,
+])
+@pytest.mark.parametrize("padding_idx", [None, 17, 5, 123456])
+def test_group_by_row_is_a_stable_sort_by_row(ids, padding_idx):
+    from numbapos.kernels.cpu.embedding import group_by_row
+
+    flat = np.array(ids, dtype=np.int64)
+    rows, starts, counts, order = group_by_row(flat, padding_idx)
+    expected_rows = [r for r in np.unique(flat) if r != padding_idx]
+    np.testing.assert_array_equal(rows, expected_rows)
+    assert rows.dtype == np.int64
+    stable = np.argsort(flat, kind="stable")
+    for row, start, count in zip(rows, starts, counts, strict=True):
+        np.testing.assert_array_equal(order[start:start + count], stable[flat[stable] == row])
+
+
+def test_sparse_backward_cost_does_not_depend_on_the_table_size(device):
+    # A table of 10**15 rows could never be allocated: the sparse gradient only ever
+    # works in the space of the rows the indices name.
+    indices = on(device, np.array([[10**15 - 1, 3], [3, 10**12]]))
+    grad = on(device, np.arange(8.0).reshape(2, 2, 2))
+    got = F.embedding_backward(grad, indices, 10**15, sparse=True)
+    assert got.shape == (10**15, 2)
+    np.testing.assert_array_equal(host(got.indices), [3, 10**12, 10**15 - 1])
+    np.testing.assert_array_equal(host(got.values), [[2 + 4, 3 + 5], [6, 7], [0, 1]])
+
+
 def test_sparse_backward_of_empty_batch(device):
     result = F.embedding_backward(on(device, np.zeros((0, 3))),
                                   on(device, np.zeros(0, dtype=np.int64)), 4, sparse=True)

@@ -32,11 +32,15 @@ def gather_rows(flat, weight, out):
         pick(_gather_rows, _gather_rows_parallel, out.size)(flat, weight, out)
 
 
-def unique_rows(flat, num_rows):
-    """Sorted unique values of ``flat`` (a mark pass over ``num_rows`` flags)."""
-    seen = np.zeros(num_rows, dtype=np.bool_)
-    _mark_rows(flat, seen)
-    return np.flatnonzero(seen)
+def unique_rows(flat):
+    """The distinct values of ``flat`` in order of first occurrence (int64).
+
+    A hash pass over the indices: O(len(flat)) time and scratch, whatever the
+    table's size, so lookups into a table of 1e8 rows cost what they cost in
+    one of 1e3.
+    """
+    first, _ = _number_rows(flat)
+    return first
 
 
 def renorm_used_rows_(weight, flat, max_norm, norm_type):
@@ -46,27 +50,34 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
     ``max_norm / (norm + 1e-7)``, once however often it repeats.
     """
     if flat.size:
-        _renorm_rows_(weight, unique_rows(flat, weight.shape[0]), float(max_norm),
-                      float(norm_type))
+        _renorm_rows_(weight, unique_rows(flat), float(max_norm), float(norm_type))
 
 
-def _group_by_row(flat, num_rows):
-    """Counts per row, segment starts, and positions grouped by row in input order."""
-    counts = np.zeros(num_rows, dtype=np.int64)
-    _count_rows(flat, counts)
-    seg_start = np.empty(num_rows, dtype=np.int64)
-    seg_start[0] = 0
-    np.cumsum(counts[:-1], out=seg_start[1:])
+def group_by_row(flat, padding_idx):
+    """Positions of ``flat`` grouped by row, in the compact space of the rows used.
+
+    Returns ``(rows, starts, counts, order)``: ``rows`` (int64) are the distinct
+    values of ``flat`` in ascending order, ``padding_idx`` left out; positions
+    ``order[starts[j]:starts[j] + counts[j]]`` hold ``rows[j]``, in increasing
+    order (a stable sort). Costs O(N + U log U) for N indices naming U rows,
+    never O(table rows): a hash pass numbers the rows in order of first
+    occurrence, the U numbers are sorted, and a counting sort over them groups
+    the positions.
+    """
+    first, slot_of = _number_rows(flat)
+    used = first.size
+    by_value = np.argsort(first)
+    rows = first[by_value]
+    counts = np.zeros(used, dtype=np.int64)
+    starts = np.empty(used, dtype=np.int64)
     order = np.empty(flat.size, dtype=np.int64)
-    _bucket_by_row(flat, seg_start.copy(), order)
-    return counts, seg_start, order
-
-
-def _present_rows(counts, padding_idx):
-    present = counts > 0
+    _bucket_by_rank(slot_of, by_value, counts, starts, order)
     if padding_idx is not None:
-        present[padding_idx] = False
-    return np.flatnonzero(present).astype(np.int64, copy=False)
+        at = int(np.searchsorted(rows, padding_idx))
+        if at < used and rows[at] == padding_idx:
+            keep = np.arange(used) != at
+            rows, starts, counts = rows[keep], starts[keep], counts[keep]
+    return rows, starts, counts, order
 
 
 def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
@@ -75,17 +86,15 @@ def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
     ``out`` (``(V, D)``) arrives zero-filled (``zeros``: on the CPU the OS's
     lazily zeroed pages, so rows no index names cost nothing); only the rows
     that indices name (padding left out) are written. Positions are grouped by
-    row with a stable counting sort and each row is summed by one thread in
-    input order, so the result is bit-identical for any thread count. With
-    ``scale_grad_by_freq`` each contribution is divided by its row's count.
+    row with a stable sort (:func:`group_by_row`) and each row is summed by one
+    thread in input order, so the result is bit-identical for any thread count.
+    With ``scale_grad_by_freq`` each contribution is divided by its row's count.
     """
     if flat.size == 0:
         return
-    counts, seg_start, order = _group_by_row(flat, out.shape[0])
-    rows = _present_rows(counts, padding_idx)
+    rows, starts, counts, order = group_by_row(flat, padding_idx)
     if rows.size:
-        _sum_row_segments(grad, order, seg_start, counts, rows, rows, bool(scale_grad_by_freq),
-                          out)
+        _sum_row_segments(grad, order, starts, counts, rows, bool(scale_grad_by_freq), out)
 
 
 def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
@@ -93,18 +102,28 @@ def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
 
     ``rows`` (int64, unique, ascending) are the rows ``flat`` names, padding
     left out; ``values[j]`` is the sum for ``rows[j]``, as in :func:`scatter_rows`.
+    Time and scratch are O(indices + rows used), independent of ``num_rows``.
     """
     dim = grad.shape[1]
     if flat.size == 0:
         return np.empty(0, np.int64), np.empty((0, dim), grad.dtype)
-    counts, seg_start, order = _group_by_row(flat, num_rows)
-    rows = _present_rows(counts, padding_idx)
+    rows, starts, counts, order = group_by_row(flat, padding_idx)
     values = np.empty((rows.size, dim), dtype=grad.dtype)
     if rows.size:
         dest = np.arange(rows.size, dtype=np.int64)
-        _sum_row_segments(grad, order, seg_start, counts, rows, dest, bool(scale_grad_by_freq),
-                          values)
+        _sum_row_segments(grad, order, starts, counts, dest, bool(scale_grad_by_freq), values)
     return rows, values
+
+
+def _number_rows(flat):
+    """``(first, slot_of)``: the distinct rows in order of first occurrence, and the
+    number (index into ``first``) of each position's row."""
+    bits = max(4, (2 * flat.size - 1).bit_length())  # load factor <= 1/2
+    table = np.full(1 << bits, -1, dtype=np.int64)
+    first = np.empty(flat.size, dtype=np.int64)
+    slot_of = np.empty(flat.size, dtype=np.int64)
+    count = _hash_unique(flat, table, np.uint64(64 - bits), first, slot_of)
+    return first[:count], slot_of
 
 
 def not_equal_mask(flat, value, out):
@@ -150,13 +169,6 @@ def _gather_rows_parallel(flat_idx, weight, out):
 
 
 @njit(cache=True, nogil=True)
-def _mark_rows(flat_idx, seen):
-    """``seen[r] = True`` for every row ``r`` that ``flat_idx`` references."""
-    for i in range(flat_idx.size):
-        seen[flat_idx[i]] = True
-
-
-@njit(cache=True, nogil=True)
 def _row_norm(weight, row, norm_type):
     # Accumulated in float64: renorm touches each row once, so accuracy is free here,
     # and PyTorch's CPU norm accumulates float32 in double as well.
@@ -198,45 +210,82 @@ def _renorm_rows_(weight, rows, max_norm, norm_type):
                 weight[row, d] *= scale
 
 
-@njit(cache=True, nogil=True)
-def _count_rows(flat_idx, counts):
-    """``counts[r]`` += the number of times row ``r`` occurs in ``flat_idx``."""
-    for i in range(flat_idx.size):
-        counts[flat_idx[i]] += 1
+# Fibonacci hashing: the top bits of key * 2^64 / golden ratio spread runs of
+# consecutive ids over the table.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(cache=True, nogil=True)
-def _bucket_by_row(flat_idx, cursor, order):
-    """Stable counting sort: positions of ``flat_idx`` grouped by row, in input order.
+def _hash_unique(flat_idx, table, shift, first, slot_of):
+    """Number the distinct values of ``flat_idx`` in order of first occurrence.
 
-    ``cursor`` starts as the exclusive prefix sum of the row counts and is advanced
-    in place; afterwards ``order[start[r]:start[r] + count[r]]`` lists the positions
-    holding row ``r`` in increasing order.
+    ``table`` (``2 ** (64 - shift)`` long, filled with -1) maps a value to its
+    number by linear probing; ``first[u]`` receives the value numbered ``u`` and
+    ``slot_of[i]`` the number of ``flat_idx[i]``. Returns how many there are.
     """
+    mask = np.uint64(table.size - 1)
+    count = 0
     for i in range(flat_idx.size):
-        row = flat_idx[i]
-        order[cursor[row]] = i
-        cursor[row] += 1
+        key = np.int64(flat_idx[i])
+        h = np.int64((np.uint64(key) * _GOLDEN) >> shift)
+        while True:
+            number = table[h]
+            if number < 0:
+                table[h] = count
+                first[count] = key
+                slot_of[i] = count
+                count += 1
+                break
+            if first[number] == key:
+                slot_of[i] = number
+                break
+            h = np.int64((np.uint64(h) + np.uint64(1)) & mask)
+    return count
+
+
+@njit(cache=True, nogil=True)
+def _bucket_by_rank(slot_of, by_value, counts, starts, order):
+    """Stable counting sort of positions by the rank of their row among the rows used.
+
+    ``by_value`` lists the row numbers of :func:`_hash_unique` in ascending row
+    order; afterwards ``order[starts[j]:starts[j] + counts[j]]`` are the positions
+    of the j-th smallest row, in increasing order.
+    """
+    used = by_value.size
+    rank = np.empty(used, dtype=np.int64)
+    for j in range(used):
+        rank[by_value[j]] = j
+    for i in range(slot_of.size):
+        counts[rank[slot_of[i]]] += 1
+    total = 0
+    for j in range(used):
+        starts[j] = total
+        total += counts[j]
+    cursor = starts.copy()
+    for i in range(slot_of.size):
+        j = rank[slot_of[i]]
+        order[cursor[j]] = i
+        cursor[j] += 1
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _sum_row_segments(grad, order, seg_start, counts, rows, dest, scale_by_freq, out):
-    """Deterministic scatter-add: ``out[dest[j]] = sum of grad[i] over positions i of rows[j]``.
+def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
+    """Deterministic scatter-add: ``out[dest[j]] = sum of grad[order[k]]`` over segment ``j``.
 
-    Each output row is owned by one thread and summed in input order, so the
-    result is bit-identical for any thread count. With ``scale_by_freq`` every
-    contribution is multiplied by ``1 / count`` (PyTorch's ``scale_grad_by_freq``).
-    The rows named in ``dest`` are overwritten (they need no zeroing); every
-    listed row must occur at least once.
+    Segment ``j`` is ``k`` in ``starts[j] .. starts[j] + counts[j]`` (never
+    empty). Each output row is owned by one thread and summed in input order,
+    so the result is bit-identical for any thread count. With ``scale_by_freq``
+    every contribution is multiplied by ``1 / counts[j]`` (PyTorch's
+    ``scale_grad_by_freq``). The rows named in ``dest`` are overwritten (they
+    need no zeroing).
     """
     dim = grad.shape[1]
     one = out.dtype.type(1)
-    for j in prange(rows.size):
-        row = rows[j]
+    for j in prange(dest.size):
         target = dest[j]
-        start = seg_start[row]
-        stop = start + counts[row]
-        scale = one / out.dtype.type(counts[row]) if scale_by_freq else one
+        start = starts[j]
+        stop = start + counts[j]
+        scale = one / out.dtype.type(counts[j]) if scale_by_freq else one
         first = order[start]
         for d in range(dim):
             out[target, d] = grad[first, d] * scale if scale_by_freq else grad[first, d]

@@ -12,7 +12,8 @@ there, with the CPU backend's helpers:
 
 - :func:`renorm_used_rows_` takes the distinct rows (``np.unique``);
 - :func:`scatter_rows` / :func:`scatter_rows_sparse` group positions by row
-  with the CPU's stable counting sort, then one block per output row sums that
+  with the CPU's stable :func:`~numbapos.kernels.cpu.embedding.group_by_row`
+  (O(indices), whatever the table's size), then one block per output row sums that
   row's contributions in input order, exactly as the CPU does: the gradient is
   bit-identical to the CPU's, with no atomics.
 """
@@ -23,7 +24,7 @@ import threading
 import numpy as np
 from numba import cuda, float64, int64
 
-from ..cpu.embedding import _group_by_row, _present_rows
+from ..cpu.embedding import group_by_row
 from . import arrays
 from .arrays import THREADS, grid
 from .fpmath import cast_like, mul_rn
@@ -114,7 +115,7 @@ def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
     """
     if flat.size == 0 or out.shape[1] == 0:
         return
-    rows, segments = _segments(flat, out.shape[0], padding_idx)
+    rows, segments = _segments(flat, padding_idx)
     if rows.size:
         _sum_segments(grad, segments, rows.size, True, scale_grad_by_freq, out)
 
@@ -128,7 +129,7 @@ def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
     dim = grad.shape[1]
     if flat.size == 0:
         return arrays.empty((0,), np.int64), arrays.empty((0, dim), grad.dtype)
-    rows, segments = _segments(flat, num_rows, padding_idx)
+    rows, segments = _segments(flat, padding_idx)
     values = arrays.empty((rows.size, dim), grad.dtype)
     if rows.size and dim:
         _sum_segments(grad, segments, rows.size, False, scale_grad_by_freq, values)
@@ -157,16 +158,15 @@ def _tree_threads(dim: int) -> int:
     return threads
 
 
-def _segments(flat, num_rows, padding_idx):
-    """Host grouping of positions by row (the CPU's stable counting sort).
+def _segments(flat, padding_idx):
+    """Host grouping of positions by row (the CPU's :func:`group_by_row`).
 
     Returns the present rows (host int64, ascending, padding left out) and one
     device int64 array packing ``[rows | starts | counts | order]``: present row
     ``j`` sums ``grad[order[k]]`` for ``k`` in ``starts[j] .. starts[j] + counts[j]``.
     """
-    counts, seg_start, order = _group_by_row(flat.copy_to_host(), num_rows)
-    rows = _present_rows(counts, padding_idx)
-    packed = np.concatenate((rows, seg_start[rows], counts[rows], order))
+    rows, starts, counts, order = group_by_row(flat.copy_to_host(), padding_idx)
+    packed = np.concatenate((rows, starts, counts, order))
     return rows, arrays.asarray(packed)
 
 

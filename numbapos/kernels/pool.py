@@ -1,0 +1,134 @@
+"""Numba's CPU thread pool: how its threads wait between kernels, and how many run.
+
+Numba's default threading layer on Linux is OpenMP (GNU libgomp). Between two
+parallel kernels libgomp's idle threads spin for about 300,000 iterations
+before they sleep. Alone on a machine that saves a wake-up; next to another
+busy process (a second trainer, Ray actors, data-loader or server workers,
+``pytest -n``) the spinning threads steal the cores the other process needs,
+and both slow down several-fold instead of sharing the cores.
+
+:func:`start_pool` therefore loads the threading layer with a bounded spin
+(``GOMP_SPINCOUNT``, :data:`SPIN_COUNT` iterations, a few microseconds: long
+enough to bridge the gap between kernels launched back to back, short enough
+to yield the core soon after) unless the user chose a policy
+(``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``, ``NUMBAPOS_SPIN_COUNT`` or a
+``NUMBA_THREADING_LAYER`` other than OpenMP/default). The variable is set only
+while the layer loads (libgomp reads it once, then) and removed afterwards, so
+libraries loaded later (PyTorch's own OpenMP runtime) keep their defaults.
+Results never depend on any of this: every kernel is deterministic for any
+thread count and layer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numba
+import numpy as np
+
+__all__ = ["SPIN_COUNT", "get_num_threads", "pool_settings", "set_num_threads", "start_pool"]
+
+SPIN_COUNT = 10_000
+
+# Environment variables by which a user has already chosen how threads wait.
+_USER_CHOICES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+_lock = threading.Lock()
+_spin_set: str | None = None  # the GOMP_SPINCOUNT numbapos chose, when it did
+
+
+def _chosen_spin_count() -> str | None:
+    """The spin count numbapos should set, or None when the user decided."""
+    if any(os.environ.get(name) for name in _USER_CHOICES):
+        return None
+    layer = os.environ.get("NUMBA_THREADING_LAYER", "default").lower()
+    if layer not in ("default", "safe", "forksafe", "threadsafe", "omp"):
+        return None
+    own = os.environ.get("NUMBAPOS_SPIN_COUNT")
+    if own is not None:
+        value = int(own) if own.strip().lstrip("-").isdigit() else None
+        if value is None or value < 0:
+            raise ValueError(f"NUMBAPOS_SPIN_COUNT: expected an integer >= 0, got {own!r}")
+        return str(value)
+    return str(SPIN_COUNT)
+
+
+def start_pool() -> None:
+    """Load Numba's threading layer now, with a bounded OpenMP spin-wait.
+
+    Does nothing when the pool is already running (it was started by other
+    code; its wait policy stays whatever that code's environment gave it).
+    """
+    global _spin_set
+    from numba.np.ufunc import parallel
+
+    with _lock:
+        if parallel._is_initialized:
+            return
+        spin = _chosen_spin_count()
+        if spin is not None:
+            os.environ["GOMP_SPINCOUNT"] = spin
+        try:
+            parallel._launch_threads()
+        except Exception:  # noqa: BLE001 - no usable layer: Numba says why at the first kernel
+            pass
+        finally:
+            if spin is not None:
+                os.environ.pop("GOMP_SPINCOUNT", None)
+        if spin is not None and numba.threading_layer() == "omp":
+            _spin_set = spin
+
+
+def set_num_threads(n: int) -> None:
+    """Use ``n`` threads for numbapos's parallel CPU kernels, from the calling thread.
+
+    Numba's thread count is per calling thread (a thread that never calls
+    this uses all of them); ``n`` may not exceed the pool's size,
+    ``NUMBA_NUM_THREADS`` (by default the number of cores), which is fixed
+    once the pool starts. Results are identical for every ``n``.
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an integer.
+    ValueError
+        ``n`` is not in ``[1, NUMBA_NUM_THREADS]``.
+    """
+    if isinstance(n, bool) or not isinstance(n, int | np.integer):
+        raise TypeError(f"n: expected an integer number of threads, got {type(n).__name__}")
+    limit = numba.config.NUMBA_NUM_THREADS
+    if not 1 <= int(n) <= limit:
+        raise ValueError(f"n: expected 1 <= n <= {limit} (NUMBA_NUM_THREADS, the pool's size), "
+                         f"got {int(n)}")
+    start_pool()
+    numba.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    """Threads the calling thread's parallel kernels use (see :func:`set_num_threads`).
+
+    Starts the pool (:func:`start_pool`) if it is not running yet, as Numba's
+    own ``numba.get_num_threads`` would, but with numbapos's wait policy.
+    """
+    start_pool()
+    return numba.get_num_threads()
+
+
+def pool_settings() -> dict:
+    """How the pool runs: ``{"layer", "threads", "pool_size", "wait"}``.
+
+    Starts the pool if it is not running yet. ``wait`` describes the
+    idle-thread policy: numbapos's bounded spin, the user's
+    ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT``, or the layer's own.
+    """
+    start_pool()
+    layer = numba.threading_layer()
+    if _spin_set is not None:
+        wait = f"spin {_spin_set} iterations, then sleep (GOMP_SPINCOUNT set by numbapos)"
+    elif layer == "omp" and any(os.environ.get(n) for n in _USER_CHOICES):
+        wait = ", ".join(f"{n}={os.environ[n]}" for n in _USER_CHOICES if os.environ.get(n))
+    else:
+        wait = "the threading layer's default"
+    return {"layer": layer, "threads": numba.get_num_threads(),
+            "pool_size": numba.config.NUMBA_NUM_THREADS, "wait": wait}
