@@ -184,3 +184,14 @@ def test_device_arrays_are_unchanged_by_the_conversion():
     x = np.ones((2, 3), np.float32)
     assert numbapos._checks.as_array(x, "x") is x
     assert numbapos.device_of(numbapos._checks.as_array(torch.ones(2), "x")) == "cpu"
+
+
+def test_checkpoint_helpers_take_tensors(tmp_path):
+    block = nn.GPT2Embeddings(9, 6, 4, seed=0)
+    tensors = {k: torch.from_numpy(v.copy()) for k, v in block.state_dict().items()}
+    rebuilt = nn.GPT2Embeddings.from_hf_state_dict(tensors)
+    np.testing.assert_array_equal(rebuilt.wte.weight.data, block.wte.weight.data)
+    pytest.importorskip("safetensors")
+    numbapos.io.save_state(tensors, tmp_path / "t.safetensors")
+    loaded = numbapos.io.load_state(tmp_path / "t.safetensors")
+    np.testing.assert_array_equal(loaded["wpe.weight"], block.wpe.weight.data)

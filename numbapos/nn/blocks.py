@@ -73,10 +73,7 @@ def _load_arrays(state_dict, prefix, suffixes, aliases=None):
         if key not in state_dict:
             raise KeyError(f"state_dict: missing {prefix + suffix!r}"
                            f"{_prefix_hint(state_dict, prefix, suffix)}")
-        value = state_dict[key]
-        if not isinstance(value, np.ndarray):
-            raise TypeError(f"state_dict[{key!r}]: expected a NumPy array, got "
-                            f"{type(value).__name__} (convert tensors with .numpy())")
+        value = _device.to_host(_checks.as_array(state_dict[key], f"state_dict[{key!r}]"))
         if value.dtype == np.float16:
             value = value.astype(np.float32)
         if value.dtype not in _checks.FLOAT_DTYPES:
@@ -342,9 +339,10 @@ class BertEmbeddings(Module):
 
         Parameters
         ----------
-        state_dict : mapping of str to ndarray
-            E.g. from :func:`numbapos.io.load_state`. Torch tensors must be
-            converted first (``{k: v.numpy() for k, v in sd.items()}``).
+        state_dict : mapping of str to array_like
+            E.g. from :func:`numbapos.io.load_state`, or a PyTorch
+            ``state_dict()`` directly (its CPU tensors are viewed as NumPy
+            arrays; anything NumPy can view works).
         prefix : str, default "embeddings."
             Prepended to every name (``"bert.embeddings."`` for task models).
         pad_token_id, layer_norm_eps, hidden_dropout_prob, seed
@@ -364,7 +362,7 @@ class BertEmbeddings(Module):
             A required tensor is missing (named; a prefix that would match is
             suggested).
         TypeError
-            ``state_dict`` not a mapping, or a value that is not a NumPy array.
+            ``state_dict`` not a mapping, or a value that is not an array.
         ValueError
             A tensor with the wrong number of dimensions or a hidden size that
             disagrees with the word table, a non-float dtype, or tensors of
@@ -573,7 +571,8 @@ class GPT2Embeddings(Module):
 
         Parameters
         ----------
-        state_dict : mapping of str to ndarray
+        state_dict : mapping of str to array_like
+            As for :meth:`BertEmbeddings.from_hf_state_dict`.
         prefix : str, default ""
         embd_pdrop, seed
             As for :class:`GPT2Embeddings` (``seed`` seeds the dropout stream).
@@ -589,7 +588,7 @@ class GPT2Embeddings(Module):
             ``wte.weight`` or ``wpe.weight`` missing (a matching prefix is
             suggested when the state dict has one).
         TypeError
-            ``state_dict`` not a mapping, or a value that is not a NumPy array.
+            ``state_dict`` not a mapping, or a value that is not an array.
         ValueError
             A tensor that is not 2-D, widths that differ, a non-float dtype,
             or the two tensors of different dtypes.
