@@ -29,7 +29,7 @@ arrays. ``import numbapos`` never imports ``numba.cuda``.
 from . import functional, io, nn, optim
 from ._device import cuda_available, cuda_empty_cache, device_of, to_device, to_host
 from ._grad_mode import is_grad_enabled, no_grad
-from .kernels.pool import get_num_threads, set_num_threads
+from ._pool import get_num_threads, set_num_threads
 from .sparse import SparseRows
 
 __version__ = "0.1.0"

@@ -31,7 +31,7 @@ def info() -> int:
     print(f"python   {platform.python_version()} ({platform.machine()})")
     print(f"numpy    {numpy.__version__}")
     print(f"numba    {numba.__version__}")
-    pool = numbapos.kernels.pool.pool_settings()
+    pool = numbapos._pool.pool_settings()
     print(f"threads  {pool['threads']} of {pool['pool_size']} (numba threading layer: "
           f"{pool['layer']}; idle threads: {pool['wait']})")
     print("devices  cpu: available")

@@ -74,6 +74,21 @@ class SGDHyper(NamedTuple):
     maximize: bool
 
 
+class RowGroups(NamedTuple):
+    """Positions of a flat index array grouped by the row they name (on the launcher's device).
+
+    ``rows`` (int64) are the distinct rows in ascending order (padding left
+    out); positions ``order[starts[j]:starts[j] + counts[j]]`` name ``rows[j]``,
+    in increasing order. Made by the launcher ``group_rows``, consumed by
+    ``sum_row_groups`` and the fused optimiser updates.
+    """
+
+    rows: object
+    starts: object
+    counts: object
+    order: object
+
+
 class BertIds(NamedTuple):
     """Flat int64 ids of the BERT block, one entry per token (length T each)."""
 

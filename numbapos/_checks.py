@@ -468,11 +468,13 @@ def check_update_target(param, name: str = "param"):
     return param
 
 
-def check_sparse_grad(grad, param, name: str = "grad"):
+def check_sparse_grad(grad, param, name: str = "grad", summed: bool = True):
     """A SparseRows gradient of the 2-D ``param``: its shape, rows unique, sorted, in range.
 
     The arrays of a SparseRows can be changed after it was made, so they are
-    checked again here, before a kernel writes the rows they name.
+    checked again here, before a kernel writes the rows they name. With
+    ``summed=False`` the values of an unsummed gradient are left unsummed
+    (returned as None); its rows are checked all the same.
     """
     if param.ndim != 2:
         raise ValueError(f"{name}: a SparseRows gradient needs a 2-D parameter, got shape "
@@ -481,8 +483,9 @@ def check_sparse_grad(grad, param, name: str = "grad"):
         raise ValueError(f"{name}: SparseRows of shape {tuple(grad.shape)}, expected the "
                          f"parameter's shape {tuple(param.shape)}")
     rows = check_index_array(grad.indices, f"{name}.indices")
-    values = check_float_array(grad.values, f"{name}.values", ndim=2)
-    if rows.ndim != 1 or rows.shape[0] != values.shape[0]:
-        raise ValueError(f"{name}: {tuple(rows.shape)} indices for {values.shape[0]} value rows")
+    values = check_float_array(grad.values, f"{name}.values", ndim=2) if summed else None
+    if rows.ndim != 1 or (summed and rows.shape[0] != values.shape[0]):
+        raise ValueError(f"{name}: {tuple(rows.shape)} indices for "
+                         f"{values.shape[0] if summed else '?'} value rows")
     check_sorted_rows(rows, param.shape[0], f"{name}.indices")
     return rows, values

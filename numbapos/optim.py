@@ -136,6 +136,41 @@ class SGD:
         for param, group in todo:
             self._update(param, group)
 
+    def fuse_with_backward(self):
+        """Update each parameter inside the backward pass that makes its gradient.
+
+        PyTorch's "optimizer in backward" pattern: a hook on every parameter
+        (:meth:`~numbapos.nn.Parameter.register_post_accumulate_grad_hook`)
+        applies this optimiser's update to that parameter as soon as a module's
+        ``backward`` has accumulated its gradient, then drops the gradient
+        (``grad = None``); :meth:`step` then has nothing left to do for it.
+        For a sparse :class:`~numbapos.nn.Embedding` the update is fused with
+        the gradient itself: each used row's gradient is summed and applied in
+        one pass, and the ``(rows, D)`` gradient is never stored. The result is
+        bit-identical to ``backward`` followed by :meth:`step`, as long as each
+        parameter gets one backward per step (a tied or shared parameter
+        updated by two backward calls gets two updates, not one on the sum).
+
+        Returns
+        -------
+        HookHandles
+            ``handles.remove()`` restores the usual backward-then-step behaviour.
+        """
+        handles = []
+        for group in self.param_groups:
+            for param in group["params"]:
+                handles.append(param.register_post_accumulate_grad_hook(
+                    lambda p, group=group: self._step_one(p, group)))
+        return HookHandles(handles)
+
+    def _step_one(self, param: Parameter, group: dict) -> None:
+        """One parameter's update from its fresh gradient, which is then dropped."""
+        if param.grad is None or not param.requires_grad:
+            return
+        self._check(param)
+        self._update(param, group)
+        param.grad = None
+
     def _check(self, param: Parameter) -> None:
         """Validate ``param`` and its gradient, before any parameter is updated."""
         data = _checks.check_update_target(param.data, "param.data")
@@ -151,11 +186,11 @@ class SGD:
             )
         grad = param.grad
         if isinstance(grad, SparseRows):
-            _checks.check_sparse_grad(grad, data, "param.grad")
+            _checks.check_sparse_grad(grad, data, "param.grad", summed=grad.summed)
         else:
             grad = _checks.check_float_array(grad, "param.grad")
             _checks.check_same_shape(grad, data.shape, "param.grad", "the parameter's shape")
-        _checks.check_same_device((data, grad.values if isinstance(grad, SparseRows) else grad),
+        _checks.check_same_device((data, grad.indices if isinstance(grad, SparseRows) else grad),
                                   ("param.data", "param.grad"))
 
     def _update(self, param: Parameter, group: dict) -> None:
@@ -187,3 +222,14 @@ class SGD:
         if momentum != 0:
             state["dense_started"] = True
             state["row_started"] = _device.full(tuple(started.shape), True, np.bool_, device)
+
+
+class HookHandles:
+    """The hooks :meth:`SGD.fuse_with_backward` registered; ``remove()`` unregisters them."""
+
+    def __init__(self, handles):
+        self._handles = list(handles)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from . import _checks, _device
 
 
-@dataclass(frozen=True)
 class SparseRows:
     """A gradient that is zero except on a few rows of a ``(num_rows, D)`` table.
 
@@ -34,17 +31,22 @@ class SparseRows:
         ``indices`` not unique and sorted.
     IndexError
         An index outside ``[0, num_rows)``.
+
+    Notes
+    -----
+    :func:`~numbapos.functional.embedding_backward` with ``lazy=True`` returns
+    a SparseRows whose ``values`` are not summed yet (``summed`` is False):
+    reading ``values`` sums them then, and an optimiser's sparse update sums
+    each row inside the update instead, in one pass.
     """
 
-    indices: np.ndarray
-    values: np.ndarray
-    num_rows: int
+    __slots__ = ("_indices", "_values", "_num_rows", "_pending")
 
-    def __post_init__(self):
+    def __init__(self, indices, values, num_rows):
         # Optimisers write the listed rows with unchecked kernels: validate here.
-        indices = _checks.check_index_array(self.indices, "SparseRows: indices")
-        values = _checks.check_float_array(self.values, "SparseRows: values", ndim=2)
-        num_rows = _checks.check_int(self.num_rows, "SparseRows: num_rows", minimum=0)
+        indices = _checks.check_index_array(indices, "SparseRows: indices")
+        values = _checks.check_float_array(values, "SparseRows: values", ndim=2)
+        num_rows = _checks.check_int(num_rows, "SparseRows: num_rows", minimum=0)
         if indices.ndim != 1:
             raise ValueError(f"SparseRows: indices: expected a 1-D array, got shape "
                              f"{indices.shape}")
@@ -56,23 +58,74 @@ class SparseRows:
         device = _device.device_of(values)
         if _device.device_of(indices) != device:
             indices = _device.to_device(indices, device)
-        object.__setattr__(self, "indices", indices)
-        object.__setattr__(self, "values", values)
-        object.__setattr__(self, "num_rows", num_rows)
+        self._indices, self._values, self._num_rows = indices, values, num_rows
+        self._pending = None
+
+    @classmethod
+    def _unsummed(cls, groups, grad, scale_grad_by_freq, num_rows):
+        """The gradient of a lookup, its row sums not done yet (see Notes).
+
+        ``groups`` (:class:`~numbapos._args.RowGroups`, validated rows) and the
+        ``(N, D)`` ``grad`` live on one device; ``values`` will be row ``j``'s
+        sum of ``grad`` over its positions.
+        """
+        self = cls.__new__(cls)
+        self._indices, self._values, self._num_rows = groups.rows, None, num_rows
+        self._pending = (groups, grad, bool(scale_grad_by_freq))
+        return self
+
+    @property
+    def indices(self):
+        """Row numbers (int64 or int32), unique and ascending."""
+        return self._indices
+
+    @property
+    def values(self):
+        """``(U, D)`` gradient rows, ``values[j]`` for row ``indices[j]`` (summed on first read)."""
+        if self._pending is not None:
+            groups, grad, scale = self._pending
+            K = _device.backend(grad)
+            values = K.empty((groups.rows.size, grad.shape[1]), grad.dtype)
+            K.sum_row_groups(grad, groups, scale, values)
+            self._values, self._pending = values, None
+        return self._values
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the dense table this gradient belongs to."""
+        return self._num_rows
+
+    @property
+    def summed(self) -> bool:
+        """False while ``values`` are still to be summed from a lookup's gradient."""
+        return self._pending is None
+
+    def _take_unsummed(self):
+        """``(groups, grad, scale_grad_by_freq)`` of an unsummed gradient, else None."""
+        return self._pending
+
+    def __repr__(self) -> str:
+        return (f"SparseRows(rows={int(self._indices.shape[0])}, num_rows={self._num_rows}, "
+                f"dim={self.shape[1]}, dtype={self.dtype}, device={self.device!r}"
+                f"{'' if self.summed else ', summed=False'})")
+
+    def _source(self):
+        # The array whose dtype, device and width the values have (or will have).
+        return self._values if self._pending is None else self._pending[1]
 
     @property
     def shape(self) -> tuple[int, int]:
         """Shape of the dense gradient, ``(num_rows, D)``."""
-        return (self.num_rows, self.values.shape[1])
+        return (self._num_rows, self._source().shape[1])
 
     @property
     def dtype(self) -> np.dtype:
-        return self.values.dtype
+        return self._source().dtype
 
     @property
     def device(self) -> str:
         """Where the gradient lives, ``"cpu"`` or ``"cuda"``."""
-        return _device.device_of(self.values)
+        return _device.device_of(self._source())
 
     def to(self, device: str) -> SparseRows:
         """This gradient on ``device`` (itself when it is already there)."""

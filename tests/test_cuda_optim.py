@@ -142,3 +142,42 @@ def test_sgd_rows_empty_rows_is_a_no_op(rng, dtype):
                   dev(np.zeros((3, 2), dtype)), started_d, h)
     np.testing.assert_array_equal(param_d.copy_to_host(), param)
     assert not started_d.copy_to_host().any()
+
+
+# ---------------------------------------------------------------- sgd_row_groups_
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3], CONFIGS[6]])
+@pytest.mark.parametrize("scale", [False, True])
+def test_sgd_row_groups_equals_sum_then_sgd_rows_on_both_devices(rng, dtype, config, scale):
+    from numbapos.kernels.cpu import embedding as cpu_embedding
+    from numbapos.kernels.cuda import embedding as gpu_embedding
+
+    num, dim = 7, 130
+    h = hyper(dtype, lr=0.05, **config)
+    momentum = h.momentum != 0
+    flat = np.array([5, 1, 5, 2, 6, 5, 1], np.int64)
+    grad = rng.normal(size=(flat.size, dim)).astype(dtype)
+    param = rng.normal(size=(num, dim)).astype(dtype)
+    states = {}
+    for name in ("fused_cpu", "fused_gpu", "two_pass"):
+        states[name] = [param.copy(), np.zeros((num, dim) if momentum else (0, 0), dtype),
+                        np.zeros(num if momentum else 0, np.bool_)]
+    p_d, b_d, s_d = (dev(a) for a in states["fused_gpu"])
+    for _ in range(2):  # the second step continues the momentum the first started
+        groups = cpu_embedding.group_rows(flat, 6)
+        cpu.sgd_row_groups_(*states["fused_cpu"][:1], grad, groups, scale,
+                            *states["fused_cpu"][1:], h)
+        gpu.sgd_row_groups_(p_d, dev(grad), gpu_embedding.group_rows(dev(flat), 6), scale,
+                            b_d, s_d, h)
+        values = np.empty((groups.rows.size, dim), dtype)
+        cpu_embedding.sum_row_groups(grad, groups, scale, values)
+        p, b, s = states["two_pass"]
+        cpu.sgd_rows_(p, groups.rows, values, b, s, h)
+    np.testing.assert_array_equal(groups.rows, [1, 2, 5])  # padding row 6 left out
+    for got in (states["fused_cpu"], [p_d.copy_to_host(), b_d.copy_to_host(),
+                                      s_d.copy_to_host()]):
+        for a, b in zip(got, states["two_pass"], strict=True):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(states["two_pass"][0][[0, 3, 4, 6]], param[[0, 3, 4, 6]])

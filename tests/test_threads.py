@@ -23,7 +23,7 @@ BERT_STEP = textwrap.dedent("""
     digest = hashlib.sha256(y.tobytes())
     for p in block.parameters():
         digest.update(p.grad.tobytes())
-    settings = numbapos.kernels.pool.pool_settings()
+    settings = numbapos._pool.pool_settings()
     print(json.dumps({"digest": digest.hexdigest(), "env_spin": os.environ.get("GOMP_SPINCOUNT"),
                       **settings}))
 """)
@@ -55,7 +55,7 @@ def default_run():
 def test_numbapos_bounds_the_spin_wait_and_restores_the_environment(default_run):
     if default_run["layer"] != "omp":
         pytest.skip(f"threading layer {default_run['layer']}: the spin count is OpenMP's")
-    assert f"spin {numbapos.kernels.pool.SPIN_COUNT}" in default_run["wait"]
+    assert f"spin {numbapos._pool.SPIN_COUNT}" in default_run["wait"]
     assert default_run["env_spin"] is None  # set only while the layer loaded
 
 
@@ -88,7 +88,7 @@ def test_bad_spin_count_is_a_clear_error():
 
 def test_set_num_threads_validates_and_is_per_thread():
     before = numbapos.get_num_threads()
-    limit = numbapos.kernels.pool.pool_settings()["pool_size"]
+    limit = numbapos._pool.pool_settings()["pool_size"]
     with pytest.raises(TypeError, match="n: expected an integer"):
         numbapos.set_num_threads(1.5)
     with pytest.raises(ValueError, match=rf"n: expected 1 <= n <= {limit}.*got 0"):

@@ -121,7 +121,7 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
 
 
 def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
-                       scale_grad_by_freq=False, sparse=False):
+                       scale_grad_by_freq=False, sparse=False, *, lazy=False):
     """Gradient of :func:`embedding` with respect to the table.
 
     The scatter-add is deterministic: positions are grouped by row with a stable
@@ -144,6 +144,14 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         PyTorch this also works with ``sparse=True``.
     sparse : bool, default False
         Return a :class:`~numbapos.sparse.SparseRows` instead of a dense array.
+        Costs O(indices + rows used), whatever ``num_embeddings`` is.
+    lazy : bool, default False
+        With ``sparse=True``, group the positions by row but leave the row
+        sums undone (``SparseRows.summed`` is False): they are made from
+        ``grad_output`` when ``values`` is first read, or, by
+        :func:`sparse_sgd_`, inside the update itself, in one pass that never
+        stores the ``(rows, D)`` gradient. ``grad_output`` must not change
+        until then. :meth:`numbapos.optim.SGD.fuse_with_backward` uses this.
 
     Returns
     -------
@@ -171,13 +179,17 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
     flat = flatten(K, indices)
     check_range(K, flat, num_rows)
     return _scatter(K, grad_output, flat, num_rows, padding_idx, bool(scale_grad_by_freq),
-                    bool(sparse))
+                    bool(sparse), lazy=bool(lazy))
 
 
-def _scatter(K, grad_output, flat, num_rows, padding_idx, scale_grad_by_freq, sparse):
+def _scatter(K, grad_output, flat, num_rows, padding_idx, scale_grad_by_freq, sparse,
+             lazy=False):
     """The table gradient of a lookup, on validated inputs (also used by the blocks)."""
     dim = grad_output.shape[grad_output.ndim - 1]
     grad = K.contiguous(grad_output).reshape(flat.size, dim)
+    if sparse and lazy:
+        return SparseRows._unsummed(K.group_rows(flat, padding_idx), grad, scale_grad_by_freq,
+                                    num_rows)
     if sparse:
         rows, values = K.scatter_rows_sparse(grad, flat, num_rows, padding_idx,
                                              scale_grad_by_freq)

@@ -104,6 +104,9 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
         Updated in place.
     grad : SparseRows
         Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype.
+        An unsummed one (``embedding_backward(..., lazy=True)``) of
+        ``param``'s dtype is summed row by row inside the update: one pass
+        over the rows used, same result.
     momentum_buffer : ndarray, shape (V, D), optional
         Needed when ``momentum != 0``; C-contiguous, ``param``'s dtype.
     row_started : ndarray of bool, shape (V,), optional
@@ -119,8 +122,12 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
     param = _checks.check_update_target(param)
     if not isinstance(grad, SparseRows):
         raise TypeError(f"grad: expected a SparseRows, got {type(grad).__name__}")
-    rows, values = _checks.check_sparse_grad(grad, param)
-    K = backend_for((param, values, momentum_buffer, row_started),
+    unsummed = grad._take_unsummed()
+    if unsummed is not None and unsummed[1].dtype != param.dtype:
+        unsummed = None  # sum first, then cast, as a summed gradient would be
+    rows, values = _checks.check_sparse_grad(grad, param, summed=unsummed is None)
+    K = backend_for((param, values if unsummed is None else unsummed[1], momentum_buffer,
+                     row_started),
                     ("param", "grad.values", "momentum_buffer", "row_started"))
     if not _device.is_c_contiguous(param) and K.DEVICE == "cuda":
         raise ValueError("param: expected a C-contiguous CUDA array")
@@ -134,8 +141,14 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
                              "one flag per row)")
         started = _checks.check_out(row_started, (param.shape[0],), np.dtype(np.bool_),
                                     "row_started", avoid=(param, buf))
+    no_buffer = K.empty((0, 0), param.dtype)
+    if unsummed is not None:
+        groups, grad2d, scale = unsummed
+        K.sgd_row_groups_(param, grad2d, groups, scale, no_buffer if buf is None else buf,
+                          started, hyper)
+        return param
     if _device.device_of(rows) != K.DEVICE:
         rows = K.asarray(rows) if K.DEVICE == "cuda" else _device.to_host(rows)
     K.sgd_rows_(param, K.contiguous(rows, np.int64), K.contiguous(values, param.dtype),
-                K.empty((0, 0), param.dtype) if buf is None else buf, started, hyper)
+                no_buffer if buf is None else buf, started, hyper)
     return param

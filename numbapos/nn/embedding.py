@@ -156,7 +156,8 @@ class Embedding(Module):
         if self.weight.requires_grad:
             grad = F.embedding_backward(grad_output, indices, self.num_embeddings,
                                         padding_idx=padding_idx,
-                                        scale_grad_by_freq=scale_grad_by_freq, sparse=sparse)
+                                        scale_grad_by_freq=scale_grad_by_freq, sparse=sparse,
+                                        lazy=self.weight.has_post_accumulate_grad_hooks)
         self._release()
         if grad is not None:
             self.weight.accumulate_grad(grad, fresh=True)

@@ -83,6 +83,35 @@ class Parameter:
         elif self.grad is not None:
             self.grad = _device.to_device(_device.to_host(self.grad).astype(dtype), device)
         self.bump_version()
+        self._post_accumulate_grad_hooks: dict[int, object] = {}
+
+    def register_post_accumulate_grad_hook(self, hook) -> HookHandle:
+        """Call ``hook(param)`` each time a backward pass has accumulated into ``grad``.
+
+        As PyTorch's ``Tensor.register_post_accumulate_grad_hook``: the hook
+        sees the accumulated ``param.grad`` and may use and clear it, e.g. to
+        run an optimiser step inside the backward pass
+        (:meth:`numbapos.optim.SGD.fuse_with_backward` does). While hooks run, a
+        sparse gradient from :class:`~numbapos.nn.Embedding` may be unsummed
+        (``grad.summed`` False), letting an optimiser sum and update in one
+        pass; if the hooks leave it in ``grad``, it is summed before the
+        backward pass returns.
+
+        Returns
+        -------
+        HookHandle
+            ``handle.remove()`` unregisters the hook.
+        """
+        if not callable(hook):
+            raise TypeError(f"hook: expected a callable, got {type(hook).__name__}")
+        handle = HookHandle(self._post_accumulate_grad_hooks)
+        self._post_accumulate_grad_hooks[handle.id] = hook
+        return handle
+
+    @property
+    def has_post_accumulate_grad_hooks(self) -> bool:
+        """Whether any hook is registered (modules then leave sparse sums to the hooks)."""
+        return bool(self._post_accumulate_grad_hooks)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -133,7 +162,7 @@ class Parameter:
         if grad.dtype != self.data.dtype:
             raise TypeError(f"grad: expected dtype {self.data.dtype} (the parameter's), "
                             f"got {grad.dtype}")
-        check_same_device((self.data, grad.values if isinstance(grad, SparseRows) else grad),
+        check_same_device((self.data, grad.indices if isinstance(grad, SparseRows) else grad),
                           ("data", "grad"))
         if self.grad is None:
             self.grad = grad if fresh or isinstance(grad, SparseRows) else _device.copy(grad)
@@ -146,6 +175,10 @@ class Parameter:
             grad.add_to(self.grad)
         else:
             _device.backend(self.grad).add_(self.grad, grad)
+        for hook in list(self._post_accumulate_grad_hooks.values()):
+            hook(self)
+        if isinstance(self.grad, SparseRows) and not self.grad.summed:
+            self.grad.values  # noqa: B018 - sum now: the lookup's gradient may change later
 
     def __repr__(self) -> str:
         frozen = "" if self.requires_grad else ", requires_grad=False"
@@ -154,3 +187,17 @@ class Parameter:
                                  separator=", ", prefix="array(")
         return (f"Parameter containing:\narray({values}, dtype={self.data.dtype}{where}"
                 f"{frozen})")
+
+
+class HookHandle:
+    """Removes a registered hook: ``handle.remove()`` (idempotent)."""
+
+    _next_id = 0
+
+    def __init__(self, hooks: dict):
+        self._hooks = hooks
+        self.id = HookHandle._next_id
+        HookHandle._next_id += 1
+
+    def remove(self) -> None:
+        self._hooks.pop(self.id, None)

@@ -4,7 +4,7 @@ Each area module's ``__all__`` lists its launchers; this namespace re-exports
 them all, and :func:`numbapos._device.backend` returns it for NumPy arrays.
 """
 
-from ..pool import start_pool
+from ..._pool import start_pool
 from . import arrays, blocks, dropout, embedding, normalization, optim, positional
 from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
@@ -18,6 +18,6 @@ AREAS = (arrays, blocks, dropout, embedding, normalization, optim, positional)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 # Load Numba's thread pool with a bounded spin-wait before any parallel kernel runs
-# (see numbapos.kernels.pool): next to other busy processes, spinning threads cost
+# (see numbapos._pool): next to other busy processes, spinning threads cost
 # several-fold.
 start_pool()

@@ -9,10 +9,11 @@ The ``@njit`` bodies below them trust their inputs and never allocate.
 import numpy as np
 from numba import njit, prange
 
+from ..._args import RowGroups
 from .arrays import pick
 
-__all__ = ["gather_rows", "index_bounds", "not_equal_mask", "renorm_used_rows_",
-           "scatter_rows", "scatter_rows_sparse"]
+__all__ = ["gather_rows", "group_rows", "index_bounds", "not_equal_mask", "renorm_used_rows_",
+           "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
 
 NO_PADDING = -1
 
@@ -104,15 +105,30 @@ def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
     left out; ``values[j]`` is the sum for ``rows[j]``, as in :func:`scatter_rows`.
     Time and scratch are O(indices + rows used), independent of ``num_rows``.
     """
-    dim = grad.shape[1]
+    groups = group_rows(flat, padding_idx)
+    values = np.empty((groups.rows.size, grad.shape[1]), dtype=grad.dtype)
+    sum_row_groups(grad, groups, scale_grad_by_freq, values)
+    return groups.rows, values
+
+
+def group_rows(flat, padding_idx):
+    """:class:`~numbapos._args.RowGroups` of ``flat`` (see :func:`group_by_row`)."""
     if flat.size == 0:
-        return np.empty(0, np.int64), np.empty((0, dim), grad.dtype)
-    rows, starts, counts, order = group_by_row(flat, padding_idx)
-    values = np.empty((rows.size, dim), dtype=grad.dtype)
-    if rows.size:
-        dest = np.arange(rows.size, dtype=np.int64)
-        _sum_row_segments(grad, order, starts, counts, dest, bool(scale_grad_by_freq), values)
-    return rows, values
+        empty = np.empty(0, np.int64)
+        return RowGroups(empty, empty, empty, empty)
+    return RowGroups(*group_by_row(flat, padding_idx))
+
+
+def sum_row_groups(grad, groups, scale_grad_by_freq, out):
+    """``out[j] = sum of grad[i]`` over the positions of group ``j``, in input order.
+
+    ``out`` is ``(len(groups.rows), D)``; with ``scale_grad_by_freq`` each term
+    is divided by its group's size. The bits of :func:`scatter_rows`'s rows.
+    """
+    if groups.rows.size:
+        dest = np.arange(groups.rows.size, dtype=np.int64)
+        _sum_row_segments(grad, groups.order, groups.starts, groups.counts, dest,
+                          bool(scale_grad_by_freq), out)
 
 
 def _number_rows(flat):
@@ -279,24 +295,32 @@ def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
     ``scale_grad_by_freq``). The rows named in ``dest`` are overwritten (they
     need no zeroing).
     """
-    dim = grad.shape[1]
-    one = out.dtype.type(1)
     for j in prange(dest.size):
-        target = dest[j]
-        start = starts[j]
-        stop = start + counts[j]
-        scale = one / out.dtype.type(counts[j]) if scale_by_freq else one
-        first = order[start]
-        for d in range(dim):
-            out[target, d] = grad[first, d] * scale if scale_by_freq else grad[first, d]
-        for k in range(start + 1, stop):
-            i = order[k]
-            if scale_by_freq:
-                for d in range(dim):
-                    out[target, d] += grad[i, d] * scale
-            else:
-                for d in range(dim):
-                    out[target, d] += grad[i, d]
+        sum_segment(grad, order, starts[j], counts[j], scale_by_freq, out[dest[j]])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def sum_segment(grad, order, start, count, scale_by_freq, acc):
+    """``acc[:] = sum of grad[order[k]]`` for ``k`` in ``start .. start + count`` (count >= 1).
+
+    In input order, in ``acc``'s dtype; with ``scale_by_freq`` each term is
+    multiplied by ``1 / count`` first. The one definition of a row's gradient
+    sum, shared by the scatter and the fused optimiser updates (same bits).
+    """
+    dim = grad.shape[1]
+    one = acc.dtype.type(1)
+    scale = one / acc.dtype.type(count) if scale_by_freq else one
+    first = order[start]
+    for d in range(dim):
+        acc[d] = grad[first, d] * scale if scale_by_freq else grad[first, d]
+    for k in range(start + 1, start + count):
+        i = order[k]
+        if scale_by_freq:
+            for d in range(dim):
+                acc[d] += grad[i, d] * scale
+        else:
+            for d in range(dim):
+                acc[d] += grad[i, d]
 
 
 @njit(cache=True, nogil=True)

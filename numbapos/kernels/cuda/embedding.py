@@ -24,13 +24,14 @@ import threading
 import numpy as np
 from numba import cuda, float64, int64
 
+from ..._args import RowGroups
 from ..cpu.embedding import group_by_row
 from . import arrays
 from .arrays import THREADS, grid
 from .fpmath import cast_like, mul_rn
 
-__all__ = ["gather_rows", "index_bounds", "not_equal_mask", "renorm_used_rows_",
-           "scatter_rows", "scatter_rows_sparse"]
+__all__ = ["gather_rows", "group_rows", "index_bounds", "not_equal_mask", "renorm_used_rows_",
+           "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
 
 # index_bounds reduces over at most BOUNDS_BLOCKS blocks (a number that depends on
 # the array's size only, never on the GPU): one partial (min, max) pair per block,
@@ -108,16 +109,13 @@ def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
     """Dense gradient of a lookup: ``out[r] = sum of grad[i] where flat[i] == r``.
 
     ``out`` (``(V, D)``) arrives zero-filled; only the rows that indices name
-    (padding left out) are written. Positions are grouped by row with a
-    stable counting sort and each row is summed in input order, so the result
+    (padding left out) are written. Positions are grouped by row with the
+    CPU's stable grouping and each row is summed in input order, so the result
     is bit-identical to the CPU's. With ``scale_grad_by_freq`` each
     contribution is divided by its row's count.
     """
-    if flat.size == 0 or out.shape[1] == 0:
-        return
-    rows, segments = _segments(flat, padding_idx)
-    if rows.size:
-        _sum_segments(grad, segments, rows.size, True, scale_grad_by_freq, out)
+    groups = group_rows(flat, padding_idx)
+    _launch_sum(grad, groups, True, scale_grad_by_freq, out)
 
 
 def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
@@ -126,14 +124,31 @@ def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
     ``rows`` (int64, unique, ascending) are the rows ``flat`` names, padding
     left out; ``values[j]`` is the sum for ``rows[j]``, as in :func:`scatter_rows`.
     """
-    dim = grad.shape[1]
+    groups = group_rows(flat, padding_idx)
+    values = arrays.empty((groups.rows.size, grad.shape[1]), grad.dtype)
+    sum_row_groups(grad, groups, scale_grad_by_freq, values)
+    return groups.rows, values
+
+
+def group_rows(flat, padding_idx):
+    """:class:`~numbapos._args.RowGroups` of ``flat``, as device arrays.
+
+    The grouping runs on the host, on a copy of the indices, with the CPU's
+    O(indices + rows used) :func:`~numbapos.kernels.cpu.embedding.group_by_row`;
+    its four arrays go up in one copy.
+    """
     if flat.size == 0:
-        return arrays.empty((0,), np.int64), arrays.empty((0, dim), grad.dtype)
-    rows, segments = _segments(flat, padding_idx)
-    values = arrays.empty((rows.size, dim), grad.dtype)
-    if rows.size and dim:
-        _sum_segments(grad, segments, rows.size, False, scale_grad_by_freq, values)
-    return arrays.asarray(rows), values
+        empty = arrays.empty((0,), np.int64)
+        return RowGroups(empty, empty, empty, empty)
+    rows, starts, counts, order = group_by_row(flat.copy_to_host(), padding_idx)
+    m = rows.size
+    packed = arrays.asarray(np.concatenate((rows, starts, counts, order)))
+    return RowGroups(packed[:m], packed[m:2 * m], packed[2 * m:3 * m], packed[3 * m:])
+
+
+def sum_row_groups(grad, groups, scale_grad_by_freq, out):
+    """``out[j] = sum of grad[i]`` over the positions of group ``j``, in input order."""
+    _launch_sum(grad, groups, False, scale_grad_by_freq, out)
 
 
 def not_equal_mask(flat, value, out):
@@ -158,25 +173,13 @@ def _tree_threads(dim: int) -> int:
     return threads
 
 
-def _segments(flat, padding_idx):
-    """Host grouping of positions by row (the CPU's :func:`group_by_row`).
-
-    Returns the present rows (host int64, ascending, padding left out) and one
-    device int64 array packing ``[rows | starts | counts | order]``: present row
-    ``j`` sums ``grad[order[k]]`` for ``k`` in ``starts[j] .. starts[j] + counts[j]``.
-    """
-    rows, starts, counts, order = group_by_row(flat.copy_to_host(), padding_idx)
-    packed = np.concatenate((rows, starts, counts, order))
-    return rows, arrays.asarray(packed)
-
-
-def _sum_segments(grad, segments, num_present, dense, scale_grad_by_freq, out):
-    """Launch :func:`_sum_row_segments` on the packed segments of ``num_present`` rows."""
-    m = num_present
-    rows, starts, counts = segments[:m], segments[m:2 * m], segments[2 * m:3 * m]
-    order = segments[3 * m:]
-    _sum_row_segments[grid(m, 1), _row_threads(grad.shape[1])](
-        grad, order, starts, counts, rows, bool(dense), bool(scale_grad_by_freq), out)
+def _launch_sum(grad, groups, dense, scale_grad_by_freq, out):
+    """One block per group sums its positions into ``out`` (row ``rows[j]`` when ``dense``)."""
+    m = groups.rows.size
+    if m and grad.shape[1]:
+        _sum_row_segments[grid(m, 1), _row_threads(grad.shape[1])](
+            grad, groups.order, groups.starts, groups.counts, groups.rows, bool(dense),
+            bool(scale_grad_by_freq), out)
 
 
 # ---------------------------------------------------------------- kernels
@@ -294,22 +297,31 @@ def _sum_row_segments(grad, order, starts, counts, rows, dense, scale_by_freq, o
     """
     dim = grad.shape[1]
     for j in range(cuda.blockIdx.x, counts.size, cuda.gridDim.x):
-        start = starts[j]
-        stop = start + counts[j]
         target = rows[j] if dense else j
-        first = order[start]
-        one = cast_like(1, grad[first, 0])
-        scale = one / cast_like(counts[j], one)
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            if scale_by_freq:
-                acc = mul_rn(grad[first, d], scale)
-                for k in range(start + 1, stop):
-                    acc = acc + mul_rn(grad[order[k], d], scale)
-            else:
-                acc = grad[first, d]
-                for k in range(start + 1, stop):
-                    acc = acc + grad[order[k], d]
-            out[target, d] = acc
+            out[target, d] = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
+
+
+@cuda.jit(device=True)
+def segment_sum(grad, order, start, count, scale_by_freq, d):
+    """Column ``d`` of the sum of ``grad[order[k]]`` over ``k`` in ``start .. start + count``.
+
+    The CPU's ``sum_segment`` for one column: input order, the gradient's
+    dtype, each term times ``1 / count`` (never fused into the add) with
+    ``scale_by_freq``. Shared by the scatter and the fused optimiser updates.
+    """
+    first = order[start]
+    if scale_by_freq:
+        one = cast_like(1, grad[first, 0])
+        scale = one / cast_like(count, one)
+        acc = mul_rn(grad[first, d], scale)
+        for k in range(start + 1, start + count):
+            acc = acc + mul_rn(grad[order[k], d], scale)
+        return acc
+    acc = grad[first, d]
+    for k in range(start + 1, start + count):
+        acc = acc + grad[order[k], d]
+    return acc
 
 
 @cuda.jit

@@ -14,9 +14,10 @@ never does. Every product that feeds an addition goes through
 from numba import cuda
 
 from .arrays import THREADS, grid
+from .embedding import segment_sum
 from .fpmath import mul_rn
 
-__all__ = ["sgd_dense_", "sgd_rows_"]
+__all__ = ["sgd_dense_", "sgd_row_groups_", "sgd_rows_"]
 
 
 # ---------------------------------------------------------------- launchers
@@ -54,6 +55,29 @@ def sgd_rows_(param, rows, values, buf, row_started, hyper):
         # A second launch, so no block can see a flag that another set this step
         # (rows are unique, but the flags are read above and set only here).
         _mark_started[grid(rows.size), THREADS](rows, row_started)
+
+
+def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, hyper):
+    """Lazy SGD fused with the gradient of a lookup: one pass over the rows used.
+
+    One block per row of ``groups`` (:class:`~numbapos._args.RowGroups`); each
+    thread sums its columns over the row's positions (the scatter's
+    ``segment_sum``) and applies the update at once, so the ``(rows, D)``
+    gradient is never stored. Same bits as ``sum_row_groups`` then
+    :func:`sgd_rows_`, and as the CPU.
+    """
+    used = groups.rows.size
+    if used == 0:
+        return
+    lr, momentum, one_minus_dampening, weight_decay, nesterov, maximize = _scalars(param, hyper)
+    dim = param.shape[1]
+    if dim:
+        _sgd_row_groups[grid(used, 1), _row_threads(dim)](
+            param, grad, groups.rows, groups.starts, groups.counts, groups.order,
+            bool(scale_grad_by_freq), buf, row_started, lr, momentum, one_minus_dampening,
+            weight_decay, nesterov, maximize)
+    if momentum != 0:
+        _mark_started[grid(used), THREADS](groups.rows, row_started)
 
 
 def _scalars(param, hyper):
@@ -118,6 +142,25 @@ def _sgd_rows(param, rows, values, buf, row_started, lr, momentum, one_minus_dam
             b = buf[row, d] if use_buf else lr  # unused without momentum
             p, b = _sgd_update(param[row, d], values[j, d], b, first, lr, momentum,
                                one_minus_dampening, weight_decay, nesterov, maximize)
+            param[row, d] = p
+            if use_buf:
+                buf[row, d] = b
+
+
+@cuda.jit
+def _sgd_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, buf, row_started,
+                    lr, momentum, one_minus_dampening, weight_decay, nesterov, maximize):
+    """:func:`_sgd_rows` with each gradient element summed on the spot from its positions."""
+    dim = param.shape[1]
+    use_buf = momentum != 0
+    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+        row = rows[j]
+        first = use_buf and not row_started[row]
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            g = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
+            b = buf[row, d] if use_buf else lr  # unused without momentum
+            p, b = _sgd_update(param[row, d], g, b, first, lr, momentum, one_minus_dampening,
+                               weight_decay, nesterov, maximize)
             param[row, d] = p
             if use_buf:
                 buf[row, d] = b

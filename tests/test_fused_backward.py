@@ -1,0 +1,126 @@
+"""Optimiser in backward: post-accumulate-grad hooks, unsummed sparse gradients, and
+SGD.fuse_with_backward giving the same bits as backward-then-step, on both devices."""
+
+import numpy as np
+import pytest
+from conftest import SGD_CONFIGS, host, on
+
+import numbapos.functional as F
+from numbapos import SparseRows, nn, optim
+
+
+def train(device, fused, config, steps=4, vocab=300, dim=24, batch=(8, 40), **embedding_kw):
+    """Train a sparse Embedding with SGD for ``steps``; the final table (host)."""
+    rng = np.random.default_rng(7)
+    weight = rng.normal(size=(vocab, dim)).astype(np.float32)
+    emb = nn.Embedding(vocab, dim, sparse=True, _weight=weight, device=device, **embedding_kw)
+    opt = optim.SGD(emb.parameters(), lr=0.05, **config)
+    if fused:
+        opt.fuse_with_backward()
+    for _ in range(steps):
+        ids = rng.integers(0, vocab, size=batch)
+        grad = rng.normal(size=batch + (dim,)).astype(np.float32)
+        emb(on(device, ids))
+        emb.backward(on(device, grad))
+        if fused:
+            assert emb.weight.grad is None  # applied and dropped inside backward
+        opt.step()
+        opt.zero_grad()
+    return host(emb.weight.data)
+
+
+@pytest.mark.parametrize("config", SGD_CONFIGS)
+def test_fused_training_is_bit_identical_to_backward_then_step(config):
+    # ~400 rows used x 96 columns: the parallel kernel on the CPU.
+    size = dict(vocab=1000, dim=96, batch=(8, 64))
+    for options in (dict(), dict(padding_idx=3, scale_grad_by_freq=True)):
+        plain = train("cpu", False, config, **size, **options)
+        fused = train("cpu", True, config, **size, **options)
+        assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32))
+
+
+def test_fused_training_on_each_device(device):
+    config = dict(momentum=0.9, nesterov=True, weight_decay=0.01)
+    small = dict(steps=2, vocab=20, dim=5, batch=(2, 3), padding_idx=0)
+    plain = train(device, False, config, **small)
+    np.testing.assert_array_equal(train(device, True, config, **small), plain)
+    np.testing.assert_array_equal(train("cpu", True, config, **small), plain)
+
+
+def test_removing_the_hooks_restores_backward_then_step():
+    emb = nn.Embedding(10, 3, sparse=True, seed=0)
+    opt = optim.SGD(emb.parameters(), lr=0.1)
+    handles = opt.fuse_with_backward()
+    handles.remove()
+    handles.remove()  # idempotent
+    before = emb.weight.data.copy()
+    emb(np.array([1, 2]))
+    emb.backward(np.ones((2, 3), np.float32))
+    assert isinstance(emb.weight.grad, SparseRows) and emb.weight.grad.summed
+    np.testing.assert_array_equal(emb.weight.data, before)
+    opt.step()
+    assert not np.array_equal(emb.weight.data, before)
+
+
+def test_hook_sees_the_accumulated_gradient_and_unused_lazy_sums_are_summed():
+    emb = nn.Embedding(10, 2, sparse=True, seed=0)
+    seen = []
+    handle = emb.weight.register_post_accumulate_grad_hook(
+        lambda p: seen.append((p is emb.weight, p.grad.summed)))
+    ids = np.array([4, 1, 4])
+    grad = np.arange(6, dtype=np.float32).reshape(3, 2)
+    emb(ids)
+    emb.backward(grad)
+    assert seen == [(True, False)]  # unsummed while the hook ran
+    assert emb.weight.grad.summed  # summed before backward returned
+    grad[:] = 100  # so changing the gradient afterwards changes nothing
+    np.testing.assert_array_equal(emb.weight.grad.indices, [1, 4])
+    np.testing.assert_array_equal(emb.weight.grad.values, [[2, 3], [0 + 4, 1 + 5]])
+    handle.remove()
+    emb.zero_grad()
+    emb(ids)
+    emb.backward(grad)
+    assert len(seen) == 1
+
+
+def test_hook_must_be_callable():
+    with pytest.raises(TypeError, match="hook: expected a callable, got int"):
+        nn.Parameter(np.zeros((2, 2), np.float32)).register_post_accumulate_grad_hook(3)
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_lazy_sparse_gradient_equals_eager(rng, scale):
+    ids = rng.integers(0, 50, size=(6, 9))
+    grad = rng.normal(size=(6, 9, 4))
+    eager = F.embedding_backward(grad, ids, 50, 7, scale, sparse=True)
+    lazy = F.embedding_backward(grad, ids, 50, 7, scale, sparse=True, lazy=True)
+    assert not lazy.summed and lazy.shape == eager.shape and lazy.dtype == eager.dtype
+    assert "summed=False" in repr(lazy)
+    np.testing.assert_array_equal(lazy.indices, eager.indices)
+    np.testing.assert_array_equal(lazy.values, eager.values)
+    assert lazy.summed
+
+
+@pytest.mark.parametrize("grad_dtype", [np.float32, np.float64])
+def test_sparse_sgd_of_a_lazy_gradient_equals_summed(rng, grad_dtype):
+    ids = rng.integers(0, 30, size=(5, 7))
+    grad = rng.normal(size=(5, 7, 3)).astype(grad_dtype)
+    param = rng.normal(size=(30, 3)).astype(np.float32)
+    results = []
+    for lazy in (False, True):
+        p, buf, started = param.copy(), np.zeros_like(param), np.zeros(30, np.bool_)
+        for _ in range(2):
+            g = F.embedding_backward(grad, ids, 30, sparse=True, lazy=lazy)
+            F.sparse_sgd_(p, g, buf, started, lr=0.1, momentum=0.9)
+        results.append((p, buf, started))
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_lazy_gradient_rows_are_checked_before_the_update(rng):
+    ids = np.array([[1, 8]])
+    lazy = F.embedding_backward(np.ones((1, 2, 3)), ids, 9, sparse=True, lazy=True)
+    param = np.zeros((5, 3))
+    with pytest.raises(ValueError, match="SparseRows of shape"):
+        F.sparse_sgd_(param, lazy, lr=0.1)
+    assert not param.any()
