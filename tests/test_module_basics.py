@@ -225,3 +225,27 @@ def test_checkpointed_training_resumes_bit_identically(tmp_path, rng):
     for (name, want), got in zip(straight.state_dict().items(), resumed.state_dict().values(),
                                  strict=True):
         np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_checkpointed_training_with_momentum_resumes_bit_identically(rng):
+    # Needs SGD.state_dict() / load_state_dict() (momentum buffers); skips until they exist.
+    if not hasattr(optim.SGD, "state_dict"):
+        pytest.skip("SGD has no state_dict() in this build")
+    import copy
+
+    batches = [rng.integers(0, 13, (3, 6)) for _ in range(10)]
+    straight = Head(seed=3)
+    _train(straight, optim.SGD(straight.parameters(), lr=0.05, momentum=0.9), batches, 0, 10)
+    first = Head(seed=3)
+    opt = optim.SGD(first.parameters(), lr=0.05, momentum=0.9)
+    _train(first, opt, batches, 0, 5)
+    model_state = {k: v.copy() for k, v in first.state_dict().items()}
+    opt_state = copy.deepcopy(opt.state_dict())
+    resumed = Head(seed=11)
+    resumed.load_state_dict(model_state)
+    resumed_opt = optim.SGD(resumed.parameters(), lr=0.05, momentum=0.9)
+    resumed_opt.load_state_dict(opt_state)
+    _train(resumed, resumed_opt, batches, 5, 10)
+    for (name, want), got in zip(straight.state_dict().items(), resumed.state_dict().values(),
+                                 strict=True):
+        np.testing.assert_array_equal(got, want, err_msg=name)

@@ -48,6 +48,7 @@ class Parameter:
         self.requires_grad = bool(requires_grad)
         self.grad = None
         self._version = 0
+        self._post_accumulate_grad_hooks: dict[int, object] = {}
 
     @property
     def version(self) -> int:
@@ -83,7 +84,6 @@ class Parameter:
         elif self.grad is not None:
             self.grad = _device.to_device(_device.to_host(self.grad).astype(dtype), device)
         self.bump_version()
-        self._post_accumulate_grad_hooks: dict[int, object] = {}
 
     def register_post_accumulate_grad_hook(self, hook) -> HookHandle:
         """Call ``hook(param)`` each time a backward pass has accumulated into ``grad``.
