@@ -7,7 +7,8 @@ functional
 nn
     Layers with parameters (``Embedding``, ...) and the ``Module`` base.
 optim
-    ``SGD`` for dense and row-sparse gradients.
+    ``SGD``, ``Adam``/``AdamW``, ``Adagrad``, ``RowWiseAdagrad`` for dense and
+    row-sparse gradients, checkpointable with ``state_dict``.
 io
     ``save_state`` / ``load_state`` for safetensors files (needs the ``io`` extra).
 

@@ -126,3 +126,50 @@ def chunk_rows(num_rows: int) -> int:
 def num_chunks(num_rows: int) -> int:
     """How many chunks :func:`chunk_rows` cuts ``num_rows`` rows into (at least 1)."""
     return max(1, -(-num_rows // chunk_rows(num_rows)))
+
+
+class AdamHyper(NamedTuple):
+    """Adam's scalars for one step of one parameter, floats already cast to its dtype.
+
+    ``neg_step_size`` is ``-lr / (1 - beta1**step)`` for a dense step and
+    ``-lr * sqrt(1 - beta2**step) / (1 - beta1**step)`` for a sparse one
+    (``torch.optim.SparseAdam``); ``decay`` is ``1 - lr * weight_decay``
+    (AdamW's decoupled decay).
+    """
+
+    one_minus_beta1: object
+    beta2: object
+    one_minus_beta2: object
+    eps: object
+    weight_decay: object
+    decay: object
+    neg_step_size: object
+    bias_correction2_sqrt: object
+    decoupled: bool
+    amsgrad: bool
+    maximize: bool
+
+
+class AdagradHyper(NamedTuple):
+    """Adagrad's scalars for one step, cast to the parameter's dtype.
+
+    ``neg_clr`` is ``-lr / (1 + (step - 1) * lr_decay)``.
+    """
+
+    neg_clr: object
+    weight_decay: object
+    eps: object
+    maximize: bool
+
+
+# RowWiseAdagrad's weight decay modes, FBGEMM's WeightDecayMode numbers.
+WEIGHT_DECAY_MODES = {"none": 0, "l2": 1, "decoupled": 2}
+
+
+class RowWiseAdagradHyper(NamedTuple):
+    """Row-wise Adagrad's scalars in the parameter's dtype; ``mode`` from WEIGHT_DECAY_MODES."""
+
+    lr: object
+    eps: object
+    weight_decay: object
+    mode: int

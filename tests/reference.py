@@ -67,6 +67,61 @@ def sgd_step(param, grad, buf, lr, momentum=0.0, dampening=0.0, weight_decay=0.0
     return param - lr * g, buf
 
 
+def adam_step(param, grad, state, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+              weight_decay=0.0, amsgrad=False, maximize=False, decoupled=False, rows=None):
+    """One Adam step in float64: torch.optim.Adam dense, torch.optim.SparseAdam on ``rows``.
+
+    ``state`` is a dict of float64 arrays ``m``, ``v`` (and ``vmax``), updated
+    in place; ``grad`` holds the rows of ``rows`` (None: a dense step). Lazy
+    weight decay applies to the listed rows only. Returns the new param.
+    """
+    param = param.copy()
+    sel = slice(None) if rows is None else np.asarray(rows)
+    p, g = param[sel], -grad if maximize else grad
+    if weight_decay and decoupled:
+        p = p * (1 - lr * weight_decay)
+    elif weight_decay:
+        g = g + weight_decay * p
+    beta1, beta2 = betas
+    m = state["m"][sel] * beta1 + (1 - beta1) * g
+    v = state["v"][sel] * beta2 + (1 - beta2) * g * g
+    state["m"][sel], state["v"][sel] = m, v
+    bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
+    if rows is not None:  # SparseAdam: eps after the bias correction
+        param[sel] = p - lr * np.sqrt(bc2) / bc1 * m / (np.sqrt(v) + eps)
+        return param
+    if amsgrad:
+        state["vmax"] = v = np.maximum(state["vmax"], v)
+    param[sel] = p - lr / bc1 * m / (np.sqrt(v) / np.sqrt(bc2) + eps)
+    return param
+
+
+def rowwise_adagrad_step(param, grad, state_sum, lr=1e-2, eps=1e-8, weight_decay=0.0,
+                         weight_decay_mode="none", rows=None):
+    """FBGEMM's exact row-wise Adagrad (EXACT_ROWWISE_ADAGRAD, its CPU update) in NumPy.
+
+    ``param`` is (V, D); ``grad`` holds the gradient rows of ``rows`` (every
+    row when None). Returns new (param, state_sum); arithmetic in the arrays'
+    dtype, the row sum taken in order as FBGEMM's loop does.
+    """
+    param, state_sum = param.copy(), state_sum.copy()
+    rows = range(param.shape[0]) if rows is None else rows
+    one = param.dtype.type(1)
+    lr, eps, wd = (param.dtype.type(x) for x in (lr, eps, weight_decay))
+    for j, r in enumerate(rows):
+        g = grad[j]
+        h = g + wd * param[r] if weight_decay_mode == "l2" else g
+        square_sum = param.dtype.type(0)
+        for value in h:
+            square_sum += value * value
+        state_sum[r] += square_sum / param.dtype.type(param.shape[1])
+        multiplier = lr / (np.sqrt(state_sum[r]) + eps)
+        correction = {"l2": one - multiplier * wd, "decoupled": one - lr * wd}.get(
+            weight_decay_mode, one)
+        param[r] = correction * param[r] - multiplier * g
+    return param, state_sum
+
+
 # ----------------------------------------------------------------- dropout
 
 _MASK64 = (1 << 64) - 1

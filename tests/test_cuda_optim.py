@@ -1,4 +1,4 @@
-"""CUDA SGD launchers: bit-identical to the CPU launchers and to a NumPy oracle.
+"""CUDA optimiser launchers: bit-identical to the CPU launchers and to NumPy oracles.
 
 Runs on Numba's CUDA simulator where no GPU is present (conftest sets
 NUMBA_ENABLE_CUDASIM=1). On a real GPU the kernels' products are compiled
@@ -181,3 +181,137 @@ def test_sgd_row_groups_equals_sum_then_sgd_rows_on_both_devices(rng, dtype, con
         for a, b in zip(got, states["two_pass"], strict=True):
             np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(states["two_pass"][0][[0, 3, 4, 6]], param[[0, 3, 4, 6]])
+# ---------------------------------------------------------------- Adam, Adagrad, row-wise Adagrad
+
+ADAM_CONFIGS = [
+    dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False,
+         decoupled_weight_decay=False),
+    dict(lr=0.05, betas=(0.3, 0.8), eps=1e-6, weight_decay=0.1, maximize=True,
+         decoupled_weight_decay=False),
+    dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.2, maximize=False,
+         decoupled_weight_decay=True),
+]
+
+
+def _rows_steps(rng, num, dim, dtype):
+    for rows in STEPS:
+        rows = np.array(rows, np.int64)
+        yield rows, rng.normal(size=(rows.size, dim)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("config", ADAM_CONFIGS)
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_adam_dense_bit_identical(rng, dtype, config, amsgrad):
+    from numbapos.functional.optim import _adam_hyper
+
+    n = 150
+    host_arrays = [rng.normal(size=n).astype(dtype), np.zeros(n, dtype), np.zeros(n, dtype),
+                   np.zeros(n if amsgrad else 0, dtype)]
+    device_arrays = [dev(a) for a in host_arrays]
+    for step in range(1, 4):
+        h = _adam_hyper(dtype, step, amsgrad=amsgrad, **config)
+        grad = rng.normal(size=n).astype(dtype)
+        cpu.adam_dense_(host_arrays[0], grad, *host_arrays[1:], h)
+        gpu.adam_dense_(device_arrays[0], dev(grad), *device_arrays[1:], h)
+        for a, d in zip(host_arrays, device_arrays, strict=True):
+            np.testing.assert_array_equal(d.copy_to_host(), a)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("config", ADAM_CONFIGS)
+@pytest.mark.parametrize("dim", [3, 130])
+def test_adam_rows_bit_identical(rng, dtype, config, dim):
+    from numbapos.functional.optim import _adam_hyper
+
+    num = 6
+    host_arrays = [rng.normal(size=(num, dim)).astype(dtype), np.zeros((num, dim), dtype),
+                   np.zeros((num, dim), dtype)]
+    start = host_arrays[0].copy()
+    device_arrays = [dev(a) for a in host_arrays]
+    for step, (rows, values) in enumerate(_rows_steps(rng, num, dim, dtype), start=1):
+        h = _adam_hyper(dtype, step, sparse=True, **config)
+        cpu.adam_rows_(host_arrays[0], rows, values, *host_arrays[1:], h)
+        gpu.adam_rows_(device_arrays[0], dev(rows), dev(values), *device_arrays[1:], h)
+        for a, d in zip(host_arrays, device_arrays, strict=True):
+            np.testing.assert_array_equal(d.copy_to_host(), a)
+    np.testing.assert_array_equal(host_arrays[0][4], start[4])  # row 4 is never listed
+
+
+ADAGRAD_CONFIGS = [dict(lr=0.1, lr_decay=0.0, weight_decay=0.0, eps=1e-10, maximize=False),
+                   dict(lr=0.1, lr_decay=0.1, weight_decay=0.3, eps=1e-3, maximize=True)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("config", ADAGRAD_CONFIGS)
+def test_adagrad_dense_and_rows_bit_identical(rng, dtype, config):
+    from numbapos.functional.optim import _adagrad_hyper
+
+    num, dim = 6, 130
+    param, state = rng.normal(size=(num, dim)).astype(dtype), np.full((num, dim), 0.1, dtype)
+    param_d, state_d = dev(param), dev(state)
+    for step, (rows, values) in enumerate(_rows_steps(rng, num, dim, dtype), start=1):
+        h = _adagrad_hyper(dtype, step, **config)
+        if step % 2:  # dense and sparse steps in turn
+            grad = rng.normal(size=num * dim).astype(dtype)
+            cpu.adagrad_dense_(param.reshape(-1), grad, state.reshape(-1), h)
+            gpu.adagrad_dense_(param_d.reshape(num * dim), dev(grad), state_d.reshape(num * dim),
+                               h)
+        else:
+            cpu.adagrad_rows_(param, rows, values, state, h)
+            gpu.adagrad_rows_(param_d, dev(rows), dev(values), state_d, h)
+        np.testing.assert_array_equal(param_d.copy_to_host(), param)
+        np.testing.assert_array_equal(state_d.copy_to_host(), state)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("mode", ["none", "l2", "decoupled"])
+@pytest.mark.parametrize("dim", [1, 37])
+def test_rowwise_adagrad_bit_identical_and_matches_reference(rng, dtype, mode, dim):
+    import reference as ref
+
+    from numbapos.functional.optim import _rowwise_hyper
+
+    num = 6
+    options = dict(lr=0.1, eps=1e-8, weight_decay=0.0 if mode == "none" else 0.2,
+                   weight_decay_mode=mode)
+    h = _rowwise_hyper(dtype, **options)
+    param, state = rng.normal(size=(num, dim)).astype(dtype), np.zeros(num, dtype)
+    param_d, state_d = dev(param), dev(state)
+    expected, acc = param.copy(), state.copy()
+    for step, (rows, values) in enumerate(_rows_steps(rng, num, dim, dtype)):
+        if step % 2:
+            grad = rng.normal(size=(num, dim)).astype(dtype)
+            cpu.rowwise_adagrad_dense_(param, grad, state, h)
+            gpu.rowwise_adagrad_dense_(param_d, dev(grad), state_d, h)
+            expected, acc = ref.rowwise_adagrad_step(expected, grad, acc, **options)
+        else:
+            cpu.rowwise_adagrad_rows_(param, rows, values, state, h)
+            gpu.rowwise_adagrad_rows_(param_d, dev(rows), dev(values), state_d, h)
+            expected, acc = ref.rowwise_adagrad_step(expected, values, acc, rows=rows,
+                                                     **options)
+        np.testing.assert_array_equal(param_d.copy_to_host(), param)
+        np.testing.assert_array_equal(state_d.copy_to_host(), state)
+    np.testing.assert_array_equal(param, expected)
+    np.testing.assert_array_equal(state, acc)
+
+
+def test_new_launchers_with_nothing_to_do_are_no_ops():
+    from numbapos.functional.optim import _adagrad_hyper, _adam_hyper, _rowwise_hyper
+
+    f32 = np.float32
+    param_d = dev(np.ones((3, 2), f32))
+    no_rows, no_values = dev(np.zeros(0, np.int64)), dev(np.zeros((0, 2), f32))
+    state = dev(np.zeros((3, 2), f32))
+    gpu.adam_rows_(param_d, no_rows, no_values, state, state, _adam_hyper(
+        f32, 1, 0.1, (0.9, 0.99), 1e-8, 0.0, False, False, sparse=True))
+    gpu.adagrad_rows_(param_d, no_rows, no_values, state, _adagrad_hyper(
+        f32, 1, 0.1, 0.0, 0.0, 1e-10, False))
+    gpu.rowwise_adagrad_rows_(param_d, no_rows, no_values, dev(np.zeros(3, f32)),
+                              _rowwise_hyper(f32, 0.1, 1e-8, 0.0, "none"))
+    empty = dev(np.zeros(0, f32))
+    gpu.adam_dense_(empty, empty, empty, empty, empty, _adam_hyper(
+        f32, 1, 0.1, (0.9, 0.99), 1e-8, 0.0, False, False))
+    gpu.rowwise_adagrad_dense_(dev(np.zeros((0, 2), f32)), dev(np.zeros((0, 2), f32)),
+                               dev(np.zeros(0, f32)), _rowwise_hyper(f32, 0.1, 1e-8, 0.0, "none"))
+    np.testing.assert_array_equal(param_d.copy_to_host(), 1.0)

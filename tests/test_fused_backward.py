@@ -47,6 +47,34 @@ def test_fused_training_on_each_device(device):
     np.testing.assert_array_equal(train("cpu", True, config, **small), plain)
 
 
+@pytest.mark.parametrize("make", [
+    lambda params: optim.Adam(params, lr=0.01),
+    lambda params: optim.AdamW(params, lr=0.01),
+    lambda params: optim.Adagrad(params, lr=0.1, lr_decay=0.01),
+    lambda params: optim.RowWiseAdagrad(params, lr=0.1),
+])
+def test_every_optimiser_can_run_in_backward(make):
+    # The other optimisers sum the gradient first, then update: same bits as step().
+    rng = np.random.default_rng(3)
+    weight = rng.normal(size=(40, 6)).astype(np.float32)
+    batches = [(rng.integers(0, 40, size=(3, 5)), rng.normal(size=(3, 5, 6)).astype(np.float32))
+               for _ in range(3)]
+    tables = []
+    for fused in (False, True):
+        emb = nn.Embedding(40, 6, sparse=True, _weight=weight.copy())
+        opt = make(emb.parameters())
+        if fused:
+            opt.fuse_with_backward()
+        for ids, grad in batches:
+            emb(ids)
+            emb.backward(grad)
+            opt.step()
+            opt.zero_grad()
+        tables.append(emb.weight.data)
+    np.testing.assert_array_equal(tables[0], tables[1])
+    assert not np.array_equal(tables[0], weight)
+
+
 def test_removing_the_hooks_restores_backward_then_step():
     emb = nn.Embedding(10, 3, sparse=True, seed=0)
     opt = optim.SGD(emb.parameters(), lr=0.1)

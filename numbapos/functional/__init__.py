@@ -21,7 +21,16 @@ from .blocks import (
 from .dropout import dropout, dropout_backward, dropout_mask
 from .embedding import embedding, embedding_backward, embedding_renorm_, padding_mask
 from .normalization import layer_norm, layer_norm_backward, layer_norm_forward
-from .optim import sgd_, sparse_sgd_
+from .optim import (
+    adagrad_,
+    adam_,
+    rowwise_adagrad_,
+    sgd_,
+    sparse_adagrad_,
+    sparse_adam_,
+    sparse_rowwise_adagrad_,
+    sparse_sgd_,
+)
 from .positional import (
     add_positional,
     add_positional_backward,
@@ -35,6 +44,8 @@ __all__ = [
     "BertEmbeddingsGrads",
     "GPT2EmbeddingsGrads",
     "TableOptions",
+    "adagrad_",
+    "adam_",
     "add_positional",
     "add_positional_backward",
     "bert_embeddings",
@@ -56,7 +67,11 @@ __all__ = [
     "positional_mult_add_backward",
     "positions_from_attention_mask",
     "positions_from_padding",
+    "rowwise_adagrad_",
     "sgd_",
     "sinusoidal_pos_embedding",
+    "sparse_adagrad_",
+    "sparse_adam_",
+    "sparse_rowwise_adagrad_",
     "sparse_sgd_",
 ]

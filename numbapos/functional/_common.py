@@ -6,6 +6,42 @@ import numpy as np
 
 from .. import _checks, _device
 
+# Small calls (at most this many output elements) on plain NumPy arrays take a fast
+# path: one serial kernel call that range-checks while it gathers. Anything unusual
+# (other types or dtypes, options, bad indices) goes the full way, which also
+# writes the error messages.
+SMALL_WORK = 1 << 15
+INDEX_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def small_lookup(indices, table):
+    """``table[indices]`` by the fast path, or None where the full path must run.
+
+    None unless ``indices`` and ``table`` are plain NumPy arrays of the
+    kernels' dtypes (C-contiguous indices, a 2-D table), the result has at
+    most SMALL_WORK elements and every index is in range (the full path then
+    names the bad one).
+    """
+    if (type(indices) is not np.ndarray or type(table) is not np.ndarray
+            or indices.dtype not in INDEX_DTYPES or table.dtype not in FLOAT_DTYPES
+            or table.ndim != 2 or indices.size * table.shape[1] > SMALL_WORK
+            or not indices.flags.c_contiguous):
+        return None
+    result = np.empty(indices.shape + (table.shape[1],), table.dtype)
+    K = _cpu or cpu_kernels()
+    return result if K.gather_rows_checked(indices, table, result) < 0 else None
+
+
+_cpu = None  # the CPU kernel namespace, once loaded: small calls count every lookup
+
+
+def cpu_kernels():
+    """The CPU kernel namespace (imported on first use)."""
+    global _cpu
+    _cpu = _device.kernels_for("cpu")
+    return _cpu
+
 
 def backend_for(arrays, names):
     """The kernel namespace for the data arrays (all on one device, else TypeError)."""

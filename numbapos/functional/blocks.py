@@ -22,7 +22,16 @@ import numpy as np
 
 from .. import _checks, _device
 from .._args import BertIds, BertTables, DropoutArgs
-from ._common import backend_for, check_range, flatten, on_backend
+from ._common import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    SMALL_WORK,
+    backend_for,
+    check_range,
+    cpu_kernels,
+    flatten,
+    on_backend,
+)
 from .embedding import _scatter
 
 # Token-type tables up to this many rows get their gradient summed inside the
@@ -566,6 +575,11 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
     IndexError
         An id or explicit position outside its table, named with the range.
     """
+    if (out is None and position_ids is None and attention_mask is None
+            and table_options is None and (p == 0 or not training)):
+        y = _small_gpt2(input_ids, wte, wpe, past_length)
+        if y is not None:
+            return y
     wte, wpe = _check_tables((wte, wpe), _GPT2_NAMES)
     K = backend_for((wte, wpe, out), _GPT2_NAMES + ("out",))
     drop = _check_dropout(p, seed, training, counter)
@@ -578,6 +592,32 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
     K.gpt2_forward(ids, pos, K.contiguous(wte), K.contiguous(wpe), drop,
                    y.reshape(ids.size, dim))
     return y
+
+
+def _small_gpt2(input_ids, wte, wpe, past_length):
+    """A small no-dropout GPT-2 forward on NumPy arrays in one kernel call, or None.
+
+    Generation feeds one token at a time; this path skips everything such a
+    call does not need. None (the full path then runs, and raises where it
+    should) for anything else: other types or dtypes, large inputs, positions
+    past ``wpe``, an id out of range.
+    """
+    if (type(input_ids) is not np.ndarray or type(wte) is not np.ndarray
+            or type(wpe) is not np.ndarray or type(past_length) is not int
+            or input_ids.dtype not in INDEX_DTYPES or wte.dtype not in FLOAT_DTYPES
+            or wpe.dtype != wte.dtype or wte.ndim != 2 or wpe.ndim != 2
+            or wte.shape[1] != wpe.shape[1] or input_ids.ndim not in (1, 2)
+            or not input_ids.flags.c_contiguous or past_length < 0):
+        return None
+    length = input_ids.shape[-1]
+    dim = wte.shape[1]
+    if past_length + length > wpe.shape[0] or input_ids.size * dim > SMALL_WORK:
+        return None
+    y = np.empty(input_ids.shape + (dim,), wte.dtype)
+    K = cpu_kernels()
+    bad = K.gpt2_forward_checked(input_ids.reshape(input_ids.size), past_length, max(length, 1),
+                                 wte, wpe, y.reshape(input_ids.size, dim))
+    return y if bad < 0 else None
 
 
 def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *, past_length=0,

@@ -6,9 +6,10 @@ import numpy as np
 
 from .. import _checks
 from ..sparse import SparseRows
-from ._common import backend_for, check_range, flatten, on_backend
+from ._common import backend_for, check_range, flatten, on_backend, small_lookup
 
 _RENORM_WRITES = "max_norm clips the rows it looks up in place"
+
 
 
 def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
@@ -98,6 +99,10 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
         An index outside ``[0, V)``, named in the message. Nothing has been
         modified when any error is raised.
     """
+    if out is None and max_norm is None and padding_idx is None:
+        result = small_lookup(indices, weight)
+        if result is not None:
+            return result
     weight = _checks.check_weight(weight)
     K = backend_for((weight, out), ("weight", "out"))
     indices = on_backend(K, indices)

@@ -1,45 +1,134 @@
-"""Optimiser updates as in-place ops: SGD on a dense gradient or on listed rows.
+"""Optimiser updates as in-place ops: SGD, Adam/AdamW, Adagrad, row-wise Adagrad.
 
-:class:`numbapos.optim.SGD` keeps the state (momentum buffers, which rows have
-started) and calls these; they validate, then run the update kernels of the
-device the parameter lives on.
+Each optimiser has a dense op (every element) and a sparse one that updates
+only the rows a :class:`~numbapos.sparse.SparseRows` gradient lists.
+:mod:`numbapos.optim` keeps the state (momentum buffers, moments, sums, step
+counts) and calls these; they validate, then run the update kernels of the
+device the parameter lives on. The ``check_*_options`` helpers validate the
+options both here and when an optimiser is built.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import _checks, _device
-from .._args import SGDHyper
+from .._args import (
+    WEIGHT_DECAY_MODES,
+    AdagradHyper,
+    AdamHyper,
+    RowWiseAdagradHyper,
+    SGDHyper,
+)
 from ..sparse import SparseRows
 from ._common import backend_for
 
+# ---------------------------------------------------------------- shared checks
 
-def _hyper(dtype, lr, momentum, dampening, weight_decay, nesterov, maximize) -> SGDHyper:
-    values = {}
-    for name, value in (("lr", lr), ("momentum", momentum), ("dampening", dampening),
-                        ("weight_decay", weight_decay)):
-        value = _checks.check_real(value, name)
+
+def _non_negative(options: dict, names) -> dict:
+    """``options`` with each of ``names`` checked to be a finite real >= 0 (as a float)."""
+    checked = dict(options)
+    for name in names:
+        value = _checks.check_real(checked[name], name)
         if value < 0 or np.isinf(value):
             raise ValueError(f"{name}: expected a finite number >= 0, got {value}")
-        values[name] = value
-    if nesterov and (values["momentum"] <= 0 or values["dampening"] != 0):
+        checked[name] = value
+    return checked
+
+
+def _dense_args(param, grad, states, names):
+    """Checked ``(K, param, grad, states)`` of an elementwise update.
+
+    Every state array has the parameter's shape and dtype, is C-contiguous and
+    shares no memory with the parameter or the gradient.
+    """
+    param = _checks.check_update_target(param)
+    grad = _checks.check_float_array(grad, "grad")
+    _checks.check_same_shape(grad, param.shape, "grad", "the parameter's shape")
+    K = backend_for((param, grad, *states), ("param", "grad", *names))
+    return K, param, grad, _same_as_param(states, names, param, avoid=(grad,))
+
+
+def _run_flat(K, param, grad, states, launch):
+    """``launch(param, grad, *states)`` on flat views (a strided NumPy param copied in, out)."""
+    if param.size == 0:
+        return param
+    contiguous = _device.is_c_contiguous(param)
+    flat = K.contiguous(param).reshape(param.size)  # a copy only for a strided NumPy param
+    launch(flat, K.contiguous(grad, param.dtype).reshape(param.size),
+           *[s.reshape(s.size) for s in states])
+    if not contiguous:
+        np.copyto(param, flat.reshape(param.shape))
+    return param
+
+
+def _sparse_args(param, grad, states, names, fuse=False):
+    """Checked ``(K, param, rows, values)`` of an update of the rows ``grad`` lists.
+
+    ``rows`` (int64) and ``values`` (the parameter's dtype) come back
+    C-contiguous on the parameter's device; ``states`` (None entries skipped)
+    are only checked to live there too (callers check their shapes). With
+    ``fuse``, an unsummed gradient (``embedding_backward(..., lazy=True)``) of
+    the parameter's dtype stays unsummed for a fused update: ``values`` is
+    then None and ``rows`` is its ``(groups, grad, scale_grad_by_freq)``.
+    """
+    param = _checks.check_update_target(param)
+    if not isinstance(grad, SparseRows):
+        raise TypeError(f"grad: expected a SparseRows, got {type(grad).__name__}")
+    unsummed = grad._take_unsummed() if fuse else None
+    if unsummed is not None and unsummed[1].dtype != param.dtype:
+        unsummed = None  # sum first, then cast, as a summed gradient would be
+    rows, values = _checks.check_sparse_grad(grad, param, summed=unsummed is None)
+    source = values if unsummed is None else unsummed[1]
+    K = backend_for((param, source, *states), ("param", "grad.values", *names))
+    if not _device.is_c_contiguous(param) and K.DEVICE == "cuda":
+        raise ValueError("param: expected a C-contiguous CUDA array")
+    if unsummed is not None:
+        return K, param, unsummed, None
+    if _device.device_of(rows) != K.DEVICE:
+        rows = K.asarray(rows) if K.DEVICE == "cuda" else _device.to_host(rows)
+    return K, param, K.contiguous(rows, np.int64), K.contiguous(values, param.dtype)
+
+
+def _same_as_param(states, names, param, avoid=()):
+    """Each state checked to have ``param``'s shape and dtype (C-contiguous, not aliased)."""
+    return [_checks.check_out(s, tuple(param.shape), param.dtype, n, avoid=(param, *avoid))
+            for s, n in zip(states, names, strict=True)]
+
+
+# ---------------------------------------------------------------- SGD
+
+
+def check_sgd_options(options: dict) -> dict:
+    """SGD's options checked: ``lr``, ``momentum``, ``dampening``, ``weight_decay`` >= 0."""
+    checked = _non_negative(options, ("lr", "momentum", "dampening", "weight_decay"))
+    checked["nesterov"] = bool(checked["nesterov"])
+    checked["maximize"] = bool(checked["maximize"])
+    if checked["nesterov"] and (checked["momentum"] <= 0 or checked["dampening"] != 0):
         raise ValueError("nesterov: requires momentum > 0 and dampening == 0, got "
-                         f"momentum={values['momentum']}, dampening={values['dampening']}")
+                         f"momentum={checked['momentum']}, dampening={checked['dampening']}")
+    return checked
+
+
+def _sgd_hyper(dtype, lr, momentum, dampening, weight_decay, nesterov, maximize) -> SGDHyper:
+    v = check_sgd_options(dict(lr=lr, momentum=momentum, dampening=dampening,
+                               weight_decay=weight_decay, nesterov=nesterov, maximize=maximize))
     cast = np.dtype(dtype).type
-    return SGDHyper(cast(values["lr"]), cast(values["momentum"]),
-                    cast(1.0 - values["dampening"]), cast(values["weight_decay"]),
-                    bool(nesterov), bool(maximize))
+    return SGDHyper(cast(v["lr"]), cast(v["momentum"]), cast(1.0 - v["dampening"]),
+                    cast(v["weight_decay"]), v["nesterov"], v["maximize"])
 
 
-def _check_buffer(buf, param, momentum, name="momentum_buffer"):
-    """The momentum buffer: required (param's shape and dtype, C-contiguous) iff momentum."""
+def _momentum_buffer(buf, momentum):
+    """``[buf]`` when momentum is on (then required), else ``[]``."""
     if momentum == 0:
-        return None
+        return []
     if buf is None:
-        raise ValueError(f"{name}: required when momentum != 0 (an array of the parameter's "
-                         "shape and dtype, zeros before the first step)")
-    return _checks.check_out(buf, tuple(param.shape), param.dtype, name, avoid=(param,))
+        raise ValueError("momentum_buffer: required when momentum != 0 (an array of the "
+                         "parameter's shape and dtype, zeros before the first step)")
+    return [buf]
 
 
 def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
@@ -72,22 +161,13 @@ def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
     TypeError, ValueError
         A non-float, read-only or mismatched array, a bad option.
     """
-    param = _checks.check_update_target(param)
-    grad = _checks.check_float_array(grad, "grad")
-    _checks.check_same_shape(grad, param.shape, "grad", "the parameter's shape")
-    K = backend_for((param, grad, momentum_buffer), ("param", "grad", "momentum_buffer"))
-    hyper = _hyper(param.dtype, lr, momentum, dampening, weight_decay, nesterov, maximize)
-    buf = _check_buffer(momentum_buffer, param, hyper.momentum)
-    if param.size == 0:
-        return param
-    contiguous = _device.is_c_contiguous(param)
-    flat = K.contiguous(param).reshape(param.size)  # a copy only for a strided NumPy param
-    no_buffer = K.empty((0,), param.dtype)
-    K.sgd_dense_(flat, K.contiguous(grad, param.dtype).reshape(param.size),
-                 no_buffer if buf is None else buf.reshape(param.size), bool(first_step), hyper)
-    if not contiguous:
-        np.copyto(param, flat.reshape(param.shape))
-    return param
+    hyper = _sgd_hyper(_checks.check_update_target(param).dtype, lr, momentum, dampening,
+                       weight_decay, nesterov, maximize)
+    bufs = _momentum_buffer(momentum_buffer, hyper.momentum)
+    K, param, grad, bufs = _dense_args(param, grad, bufs, ["momentum_buffer"][:len(bufs)])
+    no_buffer = K.empty((0,), param.dtype)  # the kernel's buffer when there is none to pass
+    return _run_flat(K, param, grad, bufs, lambda p, g, b=no_buffer: K.sgd_dense_(
+        p, g, b, bool(first_step), hyper))
 
 
 def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, momentum=0.0,
@@ -104,9 +184,6 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
         Updated in place.
     grad : SparseRows
         Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype.
-        An unsummed one (``embedding_backward(..., lazy=True)``) of
-        ``param``'s dtype is summed row by row inside the update: one pass
-        over the rows used, same result.
     momentum_buffer : ndarray, shape (V, D), optional
         Needed when ``momentum != 0``; C-contiguous, ``param``'s dtype.
     row_started : ndarray of bool, shape (V,), optional
@@ -119,36 +196,378 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
     ndarray
         ``param``.
     """
-    param = _checks.check_update_target(param)
-    if not isinstance(grad, SparseRows):
-        raise TypeError(f"grad: expected a SparseRows, got {type(grad).__name__}")
-    unsummed = grad._take_unsummed()
-    if unsummed is not None and unsummed[1].dtype != param.dtype:
-        unsummed = None  # sum first, then cast, as a summed gradient would be
-    rows, values = _checks.check_sparse_grad(grad, param, summed=unsummed is None)
-    K = backend_for((param, values if unsummed is None else unsummed[1], momentum_buffer,
-                     row_started),
-                    ("param", "grad.values", "momentum_buffer", "row_started"))
-    if not _device.is_c_contiguous(param) and K.DEVICE == "cuda":
-        raise ValueError("param: expected a C-contiguous CUDA array")
-    hyper = _hyper(param.dtype, lr, momentum, dampening, weight_decay, nesterov, maximize)
-    buf = _check_buffer(momentum_buffer, param, hyper.momentum)
-    if buf is None:
-        started = K.empty((0,), np.bool_)
-    else:
+    hyper = _sgd_hyper(_checks.check_update_target(param).dtype, lr, momentum, dampening,
+                       weight_decay, nesterov, maximize)
+    bufs = _momentum_buffer(momentum_buffer, hyper.momentum)
+    K, param, rows, values = _sparse_args(param, grad, (momentum_buffer, row_started),
+                                          ("momentum_buffer", "row_started"), fuse=True)
+    if bufs:
+        bufs = _same_as_param(bufs, ["momentum_buffer"], param)
         if row_started is None:
             raise ValueError("row_started: required when momentum != 0 (a bool array with "
                              "one flag per row)")
         started = _checks.check_out(row_started, (param.shape[0],), np.dtype(np.bool_),
-                                    "row_started", avoid=(param, buf))
-    no_buffer = K.empty((0, 0), param.dtype)
-    if unsummed is not None:
-        groups, grad2d, scale = unsummed
-        K.sgd_row_groups_(param, grad2d, groups, scale, no_buffer if buf is None else buf,
-                          started, hyper)
+                                    "row_started", avoid=(param, bufs[0]))
+    else:
+        bufs, started = [K.empty((0, 0), param.dtype)], K.empty((0,), np.bool_)
+    if values is None:  # unsummed: each row's sum is made inside the update
+        groups, grad_rows, scale_grad_by_freq = rows
+        K.sgd_row_groups_(param, grad_rows, groups, scale_grad_by_freq, bufs[0], started, hyper)
+    else:
+        K.sgd_rows_(param, rows, values, bufs[0], started, hyper)
+    return param
+
+
+# ---------------------------------------------------------------- Adam / AdamW
+
+
+def check_adam_options(options: dict) -> dict:
+    """Adam's options checked as ``torch.optim.Adam`` checks them (and finite).
+
+    ``lr``, ``eps``, ``weight_decay`` >= 0; ``betas`` two numbers in ``[0, 1)``.
+    """
+    checked = _non_negative(options, ("lr", "eps", "weight_decay"))
+    betas = checked["betas"]
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"betas: expected a pair (beta1, beta2), got {_checks.quote(betas)}")
+    betas = tuple(_checks.check_real(b, f"betas[{i}]") for i, b in enumerate(betas))
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"betas[{i}]: expected a number in [0, 1), got {beta}")
+    checked["betas"] = betas
+    for flag in ("amsgrad", "maximize", "decoupled_weight_decay"):
+        if flag in checked:
+            checked[flag] = bool(checked[flag])
+    return checked
+
+
+def _adam_hyper(dtype, step, lr, betas, eps, weight_decay, maximize, decoupled_weight_decay,
+                amsgrad=False, sparse=False) -> AdamHyper:
+    v = check_adam_options(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+    step = _checks.check_int(step, "step", minimum=1)
+    (beta1, beta2), lr = v["betas"], v["lr"]
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    if sparse:  # torch.optim.SparseAdam folds sqrt(bias_correction2) into the step size
+        step_size = lr * math.sqrt(bias_correction2) / bias_correction1
+    else:
+        step_size = lr / bias_correction1
+    cast = np.dtype(dtype).type
+    return AdamHyper(cast(1 - beta1), cast(beta2), cast(1 - beta2), cast(v["eps"]),
+                     cast(v["weight_decay"]), cast(1 - lr * v["weight_decay"]), cast(-step_size),
+                     cast(bias_correction2 ** 0.5), bool(decoupled_weight_decay), bool(amsgrad),
+                     bool(maximize))
+
+
+def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-3,
+          betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
+          decoupled_weight_decay=False):
+    """One Adam (or AdamW) step on ``param`` in place, ``torch.optim.Adam``'s rule.
+
+    Per element, in ``param``'s dtype::
+
+        g = -g                                        if maximize
+        p = p * (1 - lr * weight_decay)               if decoupled_weight_decay (AdamW)
+        g = g + weight_decay * p                      otherwise, if weight_decay != 0
+        m = lerp(m, g, 1 - beta1)
+        v = beta2 * v + (1 - beta2) * g * g
+        v_max = max(v_max, v); v = v_max              if amsgrad
+        p = p - lr / (1 - beta1**step) * m / (sqrt(v) / sqrt(1 - beta2**step) + eps)
+
+    Parameters
+    ----------
+    param : ndarray or CUDA array, float32 or float64
+        Updated in place.
+    grad : ndarray or CUDA array
+        Of ``param``'s shape (cast to its dtype).
+    exp_avg, exp_avg_sq : ndarray or CUDA array
+        The moments: ``param``'s shape and dtype, C-contiguous, updated in
+        place (zeros before the first step).
+    max_exp_avg_sq : ndarray or CUDA array, optional
+        Needed with ``amsgrad``; like ``exp_avg``.
+    step : int
+        The step number, 1 on the first step (after PyTorch's increment).
+    lr, eps, weight_decay : float
+        Finite and >= 0.
+    betas : (float, float)
+        Each in ``[0, 1)``.
+    amsgrad, maximize, decoupled_weight_decay : bool
+
+    Returns
+    -------
+    ndarray
+        ``param``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A non-float, read-only or mismatched array, a bad option.
+    """
+    hyper = _adam_hyper(_checks.check_update_target(param).dtype, step, lr, betas, eps,
+                        weight_decay, maximize, decoupled_weight_decay, amsgrad=amsgrad)
+    states, names = [exp_avg, exp_avg_sq], ["exp_avg", "exp_avg_sq"]
+    if hyper.amsgrad:
+        if max_exp_avg_sq is None:
+            raise ValueError("max_exp_avg_sq: required with amsgrad=True (an array of the "
+                             "parameter's shape and dtype, zeros before the first step)")
+        states.append(max_exp_avg_sq)
+        names.append("max_exp_avg_sq")
+    K, param, grad, states = _dense_args(param, grad, states, names)
+    no_max = K.empty((0,), param.dtype)  # the kernel's max_exp_avg_sq without amsgrad
+    return _run_flat(K, param, grad, states, lambda p, g, m, v, vmax=no_max: K.adam_dense_(
+        p, g, m, v, vmax, hyper))
+
+
+def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9, 0.999),
+                 eps=1e-8, weight_decay=0.0, maximize=False, decoupled_weight_decay=False):
+    """Lazy Adam on the rows a SparseRows gradient lists, ``torch.optim.SparseAdam``'s rule.
+
+    Only the listed rows of ``param`` and of the moments are read and written;
+    the others keep their values (their moments do not decay). For each
+    listed element, in ``param``'s dtype::
+
+        g = -g                                         if maximize
+        m = m + (g - m) * (1 - beta1)
+        v = v + (g * g - v) * (1 - beta2)
+        p = p - lr * sqrt(1 - beta2**step) / (1 - beta1**step) * m / (sqrt(v) + eps)
+
+    exactly ``torch.optim.SparseAdam`` (``step`` counts the parameter's steps,
+    not the row's). ``weight_decay``, which SparseAdam lacks, acts lazily on the
+    listed rows as in :func:`adam_` (L2, or AdamW's decay with
+    ``decoupled_weight_decay``) before the update.
+
+    Parameters
+    ----------
+    param : ndarray or CUDA array, shape (V, D), float32 or float64
+        Updated in place.
+    grad : SparseRows
+        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype.
+    exp_avg, exp_avg_sq : ndarray or CUDA array, shape (V, D)
+        The moments, ``param``'s dtype, C-contiguous, updated in place.
+    step, lr, betas, eps, weight_decay, maximize, decoupled_weight_decay
+        As for :func:`adam_`.
+
+    Returns
+    -------
+    ndarray
+        ``param``.
+    """
+    hyper = _adam_hyper(_checks.check_update_target(param).dtype, step, lr, betas, eps,
+                        weight_decay, maximize, decoupled_weight_decay, sparse=True)
+    names = ["exp_avg", "exp_avg_sq"]
+    K, param, rows, values = _sparse_args(param, grad, (exp_avg, exp_avg_sq), names)
+    m, v = _same_as_param((exp_avg, exp_avg_sq), names, param)
+    K.adam_rows_(param, rows, values, m, v, hyper)
+    return param
+
+
+# ---------------------------------------------------------------- Adagrad
+
+
+def check_adagrad_options(options: dict) -> dict:
+    """Adagrad's options checked as ``torch.optim.Adagrad`` checks them (and finite)."""
+    names = [n for n in ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps")
+             if n in options]
+    checked = _non_negative(options, names)
+    if "maximize" in checked:
+        checked["maximize"] = bool(checked["maximize"])
+    return checked
+
+
+def _adagrad_hyper(dtype, step, lr, lr_decay, weight_decay, eps, maximize) -> AdagradHyper:
+    v = check_adagrad_options(dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                                   eps=eps))
+    step = _checks.check_int(step, "step", minimum=1)
+    clr = v["lr"] / (1 + (step - 1) * v["lr_decay"])
+    cast = np.dtype(dtype).type
+    return AdagradHyper(cast(-clr), cast(v["weight_decay"]), cast(v["eps"]), bool(maximize))
+
+
+def adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
+             eps=1e-10, maximize=False):
+    """One Adagrad step on ``param`` in place, ``torch.optim.Adagrad``'s rule.
+
+    Per element, in ``param``'s dtype::
+
+        g = -g                            if maximize
+        g = g + weight_decay * p          if weight_decay != 0
+        s = s + g * g
+        p = p - lr / (1 + (step - 1) * lr_decay) * g / (sqrt(s) + eps)
+
+    Parameters
+    ----------
+    param : ndarray or CUDA array, float32 or float64
+        Updated in place.
+    grad : ndarray or CUDA array
+        Of ``param``'s shape (cast to its dtype).
+    state_sum : ndarray or CUDA array
+        The sum of squared gradients: ``param``'s shape and dtype,
+        C-contiguous, updated in place.
+    step : int
+        The step number, 1 on the first step.
+    lr, lr_decay, weight_decay, eps : float
+        Finite and >= 0.
+    maximize : bool
+
+    Returns
+    -------
+    ndarray
+        ``param``.
+    """
+    hyper = _adagrad_hyper(_checks.check_update_target(param).dtype, step, lr, lr_decay,
+                           weight_decay, eps, maximize)
+    K, param, grad, states = _dense_args(param, grad, [state_sum], ["state_sum"])
+    return _run_flat(K, param, grad, states, lambda p, g, s: K.adagrad_dense_(p, g, s, hyper))
+
+
+def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=1e-10,
+                    maximize=False):
+    """Adagrad on the rows a SparseRows gradient lists, as ``torch.optim.Adagrad`` does.
+
+    The listed elements follow :func:`adagrad_`'s rule (PyTorch's sparse path
+    computes the same operations); other rows, their sums included, are not
+    touched. PyTorch refuses weight decay with sparse gradients, and so does
+    this op (it has no ``weight_decay``).
+
+    Parameters
+    ----------
+    param : ndarray or CUDA array, shape (V, D), float32 or float64
+        Updated in place.
+    grad : SparseRows
+        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype.
+    state_sum : ndarray or CUDA array, shape (V, D)
+        ``param``'s dtype, C-contiguous, updated in place.
+    step, lr, lr_decay, eps, maximize
+        As for :func:`adagrad_`.
+
+    Returns
+    -------
+    ndarray
+        ``param``.
+    """
+    hyper = _adagrad_hyper(_checks.check_update_target(param).dtype, step, lr, lr_decay, 0.0,
+                           eps, maximize)
+    K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",))
+    (state_sum,) = _same_as_param((state_sum,), ["state_sum"], param)
+    K.adagrad_rows_(param, rows, values, state_sum, hyper)
+    return param
+
+
+# ---------------------------------------------------------------- row-wise Adagrad
+
+
+def check_rowwise_adagrad_options(options: dict) -> dict:
+    """Row-wise Adagrad's options: ``lr``, ``eps``, ``weight_decay`` >= 0 and a known mode.
+
+    ``weight_decay_mode`` is ``"none"``, ``"l2"`` or ``"decoupled"``; a
+    nonzero ``weight_decay`` with ``"none"`` is refused (it would be ignored).
+    """
+    checked = _non_negative(options, ("lr", "eps", "weight_decay"))
+    mode = checked["weight_decay_mode"]
+    if not isinstance(mode, str) or mode.lower() not in WEIGHT_DECAY_MODES:
+        raise ValueError(f"weight_decay_mode: expected one of {sorted(WEIGHT_DECAY_MODES)}, "
+                         f"got {_checks.quote(mode)}")
+    checked["weight_decay_mode"] = mode.lower()
+    if checked["weight_decay"] != 0 and checked["weight_decay_mode"] == "none":
+        raise ValueError(f"weight_decay: {checked['weight_decay']} would be ignored with "
+                         "weight_decay_mode='none'; pick 'l2' or 'decoupled'")
+    return checked
+
+
+def _rowwise_hyper(dtype, lr, eps, weight_decay, weight_decay_mode) -> RowWiseAdagradHyper:
+    v = check_rowwise_adagrad_options(dict(lr=lr, eps=eps, weight_decay=weight_decay,
+                                           weight_decay_mode=weight_decay_mode))
+    cast = np.dtype(dtype).type
+    return RowWiseAdagradHyper(cast(v["lr"]), cast(v["eps"]), cast(v["weight_decay"]),
+                               WEIGHT_DECAY_MODES[v["weight_decay_mode"]])
+
+
+def _rows_view(x):
+    """``x`` as ``(rows, D)``: rows = ``shape[0]`` (1 for a 0-d array), D the rest."""
+    rows = x.shape[0] if x.ndim else 1
+    return x.reshape((rows, x.size // rows if rows else 0))
+
+
+def rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=0.0,
+                     weight_decay_mode="none"):
+    """One step of FBGEMM's exact row-wise Adagrad on every row of ``param``, in place.
+
+    Row ``r`` (``param[r]``, flattened to D values; a 0-d or 1-D parameter
+    has rows of one value) with gradient row ``g``, in ``param``'s dtype, as
+    FBGEMM's ``EXACT_ROWWISE_ADAGRAD`` CPU update::
+
+        h = g + weight_decay * p          if weight_decay_mode == "l2", else g
+        s[r] = s[r] + sum(h * h) / D      (summed along the row in order)
+        mult = lr / (sqrt(s[r]) + eps)
+        c = 1 - mult * weight_decay       if "l2"
+            1 - lr * weight_decay         if "decoupled"
+            1                             if "none"
+        p = c * p - mult * g
+
+    Parameters
+    ----------
+    param : ndarray or CUDA array, float32 or float64
+        Updated in place.
+    grad : ndarray or CUDA array
+        Of ``param``'s shape (cast to its dtype).
+    state_sum : ndarray or CUDA array, shape (rows,)
+        One accumulator per row, ``param``'s dtype, C-contiguous, updated in
+        place (zeros before the first step).
+    lr, eps, weight_decay : float
+        Finite and >= 0.
+    weight_decay_mode : {"none", "l2", "decoupled"}
+
+    Returns
+    -------
+    ndarray
+        ``param``.
+    """
+    hyper = _rowwise_hyper(_checks.check_update_target(param).dtype, lr, eps, weight_decay,
+                           weight_decay_mode)
+    _, param, grad, _ = _dense_args(param, grad, [], [])
+    rows = param.shape[0] if param.ndim else 1
+    K = backend_for((param, grad, state_sum), ("param", "grad", "state_sum"))
+    state_sum = _checks.check_out(state_sum, (rows,), param.dtype, "state_sum",
+                                  avoid=(param, grad))
+    if param.size == 0:
         return param
-    if _device.device_of(rows) != K.DEVICE:
-        rows = K.asarray(rows) if K.DEVICE == "cuda" else _device.to_host(rows)
-    K.sgd_rows_(param, K.contiguous(rows, np.int64), K.contiguous(values, param.dtype),
-                no_buffer if buf is None else buf, started, hyper)
+    contiguous = _device.is_c_contiguous(param)
+    table = _rows_view(K.contiguous(param))  # a copy only for a strided NumPy param
+    K.rowwise_adagrad_dense_(table, _rows_view(K.contiguous(grad, param.dtype)), state_sum,
+                             hyper)
+    if not contiguous:
+        np.copyto(param, table.reshape(param.shape))
+    return param
+
+
+def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=0.0,
+                            weight_decay_mode="none"):
+    """Row-wise Adagrad (FBGEMM's exact rule) on the rows a SparseRows gradient lists.
+
+    Each listed row follows :func:`rowwise_adagrad_`; every other row and its
+    accumulator are left alone (FBGEMM's sparse update). The work is
+    O(rows listed * D).
+
+    Parameters
+    ----------
+    param : ndarray or CUDA array, shape (V, D), float32 or float64
+        Updated in place.
+    grad : SparseRows
+        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype.
+    state_sum : ndarray or CUDA array, shape (V,)
+        One accumulator per row, ``param``'s dtype, updated in place.
+    lr, eps, weight_decay, weight_decay_mode
+        As for :func:`rowwise_adagrad_`.
+
+    Returns
+    -------
+    ndarray
+        ``param``.
+    """
+    hyper = _rowwise_hyper(_checks.check_update_target(param).dtype, lr, eps, weight_decay,
+                           weight_decay_mode)
+    K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",))
+    state_sum = _checks.check_out(state_sum, (param.shape[0],), param.dtype, "state_sum",
+                                  avoid=(param,))
+    K.rowwise_adagrad_rows_(param, rows, values, state_sum, hyper)
     return param

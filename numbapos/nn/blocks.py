@@ -24,6 +24,13 @@ def _options(embedding: Embedding) -> F.TableOptions:
                           embedding.max_norm, embedding.norm_type)
 
 
+def _forward_options(*tables: Embedding):
+    """The tables' options for a forward call: None when no table clips (the fast path)."""
+    if all(table.max_norm is None for table in tables):
+        return None
+    return tuple(_options(table) for table in tables)
+
+
 def _snapshot(ids, name):
     """A private copy of an id argument, so a later backward sees what this forward saw."""
     if ids is None or isinstance(ids, (int, np.integer)):
@@ -505,20 +512,21 @@ class GPT2Embeddings(Module):
         IndexError
             An id or explicit position out of range (named, with the range).
         """
-        options = (_options(self.wte), _options(self.wpe))
+        forward_options = _forward_options(self.wte, self.wpe)
         drop = self.drop._draw()
         y = F.gpt2_embeddings(input_ids, self.wte.weight.data, self.wpe.weight.data,
                               past_length=past_length, position_ids=position_ids,
                               attention_mask=attention_mask, out=out,
-                              table_options=options, **drop)
+                              table_options=forward_options, **drop)
         self.drop._advance(drop)
-        if options[0].max_norm is not None or options[1].max_norm is not None:
+        if forward_options is not None:
             _bump_clipped((self.wte, self.wpe))
         if self._recording():
             ids = {"input_ids": _snapshot(input_ids, "input_ids"),
                    "position_ids": _snapshot(position_ids, "position_ids"),
                    "attention_mask": _snapshot(attention_mask, "attention_mask"),
                    "past_length": past_length}
+            options = forward_options or (_options(self.wte), _options(self.wpe))
             self._save_for_backward((ids, tuple(y.shape), drop, options))
         return y
 

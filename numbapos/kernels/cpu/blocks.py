@@ -35,7 +35,7 @@ from ..hash import dropout_key, keeps
 from .arrays import pick
 from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum
 
-__all__ = ["bert_backward", "bert_forward", "gpt2_forward"]
+__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked"]
 
 
 def _with_affine(tables, dim, dtype):
@@ -97,7 +97,33 @@ def gpt2_forward(ids, pos, wte, wpe, drop, y):
         pick(_gpt2_forward, _gpt2_forward_parallel, y.size)(ids, pos, wte, wpe, drop, y)
 
 
+def gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
+    """``y[t] = wte[ids[t]] + wpe[past_length + t % length]``, ids not range-checked yet.
+
+    The no-dropout forward with default positions of a small call (one token
+    at a time in generation), in one serial pass that checks each id as it
+    goes: -1 when all are in ``[0, V)``, else the first bad position (``y``
+    partly written). Positions must already be known to fit ``wpe``.
+    """
+    return int(_gpt2_forward_checked(ids, past_length, length, wte, wpe, y))
+
+
 # ---------------------------------------------------------------- kernels
+
+
+@njit(cache=True, nogil=True)
+def _gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
+    vocab = wte.shape[0]
+    for t in range(ids.size):
+        token = ids[t]
+        if token < 0 or token >= vocab:
+            return t
+        row = y[t]
+        a = wte[token]
+        b = wpe[past_length + t % length]
+        for d in range(row.size):
+            row[d] = a[d] + b[d]
+    return -1
 
 
 @njit(cache=True, nogil=True)

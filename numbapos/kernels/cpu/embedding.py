@@ -12,8 +12,8 @@ from numba import njit, prange
 from ..._args import RowGroups
 from .arrays import pick
 
-__all__ = ["gather_rows", "group_rows", "index_bounds", "not_equal_mask", "renorm_used_rows_",
-           "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
+__all__ = ["gather_rows", "gather_rows_checked", "group_rows", "index_bounds", "not_equal_mask",
+           "renorm_used_rows_", "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
 
 NO_PADDING = -1
 
@@ -172,6 +172,29 @@ def _gather_rows(flat_idx, weight, out):
         row = flat_idx[i]
         for d in range(dim):
             out[i, d] = weight[row, d]
+
+
+# A launcher that is its own kernel: small lookups cannot afford a Python frame more.
+@njit(cache=True, nogil=True)
+def gather_rows_checked(indices, weight, out):
+    """:func:`gather_rows` for indices not range-checked yet, in one serial pass (small lookups).
+
+    ``indices`` (C-contiguous, any shape) and ``out`` (C-contiguous,
+    ``indices.shape + (D,)``) are flattened inside the kernel. Returns -1 when
+    every index lies in ``[0, V)`` (``out`` then holds the rows), else the
+    first flat position holding a bad one (``out`` partly written: give it a
+    fresh buffer). Saves the separate bounds pass a small call cannot afford.
+    """
+    num_rows, dim = weight.shape
+    flat_idx = indices.reshape(indices.size)
+    rows = out.reshape(indices.size, dim)
+    for i in range(flat_idx.size):
+        row = flat_idx[i]
+        if row < 0 or row >= num_rows:
+            return i
+        for d in range(dim):
+            rows[i, d] = weight[row, d]
+    return -1
 
 
 @njit(cache=True, nogil=True, parallel=True)

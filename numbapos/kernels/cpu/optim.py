@@ -1,9 +1,12 @@
-"""CPU kernels for SGD: one fused pass per parameter, dense or over listed rows.
+"""CPU kernels of the optimisers: one fused pass per parameter, dense or over listed rows.
 
-The arithmetic follows ``torch.optim.SGD`` operation for operation, in the
-parameter's dtype (scalars arrive already cast to it), so results match
-PyTorch step for step. With ``momentum == 0`` the buffer is never read or
-written and may be empty.
+SGD, Adam/AdamW (dense: ``torch.optim.Adam``; listed rows:
+``torch.optim.SparseAdam``), Adagrad (``torch.optim.Adagrad``, dense and
+sparse) and FBGEMM's exact row-wise Adagrad. The arithmetic follows the
+reference operation for operation, in the parameter's dtype (scalars arrive
+already cast to it), so results match step for step. With ``momentum == 0``
+SGD's buffer is never read or written and may be empty; so is Adam's
+``max_exp_avg_sq`` without ``amsgrad``.
 """
 
 import numba
@@ -13,7 +16,9 @@ from numba import njit, prange
 from .arrays import PARALLEL_MIN_ELEMENTS, pick
 from .embedding import sum_segment
 
-__all__ = ["sgd_dense_", "sgd_row_groups_", "sgd_rows_"]
+__all__ = ["adagrad_dense_", "adagrad_rows_", "adam_dense_", "adam_rows_",
+           "rowwise_adagrad_dense_", "rowwise_adagrad_rows_", "sgd_dense_", "sgd_row_groups_",
+           "sgd_rows_"]
 
 
 def sgd_dense_(param, grad, buf, first, hyper):
@@ -161,3 +166,224 @@ def _sgd_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, buf, r
     for chunk in prange(num_chunks):
         _sgd_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch, buf,
                          row_started, hyper)
+# ---------------------------------------------------------------- Adam / AdamW
+
+
+def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
+    """One ``torch.optim.Adam`` step on flat arrays, in place.
+
+    ``hyper`` is an :class:`~numbapos._args.AdamHyper` (dense step size);
+    ``max_exp_avg_sq`` is read and written only with ``amsgrad`` (may be empty).
+    """
+    if param.size:
+        pick(_adam_dense, _adam_dense_parallel, param.size)(
+            param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
+
+
+def adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper):
+    """``torch.optim.SparseAdam``'s update of the listed (unique) rows of a 2-D ``param``.
+
+    Row ``rows[j]`` gets gradient ``values[j]``; only those rows of ``param``
+    and of the moments are read and written. ``hyper`` carries the sparse
+    step size.
+    """
+    if rows.size:
+        pick(_adam_rows, _adam_rows_parallel, rows.size * param.shape[1])(
+            param, rows, values, exp_avg, exp_avg_sq, hyper)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_prologue(p, g, h):
+    # maximize and weight decay (L2 into the gradient, or AdamW's decay of p): (p, g).
+    if h.maximize:
+        g = -g
+    if h.weight_decay != 0:
+        if h.decoupled:
+            p = p * h.decay
+        else:
+            g = g + h.weight_decay * p
+    return p, g
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
+    p, g = _adam_prologue(param[i], grad[i], h)
+    m = exp_avg[i]
+    w = h.one_minus_beta1
+    if w < 0.5:  # torch.lerp, both branches
+        m = m + w * (g - m)
+    else:
+        m = g - (g - m) * (param.dtype.type(1) - w)
+    v = exp_avg_sq[i] * h.beta2 + h.one_minus_beta2 * g * g
+    exp_avg[i] = m
+    exp_avg_sq[i] = v
+    if h.amsgrad:
+        if max_exp_avg_sq[i] > v:
+            v = max_exp_avg_sq[i]
+        max_exp_avg_sq[i] = v
+    denom = np.sqrt(v) / h.bias_correction2_sqrt + h.eps
+    param[i] = p + h.neg_step_size * (m / denom)
+
+
+@njit(cache=True, nogil=True)
+def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
+    for i in range(param.size):
+        _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _adam_dense_parallel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
+    for i in prange(param.size):
+        _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, h):
+    row = rows[j]
+    for d in range(param.shape[1]):
+        p, g = _adam_prologue(param[row, d], values[j, d], h)
+        m = exp_avg[row, d]
+        m = m + (g - m) * h.one_minus_beta1
+        v = exp_avg_sq[row, d]
+        v = v + (g * g - v) * h.one_minus_beta2
+        exp_avg[row, d] = m
+        exp_avg_sq[row, d] = v
+        param[row, d] = p + h.neg_step_size * (m / (np.sqrt(v) + h.eps))
+
+
+@njit(cache=True, nogil=True)
+def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, hyper):
+    for j in range(rows.size):
+        _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _adam_rows_parallel(param, rows, values, exp_avg, exp_avg_sq, hyper):
+    for j in prange(rows.size):
+        _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, hyper)
+
+
+# ---------------------------------------------------------------- Adagrad
+
+
+def adagrad_dense_(param, grad, state_sum, hyper):
+    """One ``torch.optim.Adagrad`` step on flat arrays, in place (``hyper``: AdagradHyper)."""
+    if param.size:
+        pick(_adagrad_dense, _adagrad_dense_parallel, param.size)(param, grad, state_sum, hyper)
+
+
+def adagrad_rows_(param, rows, values, state_sum, hyper):
+    """``torch.optim.Adagrad``'s sparse update of the listed (unique) rows of a 2-D ``param``."""
+    if rows.size:
+        pick(_adagrad_rows, _adagrad_rows_parallel, rows.size * param.shape[1])(
+            param, rows, values, state_sum, hyper)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adagrad_update(p, g, s, h):
+    # One element: (new_p, new_sum).
+    if h.maximize:
+        g = -g
+    if h.weight_decay != 0:
+        g = g + h.weight_decay * p
+    s = s + g * g
+    return p + h.neg_clr * (g / (np.sqrt(s) + h.eps)), s
+
+
+@njit(cache=True, nogil=True)
+def _adagrad_dense(param, grad, state_sum, hyper):
+    for i in range(param.size):
+        param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _adagrad_dense_parallel(param, grad, state_sum, hyper):
+    for i in prange(param.size):
+        param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adagrad_row(j, param, rows, values, state_sum, h):
+    row = rows[j]
+    for d in range(param.shape[1]):
+        param[row, d], state_sum[row, d] = _adagrad_update(param[row, d], values[j, d],
+                                                           state_sum[row, d], h)
+
+
+@njit(cache=True, nogil=True)
+def _adagrad_rows(param, rows, values, state_sum, hyper):
+    for j in range(rows.size):
+        _adagrad_row(j, param, rows, values, state_sum, hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _adagrad_rows_parallel(param, rows, values, state_sum, hyper):
+    for j in prange(rows.size):
+        _adagrad_row(j, param, rows, values, state_sum, hyper)
+
+
+# ---------------------------------------------------------------- row-wise Adagrad
+
+
+def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
+    """FBGEMM's exact row-wise Adagrad on every row of 2-D ``param`` (``grad`` 2-D too).
+
+    ``state_sum`` has one accumulator per row; ``hyper`` is a
+    :class:`~numbapos._args.RowWiseAdagradHyper`.
+    """
+    if param.shape[0] and param.shape[1]:
+        pick(_rowwise_dense, _rowwise_dense_parallel, param.size)(param, grad, state_sum, hyper)
+
+
+def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
+    """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only."""
+    if rows.size and param.shape[1]:
+        pick(_rowwise_rows, _rowwise_rows_parallel, rows.size * param.shape[1])(
+            param, rows, values, state_sum, hyper)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rowwise_row(row, j, param, values, state_sum, h):
+    # Row ``row`` of param with gradient row ``values[j]`` (FBGEMM's split_weight_update_cpu).
+    dim = param.shape[1]
+    one = param.dtype.type(1)
+    square_sum = param.dtype.type(0)
+    for d in range(dim):
+        g = values[j, d]
+        if h.mode == 1:
+            g = g + h.weight_decay * param[row, d]
+        square_sum += g * g
+    acc = state_sum[row] + square_sum / param.dtype.type(dim)
+    state_sum[row] = acc
+    multiplier = h.lr / (np.sqrt(acc) + h.eps)
+    correction = one
+    if h.mode == 1:
+        correction = one - multiplier * h.weight_decay
+    elif h.mode == 2:
+        correction = one - h.lr * h.weight_decay
+    for d in range(dim):
+        param[row, d] = correction * param[row, d] - multiplier * values[j, d]
+
+
+@njit(cache=True, nogil=True)
+def _rowwise_dense(param, grad, state_sum, hyper):
+    for r in range(param.shape[0]):
+        _rowwise_row(r, r, param, grad, state_sum, hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _rowwise_dense_parallel(param, grad, state_sum, hyper):
+    for r in prange(param.shape[0]):
+        _rowwise_row(r, r, param, grad, state_sum, hyper)
+
+
+@njit(cache=True, nogil=True)
+def _rowwise_rows(param, rows, values, state_sum, hyper):
+    for j in range(rows.size):
+        _rowwise_row(rows[j], j, param, values, state_sum, hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _rowwise_rows_parallel(param, rows, values, state_sum, hyper):
+    for j in prange(rows.size):
+        _rowwise_row(rows[j], j, param, values, state_sum, hyper)

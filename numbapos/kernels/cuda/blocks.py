@@ -33,11 +33,14 @@ bit-identical to the CPU.
 import math
 from functools import cache
 
+import numpy as np
 from numba import cuda
 
-from ..._args import chunk_rows, num_chunks
+from ..._args import NO_DROPOUT, chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
+from . import arrays
 from .arrays import THREADS, full, grid
+from .embedding import index_bounds
 from .fpmath import mul_for, numba_float
 from .normalization import (
     add_partials,
@@ -48,7 +51,7 @@ from .normalization import (
     row_blocks,
 )
 
-__all__ = ["bert_backward", "bert_forward", "gpt2_forward"]
+__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked"]
 
 
 def _affine(tables, dim, dtype):
@@ -126,6 +129,24 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
         add_partials(part_b, grad_beta)
     if want_t:
         add_partials(part_t, grad_type)
+
+
+def gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
+    """``y[t] = wte[ids[t]] + wpe[past_length + t % length]``, ids not range-checked yet.
+
+    The CPU twin's contract: -1 when every id is in ``[0, V)``, else the first
+    bad position. Here a bounds pass runs first and nothing is written on a
+    bad id; positions are built on the host and copied up.
+    """
+    if ids.size == 0:
+        return -1
+    low, high = index_bounds(ids)
+    if low < 0 or high >= wte.shape[0]:
+        host = ids.copy_to_host()
+        return int(np.flatnonzero((host < 0) | (host >= wte.shape[0]))[0])
+    positions = past_length + np.arange(ids.size, dtype=np.int64) % length
+    gpt2_forward(ids, arrays.asarray(positions), wte, wpe, NO_DROPOUT, y)
+    return -1
 
 
 def gpt2_forward(ids, pos, wte, wpe, drop, y):

@@ -30,8 +30,8 @@ from . import arrays
 from .arrays import THREADS, grid
 from .fpmath import cast_like, mul_rn
 
-__all__ = ["gather_rows", "group_rows", "index_bounds", "not_equal_mask", "renorm_used_rows_",
-           "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
+__all__ = ["gather_rows", "gather_rows_checked", "group_rows", "index_bounds", "not_equal_mask",
+           "renorm_used_rows_", "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
 
 # index_bounds reduces over at most BOUNDS_BLOCKS blocks (a number that depends on
 # the array's size only, never on the GPU): one partial (min, max) pair per block,
@@ -80,6 +80,24 @@ def gather_rows(flat, weight, out):
     """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``."""
     if flat.size and weight.shape[1]:
         _gather_rows[grid(flat.size, 1), _row_threads(weight.shape[1])](flat, weight, out)
+
+
+def gather_rows_checked(indices, weight, out):
+    """:func:`gather_rows` for indices not range-checked yet: -1, or the first bad position.
+
+    ``indices`` (any shape) and ``out`` (``indices.shape + (D,)``) are
+    C-contiguous. On the GPU a bounds pass (one small copy back) runs first;
+    nothing is gathered when an index is out of range.
+    """
+    flat = indices.reshape(indices.size)
+    if flat.size == 0:
+        return -1
+    low, high = index_bounds(flat)
+    if low < 0 or high >= weight.shape[0]:
+        host = flat.copy_to_host()
+        return int(np.flatnonzero((host < 0) | (host >= weight.shape[0]))[0])
+    gather_rows(flat, weight, out.reshape(flat.size, weight.shape[1]))
+    return -1
 
 
 def renorm_used_rows_(weight, flat, max_norm, norm_type):

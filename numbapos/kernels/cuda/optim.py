@@ -1,4 +1,7 @@
-"""CUDA kernels for SGD: one fused elementwise pass per parameter, dense or over listed rows.
+"""CUDA kernels of the optimisers: one fused pass per parameter, dense or over listed rows.
+
+SGD, Adam/AdamW, Adagrad and row-wise Adagrad (row-wise: one thread per row,
+summing along the row in the CPU's order).
 
 The twin of ``kernels/cpu/optim.py``: the same operations in the same order,
 in the parameter's dtype, so results are bit-identical to the CPU's for
@@ -11,13 +14,17 @@ never does. Every product that feeds an addition goes through
 :func:`~numbapos.kernels.cuda.fpmath.mul_rn` (``mul.rn``, never fused).
 """
 
+import math
+
 from numba import cuda
 
 from .arrays import THREADS, grid
 from .embedding import segment_sum
-from .fpmath import mul_rn
+from .fpmath import cast_like, mul_rn
 
-__all__ = ["sgd_dense_", "sgd_row_groups_", "sgd_rows_"]
+__all__ = ["adagrad_dense_", "adagrad_rows_", "adam_dense_", "adam_rows_",
+           "rowwise_adagrad_dense_", "rowwise_adagrad_rows_", "sgd_dense_", "sgd_row_groups_",
+           "sgd_rows_"]
 
 
 # ---------------------------------------------------------------- launchers
@@ -171,3 +178,204 @@ def _mark_started(rows, row_started):
     """``row_started[rows[j]] = True`` (elementwise)."""
     for j in range(cuda.grid(1), rows.size, cuda.gridsize(1)):
         row_started[rows[j]] = True
+
+
+# ---------------------------------------------------------------- Adam / AdamW
+
+
+def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
+    """One ``torch.optim.Adam`` step on flat arrays, in place.
+
+    ``hyper`` is an :class:`~numbapos._args.AdamHyper` (dense step size);
+    ``max_exp_avg_sq`` is read and written only with ``amsgrad`` (may be empty).
+    """
+    if param.size:
+        _adam_dense[grid(param.size), THREADS](param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq,
+                                               *_cast_all(param, hyper))
+
+
+def adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper):
+    """``torch.optim.SparseAdam``'s update of the listed (unique) rows of a 2-D ``param``.
+
+    Row ``rows[j]`` gets gradient ``values[j]``; only those rows of ``param``
+    and of the moments are read and written. ``hyper`` carries the sparse
+    step size.
+    """
+    if rows.size and param.shape[1]:
+        _adam_rows[grid(rows.size, 1), _row_threads(param.shape[1])](
+            param, rows, values, exp_avg, exp_avg_sq, *_cast_all(param, hyper))
+
+
+def _cast_all(param, hyper):
+    """A hyper-parameter tuple as kernel arguments: floats in ``param``'s dtype, flags kept."""
+    cast = param.dtype.type
+    return tuple(v if isinstance(v, (bool, int)) else cast(v) for v in hyper)
+
+
+@cuda.jit(device=True)
+def _adam_prologue(p, g, weight_decay, decay, decoupled, maximize):
+    # As the CPU's _adam_prologue: (p, g).
+    if maximize:
+        g = -g
+    if weight_decay != 0:
+        if decoupled:
+            p = p * decay
+        else:
+            g = g + mul_rn(weight_decay, p)
+    return p, g
+
+
+@cuda.jit
+def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, one_minus_beta1, beta2,
+                one_minus_beta2, eps, weight_decay, decay, neg_step_size, bias_correction2_sqrt,
+                decoupled, amsgrad, maximize):
+    """Elementwise Adam over flat arrays (grid-stride), torch.optim.Adam's operations."""
+    one = cast_like(1, beta2)
+    for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
+        p, g = _adam_prologue(param[i], grad[i], weight_decay, decay, decoupled, maximize)
+        m = exp_avg[i]
+        if one_minus_beta1 < 0.5:  # torch.lerp, both branches
+            m = m + mul_rn(one_minus_beta1, g - m)
+        else:
+            m = g - mul_rn(g - m, one - one_minus_beta1)
+        v = mul_rn(exp_avg_sq[i], beta2) + mul_rn(mul_rn(one_minus_beta2, g), g)
+        exp_avg[i] = m
+        exp_avg_sq[i] = v
+        if amsgrad:
+            if max_exp_avg_sq[i] > v:
+                v = max_exp_avg_sq[i]
+            max_exp_avg_sq[i] = v
+        denom = cast_like(math.sqrt(v), v) / bias_correction2_sqrt + eps
+        param[i] = p + mul_rn(neg_step_size, m / denom)
+
+
+@cuda.jit
+def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, one_minus_beta1, beta2,
+               one_minus_beta2, eps, weight_decay, decay, neg_step_size, bias_correction2_sqrt,
+               decoupled, amsgrad, maximize):
+    """SparseAdam on rows ``rows[j]``: one block per listed row, threads along D."""
+    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+        row = rows[j]
+        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
+            p, g = _adam_prologue(param[row, d], values[j, d], weight_decay, decay, decoupled,
+                                  maximize)
+            m = exp_avg[row, d]
+            m = m + mul_rn(g - m, one_minus_beta1)
+            v = exp_avg_sq[row, d]
+            v = v + mul_rn(mul_rn(g, g) - v, one_minus_beta2)
+            exp_avg[row, d] = m
+            exp_avg_sq[row, d] = v
+            param[row, d] = p + mul_rn(neg_step_size, m / (cast_like(math.sqrt(v), v) + eps))
+
+
+# ---------------------------------------------------------------- Adagrad
+
+
+def adagrad_dense_(param, grad, state_sum, hyper):
+    """One ``torch.optim.Adagrad`` step on flat arrays, in place (``hyper``: AdagradHyper)."""
+    if param.size:
+        _adagrad_dense[grid(param.size), THREADS](param, grad, state_sum,
+                                                  *_cast_all(param, hyper))
+
+
+def adagrad_rows_(param, rows, values, state_sum, hyper):
+    """``torch.optim.Adagrad``'s sparse update of the listed (unique) rows of a 2-D ``param``."""
+    if rows.size and param.shape[1]:
+        _adagrad_rows[grid(rows.size, 1), _row_threads(param.shape[1])](
+            param, rows, values, state_sum, *_cast_all(param, hyper))
+
+
+@cuda.jit(device=True)
+def _adagrad_update(p, g, s, neg_clr, weight_decay, eps, maximize):
+    # One element, as the CPU's _adagrad_update: (new_p, new_sum).
+    if maximize:
+        g = -g
+    if weight_decay != 0:
+        g = g + mul_rn(weight_decay, p)
+    s = s + mul_rn(g, g)
+    return p + mul_rn(neg_clr, g / (cast_like(math.sqrt(s), s) + eps)), s
+
+
+@cuda.jit
+def _adagrad_dense(param, grad, state_sum, neg_clr, weight_decay, eps, maximize):
+    """Elementwise Adagrad over flat arrays (grid-stride)."""
+    for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
+        p, s = _adagrad_update(param[i], grad[i], state_sum[i], neg_clr, weight_decay, eps,
+                               maximize)
+        param[i] = p
+        state_sum[i] = s
+
+
+@cuda.jit
+def _adagrad_rows(param, rows, values, state_sum, neg_clr, weight_decay, eps, maximize):
+    """Adagrad on rows ``rows[j]``: one block per listed row, threads along D."""
+    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+        row = rows[j]
+        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
+            p, s = _adagrad_update(param[row, d], values[j, d], state_sum[row, d], neg_clr,
+                                   weight_decay, eps, maximize)
+            param[row, d] = p
+            state_sum[row, d] = s
+
+
+# ---------------------------------------------------------------- row-wise Adagrad
+
+
+def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
+    """FBGEMM's exact row-wise Adagrad on every row of 2-D ``param`` (``grad`` 2-D too).
+
+    ``state_sum`` has one accumulator per row; ``hyper`` is a
+    :class:`~numbapos._args.RowWiseAdagradHyper`.
+    """
+    if param.shape[0] and param.shape[1]:
+        _rowwise_dense[grid(param.shape[0]), THREADS](param, grad, state_sum,
+                                                      *_rowwise_scalars(param, hyper))
+
+
+def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
+    """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only."""
+    if rows.size and param.shape[1]:
+        _rowwise_rows[grid(rows.size), THREADS](param, rows, values, state_sum,
+                                                *_rowwise_scalars(param, hyper))
+
+
+def _rowwise_scalars(param, hyper):
+    cast = param.dtype.type
+    return (cast(hyper.lr), cast(hyper.eps), cast(hyper.weight_decay), int(hyper.mode),
+            cast(param.shape[1]))
+
+
+@cuda.jit(device=True)
+def _rowwise_row(row, j, param, values, state_sum, lr, eps, weight_decay, mode, dim_f):
+    # One row, sequentially in one thread (the CPU's order, so the same sum), as the CPU's.
+    one = cast_like(1, lr)
+    square_sum = cast_like(0, lr)
+    for d in range(param.shape[1]):
+        g = values[j, d]
+        if mode == 1:
+            g = g + mul_rn(weight_decay, param[row, d])
+        square_sum += mul_rn(g, g)
+    acc = state_sum[row] + square_sum / dim_f
+    state_sum[row] = acc
+    multiplier = lr / (cast_like(math.sqrt(acc), acc) + eps)
+    correction = one
+    if mode == 1:
+        correction = one - mul_rn(multiplier, weight_decay)
+    elif mode == 2:
+        correction = one - mul_rn(lr, weight_decay)
+    for d in range(param.shape[1]):
+        param[row, d] = mul_rn(correction, param[row, d]) - mul_rn(multiplier, values[j, d])
+
+
+@cuda.jit
+def _rowwise_dense(param, grad, state_sum, lr, eps, weight_decay, mode, dim_f):
+    """Row-wise Adagrad on every row: one thread per row (grid-stride)."""
+    for r in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        _rowwise_row(r, r, param, grad, state_sum, lr, eps, weight_decay, mode, dim_f)
+
+
+@cuda.jit
+def _rowwise_rows(param, rows, values, state_sum, lr, eps, weight_decay, mode, dim_f):
+    """Row-wise Adagrad on rows ``rows[j]``: one thread per listed row (grid-stride)."""
+    for j in range(cuda.grid(1), rows.size, cuda.gridsize(1)):
+        _rowwise_row(rows[j], j, param, values, state_sum, lr, eps, weight_decay, mode, dim_f)

@@ -1,0 +1,77 @@
+"""Steady beside other processes: the BERT block training step alone and with a twin.
+
+Two processes on the same cores, each running the BERT block forward +
+backward in a loop, should each take about twice their solo time (the cores
+are shared), not several times it (idle OpenMP threads spinning on cores the
+other process needs). Each configuration runs in fresh interpreters; the
+medians and their ratios land in ``extra_info`` of one benchmark row per
+configuration (the row's own time is that of the whole experiment)::
+
+    pytest benchmarks/test_bench_contention.py --benchmark-columns=rounds -s
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+LOOP = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    from numbapos import nn
+    rng = np.random.default_rng(0)
+    block = nn.BertEmbeddings(30522, 768, 512, 2, hidden_dropout_prob=0.1, seed=0)
+    ids = rng.integers(0, 30522, size=(32, 128)); types = rng.integers(0, 2, size=(32, 128))
+    grad = rng.normal(size=(32, 128, 768)).astype(np.float32)
+    def step():
+        block.zero_grad(); block(ids, token_type_ids=types); block.backward(grad)
+    for _ in range(5):
+        step()
+    times, end = [], time.perf_counter() + float(sys.argv[1])
+    while time.perf_counter() < end:
+        t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
+    print(json.dumps({"median_ms": float(np.median(times)) * 1e3, "steps": len(times)}))
+""")
+
+CONFIGS = {
+    "numbapos default": {},
+    "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "OpenMP's own spin (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
+}
+
+
+def _start(env, seconds):
+    full = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    full.update(env)
+    return subprocess.Popen([sys.executable, "-c", LOOP, str(seconds)], env=full,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _result(proc):
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0
+    return json.loads(out.strip().splitlines()[-1])["median_ms"]
+
+
+@pytest.mark.benchmark(group="contention_bert_train_step")
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_two_processes_share_the_cores(benchmark, config):
+    env = CONFIGS[config]
+
+    def experiment():
+        solo = _result(_start(env, 8))
+        pair = [_start(env, 10), _start(env, 10)]
+        both = [_result(p) for p in pair]
+        return solo, both
+
+    solo, both = benchmark.pedantic(experiment, rounds=1, iterations=1)
+    benchmark.extra_info.update({
+        "solo_median_ms": round(solo, 2),
+        "pair_median_ms": [round(b, 2) for b in both],
+        "pair_over_solo": round(max(both) / solo, 2),
+    })
+    print(f"\n{config}: solo {solo:.2f} ms, pair {both[0]:.2f} / {both[1]:.2f} ms, "
+          f"x{max(both) / solo:.2f}")

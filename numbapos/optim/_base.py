@@ -1,0 +1,494 @@
+"""The optimiser base class: parameter groups, per-parameter state, checkpoints."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import _checks, _device
+from ..nn.parameter import Parameter
+from ..sparse import SparseRows
+
+# PyTorch's own words (torch/optim/optimizer.py, add_param_group), so that code
+# filtering that warning filters ours too.
+DUPLICATE_WARNING = ("optimizer contains a parameter group with duplicate parameters; "
+                     "in future, this will cause an error; "
+                     "see github.com/pytorch/pytorch/issues/40967 for more information")
+
+
+# Options of PyTorch's optimisers that pick an implementation, not the arithmetic:
+# a PyTorch checkpoint loads when they are off (False or None).
+TORCH_ONLY_FLAGS = ("foreach", "capturable", "differentiable", "fused")
+
+
+class StateArray(NamedTuple):
+    """One array of a parameter's state: its shape, dtype and the value it starts at."""
+
+    shape: tuple
+    dtype: np.dtype
+    fill: object
+
+
+def type_name(x) -> str:
+    """The full name of ``x``'s type, ``torch.nn.parameter.Parameter`` rather than ``Parameter``."""
+    kind = type(x)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def _not_a_parameter(x) -> TypeError:
+    hint = ""
+    if type(x).__module__.startswith("torch"):
+        hint = " (convert with numbapos.nn.Parameter(t.detach().numpy()))"
+    elif _checks.is_array(x):
+        hint = " (wrap the array: numbapos.nn.Parameter(array))"
+    return TypeError(f"params: expected numbapos.nn.Parameter objects, got {type_name(x)}{hint}")
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package (the user's call)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) \
+            == here:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def num_rows(shape) -> int:
+    """Rows of a parameter of ``shape``: ``shape[0]``, or 1 for a 0-d parameter."""
+    return int(shape[0]) if len(shape) else 1
+
+
+class Optimizer:
+    """Base class of numbapos optimisers: parameter groups and per-parameter state.
+
+    Subclasses name their options (``_OPTIONS``, with defaults in
+    ``self.defaults``), validate them (``_check_options``), declare the state
+    one parameter needs (``_state_spec``) and apply one update
+    (``_update``). Everything else, PyTorch's ``Optimizer`` interface, lives here:
+    ``param_groups``, ``add_param_group``, ``zero_grad``, ``step``,
+    ``state_dict`` / ``load_state_dict`` and the repr.
+
+    State is kept per parameter in ``self.state[id(param)]``, a dict of
+    arrays (on the parameter's device, made lazily on the parameter's first
+    step) and Python scalars (step counts, flags).
+
+    **Per-row state convention.** Every state array whose leading dimension
+    equals the parameter's number of rows (``shape[0]``; 1 for a 0-d
+    parameter) holds one entry per row of the parameter: momentum buffers,
+    the rows-started flags of SGD, Adam's moments, Adagrad's sums and the
+    row-wise accumulator of :class:`RowWiseAdagrad` (shape ``(V,)``). Row
+    ``r`` of such an array belongs to row ``r`` of the parameter, so a table
+    split by rows (sharding) splits these arrays the same way. Every other
+    entry (step counts, ``dense_started``) is global to the parameter.
+
+    **Checkpoints.** :meth:`state_dict` returns PyTorch's layout::
+
+        {"state": {index: {name: ndarray copy or Python scalar, ...}, ...},
+         "param_groups": [{option: value, ..., "params": [index, ...]}, ...]}
+
+    where parameters are numbered 0, 1, ... in the order of the groups and
+    of the parameters in them, and ``state`` has an entry only for parameters
+    that have taken a step. Arrays are host (NumPy) copies.
+    """
+
+    _OPTIONS: tuple[str, ...] = ()
+
+    def __init__(self, params, defaults: dict):
+        self.defaults = self._check_options(dict(defaults))
+        if isinstance(params, (Parameter, dict)) or _checks.is_array(params) \
+                or not hasattr(params, "__iter__"):
+            raise TypeError("params: expected an iterable of numbapos.nn.Parameter objects or "
+                            f"of parameter-group dicts, got {type_name(params)}")
+        if isinstance(params, (set, frozenset)):
+            raise TypeError("params: expected an ordered collection such as a list (the order "
+                            "of a set changes between runs), got a set")
+        params = list(params)
+        if not params:
+            raise ValueError("params: got an empty parameter list")
+        if not isinstance(params[0], dict):
+            params = [{"params": params}]
+        self.param_groups: list[dict] = []
+        self.state: dict[int, dict] = {}
+        for group in params:
+            self.add_param_group(group)
+
+    # ------------------------------------------------------------ options and groups
+
+    def _check_options(self, options: dict) -> dict:
+        """Validated copy of one group's options (subclasses check their own)."""
+        return dict(options)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group of parameters with its own options.
+
+        Parameters
+        ----------
+        param_group : dict
+            ``"params"``: a Parameter or an ordered iterable of them; any
+            other entry overrides the optimiser's default of that option.
+
+        Raises
+        ------
+        TypeError
+            Not a dict with ``"params"``, a set of parameters, or an entry that
+            is not a :class:`numbapos.nn.Parameter` (its full type is named).
+        ValueError
+            An unknown or invalid option, an empty group, or a parameter that
+            already belongs to another group.
+
+        Warns
+        -----
+        UserWarning
+            A parameter listed twice in this group (PyTorch's warning; it is
+            then updated twice per step, as in PyTorch).
+        """
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise TypeError("param_group: expected a dict with a 'params' entry, got "
+                            f"{type_name(param_group)}")
+        unknown = set(param_group) - {"params", *self._OPTIONS}
+        if unknown:
+            raise ValueError(f"param group: unknown option(s) {sorted(unknown)}; "
+                             f"{type(self).__name__} takes {list(self._OPTIONS)}")
+        params = param_group["params"]
+        if isinstance(params, (set, frozenset)):
+            raise TypeError("params: expected an ordered collection such as a list (the order "
+                            "of a set changes between runs), got a set")
+        params = [params] if isinstance(params, Parameter) else list(params)
+        for param in params:
+            if not isinstance(param, Parameter):
+                raise _not_a_parameter(param)
+        options = self._check_options({**self.defaults, **{k: v for k, v in param_group.items()
+                                                           if k != "params"}})
+        if len({id(p) for p in params}) != len(params):
+            warnings.warn(DUPLICATE_WARNING, UserWarning, stacklevel=_caller_level())
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in params):
+            raise ValueError("params: some parameters appear in more than one group (each "
+                             "parameter may belong to one parameter group only)")
+        self.param_groups.append({"params": params, **options})
+
+    def zero_grad(self) -> None:
+        """Drop the gradients of every parameter (``grad = None``)."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                param.grad = None
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
+        return "\n".join(lines) + "\n)"
+
+    # ------------------------------------------------------------ state
+
+    def _state_spec(self, shape, dtype, group) -> tuple[dict, dict]:
+        """``(arrays, scalars)``: the state one parameter of ``shape``/``dtype`` needs.
+
+        ``arrays`` maps names to :class:`StateArray`, ``scalars`` maps names to
+        their starting values (whose types they keep).
+        """
+        return {}, {}
+
+    def _state(self, param: Parameter, group: dict) -> dict:
+        """``param``'s state, with whatever the group's options need made now (lazily)."""
+        data = param.data
+        state = self.state.setdefault(id(param), {})
+        arrays, scalars = self._state_spec(tuple(data.shape), data.dtype, group)
+        device = _device.device_of(data)
+        for name, spec in arrays.items():
+            if state.get(name) is None:
+                state[name] = _device.full(spec.shape, spec.fill, spec.dtype, device)
+        for name, value in scalars.items():
+            state.setdefault(name, value)
+        return state
+
+    def _check_state(self, param: Parameter, group: dict) -> None:
+        """ValueError if ``param`` changed shape, dtype or device since its state was made."""
+        data = param.data
+        arrays, _ = self._state_spec(tuple(data.shape), data.dtype, group)
+        for name, value in self.state.get(id(param), {}).items():
+            spec = arrays.get(name)
+            if spec is None or value is None or not _checks.is_array(value):
+                continue
+            if (tuple(value.shape) != tuple(spec.shape) or value.dtype != spec.dtype
+                    or _device.device_of(value) != _device.device_of(data)):
+                made = f"shape {tuple(value.shape)}, dtype {value.dtype} on " \
+                       f"{_device.device_of(value)!r}"
+                raise ValueError(
+                    f"param.data: shape {tuple(data.shape)}, dtype {data.dtype} on "
+                    f"{_device.device_of(data)!r}, but its {name.replace('_', ' ')} was made "
+                    f"for {made}; a parameter must keep its shape, dtype and device (create a "
+                    f"new {type(self).__name__} after replacing or moving it)")
+
+    # ------------------------------------------------------------ stepping
+
+    def step(self) -> None:
+        """Apply one update to every parameter that has a gradient.
+
+        Every parameter and gradient is checked before any is updated, so a
+        failed step changes nothing.
+
+        Raises
+        ------
+        TypeError
+            A gradient that is neither a float array nor a SparseRows.
+        ValueError
+            A gradient whose shape is not its parameter's, a SparseRows whose
+            rows are not unique and sorted or whose parameter is not 2-D, a
+            read-only parameter, a parameter whose shape, dtype or device
+            changed since its state was made, or a gradient this optimiser's
+            options refuse.
+        IndexError
+            A SparseRows row outside the parameter.
+        """
+        todo = [(param, group) for group in self.param_groups for param in group["params"]
+                if param.grad is not None and param.requires_grad]
+        for param, group in todo:
+            self._check(param, group)
+        for param, group in todo:
+            self._update(param, group)
+
+    def fuse_with_backward(self) -> HookHandles:
+        """Update each parameter inside the backward pass that makes its gradient.
+
+        PyTorch's "optimizer in backward" pattern: a hook on every parameter
+        (:meth:`~numbapos.nn.Parameter.register_post_accumulate_grad_hook`)
+        applies this optimiser's update to that parameter as soon as a module's
+        ``backward`` has accumulated its gradient, then drops the gradient
+        (``grad = None``); :meth:`step` then has nothing left to do for it.
+        With :class:`SGD` and a sparse :class:`~numbapos.nn.Embedding` the
+        update is fused with the gradient itself: each used row's gradient is
+        summed and applied in one pass, and the ``(rows, D)`` gradient is never
+        stored (the other optimisers sum it first). The result is bit-identical
+        to ``backward`` followed by :meth:`step`, as long as each parameter
+        gets one backward per step (a tied or shared parameter updated by two
+        backward calls gets two updates, not one on the sum).
+
+        Returns
+        -------
+        HookHandles
+            ``handles.remove()`` restores the usual backward-then-step behaviour.
+        """
+        handles = []
+        for group in self.param_groups:
+            for param in group["params"]:
+                handles.append(param.register_post_accumulate_grad_hook(
+                    lambda p, group=group: self._step_one(p, group)))
+        return HookHandles(handles)
+
+    def _step_one(self, param: Parameter, group: dict) -> None:
+        """One parameter's update from its fresh gradient, which is then dropped."""
+        if param.grad is None or not param.requires_grad:
+            return
+        self._check(param, group)
+        self._update(param, group)
+        param.grad = None
+
+    def _check(self, param: Parameter, group: dict) -> None:
+        """Validate ``param``, its gradient and its state, before any parameter is updated."""
+        data = _checks.check_update_target(param.data, "param.data")
+        self._check_state(param, group)
+        grad = param.grad
+        if isinstance(grad, SparseRows):
+            _checks.check_sparse_grad(grad, data, "param.grad", summed=grad.summed)
+            self._check_sparse(group)
+        else:
+            grad = _checks.check_float_array(grad, "param.grad")
+            _checks.check_same_shape(grad, data.shape, "param.grad", "the parameter's shape")
+        _checks.check_same_device((data, grad.indices if isinstance(grad, SparseRows) else grad),
+                                  ("param.data", "param.grad"))
+
+    def _check_sparse(self, group: dict) -> None:
+        """ValueError where the group's options refuse a SparseRows gradient (none here)."""
+
+    def _update(self, param: Parameter, group: dict) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _indexed_params(self):
+        """``(index, param)`` in state-dict order; a parameter listed twice keeps its first."""
+        index = 0
+        for group in self.param_groups:
+            for param in group["params"]:
+                yield index, param
+                index += 1
+
+    def state_dict(self) -> dict:
+        """The optimiser's state and options as plain Python and NumPy objects.
+
+        Returns
+        -------
+        dict
+            ``{"state": {index: {name: value}}, "param_groups": [group, ...]}``,
+            PyTorch's layout: each group holds its options and ``"params"``,
+            the indices of its parameters (numbered across groups in order);
+            ``state`` has an entry for each parameter that has state. Arrays
+            are NumPy copies (taken from the GPU for CUDA parameters); scalars
+            are Python ints, floats and bools. Arrays whose first dimension
+            is the parameter's row count are per-row state (see the class
+            docstring).
+        """
+        first: dict[int, int] = {}
+        for index, param in self._indexed_params():
+            first.setdefault(id(param), index)
+        state = {}
+        for key, value in self.state.items():
+            if key in first and value:
+                state[first[key]] = {name: _device.to_host(v).copy() if _checks.is_array(v)
+                                     else copy.deepcopy(v) for name, v in value.items()
+                                     if v is not None}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
+            packed["params"] = [first[id(p)] for p in group["params"]]
+            groups.append(packed)
+        return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore options and state saved by :meth:`state_dict` (PyTorch's layout).
+
+        The saved groups' options replace the current ones; their parameters
+        stay the optimiser's own, matched by position. State arrays are copied
+        onto each parameter's device; float arrays are cast to the
+        parameter's dtype (as PyTorch does), other arrays must have the dtype
+        the optimiser uses. Everything is checked before anything changes.
+
+        Parameters
+        ----------
+        state_dict : dict
+            ``{"state": {...}, "param_groups": [...]}``. Arrays may be NumPy
+            arrays, CUDA arrays or anything ``numpy.asarray`` accepts (PyTorch
+            CPU tensors); ``None`` entries are ignored, and so are PyTorch's
+            implementation flags (``foreach``, ``capturable``,
+            ``differentiable``, ``fused``) when they are off, so a PyTorch
+            optimiser's ``state_dict()`` of the same options loads.
+
+        Raises
+        ------
+        TypeError
+            Not a dict of that layout, or a state value of the wrong kind.
+        ValueError
+            Another number of groups or of parameters in a group, invalid or
+            unknown options, a state entry for no parameter, an unknown or
+            missing state name, or an array of the wrong shape.
+        """
+        if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
+            raise TypeError("state_dict: expected a dict with exactly the entries 'state' and "
+                            f"'param_groups', got {_checks.quote(state_dict)}")
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(saved_groups, (list, tuple)) or not isinstance(saved_state, dict):
+            raise TypeError("state_dict: expected 'param_groups' to be a list and 'state' a "
+                            "dict")
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"state_dict: has {len(saved_groups)} parameter group(s), this "
+                             f"optimiser has {len(self.param_groups)}")
+        groups, owner = self._load_groups(saved_groups)
+        state = {}
+        for key, values in saved_state.items():
+            index = _checks.check_int(key, "state_dict['state'] key")
+            if index not in owner:
+                raise ValueError(f"state_dict: state for parameter {index}, but the saved groups "
+                                 f"list {len(owner)} parameter(s)")
+            param, group = owner[index]
+            state[id(param)] = self._load_param_state(values, param, group, index)
+        self.param_groups = groups
+        self.state = state
+
+    def _load_groups(self, saved_groups):
+        """New groups (saved options, current parameters) and ``index -> (param, group)``."""
+        groups, owner = [], {}
+        for i, (saved, current) in enumerate(zip(saved_groups, self.param_groups, strict=True)):
+            where = f"state_dict['param_groups'][{i}]"
+            if not isinstance(saved, dict) or "params" not in saved:
+                raise TypeError(f"{where}: expected a dict with a 'params' entry")
+            indices = list(saved["params"])
+            if len(indices) != len(current["params"]):
+                raise ValueError(f"{where}: lists {len(indices)} parameter(s), the optimiser's "
+                                 f"group {i} has {len(current['params'])}")
+            saved = {k: v for k, v in saved.items() if not (k in TORCH_ONLY_FLAGS and not v)}
+            unknown = set(saved) - {"params", *self._OPTIONS}
+            if unknown:
+                raise ValueError(f"{where}: unknown option(s) {sorted(unknown)}")
+            options = self._check_options({**{k: current[k] for k in self._OPTIONS},
+                                           **{k: v for k, v in saved.items() if k != "params"}})
+            group = {"params": current["params"], **options}
+            groups.append(group)
+            for index, param in zip(indices, current["params"], strict=True):
+                owner[_checks.check_int(index, f"{where}['params'] entry")] = (param, group)
+        return groups, owner
+
+    def _load_param_state(self, values, param, group, index):
+        """Checked copy of one parameter's saved state, on the parameter's device."""
+        where = f"state_dict['state'][{index}]"
+        if not isinstance(values, dict):
+            raise TypeError(f"{where}: expected a dict, got {type_name(values)}")
+        data = param.data
+        arrays, scalars = self._state_spec(tuple(data.shape), data.dtype, group)
+        values = {k: v for k, v in values.items() if v is not None}
+        unknown = set(values) - set(arrays) - set(scalars)
+        if unknown:
+            raise ValueError(f"{where}: unknown state {sorted(map(str, unknown))} for "
+                             f"{type(self).__name__} with these options (expected "
+                             f"{sorted([*arrays, *scalars])})")
+        missing = (set(arrays) | set(scalars)) - set(values)
+        if values and missing:
+            raise ValueError(f"{where}: missing state {sorted(missing)}")
+        loaded = {}
+        for name, spec in arrays.items():
+            if name in values:
+                loaded[name] = self._load_array(values[name], spec, data, f"{where}[{name!r}]")
+        for name, start in scalars.items():
+            if name in values:
+                loaded[name] = _load_scalar(values[name], start, f"{where}[{name!r}]")
+        return loaded
+
+    @staticmethod
+    def _load_array(value, spec: StateArray, data, name: str):
+        host = _device.to_host(value) if _checks.is_array(value) else np.asarray(value)
+        if tuple(host.shape) != tuple(spec.shape):
+            raise ValueError(f"{name}: expected shape {tuple(spec.shape)} (for a parameter of "
+                             f"shape {tuple(data.shape)}), got {tuple(host.shape)}")
+        want = np.dtype(spec.dtype)
+        castable = host.dtype == want or (host.dtype.kind == "f" and want.kind == "f")
+        if not castable:
+            raise TypeError(f"{name}: expected dtype {want}, got {host.dtype}")
+        host = np.array(host, dtype=want, copy=True, order="C")
+        return _device.to_device(host, _device.device_of(data))
+
+
+def _load_scalar(value, start, name: str):
+    """A saved scalar as the type of its starting value (0-d arrays and tensors accepted)."""
+    if not isinstance(value, (bool, int, float, np.generic)):
+        array = np.asarray(value)
+        if array.shape != ():
+            raise TypeError(f"{name}: expected a scalar, got shape {array.shape}")
+        value = array.item()
+    if isinstance(start, bool):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected a bool, got {_checks.quote(value)}")
+        return bool(value)
+    if isinstance(start, int):
+        if float(value) != int(value) or value < 0:
+            raise ValueError(f"{name}: expected a whole number >= 0, got {_checks.quote(value)}")
+        return int(value)
+    return float(value)
+
+
+class HookHandles:
+    """The hooks :meth:`Optimizer.fuse_with_backward` registered; ``remove()`` unregisters them."""
+
+    def __init__(self, handles):
+        self._handles = list(handles)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
