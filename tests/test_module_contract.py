@@ -235,7 +235,7 @@ def test_layer_norm_weight_stepped_between_forward_and_backward_raises(rng):
     ln = nn.LayerNorm(D, dtype=np.float64)
     ln(_floats(rng, (2, D)))
     ln.weight.data[...] *= 2
-    ln.weight.bump_version()  # what an optimiser step does
+    ln.weight.bump_version()  # what code writing .data in place must call
     with pytest.raises(RuntimeError, match="'weight' was modified"):
         ln.backward(np.ones((2, D)))
 

@@ -43,10 +43,11 @@ class Module:
     ``RuntimeError``; a gradient of another shape than that forward's output
     raises ``ValueError`` and keeps the record. Parameters the backward reads
     (a LayerNorm's weight, a block's tables) must not change in between: a
-    change made through numbapos (an optimiser step, :meth:`load_state_dict`,
-    ``max_norm`` clipping, replacing ``.data``) raises ``RuntimeError`` at the
-    backward. In :meth:`eval` mode and inside :class:`numbapos.no_grad` a
-    forward records nothing.
+    change made through :meth:`load_state_dict`, ``max_norm`` clipping,
+    ``to(dtype)``, replacing ``.data`` or anything that calls
+    :meth:`Parameter.bump_version` raises ``RuntimeError`` at the backward. In
+    :meth:`eval` mode and inside :class:`numbapos.no_grad` a forward records
+    nothing.
 
     Subclasses implement :meth:`forward` and :meth:`backward`, using
     :meth:`_recording`, :meth:`_save_for_backward`, :meth:`_saved_context` and
@@ -163,9 +164,9 @@ class Module:
             if param.data is not data or param._version != version:
                 raise RuntimeError(
                     f"{type(self).__name__}.{call}: parameter {name!r} was modified after the "
-                    f"forward this {call} belongs to (an optimiser step, load_state_dict, "
-                    "max_norm clipping or a new .data); its gradient would be computed from "
-                    f"the new values. Run the {call} before changing parameters"
+                    f"forward this {call} belongs to (load_state_dict, max_norm clipping, a "
+                    "new .data or another bump_version() call); its gradient would be "
+                    f"computed from the new values. Run the {call} before changing parameters"
                 )
 
     # ------------------------------------------------------------ traversal

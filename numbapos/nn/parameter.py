@@ -52,7 +52,7 @@ class Parameter:
 
     @property
     def version(self) -> int:
-        """How often numbapos changed ``data`` in place (optimiser steps, loads, clipping)."""
+        """How often ``data`` was marked as changed in place (loads, clipping, casts)."""
         return self._version
 
     def bump_version(self) -> None:
