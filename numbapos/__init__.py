@@ -11,6 +11,9 @@ optim
     row-sparse gradients, checkpointable with ``state_dict``.
 io
     ``save_state`` / ``load_state`` for safetensors files (needs the ``io`` extra).
+distributed
+    ``ShardedEmbedding``: a table sharded over Ray actors (imported on its own,
+    ``import numbapos.distributed``; needs the ``distributed`` extra).
 
 Gradients
 ---------

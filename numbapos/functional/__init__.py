@@ -20,6 +20,7 @@ from .blocks import (
 )
 from .dropout import dropout, dropout_backward, dropout_mask
 from .embedding import embedding, embedding_backward, embedding_renorm_, padding_mask
+from .init import keyed_normal_
 from .normalization import layer_norm, layer_norm_backward, layer_norm_forward
 from .optim import (
     adagrad_,
@@ -59,6 +60,7 @@ __all__ = [
     "embedding_renorm_",
     "gpt2_embeddings",
     "gpt2_embeddings_backward",
+    "keyed_normal_",
     "layer_norm",
     "layer_norm_backward",
     "layer_norm_forward",

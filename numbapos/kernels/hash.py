@@ -19,9 +19,17 @@ finaliser, all arithmetic modulo 2**64. For a fixed key the values
 passes BigCrush; seeds and counters each go through a full ``mix64`` first, so
 neighbouring seeds or counters give unrelated keys.
 
+The keyed initialiser draws its normal values from the same generator:
+:func:`keyed_normal` turns two 53-bit uniforms of the stream
+``key(seed, row)``, at indices ``2 d`` and ``2 d + 1``, into one N(0, 1)
+value by the Box-Muller transform, so element ``(row, d)`` of a table depends
+on nothing else.
+
 The functions are ``register_jitable``: callable from ``@njit`` and
 ``@cuda.jit`` code (and, unchanged, from Python on the CUDA simulator).
 """
+
+import math
 
 import numpy as np
 from numba.extending import register_jitable
@@ -33,6 +41,9 @@ _S30 = np.uint64(30)
 _S27 = np.uint64(27)
 _S31 = np.uint64(31)
 _S32 = np.uint64(32)
+_S11 = np.uint64(11)
+_TWO_M53 = 2.0 ** -53
+_TWO_PI = 2.0 * math.pi
 
 
 
@@ -69,3 +80,19 @@ def dropout_bits(seed, counter, index):
 def keeps(key, index, threshold):
     """True iff element ``index`` of stream ``key`` survives (``threshold`` a uint64)."""
     return dropout_bits_keyed(key, index) >= threshold
+
+
+@register_jitable
+def keyed_normal(seed, row, d):
+    """A standard normal value (float64) for element ``d`` of row ``row`` under ``seed``.
+
+    Box-Muller on two uniforms of the stream ``dropout_key(seed, row)``:
+    ``u1`` in (0, 1] from index ``2 d``, ``u2`` in [0, 1) from ``2 d + 1``.
+    """
+    key = dropout_key(seed, row)
+    index = np.uint64(d) * np.uint64(2)
+    high = mix64(key + index * GOLDEN_GAMMA) >> _S11
+    low = mix64(key + (index + np.uint64(1)) * GOLDEN_GAMMA) >> _S11
+    u1 = (np.float64(high) + 1.0) * _TWO_M53
+    u2 = np.float64(low) * _TWO_M53
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(_TWO_PI * u2)

@@ -3,6 +3,11 @@
 An initialiser is any callable ``init(shape, rng) -> array_like`` where ``rng``
 is a ``numpy.random.Generator``; :func:`make_array` calls it, checks the shape
 and casts to the parameter's dtype. The factories here return such callables.
+
+:func:`keyed_normal_` fills an existing table in place with normal values
+keyed by (seed, row, column), so any set of rows can be made on its own (the
+shards of :class:`numbapos.distributed.ShardedEmbedding` do); :func:`keyed_normal`
+is the same as an initialiser for ``Embedding(init=...)``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import _checks
+from ..functional.init import keyed_normal_
 
 Initializer = Callable[[tuple, np.random.Generator], np.ndarray]
 
@@ -75,6 +81,22 @@ def sinusoidal(base: float = 10000.0) -> Initializer:
         if len(shape) != 2:
             raise ValueError(f"sinusoidal: expected a 2-D shape (max_len, D), got {shape}")
         return sinusoidal_pos_embedding(shape[0], shape[1], dtype=np.float64, base=base)
+
+    return init
+
+
+def keyed_normal(seed: int = 0, mean: float = 0.0, std: float = 1.0) -> Initializer:
+    """N(mean, std^2) keyed by (seed, row, column): :func:`keyed_normal_` as an initialiser.
+
+    The ``rng`` argument is ignored; ``Embedding(V, D, init=keyed_normal(seed))``
+    equals ``keyed_normal_(Embedding(V, D).weight.data, seed)`` (before any
+    padding row is zeroed).
+    """
+
+    def init(shape, rng):
+        if len(shape) != 2:
+            raise ValueError(f"keyed_normal: expected a 2-D shape (V, D), got {shape}")
+        return keyed_normal_(np.empty(shape, np.float64), seed, mean=mean, std=std)
 
     return init
 

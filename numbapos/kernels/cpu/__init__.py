@@ -5,16 +5,17 @@ them all, and :func:`numbapos._device.backend` returns it for NumPy arrays.
 """
 
 from ..._pool import start_pool
-from . import arrays, blocks, dropout, embedding, normalization, optim, positional
+from . import arrays, blocks, dropout, embedding, init, normalization, optim, positional
 from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
 from .embedding import *  # noqa: F403
+from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
 from .positional import *  # noqa: F403
 
-AREAS = (arrays, blocks, dropout, embedding, normalization, optim, positional)
+AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 # Load Numba's thread pool with a bounded spin-wait before any parallel kernel runs

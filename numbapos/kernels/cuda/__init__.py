@@ -9,14 +9,15 @@ from . import memory
 
 memory.install()  # before Numba makes its first CUDA context (see memory.py)
 
-from . import arrays, blocks, dropout, embedding, normalization, optim, positional  # noqa: E402
+from . import arrays, blocks, dropout, embedding, init, normalization, optim, positional  # noqa: E402
 from .arrays import *  # noqa: E402, F403
 from .blocks import *  # noqa: E402, F403
 from .dropout import *  # noqa: E402, F403
 from .embedding import *  # noqa: E402, F403
+from .init import *  # noqa: E402, F403
 from .normalization import *  # noqa: E402, F403
 from .optim import *  # noqa: E402, F403
 from .positional import *  # noqa: E402, F403
 
-AREAS = (arrays, blocks, dropout, embedding, normalization, optim, positional)
+AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
