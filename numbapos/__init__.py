@@ -15,6 +15,12 @@ distributed
     ``ShardedEmbedding``: a table sharded over Ray actors (imported on its own,
     ``import numbapos.distributed``; needs the ``distributed`` extra).
 
+Gradients
+---------
+Modules pair each training-mode forward with one ``backward`` (last in, first
+out); :class:`no_grad` (a context manager and decorator) turns the recording
+off for inference, :func:`is_grad_enabled` tells whether it is on.
+
 Devices
 -------
 Every op runs where its arrays live: NumPy arrays on the CPU, CUDA arrays
@@ -26,6 +32,7 @@ arrays. ``import numbapos`` never imports ``numba.cuda``.
 
 from . import functional, io, nn, optim
 from ._device import cuda_available, cuda_empty_cache, device_of, to_device, to_host
+from ._grad_mode import is_grad_enabled, no_grad
 from ._pool import get_num_threads, set_num_threads
 from ._warmup import warmup
 from .sparse import SparseRows
@@ -33,5 +40,5 @@ from .sparse import SparseRows
 __version__ = "0.1.0"
 
 __all__ = ["SparseRows", "__version__", "cuda_available", "cuda_empty_cache", "device_of",
-           "functional", "get_num_threads", "io", "nn", "optim", "set_num_threads", "to_device",
-           "to_host", "warmup"]
+           "functional", "get_num_threads", "io", "is_grad_enabled", "nn", "no_grad", "optim",
+           "set_num_threads", "to_device", "to_host", "warmup"]

@@ -29,15 +29,75 @@ def quote(value) -> str:
     return text if len(text) <= MAX_QUOTE else text[:MAX_QUOTE] + "..."
 
 
+def type_name(x) -> str:
+    """The full name of ``x``'s type (``torch.nn.parameter.Parameter``; ``list`` for builtins)."""
+    kind = type(x)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
 def _describe(x) -> str:
     if isinstance(x, np.ndarray) or _device.is_cuda_array(x):
-        return f"{type(x).__name__} of dtype {x.dtype} and shape {tuple(x.shape)}"
-    return f"{type(x).__name__} {quote(x)}"
+        return f"{type_name(x)} of dtype {x.dtype} and shape {tuple(x.shape)}"
+    return f"{type_name(x)} {quote(x)}"
 
 
 def is_array(x) -> bool:
     """A NumPy array or a CUDA array (Numba device array or ``__cuda_array_interface__``)."""
     return isinstance(x, np.ndarray) or _device.is_cuda_array(x)
+
+
+# ---------------------------------------------------------------- interop
+
+_VIEW_PROTOCOLS = ("__array_interface__", "__array_struct__", "__array__")
+
+
+def host_view(x, name: str):
+    """A NumPy view of a CPU array of another library, or None if ``x`` is no array.
+
+    The one conversion path of every array input: NumPy's array protocols
+    (``__array__``, ``__array_interface__``: PyTorch CPU tensors, JAX arrays,
+    numbapos Parameters), DLPack (``__dlpack__``) and the buffer protocol, all
+    without a copy where the producer allows one. A tensor that requires grad
+    raises TypeError (numbapos has no autograd: pass ``.detach()``).
+    """
+    if getattr(x, "_numbapos_parameter", False):
+        return x.data
+    if getattr(x, "requires_grad", False) is True and hasattr(x, "detach"):
+        raise TypeError(
+            f"{name}: got a {type_name(x)} that requires grad; numbapos computes gradients "
+            f"itself, so pass {name}.detach() (a view of the same memory, no copy)"
+        )
+    try:
+        if any(hasattr(x, attr) for attr in _VIEW_PROTOCOLS):
+            return np.asarray(x)
+        if hasattr(x, "__dlpack__"):
+            return np.from_dlpack(x)
+        if isinstance(x, (bytes, bytearray, memoryview)):
+            return np.asarray(memoryview(x))
+    except (TypeError, ValueError, RuntimeError, BufferError) as err:
+        raise TypeError(f"{name}: cannot view the {type_name(x)} as a NumPy array: "
+                        f"{str(err)[:MAX_QUOTE]}") from err
+    return None
+
+
+def as_array(x, name: str):
+    """``x`` as a NumPy array (CPU array-likes viewed without a copy) or a Numba device array.
+
+    TypeError for anything that is not an array (lists included) or for a
+    tensor that requires grad.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if _device.is_cuda_array(x):
+        return _device.adopt(x)
+    view = host_view(x, name)
+    if view is None:
+        raise TypeError(f"{name}: expected a NumPy or CUDA array (or a CPU array NumPy can "
+                        f"view, such as a detached PyTorch tensor), got {_describe(x)}")
+    if _device.is_cuda_array(view):
+        view = _device.adopt(view)
+    return view
 
 
 # ---------------------------------------------------------------- scalars
@@ -117,15 +177,21 @@ def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
 def check_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None):
     """Return ``x`` as a float32/float64 array (no copy), checking its rank.
 
-    NumPy arrays stay NumPy arrays; CUDA arrays come back as Numba device
-    arrays (foreign ones adopted without a copy).
+    NumPy arrays stay NumPy arrays, CPU arrays of other libraries become NumPy
+    views (see :func:`as_array`); CUDA arrays come back as Numba device arrays
+    (foreign ones adopted without a copy).
     """
     if not isinstance(x, np.ndarray):
-        if not _device.is_cuda_array(x):
-            raise TypeError(f"{name}: expected a NumPy or CUDA array of float32 or float64, "
-                            f"got {_describe(x)}")
-        x = _device.adopt(x)
-        check_cuda_contiguous(x, name)
+        if _device.is_cuda_array(x):
+            x = _device.adopt(x)
+            check_cuda_contiguous(x, name)
+        else:
+            view = host_view(x, name)
+            if view is None:
+                raise TypeError(f"{name}: expected a NumPy or CUDA array of float32 or "
+                                "float64 (or a CPU array NumPy can view, such as a detached "
+                                f"PyTorch tensor), got {_describe(x)}")
+            x = check_float_array(view, name) if _device.is_cuda_array(view) else view
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected dtype float32 or float64, got {x.dtype}")
     if ndim is not None:
@@ -160,13 +226,17 @@ def check_index_array(indices, name: str = "indices") -> np.ndarray:
             raise TypeError(f"{name}: expected integer indices of dtype int32 or int64 on the "
                             f"GPU, got dtype {indices.dtype}; cast them first")
         return indices
-    was_array = isinstance(indices, np.ndarray)
     if isinstance(indices, (bool, np.bool_)):
         raise TypeError(f"{name}: expected integer indices, got a bool")
-    try:
-        arr = np.asarray(indices)
-    except ValueError as err:  # ragged nested lists
-        raise ValueError(f"{name}: cannot make an array of integer indices: {err}") from err
+    arr = indices if isinstance(indices, np.ndarray) else host_view(indices, name)
+    was_array = arr is not None
+    if arr is None:
+        try:
+            arr = np.asarray(indices)
+        except ValueError as err:  # ragged nested lists
+            raise ValueError(f"{name}: cannot make an array of integer indices: {err}") from err
+    elif _device.is_cuda_array(arr):
+        return check_index_array(arr, name)
     if not was_array and arr.size == 0 and arr.dtype == np.float64:
         arr = arr.astype(np.int64)  # an empty Python list has no dtype of its own
     if arr.dtype.kind not in "iu":  # bool, float, timedelta64 (a NumPy "integer"), object...
@@ -264,9 +334,7 @@ def check_out(out, shape: tuple, dtype: np.dtype, name: str = "out",
     included, since a kernel that reads an index ``out`` has just overwritten
     would read outside its table.
     """
-    if not is_array(out):
-        raise TypeError(f"{name}: expected a NumPy or CUDA array, got {_describe(out)}")
-    out = _device.adopt(out)
+    out = as_array(out, name)
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
         raise ValueError(
             f"{name}: expected shape {tuple(shape)} and dtype {dtype}, "
@@ -282,7 +350,9 @@ def check_out(out, shape: tuple, dtype: np.dtype, name: str = "out",
 
 def check_attention_mask(mask, name: str = "attention_mask") -> np.ndarray:
     """A 1-D or 2-D mask of bool or integer dtype holding only 0 and 1 (no copy of an ndarray)."""
-    arr = _device.to_host(mask) if _device.is_cuda_array(mask) else np.asarray(mask)
+    arr = (_device.to_host(mask) if _device.is_cuda_array(mask)
+           else host_view(mask, name) if not isinstance(mask, np.ndarray) else mask)
+    arr = np.asarray(mask) if arr is None else _device.to_host(arr)
     if arr.dtype != np.bool_ and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(
             f"{name}: expected a bool or integer mask of 0s and 1s, got dtype {arr.dtype}"

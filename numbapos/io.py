@@ -171,10 +171,12 @@ def _collect(module_or_dict) -> dict[str, np.ndarray]:
             value = value.data
         if _device.is_cuda_array(value):
             value = _device.to_host(value)  # GPU arrays are saved from a host copy
-        if not isinstance(value, np.ndarray):
-            raise TypeError(
-                f"save_state: {name!r} must be a NumPy array, got {type(value).__name__}"
-            )
+        elif not isinstance(value, np.ndarray):
+            view = _checks.host_view(value, f"save_state: {name!r}")  # a PyTorch CPU tensor...
+            if view is None:
+                raise TypeError(f"save_state: {name!r} must be a NumPy array, got "
+                                f"{_checks.type_name(value)}")
+            value = _device.to_host(view)
         native = value.dtype.newbyteorder("=")
         if native not in _SAVABLE:
             raise TypeError(

@@ -201,7 +201,7 @@ def test_backward_other_errors(device):
     with pytest.raises(TypeError, match="grad_output"):
         F.embedding_backward(on(device, np.zeros((2, 4), dtype=np.int32)), indices, 5)
     with pytest.raises(ValueError, match="num_embeddings"):
-        F.embedding_backward(on(device, np.zeros((2, 4))), indices, 0)
+        F.embedding_backward(on(device, np.zeros((2, 4))), indices, -1)
     with pytest.raises(ValueError, match="padding_idx"):
         F.embedding_backward(on(device, np.zeros((2, 4))), indices, 5, padding_idx=5)
 

@@ -88,7 +88,7 @@ def test_bert_embeddings_match_transformers(torch, transformers, rng, dtype):
     hf.eval()
     state = {name: value.detach().numpy() for name, value in hf.state_dict().items()}
     ours = nn.BertEmbeddings.from_hf_state_dict(state, prefix="", pad_token_id=1)
-    ours.eval()
+    ours.dropout.eval()  # dropout off; the block stays in training mode to record for backward
     ids = rng.integers(0, 40, (3, 7))
     ids[0, -2:] = 1  # padding tokens
     types = rng.integers(0, 3, (3, 7))
@@ -156,7 +156,7 @@ def test_gpt2_embeddings_match_transformers(torch, transformers, rng):
     model, captured = _hf_gpt2(torch, transformers, rng)
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     ours = nn.GPT2Embeddings.from_hf_state_dict(state)
-    ours.eval()
+    ours.drop.eval()  # dropout off; the block stays in training mode to record for backward
     ids = rng.integers(0, 40, (2, 6))
     pos = rng.integers(0, 24, (2, 6))
     for kwargs in (dict(), dict(position_ids=pos)):

@@ -56,8 +56,8 @@ def test_load_state_dict_errors_change_nothing(device):
         model.load_state_dict({**state, "bogus": np.zeros(1)})
     with pytest.raises(ValueError, match=r"'words.weight' has shape \(5, 3\)"):
         model.load_state_dict({**state, "words.weight": np.zeros((5, 3), np.float32)})
-    with pytest.raises(ValueError, match="'words.weight' has dtype float64"):
-        model.load_state_dict({**state, "words.weight": np.zeros((6, 3))})
+    with pytest.raises(TypeError, match="'words.weight' has dtype complex128"):
+        model.load_state_dict({**state, "words.weight": np.zeros((6, 3), np.complex128)})
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(value, snapshot[name])
 
@@ -150,8 +150,8 @@ def test_custom_init_and_dtype():
         nn.Embedding(3, 2, init="normal")
 
 
-@pytest.mark.parametrize("args", [(0, 3), (3, 0), (-1, 2)])
-def test_non_positive_sizes(args):
+@pytest.mark.parametrize("args", [(-1, 2), (3, -1)])
+def test_negative_sizes(args):
     with pytest.raises(ValueError, match="num_embeddings|embedding_dim"):
         nn.Embedding(*args)
 
@@ -248,6 +248,7 @@ def test_attend_tied_head(rng, device):
                                rtol=1e-6, atol=1e-8)
     with pytest.raises(ValueError, match="embedding_dim=4"):
         emb.attend(on(device, np.zeros((2, 5))))
+    emb.attend(on(device, h))
     with pytest.raises(ValueError, match="grad_logits"):
         emb.attend_backward(on(device, np.zeros((2, 3, 6))))
 
@@ -261,7 +262,7 @@ def test_repr():
 def test_gradient_dtype_must_match_parameter(device):
     emb = nn.Embedding(4, 2, seed=0, device=device)  # float32
     emb(np.array([1, 2]))
-    with pytest.raises(TypeError, match="grad: expected dtype float32 .*got float64"):
+    with pytest.raises(TypeError, match="expected dtype float32 .*got float64"):
         emb.backward(on(device, np.ones((2, 2))))
     assert emb.weight.grad is None
 

@@ -11,6 +11,7 @@ import pytest
 import reference as ref
 from conftest import FLOAT_DTYPES, host, on, tolerance
 
+import numbapos
 import numbapos.functional as F
 from numbapos import _device, nn
 
@@ -257,9 +258,10 @@ def test_learned_finite_differences(device, rng, use_ids):
     kwargs = {"position_ids": np.array([4, 0, 4])} if use_ids else {"offset": 1}
 
     def loss():
-        return float(np.sum(host(layer(on(device, x), **kwargs)) * r))
+        with numbapos.no_grad():  # evaluations only, no backward
+            return float(np.sum(host(layer(on(device, x), **kwargs)) * r))
 
-    loss()
+    layer(on(device, x), **kwargs)
     gx = layer.backward(on(device, r))
     np.testing.assert_allclose(host(gx), ref.finite_difference(loss, x), atol=1e-7)
     np.testing.assert_allclose(host(layer.weight.grad), _finite_difference_of(loss, layer.weight),
@@ -287,10 +289,11 @@ def test_learned_dropout_forward_backward(device, rng):
     # a second training call draws a fresh mask
     y2 = layer(xd)
     np.testing.assert_array_equal(host(y2), F.dropout(x + weight, p, seed, counter=1))
-    # eval mode: no dropout
+    # eval mode: no dropout, nothing recorded: the backward pairs with the second forward
     layer.eval()
     np.testing.assert_array_equal(host(layer(xd)), x + weight)
-    np.testing.assert_array_equal(host(layer.backward(gd)), grad)
+    np.testing.assert_array_equal(host(layer.backward(gd)),
+                                  F.dropout_backward(grad, p, seed, counter=1))
 
 
 def test_learned_frozen_table(device):
@@ -408,9 +411,10 @@ def test_neoml_mult_addition_finite_differences(device, rng, features):
     r = rng.standard_normal(x.shape)
 
     def loss():
-        return float(np.sum(host(layer(on(device, x))) * r))
+        with numbapos.no_grad():  # evaluations only, no backward
+            return float(np.sum(host(layer(on(device, x))) * r))
 
-    loss()
+    layer(on(device, x))
     gx = layer.backward(on(device, r))
     np.testing.assert_allclose(host(gx), ref.finite_difference(loss, x), atol=1e-7)
     grad_a, grad_b = host(layer.multipliers.grad), host(layer.addends.grad)
@@ -425,9 +429,10 @@ def test_neoml_addition_finite_differences(device, rng):
     r = rng.standard_normal(x.shape)
 
     def loss():
-        return float(np.sum(host(layer(on(device, x))) * r))
+        with numbapos.no_grad():  # evaluations only, no backward
+            return float(np.sum(host(layer(on(device, x))) * r))
 
-    loss()
+    layer(on(device, x))
     gx = layer.backward(on(device, r))
     np.testing.assert_allclose(host(gx), ref.finite_difference(loss, x), atol=1e-7)
     np.testing.assert_allclose(host(layer.addends.grad),

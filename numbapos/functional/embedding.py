@@ -170,7 +170,7 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         As for :func:`embedding`; ValueError when ``grad_output``'s shape is not
         ``indices.shape + (D,)``.
     """
-    num_rows = _checks.check_int(num_embeddings, "num_embeddings", minimum=1)
+    num_rows = _checks.check_int(num_embeddings, "num_embeddings", minimum=0)
     grad_output = _checks.check_float_array(grad_output, "grad_output")
     K = backend_for((grad_output,), ("grad_output",))
     indices = on_backend(K, indices)

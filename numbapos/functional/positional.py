@@ -71,9 +71,11 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
     """
     seq_len = _checks.check_int(seq_len, "seq_len", minimum=1)
     embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
+    if out is not None:
+        out = _checks.as_array(out, "out")
     device = _device.check_device(device) if out is None else _device.device_of(out)
     if dtype is None:
-        dtype = out.dtype if _checks.is_array(out) else np.float32
+        dtype = np.float32 if out is None else out.dtype
     dtype = _checks.check_float_dtype(dtype)
     base = _checks.check_positive(base, "base")
     offset = _checks.check_int(offset, "offset", minimum=0)
@@ -410,7 +412,8 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
     rows_shape = ids.shape[:-1]
     # The last position, past_length + L - 1, must fit in the int64 result.
     max_past = _checks.INT64_MAX - max(ids.shape[ids.ndim - 1] - 1, 0)
-    if isinstance(past_length, (np.ndarray, list, tuple)) or _device.is_cuda_array(past_length):
+    if (isinstance(past_length, (list, tuple)) or _checks.is_array(past_length)
+            or hasattr(past_length, "__array__") and not isinstance(past_length, np.generic)):
         past = _device.to_host(_checks.check_index_array(past_length, "past_length"))
         _checks.check_same_shape(past, rows_shape, "past_length", "input_ids.shape[:-1]")
         if past.size and past.min() < 0:

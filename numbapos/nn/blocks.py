@@ -31,18 +31,21 @@ def _forward_options(*tables: Embedding):
     return tuple(_options(table) for table in tables)
 
 
-def _dropout_state(dropout: Dropout) -> dict:
-    """The dropout keywords of this forward call of the block's Dropout child."""
-    active = dropout.training and dropout.p > 0.0
-    counter = _checks.check_uint64(dropout.counter, "counter") if active else 0
-    return {"p": dropout.p, "seed": dropout.seed, "training": active, "counter": counter}
-
-
-def _snapshot(ids):
+def _snapshot(ids, name):
     """A private copy of an id argument, so a later backward sees what this forward saw."""
     if ids is None or isinstance(ids, (int, np.integer)):
         return ids
-    return _device.copy(ids if _checks.is_array(ids) else np.asarray(ids))
+    if _checks.is_array(ids):
+        return _device.copy(ids)
+    view = _checks.host_view(ids, name)
+    return np.array(ids if view is None else view, copy=True)
+
+
+def _bump_clipped(embeddings) -> None:
+    """Mark the tables that ``max_norm`` may have clipped in place as changed."""
+    for embedding in embeddings:
+        if embedding.max_norm is not None:
+            embedding.weight.bump_version()
 
 
 def _accumulate(param: Parameter | None, grad) -> None:
@@ -77,10 +80,7 @@ def _load_arrays(state_dict, prefix, suffixes, aliases=None):
         if key not in state_dict:
             raise KeyError(f"state_dict: missing {prefix + suffix!r}"
                            f"{_prefix_hint(state_dict, prefix, suffix)}")
-        value = state_dict[key]
-        if not isinstance(value, np.ndarray):
-            raise TypeError(f"state_dict[{key!r}]: expected a NumPy array, got "
-                            f"{type(value).__name__} (convert tensors with .numpy())")
+        value = _device.to_host(_checks.as_array(state_dict[key], f"state_dict[{key!r}]"))
         if value.dtype == np.float16:
             value = value.astype(np.float32)
         if value.dtype not in _checks.FLOAT_DTYPES:
@@ -199,7 +199,6 @@ class BertEmbeddings(Module):
         self.LayerNorm = layer_norm
         self.dropout = Dropout(hidden_dropout_prob, seed=rng)
         self.pad_token_id = pad_token_id
-        self._cache = None
         self._place(device)
 
     # -------------------------------------------------------------- sizes
@@ -264,20 +263,30 @@ class BertEmbeddings(Module):
         IndexError
             An id, token type or position out of range (named, with the range).
         """
-        drop = _dropout_state(self.dropout)
+        options = self._table_options()
+        drop = self.dropout._draw()
         y, mean, rstd = F.bert_embeddings_forward(
             input_ids, *self._arrays(), token_type_ids=token_type_ids, position_ids=position_ids,
             past_length=past_length, eps=self.LayerNorm.eps, out=out,
-            table_options=self._table_options(), **drop)
-        if drop["training"]:
-            self.dropout.counter = drop["counter"] + 1
-        ids = {"input_ids": _snapshot(input_ids), "token_type_ids": _snapshot(token_type_ids),
-               "position_ids": _snapshot(position_ids), "past_length": past_length}
-        self._cache = (ids, mean, rstd, drop)
+            table_options=options, **drop)
+        self.dropout._advance(drop)
+        tables = (self.word_embeddings, self.position_embeddings, self.token_type_embeddings)
+        _bump_clipped(tables)
+        if self._recording():
+            ids = {"input_ids": _snapshot(input_ids, "input_ids"),
+                   "token_type_ids": _snapshot(token_type_ids, "token_type_ids"),
+                   "position_ids": _snapshot(position_ids, "position_ids"),
+                   "past_length": past_length}
+            # The backward recomputes each token's row sum from the tables and reads
+            # the LayerNorm weight: they are watched, not copied.
+            watched = self._watch(
+                [(f"{name}.weight", m.weight) for name, m in self.named_children()
+                 if isinstance(m, Embedding)] + [("LayerNorm.weight", self.LayerNorm.weight)])
+            self._save_for_backward((ids, mean, rstd, drop, options, watched))
         return y
 
     def backward(self, grad_output):
-        """Accumulate the gradients of the last :meth:`forward`; returns None (ids have none).
+        """Accumulate the gradients of the matching :meth:`forward`; returns None (ids have none).
 
         Fills ``word_embeddings.weight.grad`` (padding row excluded),
         ``position_embeddings.weight.grad`` (summed over the batch),
@@ -287,30 +296,32 @@ class BertEmbeddings(Module):
         Raises
         ------
         RuntimeError
-            No forward has run yet.
+            No recorded forward is left, or a table or the LayerNorm weight
+            changed since it (the gradient would be computed from new values).
         TypeError, ValueError
-            ``grad_output`` not of the output's shape and dtype.
+            ``grad_output`` not of the output's shape and dtype (the record is kept).
         """
-        if self._cache is None:
-            raise RuntimeError("BertEmbeddings.backward called before forward")
-        ids, mean, rstd, drop = self._cache
+        ids, mean, rstd, drop, options, watched = self._saved_context()
         ln = self.LayerNorm
         params = (self.word_embeddings.weight, self.position_embeddings.weight,
                   self.token_type_embeddings.weight, ln.weight, ln.bias)
         want = tuple(p is not None and p.requires_grad for p in params)
         word, position, token_type, gamma, beta = self._arrays()
         _checks.check_float_like(grad_output, "grad_output", tuple(mean.shape) + (word.shape[1],),
-                                 word.dtype, "the shape of the last forward's output",
+                                 word.dtype, "the shape of the matching forward's output",
                                  "that of the tables")
-        if not any(want):
-            return None
-        grads = F.bert_embeddings_backward(
-            grad_output, ids["input_ids"], word, position, token_type, mean, rstd, gamma, beta,
-            token_type_ids=ids["token_type_ids"], position_ids=ids["position_ids"],
-            past_length=ids["past_length"], table_options=self._table_options(),
-            output_mask=want, **drop)
-        for param, grad in zip(params, grads, strict=True):
-            _accumulate(param, grad)
+        self._check_unchanged(watched)
+        grads = None
+        if any(want):
+            grads = F.bert_embeddings_backward(
+                grad_output, ids["input_ids"], word, position, token_type, mean, rstd, gamma,
+                beta, token_type_ids=ids["token_type_ids"], position_ids=ids["position_ids"],
+                past_length=ids["past_length"], table_options=options, output_mask=want,
+                **drop)
+        self._release()
+        if grads is not None:
+            for param, grad in zip(params, grads, strict=True):
+                _accumulate(param, grad)
         return None
 
     # -------------------------------------------------------------- checkpoints
@@ -335,9 +346,10 @@ class BertEmbeddings(Module):
 
         Parameters
         ----------
-        state_dict : mapping of str to ndarray
-            E.g. from :func:`numbapos.io.load_state`. Torch tensors must be
-            converted first (``{k: v.numpy() for k, v in sd.items()}``).
+        state_dict : mapping of str to array_like
+            E.g. from :func:`numbapos.io.load_state`, or a PyTorch
+            ``state_dict()`` directly (its CPU tensors are viewed as NumPy
+            arrays; anything NumPy can view works).
         prefix : str, default "embeddings."
             Prepended to every name (``"bert.embeddings."`` for task models).
         pad_token_id, layer_norm_eps, hidden_dropout_prob, seed
@@ -357,7 +369,7 @@ class BertEmbeddings(Module):
             A required tensor is missing (named; a prefix that would match is
             suggested).
         TypeError
-            ``state_dict`` not a mapping, or a value that is not a NumPy array.
+            ``state_dict`` not a mapping, or a value that is not an array.
         ValueError
             A tensor with the wrong number of dimensions or a hidden size that
             disagrees with the word table, a non-float dtype, or tensors of
@@ -455,7 +467,6 @@ class GPT2Embeddings(Module):
         self.wte = table(vocab_size, "wte.weight")
         self.wpe = table(n_positions, "wpe.weight")
         self.drop = Dropout(embd_pdrop, seed=rng)
-        self._cache = None
         self._place(device)
 
     @property
@@ -501,48 +512,56 @@ class GPT2Embeddings(Module):
         IndexError
             An id or explicit position out of range (named, with the range).
         """
-        drop = _dropout_state(self.drop)
+        forward_options = _forward_options(self.wte, self.wpe)
+        drop = self.drop._draw()
         y = F.gpt2_embeddings(input_ids, self.wte.weight.data, self.wpe.weight.data,
                               past_length=past_length, position_ids=position_ids,
                               attention_mask=attention_mask, out=out,
-                              table_options=_forward_options(self.wte, self.wpe), **drop)
-        if drop["training"]:
-            self.drop.counter = drop["counter"] + 1
-        ids = {"input_ids": _snapshot(input_ids), "position_ids": _snapshot(position_ids),
-               "attention_mask": _snapshot(attention_mask), "past_length": past_length}
-        self._cache = (ids, tuple(y.shape), drop)
+                              table_options=forward_options, **drop)
+        self.drop._advance(drop)
+        if forward_options is not None:
+            _bump_clipped((self.wte, self.wpe))
+        if self._recording():
+            ids = {"input_ids": _snapshot(input_ids, "input_ids"),
+                   "position_ids": _snapshot(position_ids, "position_ids"),
+                   "attention_mask": _snapshot(attention_mask, "attention_mask"),
+                   "past_length": past_length}
+            options = forward_options or (_options(self.wte), _options(self.wpe))
+            self._save_for_backward((ids, tuple(y.shape), drop, options))
         return y
 
     def backward(self, grad_output):
-        """Accumulate ``wte`` / ``wpe`` gradients of the last :meth:`forward`; returns None.
+        """Accumulate ``wte`` / ``wpe`` gradients of the matching :meth:`forward`; returns None.
 
-        The position gradient is summed over the batch; frozen tables are skipped.
+        The position gradient is summed over the batch; frozen tables are
+        skipped. The backward does not read the tables, so they may change
+        in between.
 
         Raises
         ------
         RuntimeError
-            No forward has run yet.
+            No recorded forward is left.
         TypeError, ValueError
-            ``grad_output`` not of the output's shape and dtype.
+            ``grad_output`` not of the output's shape and dtype (the record is kept).
         """
-        if self._cache is None:
-            raise RuntimeError("GPT2Embeddings.backward called before forward")
-        ids, shape, drop = self._cache
+        ids, shape, drop, options = self._saved_context()
         params = (self.wte.weight, self.wpe.weight)
         want = tuple(p.requires_grad for p in params)
         wte, wpe = self.wte.weight.data, self.wpe.weight.data
         grad_output = _checks.check_float_like(
-            grad_output, "grad_output", shape, wte.dtype, "the shape of the last forward's "
+            grad_output, "grad_output", shape, wte.dtype, "the shape of the matching forward's "
             "output", "that of the tables")
-        if not any(want):
-            return None
-        grads = F.gpt2_embeddings_backward(
-            grad_output, ids["input_ids"], wte.shape[0], wpe.shape[0],
-            past_length=ids["past_length"], position_ids=ids["position_ids"],
-            attention_mask=ids["attention_mask"],
-            table_options=(_options(self.wte), _options(self.wpe)), output_mask=want, **drop)
-        for param, grad in zip(params, grads, strict=True):
-            _accumulate(param, grad)
+        grads = None
+        if any(want):
+            grads = F.gpt2_embeddings_backward(
+                grad_output, ids["input_ids"], wte.shape[0], wpe.shape[0],
+                past_length=ids["past_length"], position_ids=ids["position_ids"],
+                attention_mask=ids["attention_mask"], table_options=options, output_mask=want,
+                **drop)
+        self._release()
+        if grads is not None:
+            for param, grad in zip(params, grads, strict=True):
+                _accumulate(param, grad)
         return None
 
     @classmethod
@@ -560,7 +579,8 @@ class GPT2Embeddings(Module):
 
         Parameters
         ----------
-        state_dict : mapping of str to ndarray
+        state_dict : mapping of str to array_like
+            As for :meth:`BertEmbeddings.from_hf_state_dict`.
         prefix : str, default ""
         embd_pdrop, seed
             As for :class:`GPT2Embeddings` (``seed`` seeds the dropout stream).
@@ -576,7 +596,7 @@ class GPT2Embeddings(Module):
             ``wte.weight`` or ``wpe.weight`` missing (a matching prefix is
             suggested when the state dict has one).
         TypeError
-            ``state_dict`` not a mapping, or a value that is not a NumPy array.
+            ``state_dict`` not a mapping, or a value that is not an array.
         ValueError
             A tensor that is not 2-D, widths that differ, a non-float dtype,
             or the two tensors of different dtypes.

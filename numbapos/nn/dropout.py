@@ -23,7 +23,7 @@ class Dropout(Module):
     The mask of a training call is a hash of ``(seed, counter, element
     index)`` (see :func:`numbapos.functional.dropout`): the module owns the seed
     and a call counter that every training-mode :meth:`forward` uses and then
-    advances by one, so successive calls draw fresh masks and a module rebuilt
+    advances by one (when ``p > 0``), so successive calls draw fresh masks and a module rebuilt
     with the same seed replays the same sequence of masks, on any number of
     threads. In evaluation mode (:meth:`~Module.eval`) it is the identity and
     the counter does not move.
@@ -43,23 +43,59 @@ class Dropout(Module):
     ----------
     p : float
     seed : int
-        The seed in use (read it to reproduce a run that used ``seed=None``).
+        The seed in use (read it to reproduce a run that used ``seed=None``);
+        may be set.
     counter : int
         The counter the next training-mode forward will use; may be set.
 
     Notes
     -----
-    The module has no parameters. :meth:`backward` regenerates the mask of the
-    last forward from ``(seed, counter)`` rather than storing it.
+    The module has no parameters. ``seed`` and ``counter`` are 0-d uint64
+    buffers: they are in :meth:`~Module.state_dict`, so loading a checkpoint
+    resumes the mask stream where it was saved. :meth:`backward` regenerates
+    the mask of its forward from ``(seed, counter)`` rather than storing it.
     """
 
     def __init__(self, p=0.5, seed=None, device="cpu"):
         super().__init__()
         self.p = _checks.check_unit_interval(p, "p")
-        self.seed = _resolve_seed(seed)
-        self.counter = 0
-        self._last = None  # (counter, shape, p) of the last forward; counter None: identity
+        self.register_buffer("seed", np.array(_resolve_seed(seed), dtype=np.uint64))
+        self.register_buffer("counter", np.array(0, dtype=np.uint64))
         self._place(device)
+
+    # The seed and the counter are 0-d uint64 buffers (in the state dict, so a
+    # checkpoint restores the mask stream), read and set as Python ints.
+
+    @property
+    def seed(self) -> int:
+        return int(self._buffers["seed"])
+
+    @seed.setter
+    def seed(self, value) -> None:
+        self._buffers["seed"][()] = _checks.check_uint64(value, "seed")
+
+    @property
+    def counter(self) -> int:
+        return int(self._buffers["counter"])
+
+    @counter.setter
+    def counter(self, value) -> None:
+        self._buffers["counter"][()] = _checks.check_uint64(value, "counter")
+
+    def _draw(self) -> dict:
+        """The dropout keywords of the next forward (call :meth:`_advance` once it succeeded).
+
+        Used by this module and by the layers that apply their Dropout child's
+        mask inside their own kernels (the fused blocks, LearnedPosEmbedding).
+        """
+        active = self.training and self.p > 0.0
+        return {"p": self.p, "seed": int(self._buffers["seed"]), "training": active,
+                "counter": int(self._buffers["counter"]) if active else 0}
+
+    def _advance(self, drop: dict) -> None:
+        """Move the counter past a mask drawn by a forward that succeeded."""
+        if drop["training"]:
+            self._buffers["counter"][()] = drop["counter"] + 1
 
     def forward(self, x, out=None):
         """Apply dropout to ``x`` (any shape, float32/float64).
@@ -73,41 +109,38 @@ class Dropout(Module):
         Returns
         -------
         ndarray
-            In training mode a new array (or ``out``); in evaluation mode, or with
-            ``p == 0``, ``x`` itself (unless ``out`` is given).
+            In training mode with ``p > 0`` a new array (or ``out``); in
+            evaluation mode, or with ``p == 0``, ``x`` itself (unless ``out``
+            is given).
         """
-        counter = _checks.check_uint64(self.counter, "counter")
-        if self.training:
-            y = F.dropout(x, self.p, self.seed, training=True, counter=counter, out=out)
-            self.counter = counter + 1
-            self._last = (counter, x.shape, self.p)
-        else:
-            y = F.dropout(x, self.p, self.seed, training=False, out=out)
-            self._last = (None, x.shape, self.p)
+        x = _checks.check_float_array(x, "x")
+        drop = self._draw()
+        y = F.dropout(x, out=out, **drop)
+        self._advance(drop)
+        if self._recording():
+            self._save_for_backward((tuple(x.shape), drop))
         return y
 
     def backward(self, grad_output, out=None):
-        """Gradient wrt the input of the last :meth:`forward`: ``grad_output`` times its mask.
+        """Gradient wrt the input of the matching :meth:`forward`: ``grad_output`` times its mask.
 
-        After an evaluation-mode forward this is the identity (``grad_output``
-        itself is returned).
+        With ``p == 0`` this is the identity (``grad_output`` itself is returned).
 
         Raises
         ------
         RuntimeError
-            No forward has run yet.
+            No recorded forward is left.
         ValueError
-            ``grad_output``'s shape differs from that forward's input.
+            ``grad_output``'s shape differs from that forward's input (the
+            record is kept).
         """
-        if self._last is None:
-            raise RuntimeError("Dropout.backward called before forward")
-        counter, shape, p = self._last
+        shape, drop = self._saved_context()
         grad_output = _checks.check_float_array(grad_output, "grad_output")
         _checks.check_same_shape(grad_output, shape, "grad_output",
-                                 "the shape of the last forward's input")
-        if counter is None:
-            return F.dropout_backward(grad_output, p, self.seed, training=False, out=out)
-        return F.dropout_backward(grad_output, p, self.seed, counter=counter, out=out)
+                                 "the shape of the matching forward's input")
+        grad = F.dropout_backward(grad_output, out=out, **drop)
+        self._release()
+        return grad
 
     def extra_repr(self) -> str:
         return f"p={self.p}, seed={self.seed}"

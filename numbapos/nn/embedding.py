@@ -17,9 +17,9 @@ class Embedding(Module):
     Parameters
     ----------
     num_embeddings : int
-        Vocabulary size V (> 0).
+        Vocabulary size V (>= 0; an empty table only serves empty lookups).
     embedding_dim : int
-        Vector size D (> 0).
+        Vector size D (>= 0).
     padding_idx : int, optional
         Row that marks padding: zeroed at initialisation, never receives a
         gradient. Negative values count from the end.
@@ -32,8 +32,9 @@ class Embedding(Module):
     sparse : bool, default False
         Accumulate a :class:`~numbapos.sparse.SparseRows` gradient that holds
         only the rows used, so :class:`~numbapos.optim.SGD` touches only them.
-    _weight : ndarray, optional
-        Initial table of shape (V, D), used as given (no copy).
+    _weight : array_like, optional
+        Initial float32 / float64 table of shape (V, D), used as given (no
+        copy; CPU arrays of other libraries are viewed).
     dtype : float32 or float64, default float32
     init : callable, optional
         ``init(shape, rng)`` initialiser; default N(0, 1) as PyTorch.
@@ -53,8 +54,8 @@ class Embedding(Module):
                  norm_type=2.0, scale_grad_by_freq=False, sparse=False, _weight=None,
                  dtype=np.float32, init=None, seed=None, device=None):
         super().__init__()
-        self.num_embeddings = _checks.check_int(num_embeddings, "num_embeddings", minimum=1)
-        self.embedding_dim = _checks.check_int(embedding_dim, "embedding_dim", minimum=1)
+        self.num_embeddings = _checks.check_int(num_embeddings, "num_embeddings", minimum=0)
+        self.embedding_dim = _checks.check_int(embedding_dim, "embedding_dim", minimum=0)
         self.padding_idx = _checks.check_padding_idx(padding_idx, self.num_embeddings)
         self.max_norm, self.norm_type = _checks.check_max_norm(max_norm, norm_type)
         self.scale_grad_by_freq = bool(scale_grad_by_freq)
@@ -74,8 +75,6 @@ class Embedding(Module):
                     f"got {table.shape}"
                 )
         self.weight = Parameter(table)
-        self._indices = None
-        self._attend_input = None
         self._place(device)
 
     @classmethod
@@ -83,17 +82,32 @@ class Embedding(Module):
                         norm_type=2.0, scale_grad_by_freq=False, sparse=False):
         """An Embedding over an existing 2-D table (used as given, padding row kept).
 
+        As PyTorch, the table keeps its dtype and memory: a float32 or float64
+        array (NumPy, a detached PyTorch CPU tensor or anything NumPy can view,
+        a :class:`Parameter`, a CUDA array) is used without a copy, so the
+        module trains it in place. Nested lists (which PyTorch refuses) are
+        converted to float32, PyTorch's default dtype.
+
         Parameters
         ----------
         embeddings : array_like, shape (V, D)
-            The table. A float32/float64 ndarray is used without a copy; other
-            array-likes are converted to float32.
+            The table.
         freeze : bool, default True
             If True the table gets no gradient (``weight.requires_grad = False``).
         padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse
             As for :class:`Embedding`.
+
+        Raises
+        ------
+        TypeError
+            A table of another dtype than float32 / float64 (integer and
+            float16 tables, which PyTorch accepts, are refused: the kernels
+            compute in float32 or float64), or a tensor that requires grad
+            (pass ``.detach()``).
+        ValueError
+            A table that is not 2-D.
         """
-        if not _checks.is_array(embeddings):
+        if isinstance(embeddings, (list, tuple)):
             embeddings = np.asarray(embeddings, dtype=np.float32)
         embeddings = _checks.check_float_array(embeddings, "embeddings", ndim=2)
         num, dim = embeddings.shape
@@ -106,27 +120,46 @@ class Embedding(Module):
         """Look up ``indices`` (any shape); returns ``indices.shape + (D,)``.
 
         Clips rows first when ``max_norm`` is set; see :func:`numbapos.functional.embedding`.
+        In training mode (outside :class:`numbapos.no_grad`) a copy of
+        ``indices`` is recorded for the matching :meth:`backward`.
         """
         result = F.embedding(indices, self.weight.data, padding_idx=self.padding_idx,
                              max_norm=self.max_norm, norm_type=self.norm_type, out=out)
-        # A copy: a backward must use what this forward saw, even if the caller
-        # reuses its index buffer in between.
-        self._indices = _device.copy(_checks.check_index_array(indices))
+        if self.max_norm is not None:
+            self.weight.bump_version()
+        if self._recording():
+            # A copy: the backward must use what this forward saw, even if the caller
+            # reuses its index buffer in between; the options are fixed here too.
+            self._save_for_backward((_device.copy(_checks.check_index_array(indices)),
+                                     self.padding_idx, self.scale_grad_by_freq, self.sparse))
         return result
 
     def backward(self, grad_output):
-        """Accumulate the table gradient of the last :meth:`forward`; returns None.
+        """Accumulate the table gradient of the latest unconsumed :meth:`forward`; returns None.
 
-        Indices carry no gradient, hence the None. A frozen table accumulates nothing.
+        Indices carry no gradient, hence the None. A frozen table accumulates
+        nothing (the record is still consumed).
+
+        Raises
+        ------
+        RuntimeError
+            No recorded forward is left (see :class:`~numbapos.nn.Module`).
+        TypeError, ValueError
+            ``grad_output`` not of that forward's output shape
+            (``indices.shape + (D,)``) and the table's dtype; the record is kept.
         """
-        if self._indices is None:
-            raise RuntimeError("Embedding.backward called before forward")
+        indices, padding_idx, scale_grad_by_freq, sparse = self._saved_context()
+        grad_output = _checks.check_float_like(
+            grad_output, "grad_output", tuple(indices.shape) + (self.embedding_dim,),
+            self.weight.dtype, "the shape of the matching forward's output", "the table's")
+        grad = None
         if self.weight.requires_grad:
-            grad = F.embedding_backward(grad_output, self._indices, self.num_embeddings,
-                                        padding_idx=self.padding_idx,
-                                        scale_grad_by_freq=self.scale_grad_by_freq,
-                                        sparse=self.sparse,
+            grad = F.embedding_backward(grad_output, indices, self.num_embeddings,
+                                        padding_idx=padding_idx,
+                                        scale_grad_by_freq=scale_grad_by_freq, sparse=sparse,
                                         lazy=self.weight.has_post_accumulate_grad_hooks)
+        self._release()
+        if grad is not None:
             self.weight.accumulate_grad(grad, fresh=True)
         return None
 
@@ -136,6 +169,9 @@ class Embedding(Module):
         The product is a GEMM, which numbapos leaves to BLAS: on the GPU ``h``
         and the table go through the host and the logits come back to the GPU
         (for speed there, multiply with CuPy or PyTorch on the same arrays).
+        In training mode a copy of ``h`` is recorded for the matching
+        :meth:`attend_backward` (its own last-in-first-out channel, separate
+        from :meth:`forward`'s).
         """
         h = _checks.check_float_array(h, "h")
         _checks.check_same_device((h, self.weight.data), ("h", "weight"))
@@ -144,28 +180,41 @@ class Embedding(Module):
                 f"h: expected last dimension embedding_dim={self.embedding_dim}, "
                 f"got shape {tuple(h.shape)}"
             )
-        self._attend_input = h
         logits = _device.to_host(h) @ _device.to_host(self.weight.data).T
+        if self._recording():
+            self._save_for_backward((_device.copy(h), self._watch((("weight", self.weight),))),
+                                    "attend")
         return _device.to_device(logits, _device.device_of(h))
 
     def attend_backward(self, grad_logits):
-        """Gradient wrt ``h`` of the last :meth:`attend`; accumulates the (dense) table gradient."""
-        if self._attend_input is None:
-            raise RuntimeError("Embedding.attend_backward called before attend")
-        h = self._attend_input
+        """Gradient wrt ``h`` of the latest unconsumed :meth:`attend`; accumulates the table's.
+
+        Raises
+        ------
+        RuntimeError
+            No recorded attend is left, or the table changed since it.
+        TypeError, ValueError
+            ``grad_logits`` not a float array of shape ``h.shape[:-1] + (V,)``.
+        """
+        h, watched = self._saved_context("attend", "attend_backward")
         grad_logits = _checks.check_float_array(grad_logits, "grad_logits")
         _checks.check_same_shape(grad_logits, tuple(h.shape[:-1]) + (self.num_embeddings,),
                                  "grad_logits", "h.shape[:-1] + (num_embeddings,)")
         device = _device.device_of(h)
         _checks.check_same_device((h, grad_logits), ("h", "grad_logits"))
+        self._check_unchanged(watched, "attend_backward")
         h_host, grad_host = _device.to_host(h), _device.to_host(grad_logits)
         weight = _device.to_host(self.weight.data)
+        table_grad = None
         if self.weight.requires_grad:
             flat_grad = grad_host.reshape(-1, self.num_embeddings)
             table_grad = (flat_grad.T @ h_host.reshape(-1, self.embedding_dim)).astype(
                 weight.dtype, copy=False)
+        grad_h = _device.to_device(grad_host @ weight, device)
+        self._release("attend")
+        if table_grad is not None:
             self.weight.accumulate_grad(_device.to_device(table_grad, device), fresh=True)
-        return _device.to_device(grad_host @ weight, device)
+        return grad_h
 
     def extra_repr(self) -> str:
         parts = [f"{self.num_embeddings}, {self.embedding_dim}"]

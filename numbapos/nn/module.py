@@ -1,15 +1,21 @@
-"""Module: the base of every layer (forward/backward, parameters, state)."""
+"""Module: the base of every layer (forward/backward pairing, parameters, buffers, state)."""
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
 import numpy as np
 
-from .. import _device
+from .. import _checks, _device
+from .._grad_mode import _STATE
+from ..sparse import SparseRows
 from .parameter import Parameter
+
+#: Unconsumed training-mode forwards a module holds before it warns (once).
+MAX_PENDING = 64
 
 
 class IncompatibleKeys(NamedTuple):
@@ -20,21 +26,41 @@ class IncompatibleKeys(NamedTuple):
 
 
 class Module:
-    """Base class of numbapos layers.
+    """Base class of numbapos layers: reverse-mode pairing of forwards and backwards.
 
-    A module owns :class:`Parameter` objects and child modules, registered by
-    plain attribute assignment. Layers follow a forward/backward contract with
-    no autograd::
+    A module owns :class:`Parameter` objects, buffers (:meth:`register_buffer`)
+    and child modules, registered by plain attribute assignment. Layers follow
+    a forward/backward contract with no autograd::
 
-        y = module(x)              # forward; caches what backward needs
+        y = module(x)              # forward; records what backward needs
         gx = module.backward(gy)   # accumulates parameter grads, returns grad wrt x
 
-    Subclasses implement :meth:`forward` and :meth:`backward`.
+    Every training-mode forward records its own context (index arrays and any
+    input its backward reads are copied), and every :meth:`backward` consumes
+    the most recent unconsumed record, last in first out as reverse mode runs:
+    ``m(a); m(b); m.backward(gb); m.backward(ga)`` accumulates both gradients,
+    as a shared or tied layer needs. A backward with nothing recorded raises
+    ``RuntimeError``; a gradient of another shape than that forward's output
+    raises ``ValueError`` and keeps the record. Parameters the backward reads
+    (a LayerNorm's weight, a block's tables) must not change in between: a
+    change made through :meth:`load_state_dict`, ``max_norm`` clipping,
+    ``to(dtype)``, replacing ``.data`` or anything that calls
+    :meth:`Parameter.bump_version` raises ``RuntimeError`` at the backward. In
+    :meth:`eval` mode and inside :class:`numbapos.no_grad` a forward records
+    nothing.
+
+    Subclasses implement :meth:`forward` and :meth:`backward`, using
+    :meth:`_recording`, :meth:`_save_for_backward`, :meth:`_saved_context` and
+    :meth:`_release` (one mechanism for every layer).
     """
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_saved", {})
+        object.__setattr__(self, "_warned_pending", False)
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
@@ -43,6 +69,10 @@ class Module:
                 f"{type(self).__name__}.__init__ must call super().__init__() before "
                 f"assigning attributes (got {name!r})"
             )
+        if name in self._buffers and not isinstance(getattr(type(self), name, None), property):
+            self._buffers[name] = None if value is None else _checks.as_array(value, name)
+            object.__setattr__(self, name, self._buffers[name])
+            return
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         if isinstance(value, Parameter):
@@ -54,56 +84,223 @@ class Module:
     def __delattr__(self, name):
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
+        self._buffers.pop(name, None)
+        self._non_persistent.discard(name)
         object.__delattr__(self, name)
 
     # ------------------------------------------------------------ contract
 
     def forward(self, *args, **kwargs):
-        """Compute the output and cache what :meth:`backward` needs."""
+        """Compute the output; in training mode also record what :meth:`backward` needs."""
         raise NotImplementedError(f"{type(self).__name__} does not implement forward")
 
     def backward(self, grad_output):
-        """Accumulate parameter gradients; return the gradient wrt the input."""
+        """Consume the latest recorded forward; accumulate parameter grads, return input grad."""
         raise NotImplementedError(f"{type(self).__name__} does not implement backward")
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    # ------------------------------------------------------------ forward records
+
+    def _recording(self) -> bool:
+        """Whether a forward now records (training mode, outside :class:`numbapos.no_grad`)."""
+        return self.training and _STATE.enabled
+
+    def _save_for_backward(self, context, channel: str = "forward") -> None:
+        """Push ``context`` (owned values only: copies, scalars) for the next backward."""
+        stack = self._saved.get(channel)
+        if stack is None:
+            stack = self._saved[channel] = []
+        stack.append(context)
+        if len(stack) > MAX_PENDING and not self._warned_pending:
+            object.__setattr__(self, "_warned_pending", True)
+            warnings.warn(
+                f"{type(self).__name__} holds {len(stack)} training-mode {channel} calls that "
+                "no backward has consumed (each keeps copies of its inputs for its "
+                "backward): call backward once per forward, or run forwards that need no "
+                "gradient in eval() mode or under numbapos.no_grad()",
+                UserWarning, stacklevel=3)
+
+    def _saved_context(self, channel: str = "forward", call: str = "backward"):
+        """The latest unconsumed record (not removed); RuntimeError if there is none."""
+        stack = self._saved.get(channel)
+        if not stack:
+            raise RuntimeError(
+                f"{type(self).__name__}.{call} called before {channel}, or more often than "
+                f"{channel} was recorded: each {call} consumes one training-mode {channel} "
+                f"(last in, first out), and a {channel} in eval() mode or under "
+                "numbapos.no_grad() records nothing (for gradients with dropout off, keep "
+                "the module in training mode and call eval() on its Dropout children only)"
+            )
+        return stack[-1]
+
+    def _release(self, channel: str = "forward") -> None:
+        """Consume the latest record (after the gradient has been validated)."""
+        self._saved[channel].pop()
+
+    def pending_backwards(self, channel: str = "forward") -> int:
+        """How many recorded forwards of this module no backward has consumed yet.
+
+        Parameters
+        ----------
+        channel : str, default "forward"
+            ``"attend"`` counts :meth:`Embedding.attend` calls.
+
+        Returns
+        -------
+        int
+        """
+        return len(self._saved.get(channel, ()))
+
+    @staticmethod
+    def _watch(named_params) -> tuple:
+        """Snapshot ``(name, param, data, version)`` of parameters a backward will read."""
+        return tuple((name, p, p.data, p._version) for name, p in named_params if p is not None)
+
+    def _check_unchanged(self, watched, call: str = "backward") -> None:
+        """RuntimeError if a watched parameter changed since its forward."""
+        for name, param, data, version in watched:
+            if param.data is not data or param._version != version:
+                raise RuntimeError(
+                    f"{type(self).__name__}.{call}: parameter {name!r} was modified after the "
+                    f"forward this {call} belongs to (load_state_dict, max_norm clipping, a "
+                    "new .data or another bump_version() call); its gradient would be "
+                    f"computed from the new values. Run the {call} before changing parameters"
+                )
+
     # ------------------------------------------------------------ traversal
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
+        """The direct child modules with their attribute names."""
         yield from self._modules.items()
 
     def children(self) -> Iterator[Module]:
+        """The direct child modules."""
         for _, module in self.named_children():
             yield module
 
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
-        """This module and every descendant, with dotted names."""
+    def named_modules(self, prefix: str = "", memo=None) -> Iterator[tuple[str, Module]]:
+        """This module and every descendant, each once, with dotted names."""
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
         yield prefix, self
         for name, child in self._modules.items():
-            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+
+    def modules(self) -> Iterator[Module]:
+        """This module and every descendant, each once."""
+        for _, module in self.named_modules():
+            yield module
 
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
         """Every parameter with its dotted name (``"LayerNorm.weight"``), each once."""
         seen = set()
         for module_name, module in self.named_modules(prefix):
             for name, param in module._parameters.items():
-                if id(param) in seen:
+                if param is None or id(param) in seen:
                     continue
                 seen.add(id(param))
                 yield (f"{module_name}.{name}" if module_name else name), param
 
     def parameters(self) -> Iterator[Parameter]:
+        """Every parameter, each once."""
         for _, param in self.named_parameters():
             yield param
 
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, object]]:
+        """Every buffer (non-persistent ones included) with its dotted name."""
+        for module_name, module in self.named_modules(prefix):
+            for name, buf in module._buffers.items():
+                if buf is not None:
+                    yield (f"{module_name}.{name}" if module_name else name), buf
+
+    def buffers(self) -> Iterator[object]:
+        """Every buffer array."""
+        for _, buf in self.named_buffers():
+            yield buf
+
+    def apply(self, fn) -> Module:
+        """Call ``fn(module)`` on every child (recursively), then on self; returns self."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
+        """Register an array that is state but not a parameter (PyTorch's ``register_buffer``).
+
+        Buffers are in :meth:`state_dict` (when ``persistent``), restored by
+        :meth:`load_state_dict`, moved by :meth:`to` (0-d buffers, scalars that
+        kernels take as arguments such as :class:`Dropout`'s seed and counter,
+        stay on the host) and cast by ``to(dtype)`` when they are float.
+        Assigning the attribute later replaces the array.
+
+        Parameters
+        ----------
+        name : str
+            Attribute name, without dots.
+        tensor : array_like or None
+            Any array NumPy can view, or a CUDA array; None reserves the name.
+        persistent : bool, default True
+            Whether :meth:`state_dict` includes it.
+
+        Raises
+        ------
+        TypeError
+            ``name`` not a str, or ``tensor`` not an array.
+        KeyError
+            ``name`` empty, dotted, or already an attribute of another kind.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"register_buffer: name: expected a str, got "
+                            f"{_checks.type_name(name)}")
+        if not name or "." in name:
+            raise KeyError(f"register_buffer: name: expected a non-empty name without dots, "
+                           f"got {_checks.quote(name)}")
+        if name not in self._buffers and (name in self.__dict__ or name in self._parameters):
+            raise KeyError(f"register_buffer: attribute {name!r} already exists")
+        value = None if tensor is None else _checks.as_array(tensor, name)
+        self._buffers[name] = value
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
+        if not isinstance(getattr(type(self), name, None), property):
+            object.__setattr__(self, name, value)
+
     # ------------------------------------------------------------ state
 
-    def zero_grad(self) -> None:
-        """Drop every parameter's gradient (sets ``grad`` to None)."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset every parameter's gradient.
+
+        Parameters
+        ----------
+        set_to_none : bool, default True
+            True drops the gradients (``grad = None``, as PyTorch's default).
+            False zeroes dense gradients in place (arrays others hold see the
+            zeros) and empties row-sparse ones.
+        """
         for param in self.parameters():
-            param.grad = None
+            grad = param.grad
+            if set_to_none or grad is None:
+                param.grad = None
+            elif isinstance(grad, SparseRows):
+                values = _device.empty((0, grad.shape[1]), grad.dtype, grad.device)
+                param.grad = SparseRows(_device.to_device(np.zeros(0, np.int64), grad.device),
+                                        values, grad.shape[0])
+            elif isinstance(grad, np.ndarray):
+                grad[...] = 0
+            else:
+                grad.copy_to_device(np.zeros(grad.shape, grad.dtype))
+
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        """Set ``requires_grad`` on every parameter (False freezes the module); returns self."""
+        for param in self.parameters():
+            param.requires_grad = bool(requires_grad)
+        return self
 
     @property
     def device(self) -> str:
@@ -118,33 +315,65 @@ class Module:
         if device is not None:
             self.to(device)
 
-    def to(self, device: str) -> Module:
-        """Move every parameter (and gradient) of this module and its children to ``device``.
+    def to(self, *args, device=None, dtype=None) -> Module:
+        """Move (``"cpu"`` / ``"cuda"``) and/or cast (float32 / float64) this module, in place.
 
-        In place, like PyTorch's ``Module.to``; returns self. Cached values
-        (the last forward's context, position tables) are dropped, so call it
-        between steps, not between a forward and its backward.
+        ``to("cuda")``, ``to(np.float64)``, ``to("cpu", np.float64)`` and the
+        keyword forms work as in PyTorch: parameters, their gradients and float
+        buffers are converted (integer buffers keep their dtype, 0-d buffers
+        stay on the host); returns self. Recorded forwards and cached tables are
+        dropped, so call it between steps, not between a forward and its
+        backward.
 
         Raises
         ------
         TypeError, ValueError
-            ``device`` is not ``"cpu"`` or ``"cuda"``.
+            An argument that is neither ``"cpu"`` / ``"cuda"`` nor float32 /
+            float64, or more than one of each.
         RuntimeError
             ``"cuda"`` where CUDA cannot be used.
         """
-        device = _device.check_device(device)
+        for arg in args:
+            if isinstance(arg, str):
+                if device is not None:
+                    raise TypeError(f"to: got two devices, {device!r} and {arg!r}")
+                device = arg
+            else:
+                if dtype is not None:
+                    raise TypeError(f"to: got two dtypes, {dtype!r} and {arg!r}")
+                dtype = arg
+        if len(args) > 2:
+            raise TypeError(f"to: expected at most a device and a dtype, got {len(args)} "
+                            "arguments")
+        device = None if device is None else _device.check_device(device)
+        dtype = None if dtype is None else _checks.check_float_dtype(dtype)
         for param in self.parameters():
-            param.to(device)
+            if dtype is not None:
+                param._cast(dtype)
+            if device is not None:
+                param.to(device)
         for _, module in self.named_modules():
-            object.__setattr__(module, "_device", device)
+            for name, buf in module._buffers.items():
+                if buf is None:
+                    continue
+                if dtype is not None and buf.dtype in _checks.FLOAT_DTYPES:
+                    where = _device.device_of(buf)
+                    buf = _device.to_device(_device.to_host(buf).astype(dtype), where)
+                if device is not None and buf.ndim > 0:
+                    buf = _device.to_device(buf, device)
+                module._buffers[name] = buf
+                if name in module.__dict__:
+                    object.__setattr__(module, name, buf)
+            if dtype is not None and "dtype" in module.__dict__:
+                object.__setattr__(module, "dtype", dtype)
+            if device is not None:
+                object.__setattr__(module, "_device", device)
             module._on_device_change()
         return self
 
     def _on_device_change(self) -> None:
-        """Drop what depends on the device; subclasses with caches extend this."""
-        for name in ("_cache", "_context", "_indices", "_attend_input", "_input_shape", "_last"):
-            if name in self.__dict__:
-                object.__setattr__(self, name, None)
+        """Drop recorded forwards; subclasses with device-dependent caches extend this."""
+        self._saved.clear()
 
     def train(self, mode: bool = True) -> Module:
         """Set training mode on this module and its children; returns self."""
@@ -153,30 +382,67 @@ class Module:
         return self
 
     def eval(self) -> Module:
-        """Evaluation mode (dropout off); same as ``train(False)``."""
+        """Evaluation mode: dropout off, forwards record nothing; same as ``train(False)``."""
         return self.train(False)
 
-    def state_dict(self) -> OrderedDict[str, np.ndarray]:
-        """Parameter arrays by dotted name, as NumPy arrays.
+    def _state_items(self):
+        """(dotted name, Parameter or buffer array) of the state dict, in its order."""
+        seen = set()
+        for module_name, module in self.named_modules():
+            dot = f"{module_name}." if module_name else ""
+            for name, param in module._parameters.items():
+                if param is not None and id(param) not in seen:
+                    seen.add(id(param))
+                    yield dot + name, param
+            for name, buf in module._buffers.items():
+                if buf is not None and name not in module._non_persistent:
+                    yield dot + name, buf
 
-        On the CPU, as in PyTorch, the arrays are the parameters' own (no
-        copy): copy them if you need a snapshot that later training does not
-        change. Parameters on the GPU are copied to the host.
+    def state_dict(self, prefix: str = "", keep_vars: bool = False) -> OrderedDict:
+        """Parameters and persistent buffers by dotted name, as NumPy arrays.
+
+        On the CPU, as in PyTorch, the arrays are the module's own (no copy):
+        copy them if you need a snapshot that later training does not change.
+        Arrays on the GPU are copied to the host.
+
+        Parameters
+        ----------
+        prefix : str, default ""
+            Prepended to every name (``"encoder."``).
+        keep_vars : bool, default False
+            Give the :class:`Parameter` objects themselves (and buffers as
+            stored, on their device) instead of host arrays.
+
+        Returns
+        -------
+        OrderedDict
+            Each module's parameters, then its buffers, then its children's.
         """
-        return OrderedDict((name, _device.to_host(param.data))
-                           for name, param in self.named_parameters())
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix: expected a str, got {_checks.type_name(prefix)}")
+        out = OrderedDict()
+        for name, value in self._state_items():
+            if keep_vars:
+                out[prefix + name] = value
+            else:
+                out[prefix + name] = _device.to_host(value.data if isinstance(value, Parameter)
+                                                     else value)
+        return out
 
     def load_state_dict(self, state, strict: bool = True) -> IncompatibleKeys:
-        """Copy arrays from ``state`` into the parameters, in place.
+        """Copy arrays from ``state`` into the parameters and buffers, in place.
 
-        Every array is checked before any is copied, so a failed load changes
-        nothing.
+        As PyTorch's ``copy_``, each value is cast to the dtype of the
+        parameter or buffer it goes into (a float64 array loads into a float32
+        module as float32). Every array is checked before any is copied, so a
+        failed load changes nothing.
 
         Parameters
         ----------
         state : mapping of str to array_like
-            As returned by :meth:`state_dict`: host arrays (or CUDA arrays),
-            copied to wherever each parameter lives.
+            As returned by :meth:`state_dict`: host arrays, PyTorch CPU tensors
+            (detached) or any array NumPy can view, or CUDA arrays; copied to
+            wherever each parameter lives.
         strict : bool, default True
             Require exactly this module's names: a missing name raises KeyError,
             an unexpected one ValueError. When False both are only reported.
@@ -189,15 +455,17 @@ class Module:
         Raises
         ------
         KeyError
-            A parameter missing from ``state`` (strict only).
+            A parameter or buffer missing from ``state`` (strict only).
         ValueError
-            Unexpected names (strict only), or an array whose shape or dtype does
-            not match the parameter's.
+            Unexpected names (strict only), or an array whose shape differs.
+        TypeError
+            ``state`` not a mapping, a value that is not an array, or of a
+            dtype that cannot be cast to a real number (complex, object, str).
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"load_state_dict: expected a mapping of names to arrays, got "
-                            f"{type(state).__name__}")
-        own = OrderedDict(self.named_parameters())
+                            f"{_checks.type_name(state)}")
+        own = OrderedDict(self._state_items())
         missing = [name for name in own if name not in state]
         unexpected = [name for name in state if name not in own]
         if strict and missing:
@@ -205,39 +473,50 @@ class Module:
         if strict and unexpected:
             raise ValueError(f"load_state_dict: unexpected name(s) {unexpected}")
         updates = []
-        for name, param in own.items():
+        for name, target in own.items():
             if name not in state:
                 continue
             value = state[name]
-            value = _device.adopt(value) if _device.is_cuda_array(value) else np.asarray(value)
-            if tuple(value.shape) != tuple(param.data.shape):
+            if isinstance(value, Parameter):
+                value = value.data
+            value = _checks.as_array(value, f"state[{name!r}]")
+            data = target.data if isinstance(target, Parameter) else target
+            if tuple(value.shape) != tuple(data.shape):
                 raise ValueError(
                     f"load_state_dict: {name!r} has shape {tuple(value.shape)}, "
-                    f"expected {tuple(param.data.shape)}"
+                    f"expected {tuple(data.shape)}"
                 )
-            if value.dtype != param.data.dtype:
-                raise ValueError(
-                    f"load_state_dict: {name!r} has dtype {value.dtype}, "
-                    f"expected {param.data.dtype}"
+            if value.dtype.kind not in "biuf":
+                raise TypeError(
+                    f"load_state_dict: {name!r} has dtype {value.dtype}, which cannot be cast "
+                    f"to the {data.dtype} of the module"
                 )
-            updates.append((param, value))
-        for param, value in updates:
-            if param.device == "cpu":
-                np.copyto(param.data, _device.to_host(value))
+            updates.append((target, data, value))
+        for target, data, value in updates:
+            host = _device.to_host(value)
+            if _device.device_of(data) == "cpu":
+                np.copyto(data, host, casting="unsafe")
             else:
-                param.data.copy_to_device(np.ascontiguousarray(value)
-                                          if isinstance(value, np.ndarray) else value)
+                data.copy_to_device(np.ascontiguousarray(host, dtype=data.dtype))
+            if isinstance(target, Parameter):
+                target.bump_version()
         return IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------ display
 
     def extra_repr(self) -> str:
+        """The module's own settings, shown by ``repr`` (override in subclasses)."""
         return ""
 
     def __repr__(self) -> str:
-        lines = [f"  ({name}): {child!r}".replace("\n", "\n  ")
-                 for name, child in self._modules.items()]
-        head = f"{type(self).__name__}({self.extra_repr()}"
-        if not lines:
-            return head + ")"
-        return head + "\n" + "\n".join(lines) + "\n)"
+        extra = self.extra_repr()
+        extra_lines = extra.split("\n") if extra else []
+        child_lines = [f"({name}): {child!r}".replace("\n", "\n  ")
+                       for name, child in self._modules.items()]
+        lines = extra_lines + child_lines
+        text = f"{type(self).__name__}("
+        if len(extra_lines) == 1 and not child_lines:
+            text += extra_lines[0]
+        elif lines:
+            text += "\n  " + "\n  ".join(lines) + "\n"
+        return text + ")"

@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from .. import functional as F
 from .module import Module
 from .parameter import Parameter
@@ -74,7 +74,6 @@ class LayerNorm(Module):
         else:
             self.weight = None
             self.bias = None
-        self._cache = None
         self._place(device)
 
     def _check_input(self, x):
@@ -117,11 +116,14 @@ class LayerNorm(Module):
         x = self._check_input(x)
         weight, bias = self._params()
         y, mean, rstd = F.layer_norm_forward(x, weight, bias, self.eps, out)
-        self._cache = (x, mean, rstd)
+        if self._recording():
+            # x is copied (the caller may reuse its buffer); the weight is watched.
+            self._save_for_backward((_device.copy(x), mean, rstd,
+                                     self._watch((("weight", self.weight),))))
         return y
 
     def backward(self, grad_output):
-        """Gradient wrt the last forward input; accumulates the ``weight`` / ``bias`` gradients.
+        """Gradient wrt the matching forward's input; accumulates ``weight`` / ``bias`` grads.
 
         Frozen parameters (``requires_grad=False``) accumulate nothing, and
         their gradient is not computed.
@@ -129,21 +131,22 @@ class LayerNorm(Module):
         Raises
         ------
         RuntimeError
-            No forward has run yet.
+            No recorded forward is left, or ``weight`` changed since it.
         TypeError, ValueError
-            ``grad_output`` not of the forward input's shape and dtype.
+            ``grad_output`` not of the forward input's shape and dtype (the
+            record is kept).
         """
-        if self._cache is None:
-            raise RuntimeError("LayerNorm.backward called before forward")
-        x, mean, rstd = self._cache
+        x, mean, rstd, watched = self._saved_context()
         grad_output = _checks.check_float_like(
-            grad_output, "grad_output", x.shape, x.dtype, "the shape of the last forward's input",
-            "the dtype of the last forward's input")
+            grad_output, "grad_output", x.shape, x.dtype,
+            "the shape of the matching forward's input", "the dtype of that input")
+        self._check_unchanged(watched)
         want_w = self.weight is not None and self.weight.requires_grad
         want_b = self.bias is not None and self.bias.requires_grad
         weight, bias = self._params()
         grad_x, grad_w, grad_b = F.layer_norm_backward(grad_output, x, mean, rstd, weight, bias,
                                                        output_mask=(want_w, want_b))
+        self._release()
         if want_w:
             self.weight.accumulate_grad(grad_w, fresh=True)
         if want_b:

@@ -14,10 +14,12 @@ class Parameter:
 
     Parameters
     ----------
-    data : ndarray or CUDA array, float32 or float64
+    data : array_like or CUDA array, float32 or float64
         The values; kept as given (no copy), updated in place by optimisers.
-        A CUDA array (CuPy, PyTorch, Numba) is kept as a Numba device array
-        sharing its memory.
+        A CPU array of another library (a detached PyTorch tensor, anything
+        with ``__array__`` or DLPack) is kept as a NumPy view of its memory; a
+        CUDA array (CuPy, PyTorch, Numba) as a Numba device array sharing its
+        memory. Another Parameter gives its ``data``.
     requires_grad : bool, default True
         False freezes the parameter: backward passes accumulate nothing into it
         and optimisers skip it.
@@ -27,13 +29,61 @@ class Parameter:
     grad : ndarray, SparseRows or None
         Accumulated gradient, None until the first backward pass (and after
         ``zero_grad``).
+    version : int
+        Counts the in-place changes numbapos made to ``data`` (see
+        :meth:`bump_version`).
+
+    Notes
+    -----
+    ``numpy.asarray(param)`` gives ``data`` (copied to the host if it lives on
+    the GPU), so a Parameter can be passed wherever an array is expected.
     """
 
+    _numbapos_parameter = True  # array inputs take a Parameter's ``data`` (_checks.as_array)
+
     def __init__(self, data, requires_grad: bool = True):
+        if isinstance(data, Parameter):
+            data = data.data
         self.data = check_float_array(data, "data")
         self.requires_grad = bool(requires_grad)
         self.grad = None
+        self._version = 0
         self._post_accumulate_grad_hooks: dict[int, object] = {}
+
+    @property
+    def version(self) -> int:
+        """How often ``data`` was marked as changed in place (loads, clipping, casts)."""
+        return self._version
+
+    def bump_version(self) -> None:
+        """Record an in-place change of ``data``.
+
+        A module's backward that reads this parameter (a LayerNorm's weight, a
+        block's tables) raises ``RuntimeError`` when the version moved since
+        its forward, instead of computing the gradient from the new values.
+        numbapos calls it wherever it writes ``data`` (:meth:`Module.load_state_dict`,
+        ``max_norm`` clipping); call it after writing ``data`` in place yourself.
+        """
+        self._version += 1
+
+    def __array__(self, dtype=None, copy=None):
+        host = _device.to_host(self.data)
+        if copy:
+            return np.array(host, dtype=dtype, copy=True)
+        return host if dtype is None else host.astype(dtype, copy=False)
+
+    def _cast(self, dtype) -> None:
+        """Replace ``data`` (and a gradient) by ``dtype`` copies; no-op when already that dtype."""
+        if self.data.dtype == dtype:
+            return
+        device = self.device
+        self.data = _device.to_device(_device.to_host(self.data).astype(dtype), device)
+        if isinstance(self.grad, SparseRows):
+            values = _device.to_device(_device.to_host(self.grad.values).astype(dtype), device)
+            self.grad = SparseRows(self.grad.indices, values, self.grad.num_rows)
+        elif self.grad is not None:
+            self.grad = _device.to_device(_device.to_host(self.grad).astype(dtype), device)
+        self.bump_version()
 
     def register_post_accumulate_grad_hook(self, hook) -> HookHandle:
         """Call ``hook(param)`` each time a backward pass has accumulated into ``grad``.
@@ -133,7 +183,10 @@ class Parameter:
     def __repr__(self) -> str:
         frozen = "" if self.requires_grad else ", requires_grad=False"
         where = "" if self.device == "cpu" else ", device='cuda'"
-        return f"Parameter(shape={tuple(self.data.shape)}, dtype={self.data.dtype}{where}{frozen})"
+        values = np.array2string(_device.to_host(self.data), threshold=20, edgeitems=2,
+                                 separator=", ", prefix="array(")
+        return (f"Parameter containing:\narray({values}, dtype={self.data.dtype}{where}"
+                f"{frozen})")
 
 
 class HookHandle:

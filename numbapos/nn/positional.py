@@ -69,7 +69,6 @@ class SinusoidalPosEmbedding(Module):
         self.embed_dim = _check_optional_size(embed_dim, "embed_dim")
         self.base = _checks.check_positive(base, "base")
         self._tables: OrderedDict = OrderedDict()
-        self._input_shape = None
         self._place(device)
 
     def table(self, seq_len, embed_dim, dtype=np.float32, offset=0, device="cpu"):
@@ -132,16 +131,25 @@ class SinusoidalPosEmbedding(Module):
             )
         table = self.table(seq_len, dim, x.dtype, offset, _device.device_of(x))
         y = F.add_positional(x, table, out=out)
-        self._input_shape = x.shape
+        if self._recording():
+            self._save_for_backward(tuple(x.shape))
         return y
 
     def backward(self, grad_output):
-        """The gradient wrt ``x``: ``grad_output`` itself (the table is constant)."""
-        if self._input_shape is None:
-            raise RuntimeError("SinusoidalPosEmbedding.backward called before forward")
+        """The gradient wrt ``x`` of the matching forward: ``grad_output`` itself.
+
+        Raises
+        ------
+        RuntimeError
+            No recorded forward is left.
+        ValueError
+            ``grad_output`` not of that forward input's shape (the record is kept).
+        """
+        shape = self._saved_context()
         grad_output = _checks.check_float_array(grad_output, "grad_output")
-        _checks.check_same_shape(grad_output, self._input_shape, "grad_output",
-                                 "the shape of the last forward's input")
+        _checks.check_same_shape(grad_output, shape, "grad_output",
+                                 "the shape of the matching forward's input")
+        self._release()
         return grad_output
 
     def extra_repr(self) -> str:
@@ -210,7 +218,6 @@ class LearnedPosEmbedding(Module):
         table = initializers.make_array(init, (self.max_len, self.embed_dim), dtype, rng)
         self.weight = Parameter(table)
         self.dropout = Dropout(dropout, seed=rng)
-        self._context = None
         self._place(device)
 
     def forward(self, x, offset=0, position_ids=None):
@@ -250,26 +257,42 @@ class LearnedPosEmbedding(Module):
                 f"{self.weight.dtype}"
             )
         y = F.add_positional(x, self.weight.data, offset=offset, position_ids=position_ids)
-        y = self.dropout(y, out=y)
-        if position_ids is not None:
-            position_ids = _checks.check_index_array(position_ids, "position_ids")
-        self._context = (offset, position_ids)
+        drop = self.dropout._draw()
+        y = F.dropout(y, out=y, **drop)
+        self.dropout._advance(drop)
+        if self._recording():
+            if position_ids is not None:
+                position_ids = _device.copy(_checks.check_index_array(position_ids,
+                                                                      "position_ids"))
+            self._save_for_backward((tuple(x.shape), offset, position_ids, drop))
         return y
 
     def backward(self, grad_output):
         """Accumulate the table gradient; return the gradient wrt ``x``.
 
-        The gradient passes back through the dropout mask of the last forward;
-        the table gradient sums it over the batch (repeated ``position_ids`` are
-        summed deterministically).
+        The gradient passes back through the dropout mask of the matching
+        forward; the table gradient sums it over the batch (repeated
+        ``position_ids`` are summed deterministically).
+
+        Raises
+        ------
+        RuntimeError
+            No recorded forward is left.
+        TypeError, ValueError
+            ``grad_output`` not a float array of the forward input's shape
+            (the record is kept).
         """
-        if self._context is None:
-            raise RuntimeError("LearnedPosEmbedding.backward called before forward")
-        grad = self.dropout.backward(grad_output)
+        shape, offset, position_ids, drop = self._saved_context()
+        grad_output = _checks.check_float_array(grad_output, "grad_output")
+        _checks.check_same_shape(grad_output, shape, "grad_output",
+                                 "the shape of the matching forward's input")
+        grad = F.dropout_backward(grad_output, **drop)
+        table_grad = None
         if self.weight.requires_grad:
-            offset, position_ids = self._context
             table_grad = F.add_positional_backward(grad, self.max_len, offset=offset,
                                                    position_ids=position_ids)
+        self._release()
+        if table_grad is not None:
             self.weight.accumulate_grad(table_grad, fresh=True)
         return grad
 
@@ -331,7 +354,6 @@ class PositionalEmbedding(Module):
         self.dtype = _checks.check_float_dtype(dtype)
         self._rng = _checks.as_rng(seed)
         self._tables: dict = {}
-        self._context = None
         self._place(device)
         if self.max_len is not None:
             self._build()
@@ -399,7 +421,11 @@ class PositionalEmbedding(Module):
             y = F.positional_mult_add(x3, self.multipliers.data, self.addends.data)
         else:
             y = F.add_positional(x3, self._sinusoid(x.dtype, _device.device_of(x)))
-        self._context = (x3 if self.type == "learnable_mult_addition" else None, x.shape)
+        if self._recording():
+            mult = self.type == "learnable_mult_addition"
+            watched = self._watch((("multipliers", self.multipliers),)) if mult else ()
+            self._save_for_backward((_device.copy(x3) if mult else None, tuple(x.shape),
+                                     watched))
         return y.reshape(x.shape)
 
     def backward(self, grad_output):
@@ -407,22 +433,34 @@ class PositionalEmbedding(Module):
 
         ``dX = dY`` (times A for ``"learnable_mult_addition"``); ``dB`` and ``dA``
         are summed over the batch into rows ``:L``.
+
+        Raises
+        ------
+        RuntimeError
+            No recorded forward is left, or (``"learnable_mult_addition"``) the
+            multipliers changed since it.
+        TypeError, ValueError
+            ``grad_output`` not a float array of the forward input's shape
+            (the record is kept).
         """
-        if self._context is None:
-            raise RuntimeError("PositionalEmbedding.backward called before forward")
-        x3, shape = self._context
+        x3, shape, watched = self._saved_context()
         grad_output = _checks.check_float_array(grad_output, "grad_output")
         _checks.check_same_shape(grad_output, shape, "grad_output",
-                                 "the shape of the last forward's input")
+                                 "the shape of the matching forward's input")
+        self._check_unchanged(watched)
         if self.type == "transformers":
+            self._release()
             return grad_output
         g3 = grad_output.reshape(shape[0], shape[1], self.embed_dim)
         if self.type == "learnable_addition":
-            if self.addends.requires_grad:
-                self.addends.accumulate_grad(
-                    F.add_positional_backward(g3, self.max_len), fresh=True)
+            grad_b = (F.add_positional_backward(g3, self.max_len)
+                      if self.addends.requires_grad else None)
+            self._release()
+            if grad_b is not None:
+                self.addends.accumulate_grad(grad_b, fresh=True)
             return grad_output
         grad_x, grad_a, grad_b = F.positional_mult_add_backward(g3, x3, self.multipliers.data)
+        self._release()
         self.multipliers.accumulate_grad(grad_a, fresh=True)
         self.addends.accumulate_grad(grad_b, fresh=True)
         return grad_x.reshape(shape)
