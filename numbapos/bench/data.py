@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import nn
+from .._device import to_host
 
 LN_EPS = 1e-12  # BERT's LayerNorm eps (Hugging Face's layer_norm_eps)
 
@@ -113,5 +114,8 @@ def gpt2_block(shape: Shape, positions: int) -> nn.GPT2Embeddings:
 
 
 def host_tables(block) -> list:
-    """The parameters of ``block`` as C-contiguous host arrays, in ``state_dict`` order."""
-    return [np.ascontiguousarray(v) for v in block.state_dict().values()]
+    """The parameters of ``block`` as C-contiguous host arrays, in ``state_dict`` order.
+
+    Buffers (a Dropout's seed and counter) are left out.
+    """
+    return [np.ascontiguousarray(to_host(p.data)) for p in block.parameters()]

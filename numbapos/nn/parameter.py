@@ -62,7 +62,8 @@ class Parameter:
         block's tables) raises ``RuntimeError`` when the version moved since
         its forward, instead of computing the gradient from the new values.
         numbapos calls it wherever it writes ``data`` (:meth:`Module.load_state_dict`,
-        ``max_norm`` clipping); call it after writing ``data`` in place yourself.
+        ``max_norm`` clipping, every optimiser's update); call it after writing
+        ``data`` in place yourself.
         """
         self._version += 1
 

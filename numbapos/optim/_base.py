@@ -34,20 +34,14 @@ class StateArray(NamedTuple):
     fill: object
 
 
-def type_name(x) -> str:
-    """The full name of ``x``'s type, ``torch.nn.parameter.Parameter`` rather than ``Parameter``."""
-    kind = type(x)
-    module = kind.__module__
-    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
-
-
 def _not_a_parameter(x) -> TypeError:
     hint = ""
     if type(x).__module__.startswith("torch"):
         hint = " (convert with numbapos.nn.Parameter(t.detach().numpy()))"
     elif _checks.is_array(x):
         hint = " (wrap the array: numbapos.nn.Parameter(array))"
-    return TypeError(f"params: expected numbapos.nn.Parameter objects, got {type_name(x)}{hint}")
+    return TypeError("params: expected numbapos.nn.Parameter objects, got "
+                     f"{_checks.type_name(x)}{hint}")
 
 
 def _caller_level() -> int:
@@ -105,7 +99,7 @@ class Optimizer:
         if isinstance(params, (Parameter, dict)) or _checks.is_array(params) \
                 or not hasattr(params, "__iter__"):
             raise TypeError("params: expected an iterable of numbapos.nn.Parameter objects or "
-                            f"of parameter-group dicts, got {type_name(params)}")
+                            f"of parameter-group dicts, got {_checks.type_name(params)}")
         if isinstance(params, (set, frozenset)):
             raise TypeError("params: expected an ordered collection such as a list (the order "
                             "of a set changes between runs), got a set")
@@ -151,7 +145,7 @@ class Optimizer:
         """
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise TypeError("param_group: expected a dict with a 'params' entry, got "
-                            f"{type_name(param_group)}")
+                            f"{_checks.type_name(param_group)}")
         unknown = set(param_group) - {"params", *self._OPTIONS}
         if unknown:
             raise ValueError(f"param group: unknown option(s) {sorted(unknown)}; "
@@ -255,6 +249,7 @@ class Optimizer:
             self._check(param, group)
         for param, group in todo:
             self._update(param, group)
+            param.bump_version()
 
     def fuse_with_backward(self) -> HookHandles:
         """Update each parameter inside the backward pass that makes its gradient.
@@ -290,6 +285,7 @@ class Optimizer:
             return
         self._check(param, group)
         self._update(param, group)
+        param.bump_version()
         param.grad = None
 
     def _check(self, param: Parameter, group: dict) -> None:
@@ -430,7 +426,7 @@ class Optimizer:
         """Checked copy of one parameter's saved state, on the parameter's device."""
         where = f"state_dict['state'][{index}]"
         if not isinstance(values, dict):
-            raise TypeError(f"{where}: expected a dict, got {type_name(values)}")
+            raise TypeError(f"{where}: expected a dict, got {_checks.type_name(values)}")
         data = param.data
         arrays, scalars = self._state_spec(tuple(data.shape), data.dtype, group)
         values = {k: v for k, v in values.items() if v is not None}
