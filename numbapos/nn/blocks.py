@@ -265,6 +265,10 @@ class BertEmbeddings(Module):
         """
         options = self._table_options()
         drop = self.dropout._draw()
+        if out is None:
+            word = self.word_embeddings.weight
+            out = self._output_buffer(input_ids, np.shape(input_ids) + (word.shape[1],),
+                                      word.dtype)
         y, mean, rstd = F.bert_embeddings_forward(
             input_ids, *self._arrays(), token_type_ids=token_type_ids, position_ids=position_ids,
             past_length=past_length, eps=self.LayerNorm.eps, out=out,
@@ -514,6 +518,9 @@ class GPT2Embeddings(Module):
         """
         forward_options = _forward_options(self.wte, self.wpe)
         drop = self.drop._draw()
+        if out is None:
+            wte = self.wte.weight
+            out = self._output_buffer(input_ids, np.shape(input_ids) + (wte.shape[1],), wte.dtype)
         y = F.gpt2_embeddings(input_ids, self.wte.weight.data, self.wpe.weight.data,
                               past_length=past_length, position_ids=position_ids,
                               attention_mask=attention_mask, out=out,

@@ -123,6 +123,9 @@ class Embedding(Module):
         In training mode (outside :class:`numbapos.no_grad`) a copy of
         ``indices`` is recorded for the matching :meth:`backward`.
         """
+        if out is None and type(self.weight.data) is np.ndarray:
+            out = self._output_buffer(indices, np.shape(indices) + (self.embedding_dim,),
+                                      self.weight.dtype)
         result = F.embedding(indices, self.weight.data, padding_idx=self.padding_idx,
                              max_norm=self.max_norm, norm_type=self.norm_type, out=out)
         if self.max_norm is not None:

@@ -12,6 +12,7 @@ import numpy as np
 from .. import _checks, _device
 from .._grad_mode import _STATE
 from ..sparse import SparseRows
+from ._outputs import OutputBuffer
 from .parameter import Parameter
 
 #: Unconsumed training-mode forwards a module holds before it warns (once).
@@ -61,6 +62,7 @@ class Module:
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "_saved", {})
         object.__setattr__(self, "_warned_pending", False)
+        object.__setattr__(self, "_outputs", OutputBuffer())
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
@@ -374,6 +376,18 @@ class Module:
     def _on_device_change(self) -> None:
         """Drop recorded forwards; subclasses with device-dependent caches extend this."""
         self._saved.clear()
+        self._outputs.clear()
+
+    def _output_buffer(self, source, shape, dtype):
+        """Where this forward may write its output: a reused array, or None to allocate.
+
+        Only for NumPy ``source`` (the input whose shape fixes the output's)
+        and large outputs; the array is this module's previous output when no
+        one else holds it any more (see :mod:`numbapos.nn._outputs`).
+        """
+        if type(source) is not np.ndarray:
+            return None
+        return self._outputs.take(shape, dtype)
 
     def train(self, mode: bool = True) -> Module:
         """Set training mode on this module and its children; returns self."""

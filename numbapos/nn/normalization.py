@@ -115,6 +115,8 @@ class LayerNorm(Module):
         """
         x = self._check_input(x)
         weight, bias = self._params()
+        if out is None:
+            out = self._output_buffer(x, x.shape, x.dtype)
         y, mean, rstd = F.layer_norm_forward(x, weight, bias, self.eps, out)
         if self._recording():
             # x is copied (the caller may reuse its buffer); the weight is watched.

@@ -1,0 +1,109 @@
+"""Modules reuse their large CPU output once no one else holds it, and never otherwise."""
+
+import numpy as np
+import pytest
+
+from numbapos import nn
+from numbapos.nn import _outputs
+
+VOCAB, DIM = 1000, 256
+BATCH = (8, 160)  # 8 * 160 * 256 float32 = 1.25 MiB: above the reuse threshold
+
+
+def address(a):
+    return a.__array_interface__["data"][0]
+
+
+def make(kind):
+    """(module, call(ids) -> output, reference(ids) -> expected output)."""
+    rng = np.random.default_rng(0)
+    if kind == "embedding":
+        emb = nn.Embedding(VOCAB, DIM, seed=0)
+        return emb, emb, lambda ids: emb.weight.data[ids]
+    if kind == "gpt2":
+        block = nn.GPT2Embeddings(VOCAB, 200, DIM, embd_pdrop=0.0, seed=0)
+        return block, block, lambda ids: (block.wte.weight.data[ids]
+                                          + block.wpe.weight.data[np.arange(ids.shape[1])])
+    if kind == "bert":
+        block = nn.BertEmbeddings(VOCAB, DIM, 200, 2, hidden_dropout_prob=0.0, seed=0)
+        frozen = nn.BertEmbeddings(VOCAB, DIM, 200, 2, hidden_dropout_prob=0.0, seed=0)
+        return block, block, lambda ids: frozen(ids).copy()
+    layer = nn.LayerNorm(DIM)
+    inputs = {}
+
+    def call(ids):
+        x = inputs.setdefault(ids.tobytes(), rng.normal(size=ids.shape + (DIM,)).astype(np.float32))
+        return layer(x)
+
+    def expected(ids):
+        x = inputs[ids.tobytes()]
+        centred = x - x.mean(-1, keepdims=True)
+        return centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + layer.eps)
+
+    return layer, call, expected
+
+
+KINDS = ["embedding", "gpt2", "bert", "layer_norm"]
+
+
+def batches(n):
+    rng = np.random.default_rng(1)
+    return [rng.integers(0, VOCAB, size=BATCH) for _ in range(n)]
+
+
+def check(got, want):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_dropped_output_is_reused_with_the_right_values(kind):
+    module, call, expected = make(kind)
+    module.eval()
+    a, b = batches(2)
+    first = call(a)
+    where = address(first)
+    del first
+    second = call(b)
+    assert address(second) == where
+    check(second, expected(b))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("holder", ["array", "view", "torch", "list"])
+def test_an_output_someone_holds_is_never_overwritten(kind, holder):
+    module, call, expected = make(kind)
+    module.eval()
+    a, b, c = batches(3)
+    first = call(a)
+    snapshot = first.copy()
+    if holder == "view":
+        kept = first[1:]
+    elif holder == "torch":
+        torch = pytest.importorskip("torch")
+        kept = torch.from_numpy(first)
+    elif holder == "list":
+        kept = [first]
+    else:
+        kept = first
+    del first
+    second, third = call(b), call(c)
+    held = kept[0] if holder == "list" else kept
+    np.testing.assert_array_equal(np.asarray(held), snapshot[1:] if holder == "view" else snapshot)
+    check(second, expected(b))
+    check(third, expected(c))
+    assert not np.shares_memory(second, third)
+
+
+def test_small_outputs_are_not_kept():
+    emb = nn.Embedding(VOCAB, 8, seed=0)
+    emb(np.arange(4))
+    assert emb._outputs._array is None
+    assert _outputs.OutputBuffer().take((4, 8), np.float32) is None
+
+
+def test_moving_a_module_forgets_its_output(device):
+    emb = nn.Embedding(VOCAB, DIM, seed=0)
+    emb(batches(1)[0])
+    assert emb._outputs._array is not None
+    emb.to(device)
+    assert emb._outputs._array is None
