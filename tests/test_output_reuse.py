@@ -107,3 +107,23 @@ def test_moving_a_module_forgets_its_output(device):
     assert emb._outputs._array is not None
     emb.to(device)
     assert emb._outputs._array is None
+
+
+def test_layer_norm_input_copies_are_reused_only_once_consumed():
+    rng = np.random.default_rng(5)
+    layer = nn.LayerNorm(DIM)
+    xs = [rng.normal(size=BATCH + (DIM,)).astype(np.float32) for _ in range(2)]
+    gys = [rng.normal(size=BATCH + (DIM,)).astype(np.float32) for _ in range(2)]
+    expected = []
+    for x, gy in zip(xs, gys, strict=True):
+        layer(x)
+        expected.append(layer.backward(gy))
+    # Two forwards pending at once, inputs overwritten after each: each backward
+    # must still see its own input.
+    a, b = xs[0].copy(), xs[1].copy()
+    layer(a)
+    a[:] = 0
+    layer(b)
+    b[:] = 0
+    np.testing.assert_array_equal(layer.backward(gys[1]), expected[1])
+    np.testing.assert_array_equal(layer.backward(gys[0]), expected[0])

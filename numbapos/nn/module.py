@@ -63,6 +63,7 @@ class Module:
         object.__setattr__(self, "_saved", {})
         object.__setattr__(self, "_warned_pending", False)
         object.__setattr__(self, "_outputs", OutputBuffer())
+        object.__setattr__(self, "_copies", OutputBuffer())
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
@@ -377,6 +378,20 @@ class Module:
         """Drop recorded forwards; subclasses with device-dependent caches extend this."""
         self._saved.clear()
         self._outputs.clear()
+        self._copies.clear()
+
+    def _copy_for_backward(self, x):
+        """A private copy of the input ``x`` for a record, in a reused buffer when large.
+
+        The buffer is the copy an earlier record held, once its backward has
+        consumed it (see :mod:`numbapos.nn._outputs`): no fresh pages per step.
+        """
+        if type(x) is np.ndarray:
+            kept = self._copies.take(x.shape, x.dtype)
+            if kept is not None:
+                np.copyto(kept, x)
+                return kept
+        return _device.copy(x)
 
     def _output_buffer(self, source, shape, dtype):
         """Where this forward may write its output: a reused array, or None to allocate.

@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from .. import _checks, _device
+from .. import _checks
 from .. import functional as F
 from .module import Module
 from .parameter import Parameter
@@ -120,7 +120,7 @@ class LayerNorm(Module):
         y, mean, rstd = F.layer_norm_forward(x, weight, bias, self.eps, out)
         if self._recording():
             # x is copied (the caller may reuse its buffer); the weight is watched.
-            self._save_for_backward((_device.copy(x), mean, rstd,
+            self._save_for_backward((self._copy_for_backward(x), mean, rstd,
                                      self._watch((("weight", self.weight),))))
         return y
 
