@@ -73,19 +73,23 @@ def _backward(sparse):
     return make
 
 
-def _sparse_step(x, device):
-    emb = nn.Embedding(x.shape.vocab, x.shape.dim, sparse=True, _weight=x.weight.copy(),
-                       device=device)
-    opt = optim.SGD(emb.parameters(), lr=1e-3, momentum=0.9)
-    id_batches = cycle(_on(device, *batches(x)))
-    (grad,) = _on(device, x.grad)
+def _sparse_step(fused):
+    def make(x, device):
+        emb = nn.Embedding(x.shape.vocab, x.shape.dim, sparse=True, _weight=x.weight.copy(),
+                           device=device)
+        opt = optim.SGD(emb.parameters(), lr=1e-3, momentum=0.9)
+        if fused:
+            opt.fuse_with_backward()  # the row sums applied inside the update
+        id_batches = cycle(_on(device, *batches(x)))
+        (grad,) = _on(device, x.grad)
 
-    def step():
-        emb.zero_grad()
-        emb(next(id_batches))
-        emb.backward(grad)
-        opt.step()
-    return primed(step, x)
+        def step():
+            emb.zero_grad()
+            emb(next(id_batches))
+            emb.backward(grad)
+            opt.step()
+        return primed(step, x)
+    return make
 
 
 def _layer_norm(x, device):
@@ -153,8 +157,8 @@ def _lookup_sides():
             "cupy": peers.cupy_take}
 
 
-def _step_sides():
-    return {"numbapos": _sparse_step, "torch": peers.torch_dense_step}
+def _step_sides(fused=False):
+    return {"numbapos": _sparse_step(fused), "torch": peers.torch_dense_step}
 
 
 def headline(sizes: Sizes) -> list[Case]:
@@ -181,6 +185,9 @@ def headline(sizes: Sizes) -> list[Case]:
              note="PyTorch: + coalesce(), as its optimisers do"),
         Case(f"training step V={step.vocab}, {step.batch}x{step.seq}", step, _step_sides(),
              note="fwd + bwd + SGD(momentum=0.9); numbapos sparse, PyTorch dense"),
+        Case(f"training step V={step.vocab}, {step.batch}x{step.seq}, fused", step,
+             _step_sides(fused=True),
+             note="the same with SGD.fuse_with_backward (row sums inside the update)"),
         Case("LayerNorm forward", base, {"numbapos": _layer_norm, "numpy": peers.numpy_layer_norm,
                                          "torch": peers.torch_layer_norm}, _activations(2)),
         Case("LayerNorm backward", base, {"numbapos": _layer_norm_backward,
