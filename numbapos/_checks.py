@@ -348,6 +348,17 @@ def check_out(out, shape: tuple, dtype: np.dtype, name: str = "out",
     return out
 
 
+def check_values_buffer(buf, min_rows: int, dim: int, dtype: np.dtype,
+                        name: str = "values_out", avoid: tuple = ()) -> np.ndarray:
+    """A buffer for sparse gradient values: ``(M, dim)``, ``M >= min_rows``; else as check_out."""
+    arr = as_array(buf, name)
+    rows = arr.shape[0] if arr.ndim == 2 else -1
+    if arr.ndim != 2 or rows < min_rows or arr.shape[1] != dim:
+        raise ValueError(f"{name}: expected shape (M, {dim}) with M >= {min_rows} (the number "
+                         f"of indices), got shape {tuple(arr.shape)}")
+    return check_out(arr, (rows, dim), dtype, name, avoid=avoid)
+
+
 def check_attention_mask(mask, name: str = "attention_mask") -> np.ndarray:
     """A 1-D or 2-D mask of bool or integer dtype holding only 0 and 1 (no copy of an ndarray)."""
     arr = (_device.to_host(mask) if _device.is_cuda_array(mask)

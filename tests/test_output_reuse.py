@@ -127,3 +127,56 @@ def test_layer_norm_input_copies_are_reused_only_once_consumed():
     b[:] = 0
     np.testing.assert_array_equal(layer.backward(gys[1]), expected[1])
     np.testing.assert_array_equal(layer.backward(gys[0]), expected[0])
+
+
+def test_sparse_gradient_values_reuse_the_dropped_gradient():
+    import numbapos.functional as F
+
+    rng = np.random.default_rng(6)
+    emb = nn.Embedding(VOCAB, DIM, sparse=True, seed=0)
+    a, b = batches(2)
+    grads = [rng.normal(size=BATCH + (DIM,)).astype(np.float32) for _ in range(2)]
+    emb(a)
+    emb.backward(grads[0])
+    kept = emb.weight.grad
+    snapshot = kept.values.copy()
+    emb.zero_grad()
+    emb(b)
+    emb.backward(grads[1])  # `kept` is still referenced: a new buffer
+    np.testing.assert_array_equal(kept.values, snapshot)
+    expected = F.embedding_backward(grads[1], b, VOCAB, sparse=True)
+    np.testing.assert_array_equal(emb.weight.grad.values, expected.values)
+    where = address(emb.weight.grad.values)
+    del kept
+    emb.zero_grad()
+    emb(a)
+    emb.backward(grads[0])
+    assert address(emb.weight.grad.values) == where  # the dropped gradient's buffer
+    np.testing.assert_array_equal(emb.weight.grad.values, snapshot)
+
+
+def test_values_out_of_the_functional_backward():
+    import numbapos.functional as F
+
+    rng = np.random.default_rng(7)
+    ids = np.array([[3, 1, 3], [2, 3, 1]])
+    grad = rng.normal(size=(2, 3, 4))
+    buf = np.full((6, 4), np.nan)
+    got = F.embedding_backward(grad, ids, 5, sparse=True, values_out=buf)
+    expected = F.embedding_backward(grad, ids, 5, sparse=True)
+    np.testing.assert_array_equal(got.indices, expected.indices)
+    np.testing.assert_array_equal(got.values, expected.values)
+    assert np.shares_memory(got.values, buf)
+    for bad, message in [
+        (np.zeros((5, 4)), r"values_out: expected shape \(M, 4\) with M >= 6"),
+        (np.zeros((6, 3)), r"expected shape \(M, 4\)"),
+        (np.zeros((6, 4), np.float32), "dtype float64"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            F.embedding_backward(grad, ids, 5, sparse=True, values_out=bad)
+    with pytest.raises(ValueError, match="only for sparse=True without lazy"):
+        F.embedding_backward(grad, ids, 5, values_out=buf)
+    with pytest.raises(ValueError, match="only for sparse=True without lazy"):
+        F.embedding_backward(grad, ids, 5, sparse=True, lazy=True, values_out=buf)
+    with pytest.raises(ValueError, match="must not share memory"):
+        F.embedding_backward(grad, ids, 5, sparse=True, values_out=grad.reshape(6, 4))

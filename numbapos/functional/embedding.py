@@ -126,7 +126,7 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
 
 
 def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
-                       scale_grad_by_freq=False, sparse=False, *, lazy=False):
+                       scale_grad_by_freq=False, sparse=False, *, lazy=False, values_out=None):
     """Gradient of :func:`embedding` with respect to the table.
 
     The scatter-add is deterministic: positions are grouped by row with a stable
@@ -157,6 +157,13 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         :func:`sparse_sgd_`, inside the update itself, in one pass that never
         stores the ``(rows, D)`` gradient. ``grad_output`` must not change
         until then. :meth:`numbapos.optim.SGD.fuse_with_backward` uses this.
+    values_out : ndarray, optional
+        With ``sparse=True`` (not ``lazy``): a C-contiguous ``(M, D)`` buffer
+        of ``grad_output``'s dtype and device with ``M >= indices.size`` (an
+        upper bound on the rows used). The values are written into its first
+        rows and the SparseRows holds a view of them, so a training loop can
+        reuse one buffer instead of allocating (and page-faulting) a new
+        gradient at every step; ``nn.Embedding`` does.
 
     Returns
     -------
@@ -181,14 +188,21 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
             f"{tuple(indices.shape) + ('D',)}, got {tuple(grad_output.shape)}"
         )
     padding_idx = _checks.check_padding_idx(padding_idx, num_rows)
+    if values_out is not None:
+        if not sparse or lazy:
+            raise ValueError("values_out: only for sparse=True without lazy (the values of "
+                             "a SparseRows)")
+        values_out = _checks.check_values_buffer(values_out, indices.size,
+                                                 grad_output.shape[-1], grad_output.dtype,
+                                                 avoid=(grad_output, indices))
     flat = flatten(K, indices)
     check_range(K, flat, num_rows)
     return _scatter(K, grad_output, flat, num_rows, padding_idx, bool(scale_grad_by_freq),
-                    bool(sparse), lazy=bool(lazy))
+                    bool(sparse), lazy=bool(lazy), values_out=values_out)
 
 
 def _scatter(K, grad_output, flat, num_rows, padding_idx, scale_grad_by_freq, sparse,
-             lazy=False):
+             lazy=False, values_out=None):
     """The table gradient of a lookup, on validated inputs (also used by the blocks)."""
     dim = grad_output.shape[grad_output.ndim - 1]
     grad = K.contiguous(grad_output).reshape(flat.size, dim)
@@ -196,9 +210,12 @@ def _scatter(K, grad_output, flat, num_rows, padding_idx, scale_grad_by_freq, sp
         return SparseRows._unsummed(K.group_rows(flat, padding_idx), grad, scale_grad_by_freq,
                                     num_rows)
     if sparse:
-        rows, values = K.scatter_rows_sparse(grad, flat, num_rows, padding_idx,
-                                             scale_grad_by_freq)
-        return SparseRows(rows, values, num_rows)
+        groups = K.group_rows(flat, padding_idx)
+        used = groups.rows.size
+        values = (K.empty((used, dim), grad.dtype) if values_out is None
+                  else values_out[:used])
+        K.sum_row_groups(grad, groups, scale_grad_by_freq, values)
+        return SparseRows(groups.rows, values, num_rows)
     out = K.zeros((num_rows, dim), grad.dtype)
     K.scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out)
     return out

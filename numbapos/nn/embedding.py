@@ -7,6 +7,7 @@ import numpy as np
 from .. import _checks, _device
 from .. import functional as F
 from . import init as initializers
+from ._outputs import OutputBuffer
 from .module import Module
 from .parameter import Parameter
 
@@ -54,6 +55,7 @@ class Embedding(Module):
                  norm_type=2.0, scale_grad_by_freq=False, sparse=False, _weight=None,
                  dtype=np.float32, init=None, seed=None, device=None):
         super().__init__()
+        self._grad_values = OutputBuffer()  # reused values of sparse gradients (CPU)
         self.num_embeddings = _checks.check_int(num_embeddings, "num_embeddings", minimum=0)
         self.embedding_dim = _checks.check_int(embedding_dim, "embedding_dim", minimum=0)
         self.padding_idx = _checks.check_padding_idx(padding_idx, self.num_embeddings)
@@ -137,6 +139,10 @@ class Embedding(Module):
                                      self.padding_idx, self.scale_grad_by_freq, self.sparse))
         return result
 
+    def _on_device_change(self) -> None:
+        super()._on_device_change()
+        self._grad_values.clear()
+
     def backward(self, grad_output):
         """Accumulate the table gradient of the latest unconsumed :meth:`forward`; returns None.
 
@@ -157,10 +163,16 @@ class Embedding(Module):
             self.weight.dtype, "the shape of the matching forward's output", "the table's")
         grad = None
         if self.weight.requires_grad:
+            lazy = self.weight.has_post_accumulate_grad_hooks
+            values_out = None
+            if sparse and not lazy and type(self.weight.data) is np.ndarray:
+                # The previous step's gradient values, once that gradient is dropped.
+                values_out = self._grad_values.take((indices.size, self.embedding_dim),
+                                                    self.weight.dtype)
             grad = F.embedding_backward(grad_output, indices, self.num_embeddings,
                                         padding_idx=padding_idx,
                                         scale_grad_by_freq=scale_grad_by_freq, sparse=sparse,
-                                        lazy=self.weight.has_post_accumulate_grad_hooks)
+                                        lazy=lazy, values_out=values_out)
         self._release()
         if grad is not None:
             self.weight.accumulate_grad(grad, fresh=True)
