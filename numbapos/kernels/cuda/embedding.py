@@ -90,14 +90,21 @@ def gather_rows_checked(indices, weight, out):
     nothing is gathered when an index is out of range.
     """
     flat = indices.reshape(indices.size)
+    bad = first_out_of_range(flat, weight.shape[0])
+    if bad < 0:
+        gather_rows(flat, weight, out.reshape(flat.size, weight.shape[1]))
+    return bad
+
+
+def first_out_of_range(flat, size) -> int:
+    """The first position of ``flat`` outside ``[0, size)``, or -1 (a bounds pass first)."""
     if flat.size == 0:
         return -1
     low, high = index_bounds(flat)
-    if low < 0 or high >= weight.shape[0]:
-        host = flat.copy_to_host()
-        return int(np.flatnonzero((host < 0) | (host >= weight.shape[0]))[0])
-    gather_rows(flat, weight, out.reshape(flat.size, weight.shape[1]))
-    return -1
+    if low >= 0 and high < size:
+        return -1
+    host = flat.copy_to_host()
+    return int(np.flatnonzero((host < 0) | (host >= size))[0])
 
 
 def renorm_used_rows_(weight, flat, max_norm, norm_type):

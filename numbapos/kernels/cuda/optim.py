@@ -136,6 +136,19 @@ def _sgd_dense(param, grad, buf, first, lr, momentum, one_minus_dampening, weigh
             buf[i] = b
 
 
+@cuda.jit(device=True)
+def _sgd_row_element(param, buf, row, d, g, first, lr, momentum, one_minus_dampening,
+                     weight_decay, nesterov, maximize):
+    # Element (row, d) of param (and of the momentum buffer) with gradient g.
+    use_buf = momentum != 0
+    b = buf[row, d] if use_buf else lr  # unused without momentum
+    p, b = _sgd_update(param[row, d], g, b, first, lr, momentum, one_minus_dampening,
+                       weight_decay, nesterov, maximize)
+    param[row, d] = p
+    if use_buf:
+        buf[row, d] = b
+
+
 @cuda.jit
 def _sgd_rows(param, rows, values, buf, row_started, lr, momentum, one_minus_dampening,
               weight_decay, nesterov, maximize):
@@ -146,12 +159,8 @@ def _sgd_rows(param, rows, values, buf, row_started, lr, momentum, one_minus_dam
         row = rows[j]
         first = use_buf and not row_started[row]
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            b = buf[row, d] if use_buf else lr  # unused without momentum
-            p, b = _sgd_update(param[row, d], values[j, d], b, first, lr, momentum,
-                               one_minus_dampening, weight_decay, nesterov, maximize)
-            param[row, d] = p
-            if use_buf:
-                buf[row, d] = b
+            _sgd_row_element(param, buf, row, d, values[j, d], first, lr, momentum,
+                             one_minus_dampening, weight_decay, nesterov, maximize)
 
 
 @cuda.jit
@@ -165,12 +174,8 @@ def _sgd_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, buf
         first = use_buf and not row_started[row]
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
             g = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
-            b = buf[row, d] if use_buf else lr  # unused without momentum
-            p, b = _sgd_update(param[row, d], g, b, first, lr, momentum, one_minus_dampening,
-                               weight_decay, nesterov, maximize)
-            param[row, d] = p
-            if use_buf:
-                buf[row, d] = b
+            _sgd_row_element(param, buf, row, d, g, first, lr, momentum, one_minus_dampening,
+                             weight_decay, nesterov, maximize)
 
 
 @cuda.jit
