@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..._args import RowGroups
-from .arrays import run_split, split_range
+from .arrays import pick
 
 __all__ = ["gather_rows", "gather_rows_checked", "group_rows", "index_bounds", "not_equal_mask",
            "renorm_used_rows_", "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
@@ -30,7 +30,7 @@ def index_bounds(flat):
 def gather_rows(flat, weight, out):
     """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``."""
     if flat.size:
-        run_split(_gather_rows, split_range(flat.size, out.size), flat, weight, out)
+        pick(_gather_rows, _gather_rows_parallel, out.size)(flat, weight, out)
 
 
 def unique_rows(flat):
@@ -95,7 +95,7 @@ def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
         return
     rows, starts, counts, order = group_by_row(flat, padding_idx)
     if rows.size:
-        _sum_rows(grad, order, starts, counts, rows, bool(scale_grad_by_freq), out)
+        _sum_row_segments(grad, order, starts, counts, rows, bool(scale_grad_by_freq), out)
 
 
 def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
@@ -127,14 +127,8 @@ def sum_row_groups(grad, groups, scale_grad_by_freq, out):
     """
     if groups.rows.size:
         dest = np.arange(groups.rows.size, dtype=np.int64)
-        _sum_rows(grad, groups.order, groups.starts, groups.counts, dest,
-                  bool(scale_grad_by_freq), out)
-
-
-def _sum_rows(grad, order, starts, counts, dest, scale_by_freq, out):
-    """:func:`_sum_row_segments` over every segment, rows split across threads."""
-    ranges = split_range(dest.size, order.size * grad.shape[1])
-    run_split(_sum_row_segments, ranges, grad, order, starts, counts, dest, scale_by_freq, out)
+        _sum_row_segments(grad, groups.order, groups.starts, groups.counts, dest,
+                          bool(scale_grad_by_freq), out)
 
 
 def _number_rows(flat):
@@ -171,15 +165,16 @@ def _index_bounds(flat_idx):
 
 
 @njit(cache=True, nogil=True)
-def _gather_rows(flat_idx, weight, out, start, stop):
-    """``out[i, :] = weight[flat_idx[i], :]`` for ``i`` in ``start .. stop``."""
+def _gather_rows(flat_idx, weight, out):
+    """``out[i, :] = weight[flat_idx[i], :]`` (serial, for small lookups)."""
     dim = weight.shape[1]
-    for i in range(start, stop):
+    for i in range(flat_idx.size):
         row = flat_idx[i]
         for d in range(dim):
             out[i, d] = weight[row, d]
 
 
+# A launcher that is its own kernel: small lookups cannot afford a Python frame more.
 @njit(cache=True, nogil=True)
 def gather_rows_checked(indices, weight, out):
     """:func:`gather_rows` for indices not range-checked yet, in one serial pass (small lookups).
@@ -200,6 +195,16 @@ def gather_rows_checked(indices, weight, out):
         for d in range(dim):
             rows[i, d] = weight[row, d]
     return -1
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _gather_rows_parallel(flat_idx, weight, out):
+    """``out[i, :] = weight[flat_idx[i], :]``, output rows split across threads."""
+    dim = weight.shape[1]
+    for i in prange(flat_idx.size):
+        row = flat_idx[i]
+        for d in range(dim):
+            out[i, d] = weight[row, d]
 
 
 @njit(cache=True, nogil=True)
@@ -302,8 +307,8 @@ def _bucket_by_rank(slot_of, by_value, counts, starts, order):
         cursor[j] += 1
 
 
-@njit(cache=True, nogil=True)
-def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out, start, stop):
+@njit(cache=True, nogil=True, parallel=True)
+def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
     """Deterministic scatter-add: ``out[dest[j]] = sum of grad[order[k]]`` over segment ``j``.
 
     Segment ``j`` is ``k`` in ``starts[j] .. starts[j] + counts[j]`` (never
@@ -313,7 +318,7 @@ def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out, sta
     ``scale_grad_by_freq``). The rows named in ``dest`` are overwritten (they
     need no zeroing).
     """
-    for j in range(start, stop):
+    for j in prange(dest.size):
         sum_segment(grad, order, starts[j], counts[j], scale_by_freq, out[dest[j]])
 
 

@@ -9,10 +9,11 @@ SGD's buffer is never read or written and may be empty; so is Adam's
 ``max_exp_avg_sq`` without ``amsgrad``.
 """
 
+import numba
 import numpy as np
 from numba import njit, prange
 
-from .arrays import pick, run_split, split_range
+from .arrays import PARALLEL_MIN_ELEMENTS, pick
 from .embedding import sum_segment
 
 __all__ = ["adagrad_dense_", "adagrad_rows_", "adam_dense_", "adam_rows_",
@@ -37,8 +38,8 @@ def sgd_rows_(param, rows, values, buf, row_started, hyper):
     the first time it is touched (``row_started``, updated here).
     """
     if rows.size:
-        ranges = split_range(rows.size, rows.size * param.shape[1])
-        run_split(_sgd_rows, ranges, param, rows, values, buf, row_started, hyper)
+        work = rows.size * param.shape[1]
+        pick(_sgd_rows, _sgd_rows_parallel, work)(param, rows, values, buf, row_started, hyper)
 
 
 def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, hyper):
@@ -54,10 +55,14 @@ def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, h
     if used == 0:
         return
     dim = param.shape[1]
-    ranges = split_range(used, groups.order.size * dim)
-    scratch = np.empty((len(ranges), dim), param.dtype)  # one gradient row per part
-    run_split(_sgd_row_groups, ranges, param, grad, groups, bool(scale_grad_by_freq), buf,
-              row_started, hyper, scratch=scratch)
+    if used * dim < PARALLEL_MIN_ELEMENTS:
+        scratch = np.empty((1, dim), param.dtype)
+        _sgd_row_groups(param, grad, groups, bool(scale_grad_by_freq), scratch, buf,
+                        row_started, hyper)
+    else:
+        scratch = np.empty((min(used, 4 * numba.get_num_threads()), dim), param.dtype)
+        _sgd_row_groups_parallel(param, grad, groups, bool(scale_grad_by_freq), scratch, buf,
+                                 row_started, hyper)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -126,21 +131,41 @@ def _sgd_row_from(row, g, param, buf, row_started, h):
 
 
 @njit(cache=True, nogil=True)
-def _sgd_rows(param, rows, values, buf, row_started, hyper, start, stop):
-    # Listed rows start .. stop; rows are unique, so parts never share a row.
-    for j in range(start, stop):
+def _sgd_rows(param, rows, values, buf, row_started, hyper):
+    for j in range(rows.size):
         _sgd_row(j, param, rows, values, buf, row_started, hyper)
 
 
-@njit(cache=True, nogil=True)
-def _sgd_row_groups(param, grad, groups, scale_by_freq, buf, row_started, h, acc, start,
-                    stop):
-    # Groups start .. stop: each row's gradient summed into acc, then applied.
-    for j in range(start, stop):
+@njit(cache=True, nogil=True, parallel=True)
+def _sgd_rows_parallel(param, rows, values, buf, row_started, hyper):
+    for j in prange(rows.size):
+        _sgd_row(j, param, rows, values, buf, row_started, hyper)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sgd_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch, buf,
+                     row_started, h):
+    # Groups chunk * U / num_chunks .. (chunk + 1) * U / num_chunks, through scratch[chunk].
+    used = groups.rows.size
+    acc = scratch[chunk]
+    for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
         sum_segment(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, acc)
         _sgd_row_from(groups.rows[j], acc, param, buf, row_started, h)
 
 
+@njit(cache=True, nogil=True)
+def _sgd_row_groups(param, grad, groups, scale_by_freq, scratch, buf, row_started, hyper):
+    _sgd_group_chunk(0, 1, param, grad, groups, scale_by_freq, scratch, buf, row_started, hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _sgd_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, buf, row_started,
+                             hyper):
+    # One chunk of rows per scratch row; rows are unique, so chunks never share a row.
+    num_chunks = scratch.shape[0]
+    for chunk in prange(num_chunks):
+        _sgd_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch, buf,
+                         row_started, hyper)
 # ---------------------------------------------------------------- Adam / AdamW
 
 
