@@ -34,6 +34,7 @@ from ..._args import chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
 from .arrays import pick
 from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum
+from .prefetch import AHEAD, prefetch_listed
 
 __all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked"]
 
@@ -149,6 +150,7 @@ def normalize_dropout_row_(v, mean, rstd, weight, bias, key, threshold, scale, b
 
 @njit(cache=True, nogil=True)
 def _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd):
+    prefetch_listed(tables.word, ids.word, t + AHEAD)
     row = y[t]
     dim = row.size
     sum3_row(tables.word[ids.word[t]], tables.token_type[ids.token_type[t]],
@@ -190,6 +192,7 @@ def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, f
     keep_scale = grad_y.dtype.type(drop.scale)
     zero = grad_y.dtype.type(0)
     for t in range(start, stop):
+        prefetch_listed(tables.word, ids.word, t + AHEAD)
         sum3_row(tables.word[ids.word[t]], tables.token_type[ids.token_type[t]],
                  tables.position[ids.position[t]], s)
         gy = grad_y[t]
@@ -241,6 +244,7 @@ def _sum_partials(part, out):
 
 @njit(cache=True, nogil=True)
 def _gpt2_token(t, ids, pos, wte, wpe, key, drop, y):
+    prefetch_listed(wte, ids, t + AHEAD)
     row = y[t]
     a = wte[ids[t]]
     b = wpe[pos[t]]

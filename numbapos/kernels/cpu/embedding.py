@@ -11,6 +11,7 @@ from numba import njit, prange
 
 from ..._args import RowGroups
 from .arrays import pick
+from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
 
 __all__ = ["gather_rows", "gather_rows_checked", "group_rows", "index_bounds", "not_equal_mask",
            "renorm_used_rows_", "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
@@ -202,6 +203,7 @@ def _gather_rows_parallel(flat_idx, weight, out):
     """``out[i, :] = weight[flat_idx[i], :]``, output rows split across threads."""
     dim = weight.shape[1]
     for i in prange(flat_idx.size):
+        prefetch_listed(weight, flat_idx, i + AHEAD)
         row = flat_idx[i]
         for d in range(dim):
             out[i, d] = weight[row, d]
@@ -241,6 +243,7 @@ def _renorm_rows_(weight, rows, max_norm, norm_type):
     """
     dim = weight.shape[1]
     for j in prange(rows.size):
+        prefetch_listed_for_write(weight, rows, j + AHEAD)
         row = rows[j]
         norm = _row_norm(weight, row, norm_type)
         if norm > max_norm:
@@ -319,6 +322,7 @@ def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
     need no zeroing).
     """
     for j in prange(dest.size):
+        prefetch_listed_for_write(out, dest, j + AHEAD)
         sum_segment(grad, order, starts[j], counts[j], scale_by_freq, out[dest[j]])
 
 
@@ -334,9 +338,11 @@ def sum_segment(grad, order, start, count, scale_by_freq, acc):
     one = acc.dtype.type(1)
     scale = one / acc.dtype.type(count) if scale_by_freq else one
     first = order[start]
+    prefetch_listed(grad, order, start + AHEAD)  # positions run on into the next segments
     for d in range(dim):
         acc[d] = grad[first, d] * scale if scale_by_freq else grad[first, d]
     for k in range(start + 1, start + count):
+        prefetch_listed(grad, order, k + AHEAD)
         i = order[k]
         if scale_by_freq:
             for d in range(dim):

@@ -15,6 +15,7 @@ from numba import njit, prange
 
 from .arrays import PARALLEL_MIN_ELEMENTS, pick
 from .embedding import sum_segment
+from .prefetch import AHEAD, prefetch_listed_for_write
 
 __all__ = ["adagrad_dense_", "adagrad_rows_", "adam_dense_", "adam_rows_",
            "rowwise_adagrad_dense_", "rowwise_adagrad_rows_", "sgd_dense_", "sgd_row_groups_",
@@ -110,7 +111,15 @@ def _sgd_dense_parallel(param, grad, buf, first, hyper):
 
 @njit(cache=True, nogil=True, inline="always")
 def _sgd_row(j, param, rows, values, buf, row_started, h):
+    _prefetch_sgd_rows(j + AHEAD, rows, param, buf, h)
     _sgd_row_from(rows[j], values[j], param, buf, row_started, h)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_sgd_rows(j, rows, param, buf, h):
+    prefetch_listed_for_write(param, rows, j)
+    if h.momentum != 0:
+        prefetch_listed_for_write(buf, rows, j)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -149,6 +158,7 @@ def _sgd_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scra
     used = groups.rows.size
     acc = scratch[chunk]
     for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
+        _prefetch_sgd_rows(j + AHEAD, groups.rows, param, buf, h)
         sum_segment(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, acc)
         _sgd_row_from(groups.rows[j], acc, param, buf, row_started, h)
 
@@ -239,6 +249,9 @@ def _adam_dense_parallel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper
 
 @njit(cache=True, nogil=True, inline="always")
 def _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, h):
+    prefetch_listed_for_write(param, rows, j + AHEAD)
+    prefetch_listed_for_write(exp_avg, rows, j + AHEAD)
+    prefetch_listed_for_write(exp_avg_sq, rows, j + AHEAD)
     row = rows[j]
     for d in range(param.shape[1]):
         p, g = _adam_prologue(param[row, d], values[j, d], h)
@@ -304,6 +317,8 @@ def _adagrad_dense_parallel(param, grad, state_sum, hyper):
 
 @njit(cache=True, nogil=True, inline="always")
 def _adagrad_row(j, param, rows, values, state_sum, h):
+    prefetch_listed_for_write(param, rows, j + AHEAD)
+    prefetch_listed_for_write(state_sum, rows, j + AHEAD)
     row = rows[j]
     for d in range(param.shape[1]):
         param[row, d], state_sum[row, d] = _adagrad_update(param[row, d], values[j, d],
@@ -386,4 +401,5 @@ def _rowwise_rows(param, rows, values, state_sum, hyper):
 @njit(cache=True, nogil=True, parallel=True)
 def _rowwise_rows_parallel(param, rows, values, state_sum, hyper):
     for j in prange(rows.size):
+        prefetch_listed_for_write(param, rows, j + AHEAD)
         _rowwise_row(rows[j], j, param, values, state_sum, hyper)

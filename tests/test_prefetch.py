@@ -1,0 +1,60 @@
+"""The row prefetch intrinsics: hints that compile for every table the kernels use."""
+
+import numpy as np
+import pytest
+from numba import njit
+from numba.core.errors import TypingError
+
+from numbapos.kernels.cpu.prefetch import (
+    AHEAD,
+    prefetch_listed,
+    prefetch_listed_for_write,
+    prefetch_row,
+    prefetch_row_for_write,
+)
+
+
+@njit
+def _gather_with_prefetch(table, rows, out):
+    for j in range(rows.size):
+        prefetch_listed(table, rows, j + AHEAD)
+        prefetch_listed_for_write(out, rows, j + AHEAD)
+        prefetch_row(table, rows[j])
+        prefetch_row_for_write(out, j)
+        out[j] = table[rows[j]]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dim", [0, 1, 7, 768, 5000])
+def test_prefetch_changes_nothing(dtype, dim):
+    rng = np.random.default_rng(dim)
+    table = rng.normal(size=(50, dim)).astype(dtype)
+    rows = rng.integers(0, 50, size=40)
+    before = table.copy()
+    out = np.empty((50, dim), dtype)
+    _gather_with_prefetch(table, rows, out)
+    np.testing.assert_array_equal(out[:40], table[rows])
+    np.testing.assert_array_equal(table, before)
+
+
+def test_prefetch_of_strided_and_int_tables():
+    table = np.arange(60, dtype=np.int64).reshape(10, 6)[:, ::2]
+    out = np.empty((10, 3), np.int64)
+    rows = np.array([3, 1, 9], dtype=np.int32)
+    _gather_with_prefetch(table, rows, out)
+    np.testing.assert_array_equal(out[:3], table[rows])
+
+
+def test_prefetch_wants_a_2d_table_and_an_integer_row():
+    @njit
+    def one_d(v):
+        prefetch_row(v, 0)
+
+    @njit
+    def float_row(v):
+        prefetch_row(v, 1.5)
+
+    with pytest.raises(TypingError):
+        one_d(np.zeros(4))
+    with pytest.raises(TypingError):
+        float_row(np.zeros((2, 2)))
