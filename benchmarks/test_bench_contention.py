@@ -3,7 +3,9 @@
 Two processes on the same cores, each running the BERT block forward +
 backward in a loop, should each take about twice their solo time (the cores
 are shared), not several times it (idle OpenMP threads spinning on cores the
-other process needs). Each configuration runs in fresh interpreters; the
+other process needs). A second group times a mid-sized lookup that follows a
+pause (the pool has gone idle): what waking the threads costs under each wait
+policy. Each configuration runs in fresh interpreters; the
 medians and their ratios land in ``extra_info`` of one benchmark row per
 configuration (the row's own time is that of the whole experiment)::
 
@@ -36,17 +38,37 @@ LOOP = textwrap.dedent("""
     print(json.dumps({"median_ms": float(np.median(times)) * 1e3, "steps": len(times)}))
 """)
 
+# A mid-sized parallel call after a pause, as between the steps of a program
+# doing other work: the price of waking the pool under each wait policy.
+AFTER_PAUSE = textwrap.dedent("""
+    import json, time
+    import numpy as np
+    import numbapos.functional as F
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(30522, 768)).astype(np.float32)
+    ids = rng.integers(0, 30522, size=(1, 128))
+    out = np.empty((1, 128, 768), np.float32)
+    times = []
+    for i in range(205):
+        time.sleep(0.002)
+        t = time.perf_counter(); F.embedding(ids, weight, out=out); t = time.perf_counter() - t
+        if i >= 5:
+            times.append(t)
+    print(json.dumps({"median_ms": float(np.median(times)) * 1e3, "steps": len(times)}))
+""")
+
 CONFIGS = {
     "numbapos default": {},
+    "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
     "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
     "OpenMP's own spin (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
 }
 
 
-def _start(env, seconds):
+def _start(env, seconds, script=LOOP):
     full = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     full.update(env)
-    return subprocess.Popen([sys.executable, "-c", LOOP, str(seconds)], env=full,
+    return subprocess.Popen([sys.executable, "-c", script, str(seconds)], env=full,
                             stdout=subprocess.PIPE, text=True)
 
 
@@ -75,3 +97,13 @@ def test_two_processes_share_the_cores(benchmark, config):
     })
     print(f"\n{config}: solo {solo:.2f} ms, pair {both[0]:.2f} / {both[1]:.2f} ms, "
           f"x{max(both) / solo:.2f}")
+
+
+@pytest.mark.benchmark(group="contention_wake_after_pause")
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_a_call_after_a_pause_wakes_the_pool_quickly(benchmark, config):
+    """A 128-token lookup at D = 768 after 2 ms of idling, median of 200 (fresh process)."""
+    median = benchmark.pedantic(lambda: _result(_start(CONFIGS[config], 0, AFTER_PAUSE)),
+                                rounds=1, iterations=1)
+    benchmark.extra_info["median_ms_after_pause"] = round(median, 4)
+    print(f"\n{config}: 128-token lookup after a 2 ms pause, median {median * 1e3:.0f} us")
