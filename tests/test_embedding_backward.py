@@ -77,6 +77,37 @@ def test_group_by_row_is_a_stable_sort_by_row(ids, padding_idx):
         np.testing.assert_array_equal(order[start:start + count], stable[flat[stable] == row])
 
 
+def test_grouping_scratch_is_per_thread_and_never_escapes():
+    # The grouping pass reuses per-thread scratch: results from threads running at
+    # once, and results kept from earlier calls, must stay intact.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from numbapos.kernels.cpu.embedding import group_by_row, unique_rows
+
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 50 + 40 * k, size=300 + 97 * k) for k in range(12)]
+
+    def expected(flat):
+        stable = np.argsort(flat, kind="stable")
+        return np.unique(flat), stable
+
+    def check(flat):
+        got = group_by_row(flat, None)
+        uniq = unique_rows(flat)
+        return flat, [a.copy() for a in got], got, uniq
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(check, batches * 3))
+    for flat, snapshot, kept, uniq in results:
+        rows, stable = expected(flat)
+        np.testing.assert_array_equal(snapshot[0], rows)
+        np.testing.assert_array_equal(snapshot[3], stable)
+        for now, then in zip(kept, snapshot, strict=True):
+            np.testing.assert_array_equal(now, then)  # later calls did not overwrite it
+        np.testing.assert_array_equal(np.sort(uniq), rows)
+        np.testing.assert_array_equal(uniq, flat[np.sort(np.unique(flat, return_index=True)[1])])
+
+
 def test_sparse_backward_cost_does_not_depend_on_the_table_size(device):
     # A table of 10**15 rows could never be allocated: the sparse gradient only ever
     # works in the space of the rows the indices name.

@@ -6,6 +6,8 @@ take validated arrays and caller-owned outputs; index arrays arrive flat.
 The ``@njit`` bodies below them trust their inputs and never allocate.
 """
 
+import threading
+
 import numpy as np
 from numba import njit, prange
 
@@ -41,8 +43,8 @@ def unique_rows(flat):
     table's size, so lookups into a table of 1e8 rows cost what they cost in
     one of 1e3.
     """
-    first, _ = _number_rows(flat)
-    return first
+    first = _number_rows(flat)[0]
+    return first.copy()
 
 
 def renorm_used_rows_(weight, flat, max_norm, norm_type):
@@ -63,17 +65,18 @@ def group_by_row(flat, padding_idx):
     ``order[starts[j]:starts[j] + counts[j]]`` hold ``rows[j]``, in increasing
     order (a stable sort). Costs O(N + U log U) for N indices naming U rows,
     never O(table rows): a hash pass numbers the rows in order of first
-    occurrence, the U numbers are sorted, and a counting sort over them groups
-    the positions.
+    occurrence, the U rows are sorted, the hash gives each number its rank
+    among them, and a counting sort over the ranks groups the positions.
     """
-    first, slot_of = _number_rows(flat)
+    first, slot_of, table, shift = _number_rows(flat)
     used = first.size
-    by_value = np.argsort(first)
-    rows = first[by_value]
+    rows = np.sort(first)
+    rank = _scratch("rank", used)
+    _rank_rows(rows, table, shift, first, rank)
     counts = np.zeros(used, dtype=np.int64)
     starts = np.empty(used, dtype=np.int64)
     order = np.empty(flat.size, dtype=np.int64)
-    _bucket_by_rank(slot_of, by_value, counts, starts, order)
+    _bucket_by_rank(slot_of, rank, counts, starts, order, _scratch("cursor", used))
     if padding_idx is not None:
         at = int(np.searchsorted(rows, padding_idx))
         if at < used and rows[at] == padding_idx:
@@ -133,14 +136,38 @@ def sum_row_groups(grad, groups, scale_grad_by_freq, out):
 
 
 def _number_rows(flat):
-    """``(first, slot_of)``: the distinct rows in order of first occurrence, and the
-    number (index into ``first``) of each position's row."""
+    """``(first, slot_of, table, shift)``: the distinct rows in order of first
+    occurrence, the number (index into ``first``) of each position's row, and
+    the hash table that maps a row to its number (see :func:`_hash_unique`).
+
+    All are views of this thread's scratch, valid until its next call.
+    """
     bits = max(4, (2 * flat.size - 1).bit_length())  # load factor <= 1/2
-    table = np.full(1 << bits, -1, dtype=np.int64)
-    first = np.empty(flat.size, dtype=np.int64)
-    slot_of = np.empty(flat.size, dtype=np.int64)
-    count = _hash_unique(flat, table, np.uint64(64 - bits), first, slot_of)
-    return first[:count], slot_of
+    table = _scratch("table", 1 << bits)
+    table.fill(-1)
+    first = _scratch("first", flat.size)
+    slot_of = _scratch("slot_of", flat.size)
+    shift = np.uint64(64 - bits)
+    count = _hash_unique(flat, table, shift, first, slot_of)
+    return first[:count], slot_of, table, shift
+
+
+# Per-thread int64 scratch of the grouping pass, kept between calls: fresh
+# arrays of a few hundred KB are mmap'ed and page-faulted anew on every call
+# (glibc), which cost as much as the hashing and counting sort themselves.
+_SCRATCH_MAX = 1 << 22  # elements (32 MB); larger requests get a fresh array
+_scratch_of_thread = threading.local()
+
+
+def _scratch(name, size):
+    """An int64 array of ``size`` elements, reused by this thread for ``name``."""
+    if size > _SCRATCH_MAX:
+        return np.empty(size, dtype=np.int64)
+    buffers = _scratch_of_thread.__dict__
+    buffer = buffers.get(name)
+    if buffer is None or buffer.size < size:
+        buffer = buffers[name] = np.empty(max(size, 1024), dtype=np.int64)
+    return buffer[:size]
 
 
 def not_equal_mask(flat, value, out):
@@ -286,24 +313,38 @@ def _hash_unique(flat_idx, table, shift, first, slot_of):
 
 
 @njit(cache=True, nogil=True)
-def _bucket_by_rank(slot_of, by_value, counts, starts, order):
+def _rank_rows(rows, table, shift, first, rank):
+    """``rank[u] = j`` where ``rows[j]`` is the row numbered ``u`` by :func:`_hash_unique`.
+
+    ``rows`` holds the distinct rows in ascending order; each is looked up in
+    the hash ``table`` that numbered them.
+    """
+    mask = np.uint64(table.size - 1)
+    for j in range(rows.size):
+        key = rows[j]
+        h = np.int64((np.uint64(key) * _GOLDEN) >> shift)
+        while first[table[h]] != key:
+            h = np.int64((np.uint64(h) + np.uint64(1)) & mask)
+        rank[table[h]] = j
+
+
+@njit(cache=True, nogil=True)
+def _bucket_by_rank(slot_of, rank, counts, starts, order, cursor):
     """Stable counting sort of positions by the rank of their row among the rows used.
 
-    ``by_value`` lists the row numbers of :func:`_hash_unique` in ascending row
-    order; afterwards ``order[starts[j]:starts[j] + counts[j]]`` are the positions
-    of the j-th smallest row, in increasing order.
+    ``rank[u]`` is the rank (in ascending row order) of the row numbered ``u``
+    by :func:`_hash_unique`; afterwards ``order[starts[j]:starts[j] + counts[j]]``
+    are the positions of the j-th smallest row, in increasing order. ``cursor``
+    (as long as ``rank``) is scratch.
     """
-    used = by_value.size
-    rank = np.empty(used, dtype=np.int64)
-    for j in range(used):
-        rank[by_value[j]] = j
+    used = rank.size
     for i in range(slot_of.size):
         counts[rank[slot_of[i]]] += 1
     total = 0
     for j in range(used):
         starts[j] = total
         total += counts[j]
-    cursor = starts.copy()
+    cursor[:] = starts
     for i in range(slot_of.size):
         j = rank[slot_of[i]]
         order[cursor[j]] = i
