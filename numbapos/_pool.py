@@ -15,13 +15,16 @@ other than OpenMP/default). The variable is set only while the layer loads
 (libgomp reads it once, then) and removed afterwards, so libraries loaded
 later (PyTorch's own OpenMP runtime) keep their defaults.
 
-Why 0 and not a short spin: on the 2-core development VM a sleeping team
-wakes in 15-50 us, but after a bounded spin of 1,000-10,000 iterations a
-parallel lookup of 128 x 768 floats that follows a pause took 0.1-0.6 ms
-(median) instead of 0.06 ms, and a team spinning 100,000 iterations
-doubled the step time of two processes sharing the cores. Kernels launched
-back to back lose about one wake-up each (under 2 % of a BERT training step,
-measured within noise of the spinning policies alone).
+Why passive: on the 2-core development VM (``benchmarks/test_bench_contention.py``)
+waking a sleeping team costs 50-150 us, while a spinning team answers in
+5 us. A bounded spin (10,000-30,000 iterations) keeps the team awake across
+the short gaps of a training loop, but once it has slept, after the caller
+idled for a couple of milliseconds, waking it took 0.3-1.5 ms (the
+hypervisor gives an idle virtual CPU away); two processes sharing the cores
+also ran x2.1-2.3 their solo step, against x1.6-1.8 passive. Passive costs
+each parallel kernel one wake-up, which the serial/parallel threshold
+(``kernels.cpu.arrays.PARALLEL_MIN_ELEMENTS``) is set to earn back; a
+training step measured the same either way.
 Results never depend on any of this: every kernel is deterministic for any
 thread count and layer.
 """
