@@ -127,14 +127,14 @@ def _gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def sum3_row(a, b, c, out):
     """``out = a + b + c`` (added left to right)."""
     for d in range(out.size):
         out[d] = a[d] + b[d] + c[d]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def normalize_dropout_row_(v, mean, rstd, weight, bias, key, threshold, scale, base):
     """``v = ((v - mean) * rstd * weight + bias) * m`` in place, ``m`` = ``scale`` or 0.
 
@@ -148,7 +148,7 @@ def normalize_dropout_row_(v, mean, rstd, weight, bias, key, threshold, scale, b
         v[d] = ((v[d] - mean) * rstd * weight[d] + bias[d]) * m
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd):
     prefetch_listed(tables.word, ids.word, t + AHEAD)
     row = y[t]
@@ -180,7 +180,7 @@ def _bert_forward_parallel(ids, tables, eps, drop, y, mean, rstd):
         _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
                          grad_sum, part_w, part_b, part_t, scratch):
     want_w, want_b, fuse_type = flags
@@ -242,7 +242,7 @@ def _sum_partials(part, out):
                 out[r, d] += part[c, r, d]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _gpt2_token(t, ids, pos, wte, wpe, key, drop, y):
     prefetch_listed(wte, ids, t + AHEAD)
     row = y[t]

@@ -15,7 +15,11 @@ and the partials are then added in chunk order.
 The reductions over one row are compiled with ``fastmath={"reassoc"}`` so LLVM
 can vectorise them: the summation order then depends on the row length and the
 compiled code, never on threads. No other fast-math flag is used (NaN and inf
-propagate as usual).
+propagate as usual). They stay functions of their own (Numba's IR inlining
+would compile them with the caller's flags); the elementwise row steps are
+inlined into the kernels (``inline="always"``, no fast-math anywhere on that
+path): a call per row and step cost 13-28 % of a LayerNorm or BERT forward at
+D = 384.
 """
 
 import numpy as np
@@ -105,14 +109,14 @@ def row_moments(v, first_mean, eps):
     return first_mean + shift, dt(1) / np.sqrt(var + dt(eps))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def normalize_row(v, mean, rstd, weight, bias, out):
     """``out = (v - mean) * rstd * weight + bias``."""
     for d in range(v.size):
         out[d] = (v[d] - mean) * rstd * weight[d] + bias[d]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def normalize_row_(v, mean, rstd, weight, bias):
     """``v = (v - mean) * rstd * weight + bias`` in place.
 
@@ -124,7 +128,7 @@ def normalize_row_(v, mean, rstd, weight, bias):
         v[d] = (v[d] - mean) * rstd * weight[d] + bias[d]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def layer_norm_row(v, weight, bias, eps, out):
     """Normalise one row into ``out``; returns ``(mean, rstd)``."""
     first = row_sum(v) / v.dtype.type(v.size)
@@ -163,7 +167,7 @@ def grad_moments(g, v, mean, rstd):
     return sg, sgx
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def layer_norm_row_backward(gy, v, mean, rstd, weight, want_w, want_b, gx, part_w, part_b):
     """Input gradient of one row into ``gx``; adds the row's weight/bias terms to the partials.
 
@@ -188,7 +192,7 @@ def layer_norm_row_backward(gy, v, mean, rstd, weight, want_w, want_b, gx, part_
             part_b[d] += gy[d]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b,
                     grad_x, part_w, part_b):
     start = c * chunk_rows
