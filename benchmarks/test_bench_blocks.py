@@ -2,7 +2,9 @@
 
 BERT-base shapes: batch 32, sequence 128, hidden 768, vocabulary 30522.
 Target: the fused BERT block forward >= 2x PyTorch (3 x nn.Embedding +
-nn.LayerNorm + dropout in eval mode, under ``torch.no_grad``).
+nn.LayerNorm + dropout in eval mode, under ``torch.no_grad``), also at MiniLM
+width (D = 384, groups ``bert_block_minilm`` / ``bert_block_train_minilm`` /
+``gpt2_block_384``).
 
 Run with ``pytest benchmarks/test_bench_blocks.py --benchmark-group-by=group``.
 """
@@ -15,21 +17,32 @@ from numbapos import functional as F
 from numbapos import nn
 
 VOCAB, HIDDEN, MAX_POS, TYPES = 30522, 768, 512, 2
+MINILM_HIDDEN = 384
 BATCH, SEQ = 32, 128
 EPS = 1e-12
 P_DROP = 0.1
 
 
-@pytest.fixture(scope="module")
-def data():
+def _bert_data(hidden):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, VOCAB, size=(BATCH, SEQ))
     types = rng.integers(0, TYPES, size=(BATCH, SEQ))
-    grad = rng.normal(size=(BATCH, SEQ, HIDDEN)).astype(np.float32)
-    block = nn.BertEmbeddings(VOCAB, HIDDEN, MAX_POS, TYPES, hidden_dropout_prob=P_DROP, seed=0)
-    block.LayerNorm.weight.data[:] = rng.normal(1.0, 0.1, HIDDEN)
-    block.LayerNorm.bias.data[:] = rng.normal(0.0, 0.1, HIDDEN)
+    grad = rng.normal(size=(BATCH, SEQ, hidden)).astype(np.float32)
+    block = nn.BertEmbeddings(VOCAB, hidden, MAX_POS, TYPES, hidden_dropout_prob=P_DROP, seed=0)
+    block.LayerNorm.weight.data[:] = rng.normal(1.0, 0.1, hidden)
+    block.LayerNorm.bias.data[:] = rng.normal(0.0, 0.1, hidden)
     return block, ids, types, grad
+
+
+@pytest.fixture(scope="module")
+def data():
+    return _bert_data(HIDDEN)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """MiniLM's embedding width (D = 384), the rest as BERT-base."""
+    return _bert_data(MINILM_HIDDEN)
 
 
 def _tables(block):
@@ -52,7 +65,7 @@ def _torch_bert(block):
                                               padding_idx=0)
     pos = torch.nn.Embedding.from_pretrained(torch.tensor(_tables(block)[1]), freeze=False)
     tt = torch.nn.Embedding.from_pretrained(torch.tensor(_tables(block)[2]), freeze=False)
-    ln = torch.nn.LayerNorm(HIDDEN, eps=EPS)
+    ln = torch.nn.LayerNorm(_tables(block)[3].shape[0], eps=EPS)
     with torch.no_grad():
         ln.weight.copy_(torch.tensor(_tables(block)[3]))
         ln.bias.copy_(torch.tensor(_tables(block)[4]))
@@ -87,6 +100,51 @@ def test_bert_block_forward(benchmark, data, impl):
         with torch.no_grad():
             result = benchmark(forward, t_ids, t_types).numpy()
     np.testing.assert_allclose(result, reference, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.benchmark(group="bert_block_minilm")
+@pytest.mark.parametrize("impl", ["numbapos", "torch"])
+def test_bert_block_forward_minilm(benchmark, minilm, impl):
+    """The eval-mode forward at MiniLM width (D = 384)."""
+    skip_without_torch(impl)
+    block, ids, types, _ = minilm
+    block.eval()
+    reference = block(ids, token_type_ids=types)
+    if impl == "numbapos":
+        result = benchmark(block, ids, token_type_ids=types)
+    else:
+        forward, drop, _ = _torch_bert(block)
+        drop.eval()
+        t_ids, t_types = torch.from_numpy(ids), torch.from_numpy(types)
+        with torch.no_grad():
+            result = benchmark(forward, t_ids, t_types).numpy()
+    np.testing.assert_allclose(result, reference, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.benchmark(group="bert_block_train_minilm")
+@pytest.mark.parametrize("impl", ["numbapos", "torch"])
+def test_bert_block_forward_backward_minilm(benchmark, minilm, impl):
+    """The training step (forward with dropout + backward) at MiniLM width (D = 384)."""
+    skip_without_torch(impl)
+    block, ids, types, grad = minilm
+    if impl == "numbapos":
+        block.train()
+
+        def step():
+            block.zero_grad()
+            block(ids, token_type_ids=types)
+            block.backward(grad)
+    else:
+        forward, drop, params = _torch_bert(block)
+        drop.train()
+        t_ids, t_types, t_grad = (torch.from_numpy(a) for a in (ids, types, grad))
+
+        def step():
+            for param in params:
+                param.grad = None
+            forward(t_ids, t_types).backward(t_grad)
+    step()
+    benchmark(step)
 
 
 @pytest.mark.benchmark(group="bert_block_out")
@@ -150,13 +208,14 @@ def test_bert_block_forward_backward(benchmark, data, impl):
     benchmark(step)
 
 
-@pytest.mark.benchmark(group="gpt2_block")
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_gpt2_block_forward(benchmark, impl):
-    """Eval-mode GPT-2 embeddings: wte[ids] + wpe[positions] (GPT-2 small shapes)."""
+@pytest.mark.parametrize("width", [768, MINILM_HIDDEN])
+def test_gpt2_block_forward(benchmark, impl, width):
+    """Eval-mode GPT-2 embeddings: wte[ids] + wpe[positions] (GPT-2 small shapes, D = 768 / 384)."""
     skip_without_torch(impl)
+    benchmark.group = "gpt2_block" if width == 768 else f"gpt2_block_{width}"
     rng = np.random.default_rng(0)
-    block = nn.GPT2Embeddings(50257, 1024, 768, seed=0).eval()
+    block = nn.GPT2Embeddings(50257, 1024, width, seed=0).eval()
     ids = rng.integers(0, 50257, size=(BATCH, SEQ))
     reference = block(ids)
     wte, wpe = block.wte.weight.data, block.wpe.weight.data

@@ -13,7 +13,7 @@ DEVICE = "cpu"
 # The only serial/parallel threshold of the CPU launchers. Measured on the 2-core
 # development VM: a serial lookup of 128 x 768 floats (98k elements) takes 8 us;
 # a parallel one 5-6 us when the pool is awake, but 50-150 us when its idle
-# threads must be woken (numbapos's default passive policy, see _pool.py).
+# threads must be woken (after a gap of more than ~50 us, see _pool.py).
 PARALLEL_MIN_ELEMENTS = 1 << 18
 
 
