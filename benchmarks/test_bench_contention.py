@@ -66,7 +66,7 @@ AFTER_PAUSE = textwrap.dedent("""
 
 CONFIGS = {
     "numbapos default": {},
-    "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
+    "GOMP_SPINCOUNT=1000": {"GOMP_SPINCOUNT": "1000"},
     "GOMP_SPINCOUNT=0 (passive)": {"GOMP_SPINCOUNT": "0"},
     "OpenMP's own spin (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
 }

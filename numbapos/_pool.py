@@ -7,24 +7,24 @@ busy process (a second trainer, Ray actors, data-loader or server workers,
 ``pytest -n``) the spinning threads steal the cores the other process needs,
 and both slow down several-fold instead of sharing the cores.
 
-:func:`start_pool` therefore loads the threading layer with a short spin
-(``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT` = 1,000 iterations, about 20-50 us)
-unless the user chose a policy (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``,
-``NUMBAPOS_SPIN_COUNT`` or a ``NUMBA_THREADING_LAYER`` other than
-OpenMP/default). The variable is set only while the layer loads (libgomp
-reads it once, then) and removed afterwards, so libraries loaded later
-(PyTorch's own OpenMP runtime) keep their defaults.
+:func:`start_pool` therefore loads the threading layer with a bounded spin
+(``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT` = 10,000 iterations, about 0.1 ms on
+the development VM) unless the user chose a policy (``OMP_WAIT_POLICY``,
+``GOMP_SPINCOUNT``, ``NUMBAPOS_SPIN_COUNT`` or a ``NUMBA_THREADING_LAYER``
+other than OpenMP/default). The variable is set only while the layer loads
+(libgomp reads it once, then) and removed afterwards, so libraries loaded
+later (PyTorch's own OpenMP runtime) keep their defaults.
 
-Why that count, from ``benchmarks/test_bench_contention.py`` on the 2-core
-development VM: waking a sleeping team costs 50-150 us there, a spinning one
-answers in about 5 us. A short spin keeps the team for kernels launched back
-to back (a 128 x 768 parallel lookup: 5-6 us, passive 53-61 us) and costs
-nothing beside a second busy process (two processes running the BERT block
-training step: x1.87 their solo step; passive x1.84). Longer spins have a
-bad corner: once the team has slept, a call made after the caller idled 2 ms
-waited 0.3-0.6 ms for it with 10,000 iterations (up to 1.5 ms with 30,000; the
-hypervisor gives an idle virtual CPU away), and two processes ran x2.1;
-OpenMP's own 300,000 ran them x3.8.
+The trade-off, measured on the 2-core development VM
+(``benchmarks/test_bench_contention.py``): waking a sleeping team costs
+50-150 us there, a spinning one answers in about 5 us. 10,000 iterations keep
+the team awake across the Python work between the kernels of a training step
+(a small sparse step: 0.32 ms, against 0.37 ms with 1,000 iterations and
+passive waits on every kernel), and two processes sharing the cores run
+x2.1 their solo step (OpenMP's own 300,000: x3.6-3.8; passive: x1.6-1.8). Its
+cost: once the team has gone to sleep, a parallel call made after the caller
+idled for milliseconds waits 0.3-0.6 ms for it (the hypervisor gives an idle
+virtual CPU away); latency-bound services set ``NUMBAPOS_SPIN_COUNT=0``.
 Results never depend on any of this: every kernel is deterministic for any
 thread count and layer.
 """
@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["SPIN_COUNT", "get_num_threads", "pool_settings", "set_num_threads", "start_pool"]
 
-SPIN_COUNT = 1_000
+SPIN_COUNT = 10_000
 
 # Environment variables by which a user has already chosen how threads wait.
 _USER_CHOICES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")

@@ -111,9 +111,9 @@ def test_bert_forward_1d_ids_and_int32(rng, device):
 
 
 def test_bert_large_input_uses_parallel_kernel(rng):
-    # 32 * 64 * 128 elements is above PARALLEL_MIN_ELEMENTS.
+    # 4 * 64 * 128 elements is above PARALLEL_MIN_ELEMENTS.
     block = nn.BertEmbeddings(50, 128, 64, 2, hidden_dropout_prob=0.1, seed=3)
-    ids = rng.integers(0, 50, (32, 64))
+    ids = rng.integers(0, 50, (4, 64))
     assert ids.size * 128 >= cpu_arrays.PARALLEL_MIN_ELEMENTS
     y = block(ids)
     np.testing.assert_allclose(y, _bert_reference(block, ids), rtol=2e-5, atol=2e-5)

@@ -10,11 +10,10 @@ __all__ = ["DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty", "ful
 DEVICE = "cpu"
 
 # Below this many elements of work a parallel launch costs more than it saves.
-# The only serial/parallel threshold of the CPU launchers. Measured on the 2-core
-# development VM: a serial lookup of 128 x 768 floats (98k elements) takes 8 us;
-# a parallel one 5-6 us when the pool is awake, but 50-150 us when its idle
-# threads must be woken (after a gap of more than ~50 us, see _pool.py).
-PARALLEL_MIN_ELEMENTS = 1 << 18
+# The only serial/parallel threshold of the CPU launchers. (Raising it to 2**18
+# to spare mid-sized calls a wake-up of the pool doubled a small sparse training
+# step, whose row updates are bound by memory latency, not by element count.)
+PARALLEL_MIN_ELEMENTS = 1 << 15
 
 
 def pick(serial, parallel, work: int):
