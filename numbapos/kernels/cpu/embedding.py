@@ -343,8 +343,8 @@ def _bucket_by_rank(slot_of, rank, counts, starts, order, cursor):
     total = 0
     for j in range(used):
         starts[j] = total
+        cursor[j] = total  # an explicit loop: slice assignment takes seconds to compile
         total += counts[j]
-    cursor[:] = starts
     for i in range(slot_of.size):
         j = rank[slot_of[i]]
         order[cursor[j]] = i
