@@ -3,7 +3,7 @@
 BERT-base shapes: batch 32, sequence 128, hidden 768, vocabulary 30522.
 Target: the fused BERT block forward >= 2x PyTorch (3 x nn.Embedding +
 nn.LayerNorm + dropout in eval mode, under ``torch.no_grad``), also at MiniLM
-width (D = 384, groups ``bert_block_minilm`` / ``bert_block_train_minilm`` /
+width (D = 384, groups ``bert_block_384`` / ``bert_block_train_384`` /
 ``gpt2_block_384``).
 
 Run with ``pytest benchmarks/test_bench_blocks.py --benchmark-group-by=group``.
@@ -23,7 +23,17 @@ EPS = 1e-12
 P_DROP = 0.1
 
 
+_BERT_DATA = {}
+
+
 def _bert_data(hidden):
+    """Block, ids, token types and output gradient at width ``hidden`` (made once)."""
+    if hidden not in _BERT_DATA:
+        _BERT_DATA[hidden] = _make_bert_data(hidden)
+    return _BERT_DATA[hidden]
+
+
+def _make_bert_data(hidden):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, VOCAB, size=(BATCH, SEQ))
     types = rng.integers(0, TYPES, size=(BATCH, SEQ))
@@ -39,10 +49,12 @@ def data():
     return _bert_data(HIDDEN)
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    """MiniLM's embedding width (D = 384), the rest as BERT-base."""
-    return _bert_data(MINILM_HIDDEN)
+# BERT-base width, and MiniLM's (D = 384, the rest as BERT-base) in groups of its own.
+WIDTHS = [HIDDEN, MINILM_HIDDEN]
+
+
+def _group(name, width):
+    return name if width == HIDDEN else f"{name}_{width}"
 
 
 def _tables(block):
@@ -80,12 +92,13 @@ def _torch_bert(block):
     return forward, drop, params
 
 
-@pytest.mark.benchmark(group="bert_block")
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_bert_block_forward(benchmark, data, impl):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_bert_block_forward(benchmark, impl, width):
     """Eval-mode forward: gather x3, sum, LayerNorm (dropout is the identity)."""
     skip_without_torch(impl)
-    block, ids, types, _ = data
+    benchmark.group = _group("bert_block", width)
+    block, ids, types, _ = _bert_data(width)
     block.eval()
     reference = block(ids, token_type_ids=types)  # also compiles the kernels
     if impl == "numbapos":
@@ -102,51 +115,6 @@ def test_bert_block_forward(benchmark, data, impl):
     np.testing.assert_allclose(result, reference, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.benchmark(group="bert_block_minilm")
-@pytest.mark.parametrize("impl", ["numbapos", "torch"])
-def test_bert_block_forward_minilm(benchmark, minilm, impl):
-    """The eval-mode forward at MiniLM width (D = 384)."""
-    skip_without_torch(impl)
-    block, ids, types, _ = minilm
-    block.eval()
-    reference = block(ids, token_type_ids=types)
-    if impl == "numbapos":
-        result = benchmark(block, ids, token_type_ids=types)
-    else:
-        forward, drop, _ = _torch_bert(block)
-        drop.eval()
-        t_ids, t_types = torch.from_numpy(ids), torch.from_numpy(types)
-        with torch.no_grad():
-            result = benchmark(forward, t_ids, t_types).numpy()
-    np.testing.assert_allclose(result, reference, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.benchmark(group="bert_block_train_minilm")
-@pytest.mark.parametrize("impl", ["numbapos", "torch"])
-def test_bert_block_forward_backward_minilm(benchmark, minilm, impl):
-    """The training step (forward with dropout + backward) at MiniLM width (D = 384)."""
-    skip_without_torch(impl)
-    block, ids, types, grad = minilm
-    if impl == "numbapos":
-        block.train()
-
-        def step():
-            block.zero_grad()
-            block(ids, token_type_ids=types)
-            block.backward(grad)
-    else:
-        forward, drop, params = _torch_bert(block)
-        drop.train()
-        t_ids, t_types, t_grad = (torch.from_numpy(a) for a in (ids, types, grad))
-
-        def step():
-            for param in params:
-                param.grad = None
-            forward(t_ids, t_types).backward(t_grad)
-    step()
-    benchmark(step)
-
-
 @pytest.mark.benchmark(group="bert_block_out")
 def test_bert_block_forward_into_buffer(benchmark, data):
     """numbapos only: the same forward writing into a preallocated ``out`` (no allocation)."""
@@ -157,12 +125,14 @@ def test_bert_block_forward_into_buffer(benchmark, data):
     benchmark(block, ids, token_type_ids=types, out=out)
 
 
-@pytest.mark.benchmark(group="bert_block_train")
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_bert_block_forward_backward(benchmark, data, impl):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_bert_block_forward_backward(benchmark, impl, width):
     """Training step of the block: forward with dropout, backward into all five parameters."""
     skip_without_torch(impl)
-    block, ids, types, grad = data
+    benchmark.group = _group("bert_block_train", width)
+    block, ids, types, grad = _bert_data(width)
+    hidden = grad.shape[-1]
     if impl == "numbapos":
         block.train()
 
@@ -187,10 +157,10 @@ def test_bert_block_forward_backward(benchmark, data, impl):
             g = g_y * gamma
             g_sum = rstd * (g - g.mean(-1, keepdims=True)
                             - xhat * (g * xhat).mean(-1, keepdims=True))
-            g_sum = g_sum.reshape(-1, HIDDEN)
+            g_sum = g_sum.reshape(-1, hidden)
             grads = []
             for flat, rows in ((flat_ids, VOCAB), (flat_pos, MAX_POS), (flat_types, TYPES)):
-                table_grad = np.zeros((rows, HIDDEN), np.float32)
+                table_grad = np.zeros((rows, hidden), np.float32)
                 np.add.at(table_grad, flat, g_sum)
                 grads.append(table_grad)
             grads[0][0] = 0  # padding row
@@ -209,11 +179,11 @@ def test_bert_block_forward_backward(benchmark, data, impl):
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("width", [768, MINILM_HIDDEN])
+@pytest.mark.parametrize("width", WIDTHS)
 def test_gpt2_block_forward(benchmark, impl, width):
     """Eval-mode GPT-2 embeddings: wte[ids] + wpe[positions] (GPT-2 small shapes, D = 768 / 384)."""
     skip_without_torch(impl)
-    benchmark.group = "gpt2_block" if width == 768 else f"gpt2_block_{width}"
+    benchmark.group = _group("gpt2_block", width)
     rng = np.random.default_rng(0)
     block = nn.GPT2Embeddings(50257, 1024, width, seed=0).eval()
     ids = rng.integers(0, 50257, size=(BATCH, SEQ))
