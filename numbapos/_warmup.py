@@ -168,6 +168,11 @@ def _optimisers(dtype, index_dtype) -> None:
             dense.grad = np.ones((_ROWS, _DIM), dtype)
             sparse.grad = SparseRows(rows, np.ones((2, _DIM), dtype), _ROWS)
             opt.step()
+        if takes_sparse:
+            emb = nn.Embedding(_ROWS, _DIM, sparse=True, dtype=dtype, seed=0)
+            kind(emb.parameters(), **options).fuse_with_backward()
+            for _ in range(2):  # the update fused with the sparse backward
+                _train(emb, _ids(index_dtype))
 
 
 class Case(NamedTuple):

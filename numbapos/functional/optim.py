@@ -355,9 +355,13 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
     hyper = _adam_hyper(_checks.check_update_target(param).dtype, step, lr, betas, eps,
                         weight_decay, maximize, decoupled_weight_decay, sparse=True)
     names = ["exp_avg", "exp_avg_sq"]
-    K, param, rows, values = _sparse_args(param, grad, (exp_avg, exp_avg_sq), names)
+    K, param, rows, values = _sparse_args(param, grad, (exp_avg, exp_avg_sq), names, fuse=True)
     m, v = _same_as_param((exp_avg, exp_avg_sq), names, param)
-    K.adam_rows_(param, rows, values, m, v, hyper)
+    if values is None:  # unsummed: each row's sum is made inside the update
+        groups, grad_rows, scale_grad_by_freq = rows
+        K.adam_row_groups_(param, grad_rows, groups, scale_grad_by_freq, m, v, hyper)
+    else:
+        K.adam_rows_(param, rows, values, m, v, hyper)
     return param
 
 
@@ -447,9 +451,13 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
     """
     hyper = _adagrad_hyper(_checks.check_update_target(param).dtype, step, lr, lr_decay, 0.0,
                            eps, maximize)
-    K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",))
+    K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",), fuse=True)
     (state_sum,) = _same_as_param((state_sum,), ["state_sum"], param)
-    K.adagrad_rows_(param, rows, values, state_sum, hyper)
+    if values is None:  # unsummed: each row's sum is made inside the update
+        groups, grad_rows, scale_grad_by_freq = rows
+        K.adagrad_row_groups_(param, grad_rows, groups, scale_grad_by_freq, state_sum, hyper)
+    else:
+        K.adagrad_rows_(param, rows, values, state_sum, hyper)
     return param
 
 
@@ -566,8 +574,13 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
     """
     hyper = _rowwise_hyper(_checks.check_update_target(param).dtype, lr, eps, weight_decay,
                            weight_decay_mode)
-    K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",))
+    K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",), fuse=True)
     state_sum = _checks.check_out(state_sum, (param.shape[0],), param.dtype, "state_sum",
                                   avoid=(param,))
-    K.rowwise_adagrad_rows_(param, rows, values, state_sum, hyper)
+    if values is None:  # unsummed: each row's sum is made inside the update
+        groups, grad_rows, scale_grad_by_freq = rows
+        K.rowwise_adagrad_row_groups_(param, grad_rows, groups, scale_grad_by_freq, state_sum,
+                                      hyper)
+    else:
+        K.rowwise_adagrad_rows_(param, rows, values, state_sum, hyper)
     return param

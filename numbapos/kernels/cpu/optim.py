@@ -17,9 +17,10 @@ from .arrays import PARALLEL_MIN_ELEMENTS, pick
 from .embedding import sum_segment
 from .prefetch import AHEAD, prefetch_listed_for_write
 
-__all__ = ["adagrad_dense_", "adagrad_rows_", "adam_dense_", "adam_rows_",
-           "rowwise_adagrad_dense_", "rowwise_adagrad_rows_", "sgd_dense_", "sgd_row_groups_",
-           "sgd_rows_"]
+__all__ = ["adagrad_dense_", "adagrad_row_groups_", "adagrad_rows_", "adam_dense_",
+           "adam_row_groups_", "adam_rows_", "rowwise_adagrad_dense_",
+           "rowwise_adagrad_row_groups_", "rowwise_adagrad_rows_", "sgd_dense_",
+           "sgd_row_groups_", "sgd_rows_"]
 
 
 def sgd_dense_(param, grad, buf, first, hyper):
@@ -52,18 +53,24 @@ def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, h
     at once: the ``(rows, D)`` gradient is never stored. Same bits as
     ``sum_row_groups`` followed by :func:`sgd_rows_`.
     """
+    scratch = _group_scratch(groups, param)
+    if scratch is not None:
+        kernel = _sgd_row_groups_parallel if scratch.shape[0] > 1 else _sgd_row_groups
+        kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, buf, row_started, hyper)
+
+
+def _group_scratch(groups, param):
+    """Scratch rows of a fused row-group update (one per chunk of rows), or None if no work.
+
+    One row (the serial kernel) for small work, else a few chunks per thread
+    (the parallel kernel); each chunk sums its rows' gradients into its own row.
+    """
     used = groups.rows.size
-    if used == 0:
-        return
     dim = param.shape[1]
-    if used * dim < PARALLEL_MIN_ELEMENTS:
-        scratch = np.empty((1, dim), param.dtype)
-        _sgd_row_groups(param, grad, groups, bool(scale_grad_by_freq), scratch, buf,
-                        row_started, hyper)
-    else:
-        scratch = np.empty((min(used, 4 * numba.get_num_threads()), dim), param.dtype)
-        _sgd_row_groups_parallel(param, grad, groups, bool(scale_grad_by_freq), scratch, buf,
-                                 row_started, hyper)
+    if used == 0:
+        return None
+    chunks = 1 if used * dim < PARALLEL_MIN_ELEMENTS else min(used, 4 * numba.get_num_threads())
+    return np.empty((chunks, dim), param.dtype)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -247,14 +254,35 @@ def _adam_dense_parallel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper
         _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
 
 
+def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper):
+    """:func:`adam_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`).
+
+    Same bits as ``sum_row_groups`` followed by :func:`adam_rows_`.
+    """
+    scratch = _group_scratch(groups, param)
+    if scratch is not None:
+        kernel = _adam_row_groups_parallel if scratch.shape[0] > 1 else _adam_row_groups
+        kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, exp_avg, exp_avg_sq, hyper)
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, h):
-    prefetch_listed_for_write(param, rows, j + AHEAD)
-    prefetch_listed_for_write(exp_avg, rows, j + AHEAD)
-    prefetch_listed_for_write(exp_avg_sq, rows, j + AHEAD)
-    row = rows[j]
+    _prefetch_adam_rows(j + AHEAD, rows, param, exp_avg, exp_avg_sq)
+    _adam_row_from(rows[j], values[j], param, exp_avg, exp_avg_sq, h)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_adam_rows(j, rows, param, exp_avg, exp_avg_sq):
+    prefetch_listed_for_write(param, rows, j)
+    prefetch_listed_for_write(exp_avg, rows, j)
+    prefetch_listed_for_write(exp_avg_sq, rows, j)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_row_from(row, g_row, param, exp_avg, exp_avg_sq, h):
+    # Row ``row`` of ``param`` (and the moments) with gradient row ``g_row`` (1-D).
     for d in range(param.shape[1]):
-        p, g = _adam_prologue(param[row, d], values[j, d], h)
+        p, g = _adam_prologue(param[row, d], g_row[d], h)
         m = exp_avg[row, d]
         m = m + (g - m) * h.one_minus_beta1
         v = exp_avg_sq[row, d]
@@ -274,6 +302,33 @@ def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, hyper):
 def _adam_rows_parallel(param, rows, values, exp_avg, exp_avg_sq, hyper):
     for j in prange(rows.size):
         _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, hyper)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch, exp_avg,
+                      exp_avg_sq, h):
+    # As _sgd_group_chunk.
+    used = groups.rows.size
+    acc = scratch[chunk]
+    for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
+        _prefetch_adam_rows(j + AHEAD, groups.rows, param, exp_avg, exp_avg_sq)
+        sum_segment(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, acc)
+        _adam_row_from(groups.rows[j], acc, param, exp_avg, exp_avg_sq, h)
+
+
+@njit(cache=True, nogil=True)
+def _adam_row_groups(param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq, hyper):
+    _adam_group_chunk(0, 1, param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq,
+                      hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _adam_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq,
+                              hyper):
+    num_chunks = scratch.shape[0]
+    for chunk in prange(num_chunks):
+        _adam_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+                          exp_avg, exp_avg_sq, hyper)
 
 
 # ---------------------------------------------------------------- Adagrad
@@ -315,13 +370,30 @@ def _adagrad_dense_parallel(param, grad, state_sum, hyper):
         param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper)
 
 
+def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
+    """:func:`adagrad_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
+    scratch = _group_scratch(groups, param)
+    if scratch is not None:
+        kernel = _adagrad_row_groups_parallel if scratch.shape[0] > 1 else _adagrad_row_groups
+        kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, state_sum, hyper)
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _adagrad_row(j, param, rows, values, state_sum, h):
-    prefetch_listed_for_write(param, rows, j + AHEAD)
-    prefetch_listed_for_write(state_sum, rows, j + AHEAD)
-    row = rows[j]
+    _prefetch_two(j + AHEAD, rows, param, state_sum)
+    _adagrad_row_from(rows[j], values[j], param, state_sum, h)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_two(j, rows, param, state):
+    prefetch_listed_for_write(param, rows, j)
+    prefetch_listed_for_write(state, rows, j)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adagrad_row_from(row, g_row, param, state_sum, h):
     for d in range(param.shape[1]):
-        param[row, d], state_sum[row, d] = _adagrad_update(param[row, d], values[j, d],
+        param[row, d], state_sum[row, d] = _adagrad_update(param[row, d], g_row[d],
                                                            state_sum[row, d], h)
 
 
@@ -337,6 +409,31 @@ def _adagrad_rows_parallel(param, rows, values, state_sum, hyper):
         _adagrad_row(j, param, rows, values, state_sum, hyper)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _adagrad_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+                         state_sum, h):
+    # As _sgd_group_chunk.
+    used = groups.rows.size
+    acc = scratch[chunk]
+    for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
+        _prefetch_two(j + AHEAD, groups.rows, param, state_sum)
+        sum_segment(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, acc)
+        _adagrad_row_from(groups.rows[j], acc, param, state_sum, h)
+
+
+@njit(cache=True, nogil=True)
+def _adagrad_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
+    _adagrad_group_chunk(0, 1, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _adagrad_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
+    num_chunks = scratch.shape[0]
+    for chunk in prange(num_chunks):
+        _adagrad_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+                             state_sum, hyper)
+
+
 # ---------------------------------------------------------------- row-wise Adagrad
 
 
@@ -350,6 +447,16 @@ def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
         pick(_rowwise_dense, _rowwise_dense_parallel, param.size)(param, grad, state_sum, hyper)
 
 
+def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
+    """:func:`rowwise_adagrad_rows_` fused with the gradient of a lookup (see sgd_row_groups_)."""
+    if param.shape[1] == 0:
+        return
+    scratch = _group_scratch(groups, param)
+    if scratch is not None:
+        kernel = _rowwise_row_groups_parallel if scratch.shape[0] > 1 else _rowwise_row_groups
+        kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, state_sum, hyper)
+
+
 def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
     """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only."""
     if rows.size and param.shape[1]:
@@ -358,13 +465,13 @@ def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _rowwise_row(row, j, param, values, state_sum, h):
-    # Row ``row`` of param with gradient row ``values[j]`` (FBGEMM's split_weight_update_cpu).
+def _rowwise_row(row, g_row, param, state_sum, h):
+    # Row ``row`` of param with gradient row ``g_row`` (FBGEMM's split_weight_update_cpu).
     dim = param.shape[1]
     one = param.dtype.type(1)
     square_sum = param.dtype.type(0)
     for d in range(dim):
-        g = values[j, d]
+        g = g_row[d]
         if h.mode == 1:
             g = g + h.weight_decay * param[row, d]
         square_sum += g * g
@@ -377,29 +484,54 @@ def _rowwise_row(row, j, param, values, state_sum, h):
     elif h.mode == 2:
         correction = one - h.lr * h.weight_decay
     for d in range(dim):
-        param[row, d] = correction * param[row, d] - multiplier * values[j, d]
+        param[row, d] = correction * param[row, d] - multiplier * g_row[d]
 
 
 @njit(cache=True, nogil=True)
 def _rowwise_dense(param, grad, state_sum, hyper):
     for r in range(param.shape[0]):
-        _rowwise_row(r, r, param, grad, state_sum, hyper)
+        _rowwise_row(r, grad[r], param, state_sum, hyper)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _rowwise_dense_parallel(param, grad, state_sum, hyper):
     for r in prange(param.shape[0]):
-        _rowwise_row(r, r, param, grad, state_sum, hyper)
+        _rowwise_row(r, grad[r], param, state_sum, hyper)
 
 
 @njit(cache=True, nogil=True)
 def _rowwise_rows(param, rows, values, state_sum, hyper):
     for j in range(rows.size):
-        _rowwise_row(rows[j], j, param, values, state_sum, hyper)
+        _rowwise_row(rows[j], values[j], param, state_sum, hyper)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _rowwise_rows_parallel(param, rows, values, state_sum, hyper):
     for j in prange(rows.size):
         prefetch_listed_for_write(param, rows, j + AHEAD)
-        _rowwise_row(rows[j], j, param, values, state_sum, hyper)
+        _rowwise_row(rows[j], values[j], param, state_sum, hyper)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rowwise_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+                         state_sum, h):
+    # As _sgd_group_chunk.
+    used = groups.rows.size
+    acc = scratch[chunk]
+    for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
+        prefetch_listed_for_write(param, groups.rows, j + AHEAD)
+        sum_segment(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, acc)
+        _rowwise_row(groups.rows[j], acc, param, state_sum, h)
+
+
+@njit(cache=True, nogil=True)
+def _rowwise_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
+    _rowwise_group_chunk(0, 1, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _rowwise_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
+    num_chunks = scratch.shape[0]
+    for chunk in prange(num_chunks):
+        _rowwise_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+                             state_sum, hyper)

@@ -22,9 +22,10 @@ from .arrays import THREADS, grid
 from .embedding import segment_sum
 from .fpmath import cast_like, mul_rn
 
-__all__ = ["adagrad_dense_", "adagrad_rows_", "adam_dense_", "adam_rows_",
-           "rowwise_adagrad_dense_", "rowwise_adagrad_rows_", "sgd_dense_", "sgd_row_groups_",
-           "sgd_rows_"]
+__all__ = ["adagrad_dense_", "adagrad_row_groups_", "adagrad_rows_", "adam_dense_",
+           "adam_row_groups_", "adam_rows_", "rowwise_adagrad_dense_",
+           "rowwise_adagrad_row_groups_", "rowwise_adagrad_rows_", "sgd_dense_",
+           "sgd_row_groups_", "sgd_rows_"]
 
 
 # ---------------------------------------------------------------- launchers
@@ -211,6 +212,15 @@ def adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper):
             param, rows, values, exp_avg, exp_avg_sq, *_cast_all(param, hyper))
 
 
+def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper):
+    """:func:`adam_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
+    used = groups.rows.size
+    if used and param.shape[1]:
+        _adam_row_groups[grid(used, 1), _row_threads(param.shape[1])](
+            param, grad, groups.rows, groups.starts, groups.counts, groups.order,
+            bool(scale_grad_by_freq), exp_avg, exp_avg_sq, *_cast_all(param, hyper))
+
+
 def _cast_all(param, hyper):
     """A hyper-parameter tuple as kernel arguments: floats in ``param``'s dtype, flags kept."""
     cast = param.dtype.type
@@ -254,6 +264,20 @@ def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, one_minus_beta
         param[i] = p + mul_rn(neg_step_size, m / denom)
 
 
+@cuda.jit(device=True)
+def _adam_row_element(param, exp_avg, exp_avg_sq, row, d, g, one_minus_beta1, one_minus_beta2,
+                      eps, weight_decay, decay, neg_step_size, decoupled, maximize):
+    # Element (row, d) of SparseAdam's update with gradient g.
+    p, g = _adam_prologue(param[row, d], g, weight_decay, decay, decoupled, maximize)
+    m = exp_avg[row, d]
+    m = m + mul_rn(g - m, one_minus_beta1)
+    v = exp_avg_sq[row, d]
+    v = v + mul_rn(mul_rn(g, g) - v, one_minus_beta2)
+    exp_avg[row, d] = m
+    exp_avg_sq[row, d] = v
+    param[row, d] = p + mul_rn(neg_step_size, m / (cast_like(math.sqrt(v), v) + eps))
+
+
 @cuda.jit
 def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, one_minus_beta1, beta2,
                one_minus_beta2, eps, weight_decay, decay, neg_step_size, bias_correction2_sqrt,
@@ -262,15 +286,23 @@ def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, one_minus_beta1, beta2,
     for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
         row = rows[j]
         for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
-            p, g = _adam_prologue(param[row, d], values[j, d], weight_decay, decay, decoupled,
-                                  maximize)
-            m = exp_avg[row, d]
-            m = m + mul_rn(g - m, one_minus_beta1)
-            v = exp_avg_sq[row, d]
-            v = v + mul_rn(mul_rn(g, g) - v, one_minus_beta2)
-            exp_avg[row, d] = m
-            exp_avg_sq[row, d] = v
-            param[row, d] = p + mul_rn(neg_step_size, m / (cast_like(math.sqrt(v), v) + eps))
+            _adam_row_element(param, exp_avg, exp_avg_sq, row, d, values[j, d], one_minus_beta1,
+                              one_minus_beta2, eps, weight_decay, decay, neg_step_size,
+                              decoupled, maximize)
+
+
+@cuda.jit
+def _adam_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, exp_avg,
+                     exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay,
+                     decay, neg_step_size, bias_correction2_sqrt, decoupled, amsgrad, maximize):
+    """:func:`_adam_rows` with each gradient element summed on the spot from its positions."""
+    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+        row = rows[j]
+        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
+            g = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
+            _adam_row_element(param, exp_avg, exp_avg_sq, row, d, g, one_minus_beta1,
+                              one_minus_beta2, eps, weight_decay, decay, neg_step_size,
+                              decoupled, maximize)
 
 
 # ---------------------------------------------------------------- Adagrad
@@ -288,6 +320,15 @@ def adagrad_rows_(param, rows, values, state_sum, hyper):
     if rows.size and param.shape[1]:
         _adagrad_rows[grid(rows.size, 1), _row_threads(param.shape[1])](
             param, rows, values, state_sum, *_cast_all(param, hyper))
+
+
+def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
+    """:func:`adagrad_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
+    used = groups.rows.size
+    if used and param.shape[1]:
+        _adagrad_row_groups[grid(used, 1), _row_threads(param.shape[1])](
+            param, grad, groups.rows, groups.starts, groups.counts, groups.order,
+            bool(scale_grad_by_freq), state_sum, *_cast_all(param, hyper))
 
 
 @cuda.jit(device=True)
@@ -323,6 +364,20 @@ def _adagrad_rows(param, rows, values, state_sum, neg_clr, weight_decay, eps, ma
             state_sum[row, d] = s
 
 
+@cuda.jit
+def _adagrad_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, state_sum,
+                        neg_clr, weight_decay, eps, maximize):
+    """:func:`_adagrad_rows` with each gradient element summed on the spot from its positions."""
+    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+        row = rows[j]
+        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
+            g = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
+            p, s = _adagrad_update(param[row, d], g, state_sum[row, d], neg_clr, weight_decay,
+                                   eps, maximize)
+            param[row, d] = p
+            state_sum[row, d] = s
+
+
 # ---------------------------------------------------------------- row-wise Adagrad
 
 
@@ -344,6 +399,15 @@ def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
                                                 *_rowwise_scalars(param, hyper))
 
 
+def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
+    """:func:`rowwise_adagrad_rows_` fused with the gradient of a lookup (see sgd_row_groups_)."""
+    used = groups.rows.size
+    if used and param.shape[1]:
+        _rowwise_row_groups[grid(used), THREADS](
+            param, grad, groups.rows, groups.starts, groups.counts, groups.order,
+            bool(scale_grad_by_freq), state_sum, *_rowwise_scalars(param, hyper))
+
+
 def _rowwise_scalars(param, hyper):
     cast = param.dtype.type
     return (cast(hyper.lr), cast(hyper.eps), cast(hyper.weight_decay), int(hyper.mode),
@@ -353,13 +417,22 @@ def _rowwise_scalars(param, hyper):
 @cuda.jit(device=True)
 def _rowwise_row(row, j, param, values, state_sum, lr, eps, weight_decay, mode, dim_f):
     # One row, sequentially in one thread (the CPU's order, so the same sum), as the CPU's.
-    one = cast_like(1, lr)
     square_sum = cast_like(0, lr)
     for d in range(param.shape[1]):
         g = values[j, d]
         if mode == 1:
             g = g + mul_rn(weight_decay, param[row, d])
         square_sum += mul_rn(g, g)
+    correction, multiplier = _rowwise_factors(row, state_sum, square_sum, lr, eps,
+                                              weight_decay, mode, dim_f)
+    for d in range(param.shape[1]):
+        param[row, d] = mul_rn(correction, param[row, d]) - mul_rn(multiplier, values[j, d])
+
+
+@cuda.jit(device=True)
+def _rowwise_factors(row, state_sum, square_sum, lr, eps, weight_decay, mode, dim_f):
+    # Accumulates the row's state; returns (correction, multiplier) of its update.
+    one = cast_like(1, lr)
     acc = state_sum[row] + square_sum / dim_f
     state_sum[row] = acc
     multiplier = lr / (cast_like(math.sqrt(acc), acc) + eps)
@@ -368,8 +441,7 @@ def _rowwise_row(row, j, param, values, state_sum, lr, eps, weight_decay, mode, 
         correction = one - mul_rn(multiplier, weight_decay)
     elif mode == 2:
         correction = one - mul_rn(lr, weight_decay)
-    for d in range(param.shape[1]):
-        param[row, d] = mul_rn(correction, param[row, d]) - mul_rn(multiplier, values[j, d])
+    return correction, multiplier
 
 
 @cuda.jit
@@ -384,3 +456,22 @@ def _rowwise_rows(param, rows, values, state_sum, lr, eps, weight_decay, mode, d
     """Row-wise Adagrad on rows ``rows[j]``: one thread per listed row (grid-stride)."""
     for j in range(cuda.grid(1), rows.size, cuda.gridsize(1)):
         _rowwise_row(rows[j], j, param, values, state_sum, lr, eps, weight_decay, mode, dim_f)
+
+
+@cuda.jit
+def _rowwise_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, state_sum, lr,
+                        eps, weight_decay, mode, dim_f):
+    """:func:`_rowwise_rows` with the gradient summed on the spot (squares, then update)."""
+    for j in range(cuda.grid(1), rows.size, cuda.gridsize(1)):
+        row = rows[j]
+        square_sum = cast_like(0, lr)
+        for d in range(param.shape[1]):
+            g = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
+            if mode == 1:
+                g = g + mul_rn(weight_decay, param[row, d])
+            square_sum += mul_rn(g, g)
+        correction, multiplier = _rowwise_factors(row, state_sum, square_sum, lr, eps,
+                                                  weight_decay, mode, dim_f)
+        for d in range(param.shape[1]):
+            g = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
+            param[row, d] = mul_rn(correction, param[row, d]) - mul_rn(multiplier, g)
