@@ -19,8 +19,8 @@ The trade-off, measured on the 2-core development VM
 (``benchmarks/test_bench_contention.py``): waking a sleeping team costs
 50-150 us there, a spinning one answers in about 5 us. 10,000 iterations keep
 the team awake across the Python work between the kernels of a training step
-(a small sparse step: 0.32 ms, against 0.37 ms with 1,000 iterations and
-passive waits on every kernel), and two processes sharing the cores run
+(a small sparse step: 0.32 ms, against 0.37 ms with 1,000 iterations, which
+lets the team sleep, and wake, between kernels), and two processes sharing the cores run
 x2.1 their solo step (OpenMP's own 300,000: x3.6-3.8; passive: x1.6-1.8). Its
 cost: once the team has gone to sleep, a parallel call made after the caller
 idled for milliseconds waits 0.3-0.6 ms for it (the hypervisor gives an idle
