@@ -93,6 +93,20 @@ def _sparse_args(param, grad, states, names, fuse=False):
     return K, param, K.contiguous(rows, np.int64), K.contiguous(values, param.dtype)
 
 
+def _update_rows(update_rows, update_row_groups, param, rows, values, *rest):
+    """Apply a sparse update to the rows ``_sparse_args`` returned.
+
+    Summed (``values`` given): ``update_rows(param, rows, values, *rest)``.
+    Unsummed (``values`` None, ``rows`` the gradient's groups): the fused
+    ``update_row_groups``, each row's sum made inside the update.
+    """
+    if values is None:
+        groups, grad_rows, scale_grad_by_freq = rows
+        update_row_groups(param, grad_rows, groups, scale_grad_by_freq, *rest)
+    else:
+        update_rows(param, rows, values, *rest)
+
+
 def _same_as_param(states, names, param, avoid=()):
     """Each state checked to have ``param``'s shape and dtype (C-contiguous, not aliased)."""
     return [_checks.check_out(s, tuple(param.shape), param.dtype, n, avoid=(param, *avoid))
@@ -210,11 +224,7 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
                                     "row_started", avoid=(param, bufs[0]))
     else:
         bufs, started = [K.empty((0, 0), param.dtype)], K.empty((0,), np.bool_)
-    if values is None:  # unsummed: each row's sum is made inside the update
-        groups, grad_rows, scale_grad_by_freq = rows
-        K.sgd_row_groups_(param, grad_rows, groups, scale_grad_by_freq, bufs[0], started, hyper)
-    else:
-        K.sgd_rows_(param, rows, values, bufs[0], started, hyper)
+    _update_rows(K.sgd_rows_, K.sgd_row_groups_, param, rows, values, bufs[0], started, hyper)
     return param
 
 
@@ -357,11 +367,7 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
     names = ["exp_avg", "exp_avg_sq"]
     K, param, rows, values = _sparse_args(param, grad, (exp_avg, exp_avg_sq), names, fuse=True)
     m, v = _same_as_param((exp_avg, exp_avg_sq), names, param)
-    if values is None:  # unsummed: each row's sum is made inside the update
-        groups, grad_rows, scale_grad_by_freq = rows
-        K.adam_row_groups_(param, grad_rows, groups, scale_grad_by_freq, m, v, hyper)
-    else:
-        K.adam_rows_(param, rows, values, m, v, hyper)
+    _update_rows(K.adam_rows_, K.adam_row_groups_, param, rows, values, m, v, hyper)
     return param
 
 
@@ -453,11 +459,7 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
                            eps, maximize)
     K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",), fuse=True)
     (state_sum,) = _same_as_param((state_sum,), ["state_sum"], param)
-    if values is None:  # unsummed: each row's sum is made inside the update
-        groups, grad_rows, scale_grad_by_freq = rows
-        K.adagrad_row_groups_(param, grad_rows, groups, scale_grad_by_freq, state_sum, hyper)
-    else:
-        K.adagrad_rows_(param, rows, values, state_sum, hyper)
+    _update_rows(K.adagrad_rows_, K.adagrad_row_groups_, param, rows, values, state_sum, hyper)
     return param
 
 
@@ -577,10 +579,6 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
     K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",), fuse=True)
     state_sum = _checks.check_out(state_sum, (param.shape[0],), param.dtype, "state_sum",
                                   avoid=(param,))
-    if values is None:  # unsummed: each row's sum is made inside the update
-        groups, grad_rows, scale_grad_by_freq = rows
-        K.rowwise_adagrad_row_groups_(param, grad_rows, groups, scale_grad_by_freq, state_sum,
-                                      hyper)
-    else:
-        K.rowwise_adagrad_rows_(param, rows, values, state_sum, hyper)
+    _update_rows(K.rowwise_adagrad_rows_, K.rowwise_adagrad_row_groups_, param, rows, values,
+                 state_sum, hyper)
     return param

@@ -53,24 +53,25 @@ def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, h
     at once: the ``(rows, D)`` gradient is never stored. Same bits as
     ``sum_row_groups`` followed by :func:`sgd_rows_`.
     """
-    scratch = _group_scratch(groups, param)
-    if scratch is not None:
-        kernel = _sgd_row_groups_parallel if scratch.shape[0] > 1 else _sgd_row_groups
-        kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, buf, row_started, hyper)
+    _run_row_groups(_sgd_row_groups, _sgd_row_groups_parallel, param, grad, groups,
+                    scale_grad_by_freq, buf, row_started, hyper)
 
 
-def _group_scratch(groups, param):
-    """Scratch rows of a fused row-group update (one per chunk of rows), or None if no work.
+def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *rest):
+    """Run a fused row-group update: ``kernel(param, grad, groups, scale, scratch, *rest)``.
 
-    One row (the serial kernel) for small work, else a few chunks per thread
-    (the parallel kernel); each chunk sums its rows' gradients into its own row.
+    The scratch holds one row per chunk of rows, each chunk summing its rows'
+    gradients into its own row: one chunk (the serial kernel) for small work,
+    else a few per thread (the parallel kernel). Nothing runs without rows.
     """
     used = groups.rows.size
-    dim = param.shape[1]
     if used == 0:
-        return None
+        return
+    dim = param.shape[1]
     chunks = 1 if used * dim < PARALLEL_MIN_ELEMENTS else min(used, 4 * numba.get_num_threads())
-    return np.empty((chunks, dim), param.dtype)
+    scratch = np.empty((chunks, dim), param.dtype)
+    kernel = parallel if chunks > 1 else serial
+    kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, *rest)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -158,6 +159,8 @@ def _sgd_rows_parallel(param, rows, values, buf, row_started, hyper):
         _sgd_row(j, param, rows, values, buf, row_started, hyper)
 
 
+# Each optimiser has its own chunk loop and serial/parallel pair: a kernel that took
+# the row update as an argument (a Numba dispatcher) would never load from the cache.
 @njit(cache=True, nogil=True, inline="always")
 def _sgd_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch, buf,
                      row_started, h):
@@ -259,10 +262,8 @@ def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_s
 
     Same bits as ``sum_row_groups`` followed by :func:`adam_rows_`.
     """
-    scratch = _group_scratch(groups, param)
-    if scratch is not None:
-        kernel = _adam_row_groups_parallel if scratch.shape[0] > 1 else _adam_row_groups
-        kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, exp_avg, exp_avg_sq, hyper)
+    _run_row_groups(_adam_row_groups, _adam_row_groups_parallel, param, grad, groups,
+                    scale_grad_by_freq, exp_avg, exp_avg_sq, hyper)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -372,10 +373,8 @@ def _adagrad_dense_parallel(param, grad, state_sum, hyper):
 
 def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`adagrad_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
-    scratch = _group_scratch(groups, param)
-    if scratch is not None:
-        kernel = _adagrad_row_groups_parallel if scratch.shape[0] > 1 else _adagrad_row_groups
-        kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, state_sum, hyper)
+    _run_row_groups(_adagrad_row_groups, _adagrad_row_groups_parallel, param, grad, groups,
+                    scale_grad_by_freq, state_sum, hyper)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -449,12 +448,9 @@ def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
 
 def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`rowwise_adagrad_rows_` fused with the gradient of a lookup (see sgd_row_groups_)."""
-    if param.shape[1] == 0:
-        return
-    scratch = _group_scratch(groups, param)
-    if scratch is not None:
-        kernel = _rowwise_row_groups_parallel if scratch.shape[0] > 1 else _rowwise_row_groups
-        kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, state_sum, hyper)
+    if param.shape[1]:  # as rowwise_adagrad_rows_: a row of width 0 has no mean square
+        _run_row_groups(_rowwise_row_groups, _rowwise_row_groups_parallel, param, grad, groups,
+                        scale_grad_by_freq, state_sum, hyper)
 
 
 def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
