@@ -74,47 +74,80 @@ def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *
     kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, *rest)
 
 
+# The parallel dense updates split the flat elements into spans of SPAN, each run
+# by the branch-free loop its options pick.
+SPAN = 1 << 13
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _sgd_update(p, g, buf, first, lr, momentum, one_minus_dampening, weight_decay, nesterov,
-                maximize):
+def _spans(size):
+    return (size + SPAN - 1) // SPAN
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _span_bounds(span, size):
+    return span * SPAN, min(size, (span + 1) * SPAN)
+
+
+# Element updates take their options as flags; the span and row loops below call
+# them once with the common options as literals, which LLVM folds into a
+# branch-free loop it can vectorise, and once with the flags read at run time
+# for the rest (the same arithmetic either way, so the same bits).
+@njit(cache=True, nogil=True, inline="always")
+def _sgd_update(p, g, buf, h, first, momentum_on, nesterov, maximize, decay):
     # One element: returns (new_p, new_buf).
     if maximize:
         g = -g
-    if weight_decay != 0:
-        g = g + weight_decay * p
-    if momentum != 0:
+    if decay:
+        g = g + h.weight_decay * p
+    if momentum_on:
         if first:
             buf = g
         else:
-            buf = buf * momentum + one_minus_dampening * g
+            buf = buf * h.momentum + h.one_minus_dampening * g
         if nesterov:
-            g = g + momentum * buf
+            g = g + h.momentum * buf
         else:
             g = buf
-    return p - lr * g, buf
+    return p - h.lr * g, buf
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sgd_dense_at(i, param, grad, buf, first, h):
+def _sgd_span_with(lo, hi, param, grad, buf, h, first, momentum_on, nesterov, maximize, decay):
+    # Flat elements lo .. hi.
     zero = param.dtype.type(0)
-    b = buf[i] if h.momentum != 0 else zero
-    p, b = _sgd_update(param[i], grad[i], b, first, h.lr, h.momentum, h.one_minus_dampening,
-                       h.weight_decay, h.nesterov, h.maximize)
-    param[i] = p
-    if h.momentum != 0:
-        buf[i] = b
+    for i in range(lo, hi):
+        b = buf[i] if momentum_on else zero
+        p, b = _sgd_update(param[i], grad[i], b, h, first, momentum_on, nesterov, maximize, decay)
+        param[i] = p
+        if momentum_on:
+            buf[i] = b
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sgd_span(lo, hi, param, grad, buf, first, h):
+    momentum_on = h.momentum != 0
+    if h.maximize or h.weight_decay != 0 or (first and momentum_on):
+        _sgd_span_with(lo, hi, param, grad, buf, h, first, momentum_on, h.nesterov, h.maximize,
+                       h.weight_decay != 0)
+    elif not momentum_on:
+        _sgd_span_with(lo, hi, param, grad, buf, h, False, False, False, False, False)
+    elif h.nesterov:
+        _sgd_span_with(lo, hi, param, grad, buf, h, False, True, True, False, False)
+    else:
+        _sgd_span_with(lo, hi, param, grad, buf, h, False, True, False, False, False)
 
 
 @njit(cache=True, nogil=True)
 def _sgd_dense(param, grad, buf, first, hyper):
-    for i in range(param.size):
-        _sgd_dense_at(i, param, grad, buf, first, hyper)
+    _sgd_span(0, param.size, param, grad, buf, first, hyper)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _sgd_dense_parallel(param, grad, buf, first, hyper):
-    for i in prange(param.size):
-        _sgd_dense_at(i, param, grad, buf, first, hyper)
+    for span in prange(_spans(param.size)):
+        lo, hi = _span_bounds(span, param.size)
+        _sgd_span(lo, hi, param, grad, buf, first, hyper)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -131,19 +164,33 @@ def _prefetch_sgd_rows(j, rows, param, buf, h):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sgd_row_from(row, g, param, buf, row_started, h):
+def _sgd_row_with(row, g, param, buf, h, first, momentum_on, nesterov, maximize, decay):
     # Row ``row`` of ``param`` with gradient row ``g`` (1-D).
-    dim = param.shape[1]
     zero = param.dtype.type(0)
-    first = h.momentum != 0 and not row_started[row]
-    for d in range(dim):
-        b = buf[row, d] if h.momentum != 0 else zero
-        p, b = _sgd_update(param[row, d], g[d], b, first, h.lr, h.momentum,
-                           h.one_minus_dampening, h.weight_decay, h.nesterov, h.maximize)
+    for d in range(param.shape[1]):
+        b = buf[row, d] if momentum_on else zero
+        p, b = _sgd_update(param[row, d], g[d], b, h, first, momentum_on, nesterov, maximize,
+                           decay)
         param[row, d] = p
-        if h.momentum != 0:
+        if momentum_on:
             buf[row, d] = b
-    if h.momentum != 0:
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sgd_row_from(row, g, param, buf, row_started, h):
+    # A row's momentum starts fresh the first time the row is touched.
+    momentum_on = h.momentum != 0
+    first = momentum_on and not row_started[row]
+    if h.maximize or h.weight_decay != 0 or first:
+        _sgd_row_with(row, g, param, buf, h, first, momentum_on, h.nesterov, h.maximize,
+                      h.weight_decay != 0)
+    elif not momentum_on:
+        _sgd_row_with(row, g, param, buf, h, False, False, False, False, False)
+    elif h.nesterov:
+        _sgd_row_with(row, g, param, buf, h, False, True, True, False, False)
+    else:
+        _sgd_row_with(row, g, param, buf, h, False, True, False, False, False)
+    if momentum_on:
         row_started[row] = True
 
 
@@ -213,12 +260,12 @@ def adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _adam_prologue(p, g, h):
+def _adam_prologue(p, g, h, maximize, decay, decoupled):
     # maximize and weight decay (L2 into the gradient, or AdamW's decay of p): (p, g).
-    if h.maximize:
+    if maximize:
         g = -g
-    if h.weight_decay != 0:
-        if h.decoupled:
+    if decay:
+        if decoupled:
             p = p * h.decay
         else:
             g = g + h.weight_decay * p
@@ -226,35 +273,60 @@ def _adam_prologue(p, g, h):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
-    p, g = _adam_prologue(param[i], grad[i], h)
-    m = exp_avg[i]
+def _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, maximize,
+                    decay, decoupled, low_weight, amsgrad):
+    one = param.dtype.type(1)
     w = h.one_minus_beta1
-    if w < 0.5:  # torch.lerp, both branches
-        m = m + w * (g - m)
+    for i in range(lo, hi):
+        p, g = _adam_prologue(param[i], grad[i], h, maximize, decay, decoupled)
+        m = exp_avg[i]
+        if low_weight:  # torch.lerp, both branches (low_weight: w < 0.5)
+            m = m + w * (g - m)
+        else:
+            m = g - (g - m) * (one - w)
+        v = exp_avg_sq[i] * h.beta2 + h.one_minus_beta2 * g * g
+        exp_avg[i] = m
+        exp_avg_sq[i] = v
+        if amsgrad:
+            if max_exp_avg_sq[i] > v:
+                v = max_exp_avg_sq[i]
+            max_exp_avg_sq[i] = v
+        denom = np.sqrt(v) / h.bias_correction2_sqrt + h.eps
+        param[i] = p + h.neg_step_size * (m / denom)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_span(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
+    # Literal options for Adam and AdamW as usually run; run-time flags otherwise.
+    low_weight = h.one_minus_beta1 < 0.5
+    decay = h.weight_decay != 0
+    if h.maximize or h.amsgrad or (decay and not h.decoupled):
+        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
+                        h.maximize, decay, h.decoupled, low_weight, h.amsgrad)
+    elif decay and low_weight:
+        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
+                        False, True, True, True, False)
+    elif decay:
+        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
+                        False, True, True, False, False)
+    elif low_weight:
+        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
+                        False, False, False, True, False)
     else:
-        m = g - (g - m) * (param.dtype.type(1) - w)
-    v = exp_avg_sq[i] * h.beta2 + h.one_minus_beta2 * g * g
-    exp_avg[i] = m
-    exp_avg_sq[i] = v
-    if h.amsgrad:
-        if max_exp_avg_sq[i] > v:
-            v = max_exp_avg_sq[i]
-        max_exp_avg_sq[i] = v
-    denom = np.sqrt(v) / h.bias_correction2_sqrt + h.eps
-    param[i] = p + h.neg_step_size * (m / denom)
+        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
+                        False, False, False, False, False)
 
 
 @njit(cache=True, nogil=True)
 def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
-    for i in range(param.size):
-        _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
+    _adam_span(0, param.size, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _adam_dense_parallel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
-    for i in prange(param.size):
-        _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
+    for span in prange(_spans(param.size)):
+        lo, hi = _span_bounds(span, param.size)
+        _adam_span(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
 
 
 def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper):
@@ -282,8 +354,19 @@ def _prefetch_adam_rows(j, rows, param, exp_avg, exp_avg_sq):
 @njit(cache=True, nogil=True, inline="always")
 def _adam_row_from(row, g_row, param, exp_avg, exp_avg_sq, h):
     # Row ``row`` of ``param`` (and the moments) with gradient row ``g_row`` (1-D).
+    decay = h.weight_decay != 0
+    if h.maximize or (decay and not h.decoupled):
+        _adam_row_with(row, g_row, param, exp_avg, exp_avg_sq, h, h.maximize, decay, h.decoupled)
+    elif decay:
+        _adam_row_with(row, g_row, param, exp_avg, exp_avg_sq, h, False, True, True)
+    else:
+        _adam_row_with(row, g_row, param, exp_avg, exp_avg_sq, h, False, False, False)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_row_with(row, g_row, param, exp_avg, exp_avg_sq, h, maximize, decay, decoupled):
     for d in range(param.shape[1]):
-        p, g = _adam_prologue(param[row, d], g_row[d], h)
+        p, g = _adam_prologue(param[row, d], g_row[d], h, maximize, decay, decoupled)
         m = exp_avg[row, d]
         m = m + (g - m) * h.one_minus_beta1
         v = exp_avg_sq[row, d]
@@ -349,26 +432,43 @@ def adagrad_rows_(param, rows, values, state_sum, hyper):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _adagrad_update(p, g, s, h):
+def _adagrad_update(p, g, s, h, maximize, decay):
     # One element: (new_p, new_sum).
-    if h.maximize:
+    if maximize:
         g = -g
-    if h.weight_decay != 0:
+    if decay:
         g = g + h.weight_decay * p
     s = s + g * g
     return p + h.neg_clr * (g / (np.sqrt(s) + h.eps)), s
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _adagrad_span_with(lo, hi, param, grad, state_sum, h, maximize, decay):
+    for i in range(lo, hi):
+        param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], h, maximize,
+                                                 decay)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adagrad_span(lo, hi, param, grad, state_sum, h):
+    if h.maximize:
+        _adagrad_span_with(lo, hi, param, grad, state_sum, h, True, h.weight_decay != 0)
+    elif h.weight_decay != 0:
+        _adagrad_span_with(lo, hi, param, grad, state_sum, h, False, True)
+    else:
+        _adagrad_span_with(lo, hi, param, grad, state_sum, h, False, False)
+
+
 @njit(cache=True, nogil=True)
 def _adagrad_dense(param, grad, state_sum, hyper):
-    for i in range(param.size):
-        param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper)
+    _adagrad_span(0, param.size, param, grad, state_sum, hyper)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _adagrad_dense_parallel(param, grad, state_sum, hyper):
-    for i in prange(param.size):
-        param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper)
+    for span in prange(_spans(param.size)):
+        lo, hi = _span_bounds(span, param.size)
+        _adagrad_span(lo, hi, param, grad, state_sum, hyper)
 
 
 def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
@@ -391,9 +491,17 @@ def _prefetch_two(j, rows, param, state):
 
 @njit(cache=True, nogil=True, inline="always")
 def _adagrad_row_from(row, g_row, param, state_sum, h):
+    if h.maximize or h.weight_decay != 0:
+        _adagrad_row_with(row, g_row, param, state_sum, h, h.maximize, h.weight_decay != 0)
+    else:
+        _adagrad_row_with(row, g_row, param, state_sum, h, False, False)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adagrad_row_with(row, g_row, param, state_sum, h, maximize, decay):
     for d in range(param.shape[1]):
         param[row, d], state_sum[row, d] = _adagrad_update(param[row, d], g_row[d],
-                                                           state_sum[row, d], h)
+                                                           state_sum[row, d], h, maximize, decay)
 
 
 @njit(cache=True, nogil=True)
@@ -463,12 +571,20 @@ def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
 @njit(cache=True, nogil=True, inline="always")
 def _rowwise_row(row, g_row, param, state_sum, h):
     # Row ``row`` of param with gradient row ``g_row`` (FBGEMM's split_weight_update_cpu).
+    if h.mode == 1:
+        _rowwise_row_with(row, g_row, param, state_sum, h, True)
+    else:
+        _rowwise_row_with(row, g_row, param, state_sum, h, False)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rowwise_row_with(row, g_row, param, state_sum, h, decay_in_grad):
     dim = param.shape[1]
     one = param.dtype.type(1)
     square_sum = param.dtype.type(0)
     for d in range(dim):
         g = g_row[d]
-        if h.mode == 1:
+        if decay_in_grad:
             g = g + h.weight_decay * param[row, d]
         square_sum += g * g
     acc = state_sum[row] + square_sum / param.dtype.type(dim)

@@ -1,0 +1,231 @@
+"""CPU optimiser kernels: the loops compiled for the common options give the generic bits.
+
+Every dense and row update runs its usual options (plain or momentum SGD, Adam,
+AdamW, Adagrad, row-wise Adagrad without L2) through a loop compiled with those
+options as literals, which LLVM turns into branch-free vector code, and every
+other combination through one loop that reads the options at run time. Here
+each launcher, at a serial size and at a parallel size that does not divide
+into whole spans, must give bit for bit what the run-time loop gives.
+"""
+
+import numpy as np
+import pytest
+from numba import njit
+
+from numbapos._args import AdagradHyper, AdamHyper, RowWiseAdagradHyper, SGDHyper
+from numbapos.kernels.cpu import optim as kernels
+from numbapos.kernels.cpu.arrays import PARALLEL_MIN_ELEMENTS
+
+DENSE_SIZES = [1000, 3 * kernels.SPAN + PARALLEL_MIN_ELEMENTS + 77]
+ROW_SHAPES = [(40, 7, 16), (3000, 700, 96)]  # (rows in the table, rows updated, D)
+DTYPES = [np.float32, np.float64]
+
+
+def sgd_hyper(dtype, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+              maximize=False):
+    cast = np.dtype(dtype).type
+    return SGDHyper(cast(0.05), cast(momentum), cast(1 - dampening), cast(weight_decay),
+                    nesterov, maximize)
+
+
+def adam_hyper(dtype, beta1=0.9, weight_decay=0.0, decoupled=False, amsgrad=False,
+               maximize=False):
+    cast = np.dtype(dtype).type
+    return AdamHyper(cast(1 - beta1), cast(0.999), cast(0.001), cast(1e-8), cast(weight_decay),
+                     cast(1 - 0.01 * weight_decay), cast(-0.01), cast(0.3), decoupled, amsgrad,
+                     maximize)
+
+
+def adagrad_hyper(dtype, weight_decay=0.0, maximize=False):
+    cast = np.dtype(dtype).type
+    return AdagradHyper(cast(-0.1), cast(weight_decay), cast(1e-10), maximize)
+
+
+def rowwise_hyper(dtype, weight_decay=0.0, mode=0):
+    cast = np.dtype(dtype).type
+    return RowWiseAdagradHyper(cast(0.1), cast(1e-8), cast(weight_decay), mode)
+
+
+SGD_OPTIONS = [dict(), dict(momentum=0.9), dict(momentum=0.9, nesterov=True),
+               dict(momentum=0.9, dampening=0.5), dict(weight_decay=0.01),
+               dict(momentum=0.5, weight_decay=0.1, maximize=True)]
+ADAM_OPTIONS = [dict(), dict(beta1=0.3), dict(weight_decay=0.1, decoupled=True),
+                dict(beta1=0.3, weight_decay=0.1, decoupled=True), dict(weight_decay=0.1),
+                dict(amsgrad=True), dict(maximize=True)]
+ADAGRAD_OPTIONS = [dict(), dict(weight_decay=0.1), dict(maximize=True)]
+ROWWISE_OPTIONS = [dict(), dict(weight_decay=0.2, mode=1), dict(weight_decay=0.2, mode=2)]
+
+
+# ---------------------------------------------------------------- the run-time loops
+
+
+@njit
+def sgd_dense_generic(param, grad, buf, first, h):
+    kernels._sgd_span_with(0, param.size, param, grad, buf, h, first, h.momentum != 0,
+                           h.nesterov, h.maximize, h.weight_decay != 0)
+
+
+@njit
+def sgd_rows_generic(param, rows, values, buf, row_started, h):
+    for j in range(rows.size):
+        first = h.momentum != 0 and not row_started[rows[j]]
+        kernels._sgd_row_with(rows[j], values[j], param, buf, h, first, h.momentum != 0,
+                              h.nesterov, h.maximize, h.weight_decay != 0)
+        if h.momentum != 0:
+            row_started[rows[j]] = True
+
+
+@njit
+def adam_dense_generic(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
+    kernels._adam_span_with(0, param.size, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
+                            h.maximize, h.weight_decay != 0, h.decoupled,
+                            h.one_minus_beta1 < 0.5, h.amsgrad)
+
+
+@njit
+def adam_rows_generic(param, rows, values, exp_avg, exp_avg_sq, h):
+    for j in range(rows.size):
+        kernels._adam_row_with(rows[j], values[j], param, exp_avg, exp_avg_sq, h, h.maximize,
+                               h.weight_decay != 0, h.decoupled)
+
+
+@njit
+def adagrad_dense_generic(param, grad, state_sum, h):
+    kernels._adagrad_span_with(0, param.size, param, grad, state_sum, h, h.maximize,
+                               h.weight_decay != 0)
+
+
+@njit
+def adagrad_rows_generic(param, rows, values, state_sum, h):
+    for j in range(rows.size):
+        kernels._adagrad_row_with(rows[j], values[j], param, state_sum, h, h.maximize,
+                                  h.weight_decay != 0)
+
+
+@njit
+def rowwise_rows_generic(param, rows, values, state_sum, h):
+    for j in range(rows.size):
+        kernels._rowwise_row_with(rows[j], values[j], param, state_sum, h, h.mode == 1)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def both_ways(launch, generic, arrays, *scalars):
+    """Run ``launch`` and ``generic`` on copies of ``arrays``; assert equal bits throughout."""
+    ours = [a.copy() for a in arrays]
+    theirs = [a.copy() for a in arrays]
+    launch(*ours, *scalars)
+    generic(*theirs, *scalars)
+    for mine, expected in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(mine, expected)
+    assert not np.array_equal(ours[0], arrays[0])  # the step did change the parameter
+
+
+def dense_arrays(rng, dtype, size, states):
+    return [rng.normal(size=size).astype(dtype) for _ in range(2)] + [
+        np.abs(rng.normal(size=size)).astype(dtype) for _ in range(states)]
+
+
+def row_arrays(rng, dtype, shape, states, row_states=False):
+    num_rows, used, dim = shape
+    param = rng.normal(size=(num_rows, dim)).astype(dtype)
+    rows = np.sort(rng.choice(num_rows, size=used, replace=False)).astype(np.int64)
+    values = rng.normal(size=(used, dim)).astype(dtype)
+    state_shape = (num_rows,) if row_states else (num_rows, dim)
+    states = [np.abs(rng.normal(size=state_shape)).astype(dtype) for _ in range(states)]
+    return param, rows, values, states
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", DENSE_SIZES)
+@pytest.mark.parametrize("options", SGD_OPTIONS, ids=str)
+@pytest.mark.parametrize("first", [False, True])
+def test_sgd_dense(rng, dtype, size, options, first):
+    param, grad, buf = dense_arrays(rng, dtype, size, 1)
+    both_ways(kernels.sgd_dense_, sgd_dense_generic, [param, grad, buf], first,
+              sgd_hyper(dtype, **options))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+@pytest.mark.parametrize("options", SGD_OPTIONS, ids=str)
+def test_sgd_rows(rng, dtype, shape, options):
+    param, rows, values, (buf,) = row_arrays(rng, dtype, shape, 1)
+    started = rng.random(shape[0]) < 0.5  # rows seen before, and rows whose momentum starts
+
+    def launch(param, buf, started):
+        kernels.sgd_rows_(param, rows, values, buf, started, sgd_hyper(dtype, **options))
+
+    def generic(param, buf, started):
+        sgd_rows_generic(param, rows, values, buf, started, sgd_hyper(dtype, **options))
+
+    both_ways(launch, generic, [param, buf, started])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", DENSE_SIZES)
+@pytest.mark.parametrize("options", ADAM_OPTIONS, ids=str)
+def test_adam_dense(rng, dtype, size, options):
+    arrays = dense_arrays(rng, dtype, size, 3)
+    both_ways(kernels.adam_dense_, adam_dense_generic, arrays, adam_hyper(dtype, **options))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+@pytest.mark.parametrize("options", [o for o in ADAM_OPTIONS if "amsgrad" not in o], ids=str)
+def test_adam_rows(rng, dtype, shape, options):
+    param, rows, values, (exp_avg, exp_avg_sq) = row_arrays(rng, dtype, shape, 2)
+    hyper = adam_hyper(dtype, **options)
+
+    def launch(param, exp_avg, exp_avg_sq):
+        kernels.adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper)
+
+    def generic(param, exp_avg, exp_avg_sq):
+        adam_rows_generic(param, rows, values, exp_avg, exp_avg_sq, hyper)
+
+    both_ways(launch, generic, [param, exp_avg, exp_avg_sq])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", DENSE_SIZES)
+@pytest.mark.parametrize("options", ADAGRAD_OPTIONS, ids=str)
+def test_adagrad_dense(rng, dtype, size, options):
+    arrays = dense_arrays(rng, dtype, size, 1)
+    both_ways(kernels.adagrad_dense_, adagrad_dense_generic, arrays,
+              adagrad_hyper(dtype, **options))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+@pytest.mark.parametrize("options", ADAGRAD_OPTIONS, ids=str)
+def test_adagrad_rows(rng, dtype, shape, options):
+    param, rows, values, (state_sum,) = row_arrays(rng, dtype, shape, 1)
+    hyper = adagrad_hyper(dtype, **options)
+
+    def launch(param, state_sum):
+        kernels.adagrad_rows_(param, rows, values, state_sum, hyper)
+
+    def generic(param, state_sum):
+        adagrad_rows_generic(param, rows, values, state_sum, hyper)
+
+    both_ways(launch, generic, [param, state_sum])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+@pytest.mark.parametrize("options", ROWWISE_OPTIONS, ids=str)
+def test_rowwise_adagrad_rows(rng, dtype, shape, options):
+    param, rows, values, (state_sum,) = row_arrays(rng, dtype, shape, 1, row_states=True)
+    hyper = rowwise_hyper(dtype, **options)
+
+    def launch(param, state_sum):
+        kernels.rowwise_adagrad_rows_(param, rows, values, state_sum, hyper)
+
+    def generic(param, state_sum):
+        rowwise_rows_generic(param, rows, values, state_sum, hyper)
+
+    both_ways(launch, generic, [param, state_sum])
