@@ -1,11 +1,10 @@
-"""CPU optimiser kernels: the loops compiled for the common options give the generic bits.
+"""CPU optimiser kernels: the branch-free loops give the bits of the update written with ``if``.
 
-Every dense and row update runs its usual options (plain or momentum SGD, Adam,
-AdamW, Adagrad, row-wise Adagrad without L2) through a loop compiled with those
-options as literals, which LLVM turns into branch-free vector code, and every
-other combination through one loop that reads the options at run time. Here
-each launcher, at a serial size and at a parallel size that does not divide
-into whole spans, must give bit for bit what the run-time loop gives.
+The kernels pick between options with ``choose`` (a select) so that the row
+loops vectorise. Here each launcher, at a serial and at a parallel size, must
+give bit for bit what a plain scalar loop gives that follows PyTorch's
+algorithm with ``if`` statements, for every combination of options, in float32
+and float64.
 """
 
 import numpy as np
@@ -16,7 +15,7 @@ from numbapos._args import AdagradHyper, AdamHyper, RowWiseAdagradHyper, SGDHype
 from numbapos.kernels.cpu import optim as kernels
 from numbapos.kernels.cpu.arrays import PARALLEL_MIN_ELEMENTS
 
-DENSE_SIZES = [1000, 3 * kernels.SPAN + PARALLEL_MIN_ELEMENTS + 77]
+DENSE_SIZES = [1000, PARALLEL_MIN_ELEMENTS + 77]
 ROW_SHAPES = [(40, 7, 16), (3000, 700, 96)]  # (rows in the table, rows updated, D)
 DTYPES = [np.float32, np.float64]
 
@@ -47,65 +46,158 @@ def rowwise_hyper(dtype, weight_decay=0.0, mode=0):
 
 
 SGD_OPTIONS = [dict(), dict(momentum=0.9), dict(momentum=0.9, nesterov=True),
-               dict(momentum=0.9, dampening=0.5), dict(weight_decay=0.01),
-               dict(momentum=0.5, weight_decay=0.1, maximize=True)]
+               dict(momentum=0.9, dampening=0.5), dict(weight_decay=0.01), dict(maximize=True),
+               dict(momentum=0.5, weight_decay=0.1, maximize=True),
+               dict(momentum=0.8, nesterov=True, weight_decay=0.1, maximize=True)]
 ADAM_OPTIONS = [dict(), dict(beta1=0.3), dict(weight_decay=0.1, decoupled=True),
                 dict(beta1=0.3, weight_decay=0.1, decoupled=True), dict(weight_decay=0.1),
-                dict(amsgrad=True), dict(maximize=True)]
-ADAGRAD_OPTIONS = [dict(), dict(weight_decay=0.1), dict(maximize=True)]
+                dict(amsgrad=True), dict(maximize=True),
+                dict(beta1=0.3, weight_decay=0.1, amsgrad=True, maximize=True),
+                dict(weight_decay=0.1, decoupled=True, amsgrad=True)]
+ADAGRAD_OPTIONS = [dict(), dict(weight_decay=0.1), dict(maximize=True),
+                   dict(weight_decay=0.1, maximize=True)]
 ROWWISE_OPTIONS = [dict(), dict(weight_decay=0.2, mode=1), dict(weight_decay=0.2, mode=2)]
 
 
-# ---------------------------------------------------------------- the run-time loops
+# ---------------------------------------------------------------- the updates written with if
+
+
+@njit
+def sgd_element(p, g, b, h, first):
+    if h.maximize:
+        g = -g
+    if h.weight_decay != 0:
+        g = g + h.weight_decay * p
+    if h.momentum != 0:
+        if first:
+            b = g
+        else:
+            b = b * h.momentum + h.one_minus_dampening * g
+        if h.nesterov:
+            g = g + h.momentum * b
+        else:
+            g = b
+    return p - h.lr * g, b
 
 
 @njit
 def sgd_dense_generic(param, grad, buf, first, h):
-    kernels._sgd_span_with(0, param.size, param, grad, buf, h, first, h.momentum != 0,
-                           h.nesterov, h.maximize, h.weight_decay != 0)
+    for i in range(param.size):
+        b = buf[i] if h.momentum != 0 else param.dtype.type(0)
+        param[i], b = sgd_element(param[i], grad[i], b, h, first)
+        if h.momentum != 0:
+            buf[i] = b
 
 
 @njit
 def sgd_rows_generic(param, rows, values, buf, row_started, h):
     for j in range(rows.size):
-        first = h.momentum != 0 and not row_started[rows[j]]
-        kernels._sgd_row_with(rows[j], values[j], param, buf, h, first, h.momentum != 0,
-                              h.nesterov, h.maximize, h.weight_decay != 0)
+        r = rows[j]
+        first = not row_started[r]
+        for d in range(param.shape[1]):
+            b = buf[r, d] if h.momentum != 0 else param.dtype.type(0)
+            param[r, d], b = sgd_element(param[r, d], values[j, d], b, h, first)
+            if h.momentum != 0:
+                buf[r, d] = b
         if h.momentum != 0:
-            row_started[rows[j]] = True
+            row_started[r] = True
+
+
+@njit
+def adam_prologue(p, g, h):
+    if h.maximize:
+        g = -g
+    if h.weight_decay != 0:
+        if h.decoupled:
+            p = p * h.decay
+        else:
+            g = g + h.weight_decay * p
+    return p, g
 
 
 @njit
 def adam_dense_generic(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
-    kernels._adam_span_with(0, param.size, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
-                            h.maximize, h.weight_decay != 0, h.decoupled,
-                            h.one_minus_beta1 < 0.5, h.amsgrad)
+    one = param.dtype.type(1)
+    for i in range(param.size):
+        p, g = adam_prologue(param[i], grad[i], h)
+        m = exp_avg[i]
+        w = h.one_minus_beta1
+        if w < 0.5:
+            m = m + w * (g - m)
+        else:
+            m = g - (g - m) * (one - w)
+        v = exp_avg_sq[i] * h.beta2 + h.one_minus_beta2 * g * g
+        exp_avg[i] = m
+        exp_avg_sq[i] = v
+        if h.amsgrad:
+            if max_exp_avg_sq[i] > v:
+                v = max_exp_avg_sq[i]
+            max_exp_avg_sq[i] = v
+        param[i] = p + h.neg_step_size * (m / (np.sqrt(v) / h.bias_correction2_sqrt + h.eps))
 
 
 @njit
 def adam_rows_generic(param, rows, values, exp_avg, exp_avg_sq, h):
     for j in range(rows.size):
-        kernels._adam_row_with(rows[j], values[j], param, exp_avg, exp_avg_sq, h, h.maximize,
-                               h.weight_decay != 0, h.decoupled)
+        r = rows[j]
+        for d in range(param.shape[1]):
+            p, g = adam_prologue(param[r, d], values[j, d], h)
+            m = exp_avg[r, d]
+            m = m + (g - m) * h.one_minus_beta1
+            v = exp_avg_sq[r, d]
+            v = v + (g * g - v) * h.one_minus_beta2
+            exp_avg[r, d] = m
+            exp_avg_sq[r, d] = v
+            param[r, d] = p + h.neg_step_size * (m / (np.sqrt(v) + h.eps))
+
+
+@njit
+def adagrad_element(p, g, s, h):
+    if h.maximize:
+        g = -g
+    if h.weight_decay != 0:
+        g = g + h.weight_decay * p
+    s = s + g * g
+    return p + h.neg_clr * (g / (np.sqrt(s) + h.eps)), s
 
 
 @njit
 def adagrad_dense_generic(param, grad, state_sum, h):
-    kernels._adagrad_span_with(0, param.size, param, grad, state_sum, h, h.maximize,
-                               h.weight_decay != 0)
+    for i in range(param.size):
+        param[i], state_sum[i] = adagrad_element(param[i], grad[i], state_sum[i], h)
 
 
 @njit
 def adagrad_rows_generic(param, rows, values, state_sum, h):
     for j in range(rows.size):
-        kernels._adagrad_row_with(rows[j], values[j], param, state_sum, h, h.maximize,
-                                  h.weight_decay != 0)
+        r = rows[j]
+        for d in range(param.shape[1]):
+            param[r, d], state_sum[r, d] = adagrad_element(param[r, d], values[j, d],
+                                                           state_sum[r, d], h)
 
 
 @njit
 def rowwise_rows_generic(param, rows, values, state_sum, h):
+    one = param.dtype.type(1)
+    dim = param.shape[1]
     for j in range(rows.size):
-        kernels._rowwise_row_with(rows[j], values[j], param, state_sum, h, h.mode == 1)
+        r = rows[j]
+        square_sum = param.dtype.type(0)
+        for d in range(dim):
+            g = values[j, d]
+            if h.mode == 1:
+                g = g + h.weight_decay * param[r, d]
+            square_sum += g * g
+        acc = state_sum[r] + square_sum / param.dtype.type(dim)
+        state_sum[r] = acc
+        multiplier = h.lr / (np.sqrt(acc) + h.eps)
+        correction = one
+        if h.mode == 1:
+            correction = one - multiplier * h.weight_decay
+        elif h.mode == 2:
+            correction = one - h.lr * h.weight_decay
+        for d in range(dim):
+            param[r, d] = correction * param[r, d] - multiplier * values[j, d]
 
 
 # ---------------------------------------------------------------- helpers

@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from .arrays import PARALLEL_MIN_ELEMENTS, pick
+from .branchless import choose
 from .embedding import sum_segment
 from .prefetch import AHEAD, prefetch_listed_for_write
 
@@ -74,80 +75,50 @@ def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *
     kernel(param, grad, groups, bool(scale_grad_by_freq), scratch, *rest)
 
 
-# The parallel dense updates split the flat elements into spans of SPAN, each run
-# by the branch-free loop its options pick.
-SPAN = 1 << 13
+# The element updates pick between their options with ``choose`` (a select, no
+# branch): written with ``if``, the options were branches inside the row loops,
+# which LLVM left scalar (the fused sparse SGD step lost 0.8-1 ms to it at
+# V = 50,000, D = 768). Only a state that an option may leave absent (SGD's
+# momentum buffer) gets a loop of its own. The dense updates stream whole arrays
+# at memory speed either way and keep one loop each (a loop per option doubled
+# their compile time for nothing).
+@njit(cache=True, nogil=True, inline="always")
+def _sgd_gradient(p, g, h, maximize, decay):
+    # maximize and L2 weight decay.
+    g = choose(maximize, -g, g)
+    return choose(decay, g + h.weight_decay * p, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _spans(size):
-    return (size + SPAN - 1) // SPAN
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _span_bounds(span, size):
-    return span * SPAN, min(size, (span + 1) * SPAN)
-
-
-# Element updates take their options as flags; the span and row loops below call
-# them once with the common options as literals, which LLVM folds into a
-# branch-free loop it can vectorise, and once with the flags read at run time
-# for the rest (the same arithmetic either way, so the same bits).
-@njit(cache=True, nogil=True, inline="always")
-def _sgd_update(p, g, buf, h, first, momentum_on, nesterov, maximize, decay):
-    # One element: returns (new_p, new_buf).
-    if maximize:
-        g = -g
-    if decay:
-        g = g + h.weight_decay * p
-    if momentum_on:
-        if first:
-            buf = g
-        else:
-            buf = buf * h.momentum + h.one_minus_dampening * g
-        if nesterov:
-            g = g + h.momentum * buf
-        else:
-            g = buf
+def _sgd_momentum_update(p, g, buf, h, first, nesterov, maximize, decay):
+    # One element with momentum: returns (new_p, new_buf).
+    g = _sgd_gradient(p, g, h, maximize, decay)
+    buf = choose(first, g, buf * h.momentum + h.one_minus_dampening * g)
+    g = choose(nesterov, g + h.momentum * buf, buf)
     return p - h.lr * g, buf
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sgd_span_with(lo, hi, param, grad, buf, h, first, momentum_on, nesterov, maximize, decay):
-    # Flat elements lo .. hi.
-    zero = param.dtype.type(0)
-    for i in range(lo, hi):
-        b = buf[i] if momentum_on else zero
-        p, b = _sgd_update(param[i], grad[i], b, h, first, momentum_on, nesterov, maximize, decay)
-        param[i] = p
-        if momentum_on:
-            buf[i] = b
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _sgd_span(lo, hi, param, grad, buf, first, h):
-    momentum_on = h.momentum != 0
-    if h.maximize or h.weight_decay != 0 or (first and momentum_on):
-        _sgd_span_with(lo, hi, param, grad, buf, h, first, momentum_on, h.nesterov, h.maximize,
-                       h.weight_decay != 0)
-    elif not momentum_on:
-        _sgd_span_with(lo, hi, param, grad, buf, h, False, False, False, False, False)
-    elif h.nesterov:
-        _sgd_span_with(lo, hi, param, grad, buf, h, False, True, True, False, False)
+def _sgd_dense_at(i, param, grad, buf, first, h, decay):
+    if h.momentum != 0:
+        param[i], buf[i] = _sgd_momentum_update(param[i], grad[i], buf[i], h, first, h.nesterov,
+                                                h.maximize, decay)
     else:
-        _sgd_span_with(lo, hi, param, grad, buf, h, False, True, False, False, False)
+        param[i] = param[i] - h.lr * _sgd_gradient(param[i], grad[i], h, h.maximize, decay)
 
 
 @njit(cache=True, nogil=True)
 def _sgd_dense(param, grad, buf, first, hyper):
-    _sgd_span(0, param.size, param, grad, buf, first, hyper)
+    decay = hyper.weight_decay != 0
+    for i in range(param.size):
+        _sgd_dense_at(i, param, grad, buf, first, hyper, decay)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _sgd_dense_parallel(param, grad, buf, first, hyper):
-    for span in prange(_spans(param.size)):
-        lo, hi = _span_bounds(span, param.size)
-        _sgd_span(lo, hi, param, grad, buf, first, hyper)
+    decay = hyper.weight_decay != 0
+    for i in prange(param.size):
+        _sgd_dense_at(i, param, grad, buf, first, hyper, decay)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -164,34 +135,38 @@ def _prefetch_sgd_rows(j, rows, param, buf, h):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sgd_row_with(row, g, param, buf, h, first, momentum_on, nesterov, maximize, decay):
-    # Row ``row`` of ``param`` with gradient row ``g`` (1-D).
-    zero = param.dtype.type(0)
-    for d in range(param.shape[1]):
-        b = buf[row, d] if momentum_on else zero
-        p, b = _sgd_update(param[row, d], g[d], b, h, first, momentum_on, nesterov, maximize,
-                           decay)
-        param[row, d] = p
-        if momentum_on:
-            buf[row, d] = b
+def _sgd_row_from(row, g, param, buf, row_started, h):
+    # Row ``row`` of ``param`` with gradient row ``g`` (1-D); a row's momentum
+    # starts fresh the first time the row is touched. SGD's usual options get a
+    # loop of their own with the others as literals: the selects of unused
+    # options cost 8 % of the fused sparse step.
+    decay = h.weight_decay != 0
+    usual = not (h.nesterov or h.maximize or decay)
+    if h.momentum != 0:
+        first = not row_started[row]
+        if usual:
+            _sgd_row_momentum(row, g, param, buf, h, first, False, False, False)
+        else:
+            _sgd_row_momentum(row, g, param, buf, h, first, h.nesterov, h.maximize, decay)
+        row_started[row] = True
+    elif usual:
+        _sgd_row_plain(row, g, param, h, False, False)
+    else:
+        _sgd_row_plain(row, g, param, h, h.maximize, decay)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sgd_row_from(row, g, param, buf, row_started, h):
-    # A row's momentum starts fresh the first time the row is touched.
-    momentum_on = h.momentum != 0
-    first = momentum_on and not row_started[row]
-    if h.maximize or h.weight_decay != 0 or first:
-        _sgd_row_with(row, g, param, buf, h, first, momentum_on, h.nesterov, h.maximize,
-                      h.weight_decay != 0)
-    elif not momentum_on:
-        _sgd_row_with(row, g, param, buf, h, False, False, False, False, False)
-    elif h.nesterov:
-        _sgd_row_with(row, g, param, buf, h, False, True, True, False, False)
-    else:
-        _sgd_row_with(row, g, param, buf, h, False, True, False, False, False)
-    if momentum_on:
-        row_started[row] = True
+def _sgd_row_momentum(row, g, param, buf, h, first, nesterov, maximize, decay):
+    for d in range(param.shape[1]):
+        param[row, d], buf[row, d] = _sgd_momentum_update(param[row, d], g[d], buf[row, d], h,
+                                                          first, nesterov, maximize, decay)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sgd_row_plain(row, g, param, h, maximize, decay):
+    for d in range(param.shape[1]):
+        param[row, d] = param[row, d] - h.lr * _sgd_gradient(param[row, d], g[d], h, maximize,
+                                                             decay)
 
 
 @njit(cache=True, nogil=True)
@@ -260,73 +235,60 @@ def adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _adam_prologue(p, g, h, maximize, decay, decoupled):
+def _adam_prologue(p, g, h, maximize, l2, decoupled):
     # maximize and weight decay (L2 into the gradient, or AdamW's decay of p): (p, g).
-    if maximize:
-        g = -g
-    if decay:
-        if decoupled:
-            p = p * h.decay
-        else:
-            g = g + h.weight_decay * p
-    return p, g
+    g = choose(maximize, -g, g)
+    p = choose(decoupled, p * h.decay, p)
+    return p, choose(l2, g + h.weight_decay * p, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, maximize,
-                    decay, decoupled, low_weight, amsgrad):
-    one = param.dtype.type(1)
-    w = h.one_minus_beta1
-    for i in range(lo, hi):
-        p, g = _adam_prologue(param[i], grad[i], h, maximize, decay, decoupled)
-        m = exp_avg[i]
-        if low_weight:  # torch.lerp, both branches (low_weight: w < 0.5)
-            m = m + w * (g - m)
-        else:
-            m = g - (g - m) * (one - w)
-        v = exp_avg_sq[i] * h.beta2 + h.one_minus_beta2 * g * g
-        exp_avg[i] = m
-        exp_avg_sq[i] = v
-        if amsgrad:
-            if max_exp_avg_sq[i] > v:
-                v = max_exp_avg_sq[i]
-            max_exp_avg_sq[i] = v
-        denom = np.sqrt(v) / h.bias_correction2_sqrt + h.eps
-        param[i] = p + h.neg_step_size * (m / denom)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _adam_span(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
-    # Literal options for Adam and AdamW as usually run; run-time flags otherwise.
-    low_weight = h.one_minus_beta1 < 0.5
+def _adam_decay_flags(h):
+    # (l2, decoupled): which weight decay applies, if any.
     decay = h.weight_decay != 0
-    if h.maximize or h.amsgrad or (decay and not h.decoupled):
-        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
-                        h.maximize, decay, h.decoupled, low_weight, h.amsgrad)
-    elif decay and low_weight:
-        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
-                        False, True, True, True, False)
-    elif decay:
-        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
-                        False, True, True, False, False)
-    elif low_weight:
-        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
-                        False, False, False, True, False)
-    else:
-        _adam_span_with(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
-                        False, False, False, False, False)
+    return decay and not h.decoupled, decay and h.decoupled
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_moments(g, m, v, h, low_weight, beta1):
+    # One element's new moments in dense Adam: (m, v). ``low_weight`` says
+    # ``1 - beta1 < 0.5``, which of torch.lerp's two forms applies.
+    w = h.one_minus_beta1
+    m = choose(low_weight, m + w * (g - m), g - (g - m) * beta1)
+    return m, v * h.beta2 + h.one_minus_beta2 * g * g
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, l2, decoupled,
+                   low_weight, beta1):
+    p, g = _adam_prologue(param[i], grad[i], h, h.maximize, l2, decoupled)
+    m, v = _adam_moments(g, exp_avg[i], exp_avg_sq[i], h, low_weight, beta1)
+    exp_avg[i] = m
+    exp_avg_sq[i] = v
+    if h.amsgrad:
+        v = choose(max_exp_avg_sq[i] > v, max_exp_avg_sq[i], v)
+        max_exp_avg_sq[i] = v
+    param[i] = p + h.neg_step_size * (m / (np.sqrt(v) / h.bias_correction2_sqrt + h.eps))
 
 
 @njit(cache=True, nogil=True)
-def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
-    _adam_span(0, param.size, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
+def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
+    l2, decoupled = _adam_decay_flags(h)
+    low_weight = h.one_minus_beta1 < 0.5
+    beta1 = param.dtype.type(1) - h.one_minus_beta1
+    for i in range(param.size):
+        _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, l2, decoupled,
+                       low_weight, beta1)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _adam_dense_parallel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
-    for span in prange(_spans(param.size)):
-        lo, hi = _span_bounds(span, param.size)
-        _adam_span(lo, hi, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
+def _adam_dense_parallel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
+    l2, decoupled = _adam_decay_flags(h)
+    low_weight = h.one_minus_beta1 < 0.5
+    beta1 = param.dtype.type(1) - h.one_minus_beta1
+    for i in prange(param.size):
+        _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, l2, decoupled,
+                       low_weight, beta1)
 
 
 def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper):
@@ -354,19 +316,9 @@ def _prefetch_adam_rows(j, rows, param, exp_avg, exp_avg_sq):
 @njit(cache=True, nogil=True, inline="always")
 def _adam_row_from(row, g_row, param, exp_avg, exp_avg_sq, h):
     # Row ``row`` of ``param`` (and the moments) with gradient row ``g_row`` (1-D).
-    decay = h.weight_decay != 0
-    if h.maximize or (decay and not h.decoupled):
-        _adam_row_with(row, g_row, param, exp_avg, exp_avg_sq, h, h.maximize, decay, h.decoupled)
-    elif decay:
-        _adam_row_with(row, g_row, param, exp_avg, exp_avg_sq, h, False, True, True)
-    else:
-        _adam_row_with(row, g_row, param, exp_avg, exp_avg_sq, h, False, False, False)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _adam_row_with(row, g_row, param, exp_avg, exp_avg_sq, h, maximize, decay, decoupled):
+    l2, decoupled = _adam_decay_flags(h)
     for d in range(param.shape[1]):
-        p, g = _adam_prologue(param[row, d], g_row[d], h, maximize, decay, decoupled)
+        p, g = _adam_prologue(param[row, d], g_row[d], h, h.maximize, l2, decoupled)
         m = exp_avg[row, d]
         m = m + (g - m) * h.one_minus_beta1
         v = exp_avg_sq[row, d]
@@ -432,43 +384,26 @@ def adagrad_rows_(param, rows, values, state_sum, hyper):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _adagrad_update(p, g, s, h, maximize, decay):
+def _adagrad_update(p, g, s, h, decay):
     # One element: (new_p, new_sum).
-    if maximize:
-        g = -g
-    if decay:
-        g = g + h.weight_decay * p
+    g = choose(h.maximize, -g, g)
+    g = choose(decay, g + h.weight_decay * p, g)
     s = s + g * g
     return p + h.neg_clr * (g / (np.sqrt(s) + h.eps)), s
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _adagrad_span_with(lo, hi, param, grad, state_sum, h, maximize, decay):
-    for i in range(lo, hi):
-        param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], h, maximize,
-                                                 decay)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _adagrad_span(lo, hi, param, grad, state_sum, h):
-    if h.maximize:
-        _adagrad_span_with(lo, hi, param, grad, state_sum, h, True, h.weight_decay != 0)
-    elif h.weight_decay != 0:
-        _adagrad_span_with(lo, hi, param, grad, state_sum, h, False, True)
-    else:
-        _adagrad_span_with(lo, hi, param, grad, state_sum, h, False, False)
-
-
 @njit(cache=True, nogil=True)
 def _adagrad_dense(param, grad, state_sum, hyper):
-    _adagrad_span(0, param.size, param, grad, state_sum, hyper)
+    decay = hyper.weight_decay != 0
+    for i in range(param.size):
+        param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper, decay)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _adagrad_dense_parallel(param, grad, state_sum, hyper):
-    for span in prange(_spans(param.size)):
-        lo, hi = _span_bounds(span, param.size)
-        _adagrad_span(lo, hi, param, grad, state_sum, hyper)
+    decay = hyper.weight_decay != 0
+    for i in prange(param.size):
+        param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper, decay)
 
 
 def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
@@ -491,17 +426,10 @@ def _prefetch_two(j, rows, param, state):
 
 @njit(cache=True, nogil=True, inline="always")
 def _adagrad_row_from(row, g_row, param, state_sum, h):
-    if h.maximize or h.weight_decay != 0:
-        _adagrad_row_with(row, g_row, param, state_sum, h, h.maximize, h.weight_decay != 0)
-    else:
-        _adagrad_row_with(row, g_row, param, state_sum, h, False, False)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _adagrad_row_with(row, g_row, param, state_sum, h, maximize, decay):
+    decay = h.weight_decay != 0
     for d in range(param.shape[1]):
         param[row, d], state_sum[row, d] = _adagrad_update(param[row, d], g_row[d],
-                                                           state_sum[row, d], h, maximize, decay)
+                                                           state_sum[row, d], h, decay)
 
 
 @njit(cache=True, nogil=True)
@@ -571,21 +499,13 @@ def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
 @njit(cache=True, nogil=True, inline="always")
 def _rowwise_row(row, g_row, param, state_sum, h):
     # Row ``row`` of param with gradient row ``g_row`` (FBGEMM's split_weight_update_cpu).
-    if h.mode == 1:
-        _rowwise_row_with(row, g_row, param, state_sum, h, True)
-    else:
-        _rowwise_row_with(row, g_row, param, state_sum, h, False)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _rowwise_row_with(row, g_row, param, state_sum, h, decay_in_grad):
     dim = param.shape[1]
     one = param.dtype.type(1)
     square_sum = param.dtype.type(0)
+    l2 = h.mode == 1
     for d in range(dim):
         g = g_row[d]
-        if decay_in_grad:
-            g = g + h.weight_decay * param[row, d]
+        g = choose(l2, g + h.weight_decay * param[row, d], g)
         square_sum += g * g
     acc = state_sum[row] + square_sum / param.dtype.type(dim)
     state_sum[row] = acc
