@@ -37,14 +37,13 @@ def gather_rows(flat, weight, out):
 
 
 def unique_rows(flat):
-    """The distinct values of ``flat`` in order of first occurrence (int64).
+    """The distinct values of ``flat`` in ascending order (int64).
 
-    A hash pass over the indices: O(len(flat)) time and scratch, whatever the
-    table's size, so lookups into a table of 1e8 rows cost what they cost in
-    one of 1e3.
+    O(len(flat)) time and scratch, whatever the table's size (see
+    :func:`group_by_row`), so lookups into a table of 1e8 rows cost what they
+    cost in one of 1e3.
     """
-    first = _number_rows(flat)[0]
-    return first.copy()
+    return group_by_row(flat, None)[0]
 
 
 def renorm_used_rows_(weight, flat, max_norm, norm_type):
@@ -63,20 +62,23 @@ def group_by_row(flat, padding_idx):
     Returns ``(rows, starts, counts, order)``: ``rows`` (int64) are the distinct
     values of ``flat`` in ascending order, ``padding_idx`` left out; positions
     ``order[starts[j]:starts[j] + counts[j]]`` hold ``rows[j]``, in increasing
-    order (a stable sort). Costs O(N + U log U) for N indices naming U rows,
-    never O(table rows): a hash pass numbers the rows in order of first
-    occurrence, the U rows are sorted, the hash gives each number its rank
-    among them, and a counting sort over the ranks groups the positions.
+    order. A stable least-significant-digit radix sort of the positions by
+    ``flat - min(flat)``: at most ``ceil(bits / 11)`` passes over the N indices
+    (two for 16k ids into 50,000 rows, at most six for any int64 ids), each
+    with a histogram of at most 2,048 buckets, so it costs O(N) and never
+    O(table rows); a pass whose digit is the same for every id moves nothing.
     """
-    first, slot_of, table, shift = _number_rows(flat)
-    used = first.size
-    rows = np.sort(first)
-    rank = _scratch("rank", used)
-    _rank_rows(rows, table, shift, first, rank)
-    counts = np.zeros(used, dtype=np.int64)
-    starts = np.empty(used, dtype=np.int64)
-    order = np.empty(flat.size, dtype=np.int64)
-    _bucket_by_rank(slot_of, rank, counts, starts, order, _scratch("cursor", used))
+    size = flat.size
+    if size == 0:
+        return tuple(np.empty(0, dtype=np.int64) for _ in range(4))
+    order = np.empty(size, dtype=np.int64)
+    rows = np.empty(size, dtype=np.int64)
+    starts = np.empty(size, dtype=np.int64)
+    counts = np.empty(size, dtype=np.int64)
+    used = _radix_group(flat, _scratch("histograms", _HISTOGRAMS), _scratch("keys", size),
+                        _scratch("sorted_keys", size), _scratch("positions", size), order, rows,
+                        starts, counts)
+    rows, starts, counts = rows[:used], starts[:used], counts[:used]
     if padding_idx is not None:
         at = int(np.searchsorted(rows, padding_idx))
         if at < used and rows[at] == padding_idx:
@@ -135,28 +137,16 @@ def sum_row_groups(grad, groups, scale_grad_by_freq, out):
                           bool(scale_grad_by_freq), out)
 
 
-def _number_rows(flat):
-    """``(first, slot_of, table, shift)``: the distinct rows in order of first
-    occurrence, the number (index into ``first``) of each position's row, and
-    the hash table that maps a row to its number (see :func:`_hash_unique`).
-
-    All are views of this thread's scratch, valid until its next call.
-    """
-    bits = max(4, (2 * flat.size - 1).bit_length())  # load factor <= 1/2
-    table = _scratch("table", 1 << bits)
-    table.fill(-1)
-    first = _scratch("first", flat.size)
-    slot_of = _scratch("slot_of", flat.size)
-    shift = np.uint64(64 - bits)
-    count = _hash_unique(flat, table, shift, first, slot_of)
-    return first[:count], slot_of, table, shift
-
-
 # Per-thread int64 scratch of the grouping pass, kept between calls: fresh
 # arrays of a few hundred KB are mmap'ed and page-faulted anew on every call
-# (glibc), which cost as much as the hashing and counting sort themselves.
+# (glibc), which cost as much as the sort itself.
 _SCRATCH_MAX = 1 << 22  # elements (32 MB); larger requests get a fresh array
 _scratch_of_thread = threading.local()
+
+# The radix sort's digits are at most 11 bits wide (a 16 KB histogram, in L1), so
+# int64 keys take at most six passes; the histograms of all passes are kept at once.
+_DIGIT_BITS = 11
+_HISTOGRAMS = 6 << _DIGIT_BITS
 
 
 def _scratch(name, size):
@@ -279,76 +269,84 @@ def _renorm_rows_(weight, rows, max_norm, norm_type):
                 weight[row, d] *= scale
 
 
-# Fibonacci hashing: the top bits of key * 2^64 / golden ratio spread runs of
-# consecutive ids over the table.
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
 @njit(cache=True, nogil=True)
-def _hash_unique(flat_idx, table, shift, first, slot_of):
-    """Number the distinct values of ``flat_idx`` in order of first occurrence.
+def _radix_group(flat_idx, histograms, keys, sorted_keys, positions, order, rows, starts, counts):
+    """Group the positions of the non-empty ``flat_idx`` by value; returns the number of values.
 
-    ``table`` (``2 ** (64 - shift)`` long, filled with -1) maps a value to its
-    number by linear probing; ``first[u]`` receives the value numbered ``u`` and
-    ``slot_of[i]`` the number of ``flat_idx[i]``. Returns how many there are.
+    A stable LSD radix sort of the positions by ``key = flat_idx - min``:
+    afterwards ``order`` holds the positions in (key, position) order, and for
+    the ``j``-th smallest value ``rows[j]``, ``starts[j]`` and ``counts[j]``
+    give its run in ``order``. ``histograms`` (_HISTOGRAMS long), ``keys``,
+    ``sorted_keys`` and ``positions`` (as long as ``flat_idx``) are scratch.
     """
-    mask = np.uint64(table.size - 1)
-    count = 0
-    for i in range(flat_idx.size):
-        key = np.int64(flat_idx[i])
-        h = np.int64((np.uint64(key) * _GOLDEN) >> shift)
-        while True:
-            number = table[h]
-            if number < 0:
-                table[h] = count
-                first[count] = key
-                slot_of[i] = count
-                count += 1
-                break
-            if first[number] == key:
-                slot_of[i] = number
-                break
-            h = np.int64((np.uint64(h) + np.uint64(1)) & mask)
-    return count
-
-
-@njit(cache=True, nogil=True)
-def _rank_rows(rows, table, shift, first, rank):
-    """``rank[u] = j`` where ``rows[j]`` is the row numbered ``u`` by :func:`_hash_unique`.
-
-    ``rows`` holds the distinct rows in ascending order; each is looked up in
-    the hash ``table`` that numbered them.
-    """
-    mask = np.uint64(table.size - 1)
-    for j in range(rows.size):
-        key = rows[j]
-        h = np.int64((np.uint64(key) * _GOLDEN) >> shift)
-        while first[table[h]] != key:
-            h = np.int64((np.uint64(h) + np.uint64(1)) & mask)
-        rank[table[h]] = j
-
-
-@njit(cache=True, nogil=True)
-def _bucket_by_rank(slot_of, rank, counts, starts, order, cursor):
-    """Stable counting sort of positions by the rank of their row among the rows used.
-
-    ``rank[u]`` is the rank (in ascending row order) of the row numbered ``u``
-    by :func:`_hash_unique`; afterwards ``order[starts[j]:starts[j] + counts[j]]``
-    are the positions of the j-th smallest row, in increasing order. ``cursor``
-    (as long as ``rank``) is scratch.
-    """
-    used = rank.size
-    for i in range(slot_of.size):
-        counts[rank[slot_of[i]]] += 1
-    total = 0
-    for j in range(used):
-        starts[j] = total
-        cursor[j] = total  # an explicit loop: slice assignment takes seconds to compile
-        total += counts[j]
-    for i in range(slot_of.size):
-        j = rank[slot_of[i]]
-        order[cursor[j]] = i
-        cursor[j] += 1
+    n = flat_idx.size
+    low = np.int64(flat_idx[0])
+    high = low
+    for i in range(1, n):
+        value = np.int64(flat_idx[i])
+        low = min(low, value)
+        high = max(high, value)
+    bits = 0
+    while (high - low) >> bits:
+        bits += 1
+    widest = 4  # narrower digits for fewer keys: a histogram no larger than the keys
+    while widest < _DIGIT_BITS and (1 << widest) < n:
+        widest += 1
+    passes = max(1, (bits + widest - 1) // widest)
+    digit = max(1, (bits + passes - 1) // passes)
+    buckets = 1 << digit
+    mask = buckets - 1
+    for b in range(passes * buckets):
+        histograms[b] = 0
+    for i in range(n):
+        key = np.int64(flat_idx[i]) - low
+        keys[i] = key
+        for p in range(passes):
+            histograms[p * buckets + ((key >> (p * digit)) & mask)] += 1
+    # A pass whose digit is the same for every key would move nothing: skip it.
+    # The passes that move alternate between two position buffers, arranged so
+    # that the last one writes ``order``.
+    moving = 0
+    for p in range(passes):
+        moving += histograms[p * buckets + ((keys[0] >> (p * digit)) & mask)] != n
+    source_keys, target_keys = keys, sorted_keys
+    source, target = order, positions
+    if moving % 2 == 1:
+        source, target = positions, order
+    moved = 0
+    for p in range(passes):
+        base = p * buckets
+        shift = p * digit
+        if histograms[base + ((keys[0] >> shift) & mask)] == n:
+            continue
+        total = 0
+        for b in range(base, base + buckets):
+            count = histograms[b]
+            histograms[b] = total
+            total += count
+        for i in range(n):
+            key = source_keys[i]
+            b = base + ((key >> shift) & mask)
+            at = histograms[b]
+            histograms[b] = at + 1
+            target_keys[at] = key
+            target[at] = i if moved == 0 else source[i]
+        moved += 1
+        source_keys, target_keys = target_keys, source_keys
+        source, target = target, source
+    if moved == 0:  # every key equal: positions in input order
+        for i in range(n):
+            order[i] = i
+    used = 0
+    for i in range(n):
+        if i == 0 or source_keys[i] != source_keys[i - 1]:
+            rows[used] = source_keys[i] + low
+            starts[used] = i
+            used += 1
+    for j in range(used - 1):
+        counts[j] = starts[j + 1] - starts[j]
+    counts[used - 1] = n - starts[used - 1]
+    return used
 
 
 @njit(cache=True, nogil=True, parallel=True)
