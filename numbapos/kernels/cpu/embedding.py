@@ -71,20 +71,17 @@ def group_by_row(flat, padding_idx):
     size = flat.size
     if size == 0:
         return tuple(np.empty(0, dtype=np.int64) for _ in range(4))
-    order = np.empty(size, dtype=np.int64)
-    rows = np.empty(size, dtype=np.int64)
-    starts = np.empty(size, dtype=np.int64)
-    counts = np.empty(size, dtype=np.int64)
-    used = _radix_group(flat, _scratch("histograms", _HISTOGRAMS), _scratch("keys", size),
-                        _scratch("sorted_keys", size), _scratch("positions", size), order, rows,
-                        starts, counts)
-    rows, starts, counts = rows[:used], starts[:used], counts[:used]
+    positions = np.empty((2, size), dtype=np.int64)
+    runs = np.empty((3, size), dtype=np.int64)
+    keys = _scratch("keys", 2 * size).reshape(2, size)
+    used, last = _radix_group(flat, _scratch("histograms", _HISTOGRAMS), keys, positions, runs)
+    rows, starts, counts = runs[0, :used], runs[1, :used], runs[2, :used]
     if padding_idx is not None:
         at = int(np.searchsorted(rows, padding_idx))
         if at < used and rows[at] == padding_idx:
             keep = np.arange(used) != at
             rows, starts, counts = rows[keep], starts[keep], counts[keep]
-    return rows, starts, counts, order
+    return rows, starts, counts, positions[last]
 
 
 def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
@@ -270,14 +267,15 @@ def _renorm_rows_(weight, rows, max_norm, norm_type):
 
 
 @njit(cache=True, nogil=True)
-def _radix_group(flat_idx, histograms, keys, sorted_keys, positions, order, rows, starts, counts):
-    """Group the positions of the non-empty ``flat_idx`` by value; returns the number of values.
+def _radix_group(flat_idx, histograms, keys, positions, runs):
+    """Group the positions of the non-empty ``flat_idx`` by value.
 
-    A stable LSD radix sort of the positions by ``key = flat_idx - min``:
-    afterwards ``order`` holds the positions in (key, position) order, and for
-    the ``j``-th smallest value ``rows[j]``, ``starts[j]`` and ``counts[j]``
-    give its run in ``order``. ``histograms`` (_HISTOGRAMS long), ``keys``,
-    ``sorted_keys`` and ``positions`` (as long as ``flat_idx``) are scratch.
+    A stable LSD radix sort of the positions by ``key = flat_idx - min``.
+    Returns ``(used, last)``: ``positions[last]`` holds the positions in
+    (key, position) order, and for the ``j``-th smallest of the ``used``
+    values, ``runs[0, j]``, ``runs[1, j]`` and ``runs[2, j]`` are the value, the
+    start and the length of its run there. ``histograms`` (_HISTOGRAMS long)
+    and ``keys`` (``(2, N)``) are scratch; ``positions`` is ``(2, N)``.
     """
     n = flat_idx.size
     low = np.int64(flat_idx[0])
@@ -300,53 +298,42 @@ def _radix_group(flat_idx, histograms, keys, sorted_keys, positions, order, rows
         histograms[b] = 0
     for i in range(n):
         key = np.int64(flat_idx[i]) - low
-        keys[i] = key
+        keys[0, i] = key
+        positions[0, i] = i
         for p in range(passes):
             histograms[p * buckets + ((key >> (p * digit)) & mask)] += 1
-    # A pass whose digit is the same for every key would move nothing: skip it.
-    # The passes that move alternate between two position buffers, arranged so
-    # that the last one writes ``order``.
-    moving = 0
-    for p in range(passes):
-        moving += histograms[p * buckets + ((keys[0] >> (p * digit)) & mask)] != n
-    source_keys, target_keys = keys, sorted_keys
-    source, target = order, positions
-    if moving % 2 == 1:
-        source, target = positions, order
-    moved = 0
+    # Each pass moves keys and positions from row ``last`` to the other one; a
+    # pass whose digit is the same for every key would move nothing: skipped.
+    last = 0
     for p in range(passes):
         base = p * buckets
         shift = p * digit
-        if histograms[base + ((keys[0] >> shift) & mask)] == n:
+        if histograms[base + ((keys[0, 0] >> shift) & mask)] == n:
             continue
         total = 0
         for b in range(base, base + buckets):
             count = histograms[b]
             histograms[b] = total
             total += count
+        target = 1 - last
         for i in range(n):
-            key = source_keys[i]
+            key = keys[last, i]
             b = base + ((key >> shift) & mask)
             at = histograms[b]
             histograms[b] = at + 1
-            target_keys[at] = key
-            target[at] = i if moved == 0 else source[i]
-        moved += 1
-        source_keys, target_keys = target_keys, source_keys
-        source, target = target, source
-    if moved == 0:  # every key equal: positions in input order
-        for i in range(n):
-            order[i] = i
+            keys[target, at] = key
+            positions[target, at] = positions[last, i]
+        last = target
     used = 0
     for i in range(n):
-        if i == 0 or source_keys[i] != source_keys[i - 1]:
-            rows[used] = source_keys[i] + low
-            starts[used] = i
+        if i == 0 or keys[last, i] != keys[last, i - 1]:
+            runs[0, used] = keys[last, i] + low
+            runs[1, used] = i
             used += 1
     for j in range(used - 1):
-        counts[j] = starts[j + 1] - starts[j]
-    counts[used - 1] = n - starts[used - 1]
-    return used
+        runs[2, j] = runs[1, j + 1] - runs[1, j]
+    runs[2, used - 1] = n - runs[1, used - 1]
+    return used, last
 
 
 @njit(cache=True, nogil=True, parallel=True)
