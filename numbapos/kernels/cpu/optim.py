@@ -15,7 +15,7 @@ from numba import njit, prange
 
 from .arrays import PARALLEL_MIN_ELEMENTS, pick
 from .branchless import choose
-from .embedding import sum_segment
+from .embedding import group_gradient
 from .prefetch import AHEAD, prefetch_listed_for_write
 
 __all__ = ["adagrad_dense_", "adagrad_row_groups_", "adagrad_rows_", "adam_dense_",
@@ -191,8 +191,8 @@ def _sgd_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scra
     acc = scratch[chunk]
     for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
         _prefetch_sgd_rows(j + AHEAD, groups.rows, param, buf, h)
-        sum_segment(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, acc)
-        _sgd_row_from(groups.rows[j], acc, param, buf, row_started, h)
+        g = group_gradient(grad, groups, j, scale_by_freq, acc)
+        _sgd_row_from(groups.rows[j], g, param, buf, row_started, h)
 
 
 @njit(cache=True, nogil=True)
@@ -348,8 +348,8 @@ def _adam_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scr
     acc = scratch[chunk]
     for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
         _prefetch_adam_rows(j + AHEAD, groups.rows, param, exp_avg, exp_avg_sq)
-        sum_segment(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, acc)
-        _adam_row_from(groups.rows[j], acc, param, exp_avg, exp_avg_sq, h)
+        g = group_gradient(grad, groups, j, scale_by_freq, acc)
+        _adam_row_from(groups.rows[j], g, param, exp_avg, exp_avg_sq, h)
 
 
 @njit(cache=True, nogil=True)
@@ -452,8 +452,8 @@ def _adagrad_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, 
     acc = scratch[chunk]
     for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
         _prefetch_two(j + AHEAD, groups.rows, param, state_sum)
-        sum_segment(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, acc)
-        _adagrad_row_from(groups.rows[j], acc, param, state_sum, h)
+        g = group_gradient(grad, groups, j, scale_by_freq, acc)
+        _adagrad_row_from(groups.rows[j], g, param, state_sum, h)
 
 
 @njit(cache=True, nogil=True)
@@ -552,8 +552,8 @@ def _rowwise_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, 
     acc = scratch[chunk]
     for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
         prefetch_listed_for_write(param, groups.rows, j + AHEAD)
-        sum_segment(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, acc)
-        _rowwise_row(groups.rows[j], acc, param, state_sum, h)
+        g = group_gradient(grad, groups, j, scale_by_freq, acc)
+        _rowwise_row(groups.rows[j], g, param, state_sum, h)
 
 
 @njit(cache=True, nogil=True)
