@@ -33,7 +33,7 @@ from numba import njit, prange
 from ..._args import chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
 from .arrays import pick
-from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum
+from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum, zero_rows
 from .prefetch import AHEAD, prefetch_listed
 
 __all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked"]
@@ -74,9 +74,12 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     num_tokens, dim = grad_y.shape
     dtype = grad_y.dtype
     chunks = num_chunks(num_tokens)
-    part_w = np.zeros((chunks, dim if grad_gamma is not None else 0), dtype=dtype)
-    part_b = np.zeros((chunks, dim if grad_beta is not None else 0), dtype=dtype)
-    part_t = np.zeros((chunks,) + (tables.token_type.shape if grad_type is not None else (0, 0)),
+    # Partial sums per chunk: each chunk zeroes its own in the kernel (in its
+    # thread's cache); without tokens no kernel runs and they start at zero.
+    partials = np.empty if num_tokens else np.zeros
+    part_w = partials((chunks, dim if grad_gamma is not None else 0), dtype=dtype)
+    part_b = partials((chunks, dim if grad_beta is not None else 0), dtype=dtype)
+    part_t = partials((chunks,) + (tables.token_type.shape if grad_type is not None else (0, 0)),
                       dtype=dtype)
     if num_tokens:
         scratch = np.empty((chunks, 2, dim), dtype=dtype)
@@ -189,6 +192,9 @@ def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, f
     stop = min(start + chunk, num_tokens)
     s = scratch[c, 0]
     e = scratch[c, 1]
+    zero_rows(part_w[c:c + 1])
+    zero_rows(part_b[c:c + 1])
+    zero_rows(part_t[c])
     keep_scale = grad_y.dtype.type(drop.scale)
     zero = grad_y.dtype.type(0)
     for t in range(start, stop):
