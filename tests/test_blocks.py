@@ -682,6 +682,19 @@ def test_gpt2_forward_matches_reference(rng, device, dtype, p):
                                *_tol(dtype))
 
 
+def test_gpt2_default_positions_follow_each_call_shape(rng):
+    # The full path (out= given) reuses the latest default positions while the
+    # shape and past_length repeat, and builds new ones when either changes.
+    block = _gpt2(np.float32, 0.0)
+    wte, wpe = block.wte.weight.data, block.wpe.weight.data
+    for shape, past in [((2, 5), 0), ((2, 5), 0), ((3, 5), 0), ((2, 5), 1), ((5,), 0),
+                        ((2, 4), 0), ((2, 5), 0)]:
+        ids = rng.integers(0, V, shape)
+        out = np.empty(shape + (D,), np.float32)
+        got = F.gpt2_embeddings(ids, wte, wpe, past_length=past, out=out, training=False)
+        np.testing.assert_array_equal(got, wte[ids] + wpe[past + np.arange(shape[-1])])
+
+
 def test_gpt2_fused_dropout_equals_functional_dropout(rng, device):
     # A gather, one add and the mask: bit-identical to the CPU's functional dropout.
     block = _gpt2(np.float32, 0.3, device=device)

@@ -172,9 +172,25 @@ def _default_positions(K, shape, past_length, max_positions, size_name):
             f"past_length + L = {past_length} + {length} = {past_length + length} exceeds "
             f"{size_name}={max_positions}: positions must stay below {max_positions}"
         )
+    global _last_default_positions
     batch = shape[0] if len(shape) == 2 else 1
-    return K.asarray(np.tile(np.arange(past_length, past_length + length, dtype=np.int64),
-                             batch))
+    key = (past_length, length, batch)
+    cached = _last_default_positions
+    if K.DEVICE == "cpu" and cached is not None and cached[0] == key:
+        return cached[1]
+    positions = K.asarray(np.tile(np.arange(past_length, past_length + length, dtype=np.int64),
+                                  batch))
+    if K.DEVICE == "cpu":
+        _last_default_positions = (key, positions)
+    return positions
+
+
+# The CPU default positions of the latest call, reused while the shape repeats (every
+# step of a training loop): building them cost 10 % of a GPT-2 forward at D = 384.
+# Shared between calls, so it only ever goes to kernels, which never write it (and
+# stays writeable: a read-only array would be another signature for Numba to
+# compile). One (key, array) tuple, swapped atomically.
+_last_default_positions = None
 
 
 def _explicit_positions(K, position_ids, shape, max_positions, size_name):
