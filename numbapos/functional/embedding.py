@@ -130,7 +130,7 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
     """Gradient of :func:`embedding` with respect to the table.
 
     The scatter-add is deterministic: positions are grouped by row with a stable
-    counting sort, each row is summed by one thread in input order, so results
+    radix sort, each row is summed by one thread in input order, so results
     are bit-identical for any thread count and on every run.
 
     Parameters
