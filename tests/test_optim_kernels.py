@@ -214,6 +214,13 @@ def both_ways(launch, generic, arrays, *scalars):
     assert not np.array_equal(ours[0], arrays[0])  # the step did change the parameter
 
 
+def rows_both_ways(launcher, generic, param, rows, values, states, hyper):
+    """:func:`both_ways` for a row update ``f(param, rows, values, *states, hyper)``."""
+    both_ways(lambda param, *states: launcher(param, rows, values, *states, hyper),
+              lambda param, *states: generic(param, rows, values, *states, hyper),
+              [param, *states])
+
+
 def dense_arrays(rng, dtype, size, states):
     return [rng.normal(size=size).astype(dtype) for _ in range(2)] + [
         np.abs(rng.normal(size=size)).astype(dtype) for _ in range(states)]
@@ -248,14 +255,8 @@ def test_sgd_dense(rng, dtype, size, options, first):
 def test_sgd_rows(rng, dtype, shape, options):
     param, rows, values, (buf,) = row_arrays(rng, dtype, shape, 1)
     started = rng.random(shape[0]) < 0.5  # rows seen before, and rows whose momentum starts
-
-    def launch(param, buf, started):
-        kernels.sgd_rows_(param, rows, values, buf, started, sgd_hyper(dtype, **options))
-
-    def generic(param, buf, started):
-        sgd_rows_generic(param, rows, values, buf, started, sgd_hyper(dtype, **options))
-
-    both_ways(launch, generic, [param, buf, started])
+    rows_both_ways(kernels.sgd_rows_, sgd_rows_generic, param, rows, values, [buf, started],
+                   sgd_hyper(dtype, **options))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -270,16 +271,9 @@ def test_adam_dense(rng, dtype, size, options):
 @pytest.mark.parametrize("shape", ROW_SHAPES)
 @pytest.mark.parametrize("options", [o for o in ADAM_OPTIONS if "amsgrad" not in o], ids=str)
 def test_adam_rows(rng, dtype, shape, options):
-    param, rows, values, (exp_avg, exp_avg_sq) = row_arrays(rng, dtype, shape, 2)
-    hyper = adam_hyper(dtype, **options)
-
-    def launch(param, exp_avg, exp_avg_sq):
-        kernels.adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper)
-
-    def generic(param, exp_avg, exp_avg_sq):
-        adam_rows_generic(param, rows, values, exp_avg, exp_avg_sq, hyper)
-
-    both_ways(launch, generic, [param, exp_avg, exp_avg_sq])
+    param, rows, values, states = row_arrays(rng, dtype, shape, 2)
+    rows_both_ways(kernels.adam_rows_, adam_rows_generic, param, rows, values, states,
+                   adam_hyper(dtype, **options))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -295,29 +289,15 @@ def test_adagrad_dense(rng, dtype, size, options):
 @pytest.mark.parametrize("shape", ROW_SHAPES)
 @pytest.mark.parametrize("options", ADAGRAD_OPTIONS, ids=str)
 def test_adagrad_rows(rng, dtype, shape, options):
-    param, rows, values, (state_sum,) = row_arrays(rng, dtype, shape, 1)
-    hyper = adagrad_hyper(dtype, **options)
-
-    def launch(param, state_sum):
-        kernels.adagrad_rows_(param, rows, values, state_sum, hyper)
-
-    def generic(param, state_sum):
-        adagrad_rows_generic(param, rows, values, state_sum, hyper)
-
-    both_ways(launch, generic, [param, state_sum])
+    param, rows, values, states = row_arrays(rng, dtype, shape, 1)
+    rows_both_ways(kernels.adagrad_rows_, adagrad_rows_generic, param, rows, values, states,
+                   adagrad_hyper(dtype, **options))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", ROW_SHAPES)
 @pytest.mark.parametrize("options", ROWWISE_OPTIONS, ids=str)
 def test_rowwise_adagrad_rows(rng, dtype, shape, options):
-    param, rows, values, (state_sum,) = row_arrays(rng, dtype, shape, 1, row_states=True)
-    hyper = rowwise_hyper(dtype, **options)
-
-    def launch(param, state_sum):
-        kernels.rowwise_adagrad_rows_(param, rows, values, state_sum, hyper)
-
-    def generic(param, state_sum):
-        rowwise_rows_generic(param, rows, values, state_sum, hyper)
-
-    both_ways(launch, generic, [param, state_sum])
+    param, rows, values, states = row_arrays(rng, dtype, shape, 1, row_states=True)
+    rows_both_ways(kernels.rowwise_adagrad_rows_, rowwise_rows_generic, param, rows, values,
+                   states, rowwise_hyper(dtype, **options))
