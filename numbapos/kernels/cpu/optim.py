@@ -184,12 +184,19 @@ def _sgd_rows_parallel(param, rows, values, buf, row_started, hyper):
 # Each optimiser has its own chunk loop and serial/parallel pair: a kernel that took
 # the row update as an argument (a Numba dispatcher) would never load from the cache.
 @njit(cache=True, nogil=True, inline="always")
-def _sgd_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch, buf,
-                     row_started, h):
-    # Groups chunk * U / num_chunks .. (chunk + 1) * U / num_chunks, through scratch[chunk].
+def _chunk_bounds(chunk, groups, scratch):
+    # The groups of chunk ``chunk`` of scratch.shape[0] (summed through scratch[chunk]):
+    # chunk * U / chunks .. (chunk + 1) * U / chunks.
     used = groups.rows.size
+    chunks = scratch.shape[0]
+    return chunk * used // chunks, (chunk + 1) * used // chunks
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sgd_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, buf,
+                     row_started, h):
     acc = scratch[chunk]
-    for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
+    for j in range(*_chunk_bounds(chunk, groups, scratch)):
         _prefetch_sgd_rows(j + AHEAD, groups.rows, param, buf, h)
         g = group_gradient(grad, groups, j, scale_by_freq, acc)
         _sgd_row_from(groups.rows[j], g, param, buf, row_started, h)
@@ -197,16 +204,15 @@ def _sgd_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scra
 
 @njit(cache=True, nogil=True)
 def _sgd_row_groups(param, grad, groups, scale_by_freq, scratch, buf, row_started, hyper):
-    _sgd_group_chunk(0, 1, param, grad, groups, scale_by_freq, scratch, buf, row_started, hyper)
+    _sgd_group_chunk(0, param, grad, groups, scale_by_freq, scratch, buf, row_started, hyper)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _sgd_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, buf, row_started,
                              hyper):
     # One chunk of rows per scratch row; rows are unique, so chunks never share a row.
-    num_chunks = scratch.shape[0]
-    for chunk in prange(num_chunks):
-        _sgd_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch, buf,
+    for chunk in prange(scratch.shape[0]):
+        _sgd_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, buf,
                          row_started, hyper)
 # ---------------------------------------------------------------- Adam / AdamW
 
@@ -341,12 +347,11 @@ def _adam_rows_parallel(param, rows, values, exp_avg, exp_avg_sq, hyper):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _adam_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch, exp_avg,
+def _adam_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, exp_avg,
                       exp_avg_sq, h):
     # As _sgd_group_chunk.
-    used = groups.rows.size
     acc = scratch[chunk]
-    for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
+    for j in range(*_chunk_bounds(chunk, groups, scratch)):
         _prefetch_adam_rows(j + AHEAD, groups.rows, param, exp_avg, exp_avg_sq)
         g = group_gradient(grad, groups, j, scale_by_freq, acc)
         _adam_row_from(groups.rows[j], g, param, exp_avg, exp_avg_sq, h)
@@ -354,16 +359,15 @@ def _adam_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scr
 
 @njit(cache=True, nogil=True)
 def _adam_row_groups(param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq, hyper):
-    _adam_group_chunk(0, 1, param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq,
+    _adam_group_chunk(0, param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq,
                       hyper)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _adam_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq,
                               hyper):
-    num_chunks = scratch.shape[0]
-    for chunk in prange(num_chunks):
-        _adam_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+    for chunk in prange(scratch.shape[0]):
+        _adam_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
                           exp_avg, exp_avg_sq, hyper)
 
 
@@ -445,12 +449,11 @@ def _adagrad_rows_parallel(param, rows, values, state_sum, hyper):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _adagrad_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+def _adagrad_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
                          state_sum, h):
     # As _sgd_group_chunk.
-    used = groups.rows.size
     acc = scratch[chunk]
-    for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
+    for j in range(*_chunk_bounds(chunk, groups, scratch)):
         _prefetch_two(j + AHEAD, groups.rows, param, state_sum)
         g = group_gradient(grad, groups, j, scale_by_freq, acc)
         _adagrad_row_from(groups.rows[j], g, param, state_sum, h)
@@ -458,14 +461,13 @@ def _adagrad_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, 
 
 @njit(cache=True, nogil=True)
 def _adagrad_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
-    _adagrad_group_chunk(0, 1, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
+    _adagrad_group_chunk(0, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _adagrad_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
-    num_chunks = scratch.shape[0]
-    for chunk in prange(num_chunks):
-        _adagrad_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+    for chunk in prange(scratch.shape[0]):
+        _adagrad_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
                              state_sum, hyper)
 
 
@@ -545,12 +547,11 @@ def _rowwise_rows_parallel(param, rows, values, state_sum, hyper):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _rowwise_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+def _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
                          state_sum, h):
     # As _sgd_group_chunk.
-    used = groups.rows.size
     acc = scratch[chunk]
-    for j in range(chunk * used // num_chunks, (chunk + 1) * used // num_chunks):
+    for j in range(*_chunk_bounds(chunk, groups, scratch)):
         prefetch_listed_for_write(param, groups.rows, j + AHEAD)
         g = group_gradient(grad, groups, j, scale_by_freq, acc)
         _rowwise_row(groups.rows[j], g, param, state_sum, h)
@@ -558,12 +559,11 @@ def _rowwise_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, 
 
 @njit(cache=True, nogil=True)
 def _rowwise_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
-    _rowwise_group_chunk(0, 1, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
+    _rowwise_group_chunk(0, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _rowwise_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
-    num_chunks = scratch.shape[0]
-    for chunk in prange(num_chunks):
-        _rowwise_group_chunk(chunk, num_chunks, param, grad, groups, scale_by_freq, scratch,
+    for chunk in prange(scratch.shape[0]):
+        _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
                              state_sum, hyper)
