@@ -15,32 +15,9 @@ INDEX_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def small_lookup(indices, table):
-    """``table[indices]`` by the fast path, or None where the full path must run.
-
-    None unless ``indices`` and ``table`` are plain NumPy arrays of the
-    kernels' dtypes (C-contiguous indices, a 2-D table), the result has at
-    most SMALL_WORK elements and every index is in range (the full path then
-    names the bad one).
-    """
-    if (type(indices) is not np.ndarray or type(table) is not np.ndarray
-            or indices.dtype not in INDEX_DTYPES or table.dtype not in FLOAT_DTYPES
-            or table.ndim != 2 or indices.size * table.shape[1] > SMALL_WORK
-            or not indices.flags.c_contiguous):
-        return None
-    result = np.empty(indices.shape + (table.shape[1],), table.dtype)
-    K = _cpu or cpu_kernels()
-    return result if K.gather_rows_checked(indices, table, result) < 0 else None
-
-
-_cpu = None  # the CPU kernel namespace, once loaded: small calls count every lookup
-
-
 def cpu_kernels():
     """The CPU kernel namespace (imported on first use)."""
-    global _cpu
-    _cpu = _device.kernels_for("cpu")
-    return _cpu
+    return _device.kernels_for("cpu")
 
 
 def backend_for(arrays, names):

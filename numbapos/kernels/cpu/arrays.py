@@ -32,7 +32,16 @@ def zeros(shape, dtype) -> np.ndarray:
 
 
 def full(shape, value, dtype) -> np.ndarray:
-    """C-contiguous array filled with ``value``."""
+    """C-contiguous array filled with ``value``.
+
+    A fill with +0 comes from ``np.zeros``: large arrays are then the OS's
+    lazily zeroed pages, so optimiser state (a momentum buffer as big as the
+    table) costs neither time nor memory for the rows a sparse update never
+    touches. Writing 150 MB of zeros cost 0.1-0.2 s of the first training step
+    at V = 50,000, D = 768.
+    """
+    if value == 0 and not np.signbit(value):
+        return np.zeros(shape, dtype=dtype)
     return np.full(shape, value, dtype=dtype)
 
 

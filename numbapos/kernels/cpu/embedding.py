@@ -14,6 +14,7 @@ from numba import njit, prange
 from ..._args import RowGroups
 from .arrays import pick
 from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
+from .rowcopy import copy_row
 
 __all__ = ["gather_rows", "gather_rows_checked", "group_rows", "index_bounds", "not_equal_mask",
            "renorm_used_rows_", "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
@@ -182,11 +183,8 @@ def _index_bounds(flat_idx):
 @njit(cache=True, nogil=True)
 def _gather_rows(flat_idx, weight, out):
     """``out[i, :] = weight[flat_idx[i], :]`` (serial, for small lookups)."""
-    dim = weight.shape[1]
     for i in range(flat_idx.size):
-        row = flat_idx[i]
-        for d in range(dim):
-            out[i, d] = weight[row, d]
+        copy_row(out, i, weight, flat_idx[i])
 
 
 # A launcher that is its own kernel: small lookups cannot afford a Python frame more.
@@ -207,20 +205,16 @@ def gather_rows_checked(indices, weight, out):
         row = flat_idx[i]
         if row < 0 or row >= num_rows:
             return i
-        for d in range(dim):
-            rows[i, d] = weight[row, d]
+        copy_row(rows, i, weight, row)
     return -1
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _gather_rows_parallel(flat_idx, weight, out):
     """``out[i, :] = weight[flat_idx[i], :]``, output rows split across threads."""
-    dim = weight.shape[1]
     for i in prange(flat_idx.size):
         prefetch_listed(weight, flat_idx, i + AHEAD)
-        row = flat_idx[i]
-        for d in range(dim):
-            out[i, d] = weight[row, d]
+        copy_row(out, i, weight, flat_idx[i])
 
 
 @njit(cache=True, nogil=True)

@@ -1,0 +1,71 @@
+"""copy_row: one memcpy for contiguous rows, the element loop for any other layout."""
+
+import numpy as np
+import pytest
+from numba import njit
+from numba.core.errors import TypingError
+
+import numbapos.functional as F
+from numbapos.kernels.cpu.embedding import gather_rows, gather_rows_checked
+from numbapos.kernels.cpu.rowcopy import _memcpy_row, copy_row
+
+
+@njit
+def _copy_rows(dst, src, rows):
+    for i in range(rows.size):
+        copy_row(dst, i, src, rows[i])
+
+
+def _tables():
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(12, 10))
+    yield "C float64", base
+    yield "C float32", base.astype(np.float32)
+    yield "int64", np.arange(120, dtype=np.int64).reshape(12, 10)
+    yield "column-strided", base[:, ::3]
+    yield "transposed", np.asfortranarray(base)
+    yield "row-strided", base[::2]
+    yield "zero width", base[:, :0]
+
+
+@pytest.mark.parametrize("name, table", list(_tables()), ids=[n for n, _ in _tables()])
+def test_copy_row_matches_fancy_indexing(name, table):
+    rows = np.array([3, 0, 5, 5, table.shape[0] - 1], dtype=np.int64)
+    before = table.copy()
+    for dst in (np.full((rows.size, table.shape[1]), -1, table.dtype),
+                np.full((table.shape[1], rows.size), -1, table.dtype).T):  # strided rows
+        _copy_rows(dst, table, rows)
+        np.testing.assert_array_equal(dst, table[rows])
+    np.testing.assert_array_equal(table, before)
+
+
+def test_copy_row_writes_only_its_row():
+    table = np.arange(24, dtype=np.float32).reshape(4, 6)
+    dst = np.full((3, 6), -1.0, np.float32)
+    _copy_rows(dst[1:2], table, np.array([2]))
+    np.testing.assert_array_equal(dst[1], table[2])
+    np.testing.assert_array_equal(dst[[0, 2]], -1.0)
+
+
+@pytest.mark.parametrize("name, table", list(_tables()), ids=[n for n, _ in _tables()])
+def test_gather_kernels_on_every_layout(name, table):
+    indices = np.array([[1, 4], [4, 0]], dtype=np.int32)
+    out = np.empty(indices.shape + (table.shape[1],), table.dtype)
+    assert gather_rows_checked(indices, table, out) == -1
+    np.testing.assert_array_equal(out, table[indices])
+    flat_out = np.empty((indices.size, table.shape[1]), table.dtype)
+    gather_rows(indices.reshape(-1), table, flat_out)
+    np.testing.assert_array_equal(flat_out, table[indices.reshape(-1)])
+    if table.dtype.kind == "f":
+        np.testing.assert_array_equal(F.embedding(indices, table), table[indices])
+
+
+def test_memcpy_row_wants_two_2d_arrays_of_one_dtype():
+    @njit
+    def mixed(dst, src):
+        _memcpy_row(dst, 0, src, 0)
+
+    with pytest.raises(TypingError):
+        mixed(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float64))
+    with pytest.raises(TypingError):
+        mixed(np.zeros(4), np.zeros((2, 2)))
