@@ -129,18 +129,24 @@ def _gpt2(dtype, index_dtype) -> None:
 
 def _sgd(dtype, index_dtype) -> None:
     rows = np.array([1, 3], index_dtype)
-    for options in ({}, {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True}):
+    # The sparse kernels are compiled per variant (with or without momentum, the
+    # usual options or any others): each of the four is reached here.
+    for options in _SGD_VARIANTS:
         dense = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
         sparse = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
-        opt = optim.SGD([dense, sparse], lr=0.1, weight_decay=0.01, **options)
+        opt = optim.SGD([dense, sparse], lr=0.1, **options)
         for _ in range(2):  # the first step starts the momentum, the second uses it
             dense.grad = np.ones((_ROWS, _DIM), dtype)
             sparse.grad = SparseRows(rows, np.ones((2, _DIM), dtype), _ROWS)
             opt.step()
-    emb = nn.Embedding(_ROWS, _DIM, sparse=True, dtype=dtype, seed=0)
-    optim.SGD(emb.parameters(), lr=0.1, momentum=0.9).fuse_with_backward()
-    for _ in range(2):  # the update fused with the sparse backward
-        _train(emb, _ids(index_dtype))
+        emb = nn.Embedding(_ROWS, _DIM, sparse=True, dtype=dtype, seed=0)
+        optim.SGD(emb.parameters(), lr=0.1, **options).fuse_with_backward()
+        for _ in range(2):  # the update fused with the sparse backward
+            _train(emb, _ids(index_dtype))
+
+
+_SGD_VARIANTS = ({}, {"momentum": 0.9}, {"weight_decay": 0.01},
+                 {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01})
 
 
 # The optimisers besides SGD, with the options that reach other kernels, and whether

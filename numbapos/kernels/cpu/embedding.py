@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..._args import RowGroups
-from .arrays import pick
+from .arrays import option, pick
 from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
 from .rowcopy import copy_row
 
@@ -99,7 +99,7 @@ def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
         return
     rows, starts, counts, order = group_by_row(flat, padding_idx)
     if rows.size:
-        _sum_row_segments(grad, order, starts, counts, rows, bool(scale_grad_by_freq), out)
+        _sum_row_segments(grad, order, starts, counts, rows, option(scale_grad_by_freq), out)
 
 
 def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
@@ -132,7 +132,7 @@ def sum_row_groups(grad, groups, scale_grad_by_freq, out):
     if groups.rows.size:
         dest = np.arange(groups.rows.size, dtype=np.int64)
         _sum_row_segments(grad, groups.order, groups.starts, groups.counts, dest,
-                          bool(scale_grad_by_freq), out)
+                          option(scale_grad_by_freq), out)
 
 
 # Per-thread int64 scratch of the grouping pass, kept between calls: fresh
@@ -337,9 +337,9 @@ def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
     Segment ``j`` is ``k`` in ``starts[j] .. starts[j] + counts[j]`` (never
     empty). Each output row is owned by one thread and summed in input order,
     so the result is bit-identical for any thread count. With ``scale_by_freq``
-    every contribution is multiplied by ``1 / counts[j]`` (PyTorch's
-    ``scale_grad_by_freq``). The rows named in ``dest`` are overwritten (they
-    need no zeroing).
+    True (None is off: :func:`.arrays.option`) every contribution is multiplied
+    by ``1 / counts[j]`` (PyTorch's ``scale_grad_by_freq``). The rows named in
+    ``dest`` are overwritten (they need no zeroing).
     """
     for j in prange(dest.size):
         prefetch_listed_for_write(out, dest, j + AHEAD)
@@ -350,26 +350,30 @@ def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
 def sum_segment(grad, order, start, count, scale_by_freq, acc):
     """``acc[:] = sum of grad[order[k]]`` for ``k`` in ``start .. start + count`` (count >= 1).
 
-    In input order, in ``acc``'s dtype; with ``scale_by_freq`` each term is
-    multiplied by ``1 / count`` first. The one definition of a row's gradient
+    In input order, in ``acc``'s dtype; with ``scale_by_freq`` True (None is
+    off) each term is multiplied by ``1 / count`` first. The one definition of a row's gradient
     sum, shared by the scatter and the fused optimiser updates (same bits).
     """
     dim = grad.shape[1]
-    one = acc.dtype.type(1)
-    scale = one / acc.dtype.type(count) if scale_by_freq else one
     first = order[start]
     prefetch_listed(grad, order, start + AHEAD)  # positions run on into the next segments
-    for d in range(dim):
-        acc[d] = grad[first, d] * scale if scale_by_freq else grad[first, d]
-    for k in range(start + 1, start + count):
-        prefetch_listed(grad, order, k + AHEAD)
-        i = order[k]
-        if scale_by_freq:
-            for d in range(dim):
-                acc[d] += grad[i, d] * scale
-        else:
+    if scale_by_freq is None:
+        for d in range(dim):
+            acc[d] = grad[first, d]
+        for k in range(start + 1, start + count):
+            prefetch_listed(grad, order, k + AHEAD)
+            i = order[k]
             for d in range(dim):
                 acc[d] += grad[i, d]
+    else:
+        scale = acc.dtype.type(1) / acc.dtype.type(count)
+        for d in range(dim):
+            acc[d] = grad[first, d] * scale
+        for k in range(start + 1, start + count):
+            prefetch_listed(grad, order, k + AHEAD)
+            i = order[k]
+            for d in range(dim):
+                acc[d] += grad[i, d] * scale
 
 
 @njit(cache=True, nogil=True, inline="always")
