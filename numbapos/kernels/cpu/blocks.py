@@ -28,11 +28,12 @@ index of the ``(N, L, D)`` output, as in :func:`numbapos.functional.dropout`).
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..._args import chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
 from .arrays import pick
+from .jit import kernel
 from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum, zero_rows
 from .prefetch import AHEAD, prefetch_listed
 
@@ -115,7 +116,7 @@ def gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
 # ---------------------------------------------------------------- kernels
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
     vocab = wte.shape[0]
     for t in range(ids.size):
@@ -130,14 +131,14 @@ def _gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
     return -1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def sum3_row(a, b, c, out):
     """``out = a + b + c`` (added left to right)."""
     for d in range(out.size):
         out[d] = a[d] + b[d] + c[d]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def normalize_dropout_row_(v, mean, rstd, weight, bias, key, threshold, scale, base):
     """``v = ((v - mean) * rstd * weight + bias) * m`` in place, ``m`` = ``scale`` or 0.
 
@@ -151,7 +152,7 @@ def normalize_dropout_row_(v, mean, rstd, weight, bias, key, threshold, scale, b
         v[d] = ((v[d] - mean) * rstd * weight[d] + bias[d]) * m
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd):
     prefetch_listed(tables.word, ids.word, t + AHEAD)
     row = y[t]
@@ -169,21 +170,21 @@ def _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd):
         normalize_row_(row, m, r, tables.gamma, tables.beta)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _bert_forward(ids, tables, eps, drop, y, mean, rstd):
     key = dropout_key(drop.seed, drop.counter)
     for t in range(ids.word.size):
         _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _bert_forward_parallel(ids, tables, eps, drop, y, mean, rstd):
     key = dropout_key(drop.seed, drop.counter)
     for t in prange(ids.word.size):
         _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
                          grad_sum, part_w, part_b, part_t, scratch):
     want_w, want_b, fuse_type = flags
@@ -216,7 +217,7 @@ def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, f
                 pt[d] += gs[d]
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _bert_backward(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum, part_w,
                    part_b, part_t, scratch):
     key = dropout_key(drop.seed, drop.counter)
@@ -225,7 +226,7 @@ def _bert_backward(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum
                              grad_sum, part_w, part_b, part_t, scratch)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _bert_backward_parallel(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum,
                             part_w, part_b, part_t, scratch):
     key = dropout_key(drop.seed, drop.counter)
@@ -234,7 +235,7 @@ def _bert_backward_parallel(grad_y, ids, tables, mean, rstd, drop, flags, chunk,
                              grad_sum, part_w, part_b, part_t, scratch)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _sum_partials(part, out):
     """``out = part[0] + part[1] + ...`` over the first axis, in order (deterministic)."""
     rows = part.shape[1]
@@ -248,7 +249,7 @@ def _sum_partials(part, out):
                 out[r, d] += part[c, r, d]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _gpt2_token(t, ids, pos, wte, wpe, key, drop, y):
     prefetch_listed(wte, ids, t + AHEAD)
     row = y[t]
@@ -266,14 +267,14 @@ def _gpt2_token(t, ids, pos, wte, wpe, key, drop, y):
             row[d] = a[d] + b[d]
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _gpt2_forward(ids, pos, wte, wpe, drop, y):
     key = dropout_key(drop.seed, drop.counter)
     for t in range(ids.size):
         _gpt2_token(t, ids, pos, wte, wpe, key, drop, y)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _gpt2_forward_parallel(ids, pos, wte, wpe, drop, y):
     key = dropout_key(drop.seed, drop.counter)
     for t in prange(ids.size):

@@ -4,10 +4,11 @@ The mask bit of element ``i`` is :func:`numbapos.kernels.hash.keeps` of
 ``(key(seed, counter), i)``; see :mod:`numbapos.kernels.hash`.
 """
 
-from numba import njit, prange
+from numba import prange
 
 from ..hash import dropout_key, keeps
 from .arrays import pick
+from .jit import kernel
 
 __all__ = ["dropout_apply", "dropout_keep_mask"]
 
@@ -32,7 +33,7 @@ def dropout_keep_mask(drop, out):
         kernel(drop.seed, drop.counter, drop.threshold, out)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _dropout_apply(x, seed, counter, threshold, scale, out):
     key = dropout_key(seed, counter)
     s = out.dtype.type(scale)
@@ -41,7 +42,7 @@ def _dropout_apply(x, seed, counter, threshold, scale, out):
         out[i] = x[i] * (s if keeps(key, i, threshold) else zero)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _dropout_apply_parallel(x, seed, counter, threshold, scale, out):
     key = dropout_key(seed, counter)
     s = out.dtype.type(scale)
@@ -50,14 +51,14 @@ def _dropout_apply_parallel(x, seed, counter, threshold, scale, out):
         out[i] = x[i] * (s if keeps(key, i, threshold) else zero)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _dropout_keep_mask(seed, counter, threshold, out):
     key = dropout_key(seed, counter)
     for i in range(out.size):
         out[i] = keeps(key, i, threshold)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _dropout_keep_mask_parallel(seed, counter, threshold, out):
     key = dropout_key(seed, counter)
     for i in prange(out.size):

@@ -9,10 +9,11 @@ The ``@njit`` bodies below them trust their inputs and never allocate.
 import threading
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..._args import RowGroups
 from .arrays import option, pick
+from .jit import kernel
 from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
 from .rowcopy import copy_row
 
@@ -166,7 +167,7 @@ def not_equal_mask(flat, value, out):
 # ---------------------------------------------------------------- kernels
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _index_bounds(flat_idx):
     """Smallest and largest value of a non-empty integer array."""
     low = flat_idx[0]
@@ -180,7 +181,7 @@ def _index_bounds(flat_idx):
     return low, high
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _gather_rows(flat_idx, weight, out):
     """``out[i, :] = weight[flat_idx[i], :]`` (serial, for small lookups)."""
     for i in range(flat_idx.size):
@@ -188,7 +189,7 @@ def _gather_rows(flat_idx, weight, out):
 
 
 # A launcher that is its own kernel: small lookups cannot afford a Python frame more.
-@njit(cache=True, nogil=True)
+@kernel()
 def gather_rows_checked(indices, weight, out):
     """:func:`gather_rows` for indices not range-checked yet, in one serial pass (small lookups).
 
@@ -209,7 +210,7 @@ def gather_rows_checked(indices, weight, out):
     return -1
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _gather_rows_parallel(flat_idx, weight, out):
     """``out[i, :] = weight[flat_idx[i], :]``, output rows split across threads."""
     for i in prange(flat_idx.size):
@@ -217,7 +218,7 @@ def _gather_rows_parallel(flat_idx, weight, out):
         copy_row(out, i, weight, flat_idx[i])
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _row_norm(weight, row, norm_type):
     # Accumulated in float64: renorm touches each row once, so accuracy is free here,
     # and PyTorch's CPU norm accumulates float32 in double as well.
@@ -243,7 +244,7 @@ def _row_norm(weight, row, norm_type):
     return acc ** (1.0 / norm_type)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _renorm_rows_(weight, rows, max_norm, norm_type):
     """Scale each listed row whose norm exceeds ``max_norm`` by ``max_norm / (norm + 1e-7)``.
 
@@ -260,7 +261,7 @@ def _renorm_rows_(weight, rows, max_norm, norm_type):
                 weight[row, d] *= scale
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _radix_group(flat_idx, histograms, keys, positions, runs):
     """Group the positions of the non-empty ``flat_idx`` by value.
 
@@ -330,7 +331,7 @@ def _radix_group(flat_idx, histograms, keys, positions, runs):
     return used, last
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
     """Deterministic scatter-add: ``out[dest[j]] = sum of grad[order[k]]`` over segment ``j``.
 
@@ -346,7 +347,7 @@ def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
         sum_segment(grad, order, starts[j], counts[j], scale_by_freq, out[dest[j]])
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def sum_segment(grad, order, start, count, scale_by_freq, acc):
     """``acc[:] = sum of grad[order[k]]`` for ``k`` in ``start .. start + count`` (count >= 1).
 
@@ -376,7 +377,7 @@ def sum_segment(grad, order, start, count, scale_by_freq, acc):
                 acc[d] += grad[i, d] * scale
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def group_gradient(grad, groups, j, scale_by_freq, acc):
     """The gradient row of group ``j`` of :class:`~numbapos._args.RowGroups`: a 1-D row.
 
@@ -395,7 +396,7 @@ def group_gradient(grad, groups, j, scale_by_freq, acc):
     return acc
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _not_equal_mask(flat_idx, value, out):
     """``out[i] = flat_idx[i] != value``."""
     for i in range(flat_idx.size):

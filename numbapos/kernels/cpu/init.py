@@ -6,10 +6,11 @@ can be filled on its own and equals the same rows of a whole-table fill.
 Twinned in ``kernels/cuda/init.py``.
 """
 
-from numba import njit, prange
+from numba import prange
 
 from ..hash import keyed_normal
 from .arrays import pick
+from .jit import kernel
 
 __all__ = ["keyed_normal_rows_"]
 
@@ -21,19 +22,19 @@ def keyed_normal_rows_(rows, seed, mean, std, out):
                                                                           out)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _fill_row(j, rows, seed, mean, std, out):
     for d in range(out.shape[1]):
         out[j, d] = mean + std * keyed_normal(seed, rows[j], d)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _keyed_normal_rows(rows, seed, mean, std, out):
     for j in range(rows.size):
         _fill_row(j, rows, seed, mean, std, out)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _keyed_normal_rows_parallel(rows, seed, mean, std, out):
     for j in prange(rows.size):
         _fill_row(j, rows, seed, mean, std, out)

@@ -24,10 +24,11 @@ call per row and step cost 13-28 % of a LayerNorm or BERT forward at D = 384.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..._args import chunk_rows, num_chunks
 from .arrays import pick
+from .jit import kernel
 
 __all__ = ["layer_norm_backward_rows", "layer_norm_rows"]
 
@@ -79,7 +80,7 @@ def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight,
         _sum_partials(part_b, grad_bias)
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc"})
+@kernel(fastmath={"reassoc"})
 def row_sum(v):
     """Sum of a 1-D array in its own dtype."""
     s = v.dtype.type(0)
@@ -90,7 +91,7 @@ def row_sum(v):
 
 # error_model="numpy": with eps = 0 a constant row has var + eps = 0, and rstd must
 # become inf (a NaN output, as in PyTorch), not a ZeroDivisionError from the kernel.
-@njit(cache=True, nogil=True, fastmath={"reassoc"}, error_model="numpy")
+@kernel(fastmath={"reassoc"}, error_model="numpy")
 def row_moments(v, first_mean, eps):
     """``(mean, rstd)`` of a row given a first estimate of its mean (corrected two-pass).
 
@@ -111,14 +112,14 @@ def row_moments(v, first_mean, eps):
     return first_mean + shift, dt(1) / np.sqrt(var + dt(eps))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def normalize_row(v, mean, rstd, weight, bias, out):
     """``out = (v - mean) * rstd * weight + bias``."""
     for d in range(v.size):
         out[d] = (v[d] - mean) * rstd * weight[d] + bias[d]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def normalize_row_(v, mean, rstd, weight, bias):
     """``v = (v - mean) * rstd * weight + bias`` in place.
 
@@ -130,7 +131,7 @@ def normalize_row_(v, mean, rstd, weight, bias):
         v[d] = (v[d] - mean) * rstd * weight[d] + bias[d]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def layer_norm_row(v, weight, bias, eps, out):
     """Normalise one row into ``out``; returns ``(mean, rstd)``."""
     first = row_sum(v) / v.dtype.type(v.size)
@@ -139,7 +140,7 @@ def layer_norm_row(v, weight, bias, eps, out):
     return mean, rstd
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
     """Forward pass over the rows of ``x`` (serial, for small inputs)."""
     for i in range(x.shape[0]):
@@ -148,7 +149,7 @@ def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
         rstd[i] = r
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _layer_norm_rows_parallel(x, weight, bias, eps, y, mean, rstd):
     """Forward pass over the rows of ``x``, rows split across threads."""
     for i in prange(x.shape[0]):
@@ -157,7 +158,7 @@ def _layer_norm_rows_parallel(x, weight, bias, eps, y, mean, rstd):
         rstd[i] = r
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc"})
+@kernel(fastmath={"reassoc"})
 def grad_moments(gy, v, weight, mean, rstd, want_w, want_b, part_w, part_b):
     """``(sum g, sum g * xhat)`` over a row, ``g = gy * weight``, ``xhat = (v - mean) * rstd``.
 
@@ -190,7 +191,7 @@ def grad_moments(gy, v, weight, mean, rstd, want_w, want_b, part_w, part_b):
     return sg, sgx
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def layer_norm_row_backward(gy, v, mean, rstd, weight, want_w, want_b, gx, part_w, part_b):
     """Input gradient of one row into ``gx``; adds the row's weight/bias terms to the partials.
 
@@ -206,7 +207,7 @@ def layer_norm_row_backward(gy, v, mean, rstd, weight, want_w, want_b, gx, part_
         gx[d] = rstd * (gy[d] * weight[d] - a - xhat * b)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b,
                     grad_x, part_w, part_b):
     start = c * chunk_rows
@@ -218,7 +219,7 @@ def _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b
                                 grad_x[i], part_w[c], part_b[c])
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _backward_chunks(grad_y, x, mean, rstd, weight, want_w, want_b, chunk_rows,
                                grad_x, part_w, part_b):
     """Backward pass, one chunk of ``chunk_rows`` rows at a time (serial).
@@ -232,7 +233,7 @@ def _backward_chunks(grad_y, x, mean, rstd, weight, want_w, want_b, chunk_rows,
                         grad_x, part_w, part_b)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _backward_chunks_parallel(grad_y, x, mean, rstd, weight, want_w, want_b,
                                         chunk_rows, grad_x, part_w, part_b):
     """Backward pass, chunks split across threads (same partials as the serial kernel)."""
@@ -242,7 +243,7 @@ def _backward_chunks_parallel(grad_y, x, mean, rstd, weight, want_w, want_b,
                         grad_x, part_w, part_b)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def zero_rows(part):
     """``part[:] = 0`` for a 2-D array (a chunk's partial rows)."""
     for r in range(part.shape[0]):
@@ -250,7 +251,7 @@ def zero_rows(part):
             part[r, d] = 0
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _sum_partials(part, out):
     """``out = part[0] + part[1] + ...``, added in row order (deterministic)."""
     dim = part.shape[1]

@@ -11,11 +11,12 @@ SGD's buffer is never read or written and may be empty; so is Adam's
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .arrays import PARALLEL_MIN_ELEMENTS, option, pick
 from .branchless import choose
 from .embedding import group_gradient
+from .jit import kernel
 from .prefetch import AHEAD, prefetch_listed_for_write
 
 __all__ = ["adagrad_dense_", "adagrad_row_groups_", "adagrad_rows_", "adam_dense_",
@@ -95,14 +96,14 @@ def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *
 # momentum buffer) gets a loop of its own. The dense updates stream whole arrays
 # at memory speed either way and keep one loop each (a loop per option doubled
 # their compile time for nothing).
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sgd_gradient(p, g, h, maximize, decay):
     # maximize and L2 weight decay.
     g = choose(maximize, -g, g)
     return choose(decay, g + h.weight_decay * p, g)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sgd_momentum_update(p, g, buf, h, first, nesterov, maximize, decay):
     # One element with momentum: returns (new_p, new_buf).
     g = _sgd_gradient(p, g, h, maximize, decay)
@@ -111,7 +112,7 @@ def _sgd_momentum_update(p, g, buf, h, first, nesterov, maximize, decay):
     return p - h.lr * g, buf
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sgd_dense_at(i, param, grad, buf, first, h, decay):
     if h.momentum != 0:
         param[i], buf[i] = _sgd_momentum_update(param[i], grad[i], buf[i], h, first, h.nesterov,
@@ -120,34 +121,34 @@ def _sgd_dense_at(i, param, grad, buf, first, h, decay):
         param[i] = param[i] - h.lr * _sgd_gradient(param[i], grad[i], h, h.maximize, decay)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _sgd_dense(param, grad, buf, first, hyper):
     decay = hyper.weight_decay != 0
     for i in range(param.size):
         _sgd_dense_at(i, param, grad, buf, first, hyper, decay)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _sgd_dense_parallel(param, grad, buf, first, hyper):
     decay = hyper.weight_decay != 0
     for i in prange(param.size):
         _sgd_dense_at(i, param, grad, buf, first, hyper, decay)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sgd_row(j, param, rows, values, buf, general, row_started, h):
     _prefetch_sgd_rows(j + AHEAD, rows, param, buf)
     _sgd_row_from(rows[j], values[j], param, buf, general, row_started, h)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _prefetch_sgd_rows(j, rows, param, buf):
     prefetch_listed_for_write(param, rows, j)
     if buf is not None:
         prefetch_listed_for_write(buf, rows, j)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sgd_row_from(row, g, param, buf, general, row_started, h):
     # Row ``row`` of ``param`` with gradient row ``g`` (1-D); a row's momentum
     # starts fresh the first time the row is touched. ``buf`` (None without
@@ -169,27 +170,27 @@ def _sgd_row_from(row, g, param, buf, general, row_started, h):
         row_started[row] = True
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sgd_row_momentum(row, g, param, buf, h, first, nesterov, maximize, decay):
     for d in range(param.shape[1]):
         param[row, d], buf[row, d] = _sgd_momentum_update(param[row, d], g[d], buf[row, d], h,
                                                           first, nesterov, maximize, decay)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sgd_row_plain(row, g, param, h, maximize, decay):
     for d in range(param.shape[1]):
         param[row, d] = param[row, d] - h.lr * _sgd_gradient(param[row, d], g[d], h, maximize,
                                                              decay)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _sgd_rows(param, rows, values, buf, general, row_started, hyper):
     for j in range(rows.size):
         _sgd_row(j, param, rows, values, buf, general, row_started, hyper)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _sgd_rows_parallel(param, rows, values, buf, general, row_started, hyper):
     for j in prange(rows.size):
         _sgd_row(j, param, rows, values, buf, general, row_started, hyper)
@@ -197,7 +198,7 @@ def _sgd_rows_parallel(param, rows, values, buf, general, row_started, hyper):
 
 # Each optimiser has its own chunk loop and serial/parallel pair: a kernel that took
 # the row update as an argument (a Numba dispatcher) would never load from the cache.
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _chunk_bounds(chunk, groups, scratch):
     # The groups of chunk ``chunk`` of scratch.shape[0] (summed through scratch[chunk]):
     # chunk * U / chunks .. (chunk + 1) * U / chunks.
@@ -206,7 +207,7 @@ def _chunk_bounds(chunk, groups, scratch):
     return chunk * used // chunks, (chunk + 1) * used // chunks
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sgd_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, buf, general,
                      row_started, h):
     acc = scratch[chunk]
@@ -216,14 +217,14 @@ def _sgd_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, buf, ge
         _sgd_row_from(groups.rows[j], g, param, buf, general, row_started, h)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _sgd_row_groups(param, grad, groups, scale_by_freq, scratch, buf, general, row_started,
                     hyper):
     _sgd_group_chunk(0, param, grad, groups, scale_by_freq, scratch, buf, general, row_started,
                      hyper)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _sgd_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, buf, general,
                              row_started, hyper):
     # One chunk of rows per scratch row; rows are unique, so chunks never share a row.
@@ -258,7 +259,7 @@ def adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper):
             param, rows, values, exp_avg, exp_avg_sq, hyper)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adam_prologue(p, g, h, maximize, l2, decoupled):
     # maximize and weight decay (L2 into the gradient, or AdamW's decay of p): (p, g).
     g = choose(maximize, -g, g)
@@ -266,14 +267,14 @@ def _adam_prologue(p, g, h, maximize, l2, decoupled):
     return p, choose(l2, g + h.weight_decay * p, g)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adam_decay_flags(h):
     # (l2, decoupled): which weight decay applies, if any.
     decay = h.weight_decay != 0
     return decay and not h.decoupled, decay and h.decoupled
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adam_moments(g, m, v, h, low_weight, beta1):
     # One element's new moments in dense Adam: (m, v). ``low_weight`` says
     # ``1 - beta1 < 0.5``, which of torch.lerp's two forms applies.
@@ -282,7 +283,7 @@ def _adam_moments(g, m, v, h, low_weight, beta1):
     return m, v * h.beta2 + h.one_minus_beta2 * g * g
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, l2, decoupled,
                    low_weight, beta1):
     p, g = _adam_prologue(param[i], grad[i], h, h.maximize, l2, decoupled)
@@ -295,7 +296,7 @@ def _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, l2, d
     param[i] = p + h.neg_step_size * (m / (np.sqrt(v) / h.bias_correction2_sqrt + h.eps))
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
     l2, decoupled = _adam_decay_flags(h)
     low_weight = h.one_minus_beta1 < 0.5
@@ -305,7 +306,7 @@ def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
                        low_weight, beta1)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _adam_dense_parallel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
     l2, decoupled = _adam_decay_flags(h)
     low_weight = h.one_minus_beta1 < 0.5
@@ -324,20 +325,20 @@ def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_s
                     scale_grad_by_freq, exp_avg, exp_avg_sq, hyper)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, h):
     _prefetch_adam_rows(j + AHEAD, rows, param, exp_avg, exp_avg_sq)
     _adam_row_from(rows[j], values[j], param, exp_avg, exp_avg_sq, h)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _prefetch_adam_rows(j, rows, param, exp_avg, exp_avg_sq):
     prefetch_listed_for_write(param, rows, j)
     prefetch_listed_for_write(exp_avg, rows, j)
     prefetch_listed_for_write(exp_avg_sq, rows, j)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adam_row_from(row, g_row, param, exp_avg, exp_avg_sq, h):
     # Row ``row`` of ``param`` (and the moments) with gradient row ``g_row`` (1-D).
     l2, decoupled = _adam_decay_flags(h)
@@ -352,19 +353,19 @@ def _adam_row_from(row, g_row, param, exp_avg, exp_avg_sq, h):
         param[row, d] = p + h.neg_step_size * (m / (np.sqrt(v) + h.eps))
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, hyper):
     for j in range(rows.size):
         _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, hyper)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _adam_rows_parallel(param, rows, values, exp_avg, exp_avg_sq, hyper):
     for j in prange(rows.size):
         _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, hyper)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adam_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, exp_avg,
                       exp_avg_sq, h):
     # As _sgd_group_chunk.
@@ -375,13 +376,13 @@ def _adam_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, exp_av
         _adam_row_from(groups.rows[j], g, param, exp_avg, exp_avg_sq, h)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _adam_row_groups(param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq, hyper):
     _adam_group_chunk(0, param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq,
                       hyper)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _adam_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq,
                               hyper):
     for chunk in prange(scratch.shape[0]):
@@ -405,7 +406,7 @@ def adagrad_rows_(param, rows, values, state_sum, hyper):
             param, rows, values, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adagrad_update(p, g, s, h, decay):
     # One element: (new_p, new_sum).
     g = choose(h.maximize, -g, g)
@@ -414,14 +415,14 @@ def _adagrad_update(p, g, s, h, decay):
     return p + h.neg_clr * (g / (np.sqrt(s) + h.eps)), s
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _adagrad_dense(param, grad, state_sum, hyper):
     decay = hyper.weight_decay != 0
     for i in range(param.size):
         param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper, decay)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _adagrad_dense_parallel(param, grad, state_sum, hyper):
     decay = hyper.weight_decay != 0
     for i in prange(param.size):
@@ -434,19 +435,19 @@ def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hype
                     scale_grad_by_freq, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adagrad_row(j, param, rows, values, state_sum, h):
     _prefetch_two(j + AHEAD, rows, param, state_sum)
     _adagrad_row_from(rows[j], values[j], param, state_sum, h)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _prefetch_two(j, rows, param, state):
     prefetch_listed_for_write(param, rows, j)
     prefetch_listed_for_write(state, rows, j)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adagrad_row_from(row, g_row, param, state_sum, h):
     decay = h.weight_decay != 0
     for d in range(param.shape[1]):
@@ -454,19 +455,19 @@ def _adagrad_row_from(row, g_row, param, state_sum, h):
                                                            state_sum[row, d], h, decay)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _adagrad_rows(param, rows, values, state_sum, hyper):
     for j in range(rows.size):
         _adagrad_row(j, param, rows, values, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _adagrad_rows_parallel(param, rows, values, state_sum, hyper):
     for j in prange(rows.size):
         _adagrad_row(j, param, rows, values, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _adagrad_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
                          state_sum, h):
     # As _sgd_group_chunk.
@@ -477,12 +478,12 @@ def _adagrad_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
         _adagrad_row_from(groups.rows[j], g, param, state_sum, h)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _adagrad_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
     _adagrad_group_chunk(0, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _adagrad_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
     for chunk in prange(scratch.shape[0]):
         _adagrad_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
@@ -516,7 +517,7 @@ def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
             param, rows, values, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _rowwise_row(row, g_row, param, state_sum, h):
     # Row ``row`` of param with gradient row ``g_row`` (FBGEMM's split_weight_update_cpu).
     dim = param.shape[1]
@@ -539,32 +540,32 @@ def _rowwise_row(row, g_row, param, state_sum, h):
         param[row, d] = correction * param[row, d] - multiplier * g_row[d]
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _rowwise_dense(param, grad, state_sum, hyper):
     for r in range(param.shape[0]):
         _rowwise_row(r, grad[r], param, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _rowwise_dense_parallel(param, grad, state_sum, hyper):
     for r in prange(param.shape[0]):
         _rowwise_row(r, grad[r], param, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _rowwise_rows(param, rows, values, state_sum, hyper):
     for j in range(rows.size):
         _rowwise_row(rows[j], values[j], param, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _rowwise_rows_parallel(param, rows, values, state_sum, hyper):
     for j in prange(rows.size):
         prefetch_listed_for_write(param, rows, j + AHEAD)
         _rowwise_row(rows[j], values[j], param, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
                          state_sum, h):
     # As _sgd_group_chunk.
@@ -575,12 +576,12 @@ def _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
         _rowwise_row(groups.rows[j], g, param, state_sum, h)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _rowwise_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
     _rowwise_group_chunk(0, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _rowwise_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
     for chunk in prange(scratch.shape[0]):
         _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,

@@ -10,9 +10,10 @@ over the batch run in batch order, so results do not depend on the thread count.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .arrays import pick
+from .jit import kernel
 
 __all__ = ["add_gathered_rows", "add_rows", "mult_add", "mult_add_backward",
            "positions_from_padding", "sinusoid_fill", "sum_over_batch"]
@@ -96,7 +97,7 @@ def positions_from_padding(ids, padding_idx, past, pad_position, out):
 # ---------------------------------------------------------------- sinusoid table
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, s, c):
     """Rows ``start:stop`` of the table, by rotating (sin, cos) one position at a time.
 
@@ -129,7 +130,7 @@ def _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, s, c)
             c[i] = ci * step_cos[i] - si * step_sin[i]
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out, sin_acc, cos_acc):
     """Fill ``out`` block by block, each re-anchored with a direct sin/cos (serial).
 
@@ -145,7 +146,7 @@ def _sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out, sin_acc, co
                        cos_acc[b])
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _sinusoid_fill_parallel(inv_freq, step_cos, step_sin, offset, block, out, sin_acc,
                             cos_acc):
     """:func:`_sinusoid_fill` with the blocks of rows split across threads."""
@@ -160,13 +161,13 @@ def _sinusoid_fill_parallel(inv_freq, step_cos, step_sin, offset, block, out, si
 # ---------------------------------------------------------------- x + P
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _add_row(x, table, n, l, trow, out):
     for d in range(x.shape[2]):
         out[n, l, d] = x[n, l, d] + table[trow, d]
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _add_rows(x, table, start, out):
     """``out[n, l] = x[n, l] + table[start + l]`` for x of shape (N, L, D)."""
     for n in range(x.shape[0]):
@@ -174,7 +175,7 @@ def _add_rows(x, table, start, out):
             _add_row(x, table, n, l, start + l, out)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _add_rows_parallel(x, table, start, out):
     """:func:`add_rows`, the N * L rows split across threads."""
     seq = x.shape[1]
@@ -184,7 +185,7 @@ def _add_rows_parallel(x, table, start, out):
         _add_row(x, table, n, l, start + l, out)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _add_gathered_rows(x, table, positions, out):
     """``out[n, l] = x[n, l] + table[positions[n, l]]``.
 
@@ -197,7 +198,7 @@ def _add_gathered_rows(x, table, positions, out):
             _add_row(x, table, n, l, positions[pn, l], out)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _add_gathered_rows_parallel(x, table, positions, out):
     """:func:`add_gathered_rows`, the N * L rows split across threads."""
     shared = positions.shape[0] == 1
@@ -209,21 +210,21 @@ def _add_gathered_rows_parallel(x, table, positions, out):
         _add_row(x, table, n, l, positions[pn, l], out)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _batch_sum_row(grad, l, trow, out):
     for n in range(grad.shape[0]):
         for d in range(grad.shape[2]):
             out[trow, d] += grad[n, l, d]
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _sum_over_batch(grad, start, out):
     """``out[start + l] += sum over n of grad[n, l]``, summed in batch order."""
     for l in range(grad.shape[1]):
         _batch_sum_row(grad, l, start + l, out)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _sum_over_batch_parallel(grad, start, out):
     """:func:`sum_over_batch`, one thread per position (same result for any thread count)."""
     for l in prange(grad.shape[1]):
@@ -233,13 +234,13 @@ def _sum_over_batch_parallel(grad, start, out):
 # ---------------------------------------------------------------- A * X + B
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _mult_add_row(x, a, b, n, l, out):
     for d in range(x.shape[2]):
         out[n, l, d] = a[l, d] * x[n, l, d] + b[l, d]
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _mult_add(x, a, b, out):
     """``out[n, l] = a[l] * x[n, l] + b[l]`` elementwise (rows ``l < L`` of a and b)."""
     for n in range(x.shape[0]):
@@ -247,7 +248,7 @@ def _mult_add(x, a, b, out):
             _mult_add_row(x, a, b, n, l, out)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _mult_add_parallel(x, a, b, out):
     """:func:`mult_add`, the N * L rows split across threads."""
     seq = x.shape[1]
@@ -257,7 +258,7 @@ def _mult_add_parallel(x, a, b, out):
         _mult_add_row(x, a, b, n, l, out)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b):
     for n in range(grad.shape[0]):
         for d in range(grad.shape[2]):
@@ -267,7 +268,7 @@ def _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b):
             grad_b[l, d] += g
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
     """Gradients of :func:`mult_add`: ``grad_x = grad * a``; ``grad_a[l] += sum_n grad * x``;
     ``grad_b[l] += sum_n grad``. ``grad_a`` and ``grad_b`` rows ``l < L`` must start at zero.
@@ -276,7 +277,7 @@ def _mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
         _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def _mult_add_backward_parallel(grad, x, a, grad_x, grad_a, grad_b):
     """:func:`mult_add_backward`, one thread per position, batch summed in order."""
     for l in prange(grad.shape[1]):
@@ -286,7 +287,7 @@ def _mult_add_backward_parallel(grad, x, a, grad_x, grad_a, grad_b):
 # ---------------------------------------------------------------- positions from padding
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _positions_from_padding(ids, padding_idx, past, pad_position, out):
     """Per row ``r`` of ``ids`` (shape (R, L)): real tokens get ``past[r], past[r] + 1, ...``
     in order, padding tokens get ``pad_position``.

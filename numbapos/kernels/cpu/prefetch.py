@@ -15,9 +15,11 @@ but a wasted request.
 """
 
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from .jit import kernel
 
 __all__ = ["AHEAD", "MAX_LINES", "prefetch_listed", "prefetch_listed_for_write", "prefetch_row",
            "prefetch_row_for_write"]
@@ -80,14 +82,14 @@ prefetch_row_for_write.__doc__ = """``prefetch_row_for_write(table, row)``: as :
 for a row about to be written (``prefetchw`` where the CPU has it)."""
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def prefetch_listed(table, rows, j):
     """Prefetch ``table[rows[j]]`` (to read) when ``j`` is within ``rows``."""
     if j < rows.size:
         prefetch_row(table, rows[j])
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def prefetch_listed_for_write(table, rows, j):
     """Prefetch ``table[rows[j]]`` (to write) when ``j`` is within ``rows``."""
     if j < rows.size:

@@ -13,9 +13,11 @@ element loop, so any 2-D layout gives the same result.
 """
 
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from .jit import kernel
 
 __all__ = ["copy_row"]
 
@@ -50,7 +52,7 @@ def _memcpy_row(typingctx, dst, i, src, j):
     return types.void(dst, i, src, j), codegen
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def copy_row(dst, i, src, j):
     """``dst[i, :] = src[j, :]`` for 2-D arrays of one dtype that do not overlap."""
     dim = src.shape[1]
