@@ -34,6 +34,10 @@ def info() -> int:
     pool = numbapos._pool.pool_settings()
     print(f"threads  {pool['threads']} of {pool['pool_size']} (numba threading layer: "
           f"{pool['layer']}; idle threads: {pool['wait']})")
+    from numbapos.kernels.cpu import prefetch
+
+    print(f"prefetch {prefetch.PREFETCH_LINES} cache lines per table row (CPU "
+          f"{prefetch.cpu_name()}; {prefetch.PREFETCH_ENV} overrides)")
     print("devices  cpu: available")
     print(f"         cuda: {_cuda_status()}")
     return 0

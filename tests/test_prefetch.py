@@ -5,6 +5,7 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
+from numbapos.kernels.cpu import prefetch
 from numbapos.kernels.cpu.prefetch import (
     AHEAD,
     prefetch_listed,
@@ -58,3 +59,41 @@ def test_prefetch_wants_a_2d_table_and_an_integer_row():
         one_d(np.zeros(4))
     with pytest.raises(TypingError):
         float_row(np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize("cpu, lines", [("znver3", 64), ("znver5", 64), ("rocketlake", 0),
+                                        ("skylake-avx512", 0), ("generic", 0)])
+def test_prefetch_policy_by_cpu(cpu, lines):
+    assert prefetch.prefetch_lines(env={}, cpu=cpu) == lines
+
+
+@pytest.mark.parametrize("text, lines", [("0", 0), ("8", 8), ("64", 64)])
+def test_prefetch_override(text, lines):
+    env = {prefetch.PREFETCH_ENV: text}
+    assert prefetch.prefetch_lines(env=env, cpu="znver3") == lines
+    assert prefetch.prefetch_lines(env=env, cpu="rocketlake") == lines
+
+
+@pytest.mark.parametrize("text", ["-1", "65", "many", ""])
+def test_bad_prefetch_override_is_a_value_error_naming_the_variable(text):
+    with pytest.raises(ValueError, match="NUMBAPOS_PREFETCH_LINES.*0, 64"):
+        prefetch.prefetch_lines(env={prefetch.PREFETCH_ENV: text})
+
+
+@pytest.mark.parametrize("lines", [0, 4, 64])
+def test_prefetch_setting_changes_the_code_not_the_result(monkeypatch, lines):
+    monkeypatch.setattr(prefetch, "PREFETCH_LINES", lines)
+
+    @njit  # a fresh function: compiled now, with this setting
+    def gather(table, rows, out):
+        for j in range(rows.size):
+            prefetch_listed(table, rows, j + AHEAD)
+            out[j] = table[rows[j]]
+
+    table = np.arange(40.0).reshape(8, 5)
+    rows = np.array([7, 0, 3, 3])
+    out = np.empty((4, 5))
+    gather(table, rows, out)
+    np.testing.assert_array_equal(out, table[rows])
+    ir = next(iter(gather.inspect_llvm().values()))
+    assert ("llvm.prefetch" in ir) == (lines > 0)

@@ -3,32 +3,79 @@
 A lookup, a gradient sum or a sparse optimiser update reads rows at random
 places of a table much larger than the cache. Each row is a short sequential
 run (3 KB at D = 768), so the hardware prefetcher only starts after the
-first miss of every row and a thread spends most of its time waiting on
-memory. Asking for the row ``AHEAD`` iterations ahead keeps several rows in
-flight per thread: on the 2-core development machine the fused sparse SGD
-pass at V = 50,000, D = 768, 16,384 indices went from 9.0 to 5.3-5.9 ms and
-the lookup from 3.4 to 1.9 ms (interleaved runs).
+first miss of every row. Asking for the row ``AHEAD`` iterations ahead keeps
+several rows in flight per thread. Whether that pays depends on the processor,
+so :data:`PREFETCH_LINES` (the cache lines asked for per row) is chosen per
+CPU, measured on the 2-core development VMs (interleaved runs, V = 50,000,
+D = 768, 16,384 indices, fused sparse SGD step with momentum):
+
+- AMD Zen (an EPYC VM, LLVM CPU name ``znver*``): whole rows (64 lines)
+  took the fused pass from 9.0 to 5.3-5.9 ms and the lookup from 3.4 to 1.9 ms.
+- Intel (a Xeon VM, ``rocketlake``): every prefetch cost time, the more the
+  worse (the requests compete with the hardware prefetcher's for the line fill
+  buffers): the whole step took 13.4-14.0 ms with 64 lines per row, 11.9-12.4
+  with 16, 10.7-11.2 with 8 four rows ahead, and 10.4-11.0 ms with none; a
+  4096-token lookup 470 against 444 us.
+
+So whole rows on AMD Zen, nothing elsewhere (where nothing was measured, the
+hardware prefetcher alone is the safe default). ``NUMBAPOS_PREFETCH_LINES=N``
+(0-64) overrides it. The setting is compiled into the kernels, and Numba's
+cache knows the CPU, not this setting: after changing it, clear the cache or
+point ``NUMBA_CACHE_DIR`` elsewhere. ``python -m numbapos info`` shows it.
 
 A prefetch is a hint: it never faults and never changes a result, so an
 address past the end of a table (callers still bound the row) costs nothing
 but a wasted request.
 """
 
+import os
+
+import llvmlite.binding as ll
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 from .jit import kernel
 
-__all__ = ["AHEAD", "MAX_LINES", "prefetch_listed", "prefetch_listed_for_write", "prefetch_row",
-           "prefetch_row_for_write"]
+__all__ = ["AHEAD", "MAX_LINES", "PREFETCH_LINES", "prefetch_listed", "prefetch_listed_for_write",
+           "prefetch_row", "prefetch_row_for_write"]
 
 AHEAD = 8
 """Iterations of lookahead: rows in flight per thread (measured best of 2, 4, 8)."""
 
 MAX_LINES = 64
-"""Cache lines prefetched per row (4 KB); the hardware prefetcher follows a longer row."""
+"""The most cache lines prefetched per row (4 KB); the hardware prefetcher follows a longer row."""
+
+PREFETCH_ENV = "NUMBAPOS_PREFETCH_LINES"
+
+
+def cpu_name() -> str:
+    """The CPU Numba compiles for (``NUMBA_CPU_NAME`` or the host's), as LLVM names it."""
+    return config.CPU_NAME or ll.get_host_cpu_name()
+
+
+def prefetch_lines(env=None, cpu=None) -> int:
+    """Cache lines to prefetch per row: ``NUMBAPOS_PREFETCH_LINES``, else by CPU.
+
+    Raises ValueError for an override that is not an integer in ``[0, MAX_LINES]``.
+    """
+    env = os.environ if env is None else env
+    text = env.get(PREFETCH_ENV)
+    if text is not None:
+        try:
+            lines = int(text)
+        except ValueError:
+            lines = -1
+        if not 0 <= lines <= MAX_LINES:
+            raise ValueError(f"{PREFETCH_ENV}: expected an integer in [0, {MAX_LINES}], "
+                             f"got {text!r}")
+        return lines
+    return MAX_LINES if (cpu or cpu_name()).startswith("znver") else 0
+
+
+PREFETCH_LINES = prefetch_lines()
+"""Cache lines prefetched per row in the kernels compiled by this process (0: none)."""
 
 _LINE_BYTES = 64
 _READ, _WRITE = 0, 1
@@ -49,6 +96,8 @@ def _make_prefetch(intent, name):
 
 def _codegen(intent):
     def codegen(context, builder, signature, args):
+        if PREFETCH_LINES == 0:  # read when a kernel is compiled: tests may change it
+            return context.get_dummy_value()
         table_type, row_type = signature.args
         table = context.make_array(table_type)(context, builder, args[0])
         i64 = ir.IntType(64)
@@ -61,7 +110,7 @@ def _codegen(intent):
                             builder.mul(row, builder.extract_value(table.strides, 0)))
         row_bytes = builder.mul(builder.extract_value(table.shape, 1),
                                 ir.Constant(i64, table_type.dtype.bitwidth // 8))
-        limit = ir.Constant(i64, MAX_LINES * _LINE_BYTES)
+        limit = ir.Constant(i64, PREFETCH_LINES * _LINE_BYTES)
         row_bytes = builder.select(builder.icmp_signed("<", row_bytes, limit), row_bytes, limit)
         flags = [ir.Constant(i32, intent), ir.Constant(i32, _KEEP_IN_ALL_CACHES),
                  ir.Constant(i32, _DATA_CACHE)]
