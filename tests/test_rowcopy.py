@@ -69,3 +69,36 @@ def test_memcpy_row_wants_two_2d_arrays_of_one_dtype():
         mixed(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float64))
     with pytest.raises(TypingError):
         mixed(np.zeros(4), np.zeros((2, 2)))
+
+
+_LAYOUTS = {
+    "C": lambda a: a,
+    "strided": lambda a: a[:, ::2],
+    "Fortran": np.asfortranarray,
+    "transposed int32": lambda a: a.astype(np.int32).T,
+    "0-d": lambda a: a[2, 3],
+    "empty": lambda a: a[:0],
+}
+
+
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+def test_checked_gather_reads_indices_of_any_layout_in_c_order(layout):
+    make = _LAYOUTS[layout]
+    base = np.arange(24, dtype=np.int64).reshape(4, 6) % 11
+    ids = np.asarray(make(base))
+    table = np.random.default_rng(1).normal(size=(11, 5)).astype(np.float32)
+    out = np.empty(ids.shape + (5,), np.float32)
+    assert gather_rows_checked(ids, table, out) == -1
+    np.testing.assert_array_equal(out, table[ids])
+    np.testing.assert_array_equal(F.embedding(ids, table), table[ids])
+    if ids.size:
+        last = np.unravel_index(ids.size - 1, ids.shape)  # the last index in C order
+        for value in (11, -1):
+            bad_base = base.copy()
+            bad = np.asarray(make(bad_base))
+            if not np.shares_memory(bad, bad_base):  # a copy (astype, asfortranarray)
+                bad = bad.copy(order="K")
+            bad[last] = value
+            assert gather_rows_checked(bad, table, np.empty_like(out)) == ids.size - 1
+            with pytest.raises(IndexError, match=str(value)):
+                F.embedding(bad, table)

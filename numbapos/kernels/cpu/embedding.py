@@ -193,20 +193,21 @@ def _gather_rows(flat_idx, weight, out):
 def gather_rows_checked(indices, weight, out):
     """:func:`gather_rows` for indices not range-checked yet, in one serial pass (small lookups).
 
-    ``indices`` (C-contiguous, any shape) and ``out`` (C-contiguous,
-    ``indices.shape + (D,)``) are flattened inside the kernel. Returns -1 when
-    every index lies in ``[0, V)`` (``out`` then holds the rows), else the
-    first flat position holding a bad one (``out`` partly written: give it a
-    fresh buffer). Saves the separate bounds pass a small call cannot afford.
+    ``indices`` (any shape and layout, read in C order) and ``out``
+    (C-contiguous, ``indices.shape + (D,)``) are flattened inside the kernel.
+    Returns -1 when every index lies in ``[0, V)`` (``out`` then holds the
+    rows), else the first flat position holding a bad one (``out`` partly
+    written: give it a fresh buffer). Saves the separate bounds pass a small
+    call cannot afford.
     """
     num_rows, dim = weight.shape
-    flat_idx = indices.reshape(indices.size)
     rows = out.reshape(indices.size, dim)
-    for i in range(flat_idx.size):
-        row = flat_idx[i]
+    i = 0
+    for row in indices.flat:  # any layout: the caller need not test contiguity
         if row < 0 or row >= num_rows:
             return i
         copy_row(rows, i, weight, row)
+        i += 1
     return -1
 
 
