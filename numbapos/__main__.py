@@ -34,8 +34,7 @@ def info() -> int:
     pool = numbapos._pool.pool_settings()
     print(f"threads  {pool['threads']} of {pool['pool_size']} (numba threading layer: "
           f"{pool['layer']}; idle threads: {pool['wait']})")
-    from numbapos.kernels.cpu import prefetch
-
+    prefetch = numbapos._device.kernels_for("cpu").prefetch
     print(f"prefetch {prefetch.PREFETCH_LINES} cache lines per table row (CPU "
           f"{prefetch.cpu_name()}; {prefetch.PREFETCH_ENV} overrides)")
     print("devices  cpu: available")

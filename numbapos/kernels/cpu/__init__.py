@@ -5,7 +5,17 @@ them all, and :func:`numbapos._device.backend` returns it for NumPy arrays.
 """
 
 from ..._pool import start_pool
-from . import arrays, blocks, dropout, embedding, init, normalization, optim, positional
+from . import (
+    arrays,
+    blocks,
+    dropout,
+    embedding,
+    init,
+    normalization,
+    optim,
+    positional,
+    prefetch,  # noqa: F401  (its setting: python -m numbapos info)
+)
 from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
