@@ -37,6 +37,10 @@ def info() -> int:
     prefetch = numbapos._device.kernels_for("cpu").prefetch
     print(f"prefetch {prefetch.PREFETCH_LINES} cache lines per table row (CPU "
           f"{prefetch.cpu_name()}; {prefetch.PREFETCH_ENV} overrides)")
+    background = numbapos._device.kernels_for("cpu").background
+    how = ("in a background thread, serial twins meanwhile" if background.enabled()
+           else "in the calling thread")
+    print(f"compile  parallel kernels missing from the cache: {how} ({background.ENV}=0|1)")
     print("devices  cpu: available")
     print(f"         cuda: {_cuda_status()}")
     return 0

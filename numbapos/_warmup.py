@@ -264,7 +264,8 @@ def _parallel_bodies(parallel: bool) -> Iterator[None]:
     """Make the CPU launchers pick their parallel bodies (or, unchanged, the serial ones).
 
     The threshold is set to 0 in every kernel module that holds it (``pick``
-    reads ``arrays``'s; a launcher may compare with its own imported copy).
+    reads ``arrays``'s; a launcher may compare with its own imported copy), and
+    kernels compile in this thread (:func:`~numbapos.kernels.cpu.background.foreground`).
     """
     holders = [area for area in _device.kernels_for("cpu").AREAS if hasattr(area, _THRESHOLD)]
     saved = [getattr(area, _THRESHOLD) for area in holders]
@@ -272,7 +273,9 @@ def _parallel_bodies(parallel: bool) -> Iterator[None]:
         for area in holders:
             setattr(area, _THRESHOLD, 0)
     try:
-        yield
+        # the parallel bodies themselves, compiled here, not their serial twins meanwhile
+        with _device.kernels_for("cpu").background.foreground():
+            yield
     finally:
         for area, value in zip(holders, saved, strict=True):
             setattr(area, _THRESHOLD, value)

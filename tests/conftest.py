@@ -4,6 +4,10 @@ import os
 import sys
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# Parallel kernels compile when first called, so a test that compares them with
+# their serial twins compares what it means to on a cold cache too;
+# tests/test_background_compile.py tests the background compilation itself.
+os.environ.setdefault("NUMBAPOS_BACKGROUND_COMPILE", "0")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

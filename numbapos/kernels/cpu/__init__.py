@@ -7,6 +7,7 @@ them all, and :func:`numbapos._device.backend` returns it for NumPy arrays.
 from ..._pool import start_pool
 from . import (
     arrays,
+    background,  # noqa: F401  (its setting: python -m numbapos info; the warm-up)
     blocks,
     dropout,
     embedding,

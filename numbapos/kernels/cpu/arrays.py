@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import background
+
 __all__ = ["DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty", "full", "to_host",
            "zeros"]
 # (option and pick are the launchers' helpers, not part of the twinned namespace.)
@@ -18,8 +20,17 @@ PARALLEL_MIN_ELEMENTS = 1 << 15
 
 
 def pick(serial, parallel, work: int):
-    """The serial kernel for small work, the parallel one from PARALLEL_MIN_ELEMENTS on."""
-    return parallel if work >= PARALLEL_MIN_ELEMENTS else serial
+    """The serial kernel for small work, the parallel one from PARALLEL_MIN_ELEMENTS on.
+
+    The two must take the same arguments and compute the same bits: while the
+    parallel one is not compiled yet (cold cache), its calls run the serial one
+    and it compiles in a background thread (:mod:`.background`).
+    """
+    if work < PARALLEL_MIN_ELEMENTS:
+        return serial
+    if id(parallel) not in background.installed:
+        background.install(serial, parallel)
+    return parallel
 
 
 def option(value):

@@ -100,7 +100,7 @@ def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
         return
     rows, starts, counts, order = group_by_row(flat, padding_idx)
     if rows.size:
-        _sum_row_segments(grad, order, starts, counts, rows, option(scale_grad_by_freq), out)
+        _sum_segments(grad, order, starts, counts, rows, scale_grad_by_freq, out)
 
 
 def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
@@ -132,8 +132,13 @@ def sum_row_groups(grad, groups, scale_grad_by_freq, out):
     """
     if groups.rows.size:
         dest = np.arange(groups.rows.size, dtype=np.int64)
-        _sum_row_segments(grad, groups.order, groups.starts, groups.counts, dest,
-                          option(scale_grad_by_freq), out)
+        _sum_segments(grad, groups.order, groups.starts, groups.counts, dest,
+                                 scale_grad_by_freq, out)
+
+
+def _sum_segments(grad, order, starts, counts, dest, scale_grad_by_freq, out):
+    kernel = pick(_sum_row_segments, _sum_row_segments_parallel, order.size * grad.shape[1])
+    kernel(grad, order, starts, counts, dest, option(scale_grad_by_freq), out)
 
 
 # Per-thread int64 scratch of the grouping pass, kept between calls: fresh
@@ -332,8 +337,16 @@ def _radix_group(flat_idx, histograms, keys, positions, runs):
     return used, last
 
 
-@kernel(parallel=True)
+@kernel()
 def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
+    """:func:`_sum_row_segments_parallel` in one thread (small sums; cold-cache first calls)."""
+    for j in range(dest.size):
+        prefetch_listed_for_write(out, dest, j + AHEAD)
+        sum_segment(grad, order, starts[j], counts[j], scale_by_freq, out[dest[j]])
+
+
+@kernel(parallel=True)
+def _sum_row_segments_parallel(grad, order, starts, counts, dest, scale_by_freq, out):
     """Deterministic scatter-add: ``out[dest[j]] = sum of grad[order[k]]`` over segment ``j``.
 
     Segment ``j`` is ``k`` in ``starts[j] .. starts[j] + counts[j]`` (never

@@ -1,0 +1,160 @@
+"""Parallel kernels compiled in a background thread, their serial twins meanwhile.
+
+The serial/parallel pairs of every launcher (``arrays.pick``) must compute the
+same bits, or a cold-cache first call would differ from later ones: checked
+here for every pair the warm-up drives. The background thread itself is tested
+in fresh processes with their own cold Numba cache.
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numbapos import _warmup
+from numbapos.kernels.cpu import AREAS, arrays, background
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _same(a, b, where):
+    if isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b, err_msg=where, strict=True)
+        assert a.tobytes() == b.tobytes(), where  # -0.0 against 0.0, NaN payloads
+    elif isinstance(a, tuple):
+        for x, y in zip(a, b, strict=True):
+            _same(x, y, where)
+
+
+def test_every_serial_parallel_pair_computes_the_same_bits(monkeypatch):
+    """Each pick runs both kernels on copies of its arguments and compares every array."""
+    compared = set()
+
+    def both(serial, parallel, work):
+        def run(*args):
+            mine, theirs = copy.deepcopy(args), copy.deepcopy(args)
+            got_serial = serial(*mine)
+            got_parallel = parallel(*theirs)
+            where = serial.py_func.__name__
+            _same(got_serial, got_parallel, where)
+            for x, y in zip(mine, theirs, strict=True):
+                _same(x, y, where)
+            compared.add(where)
+            return parallel(*args)
+        return run
+
+    for area in AREAS:
+        if hasattr(area, "pick"):
+            monkeypatch.setattr(area, "pick", both)
+    monkeypatch.setattr(arrays, "pick", both)
+    for case in _warmup.CASES:
+        for dtype in ("float32", "float64"):
+            with _warmup._parallel_bodies(True):
+                case.run(dtype, "int64")
+    # Every pair written in the kernel modules was reached.
+    sources = "".join(Path(area.__file__).read_text() for area in AREAS)
+    written = {name for name in (line.split("pick(", 1)[1].split(",", 1)[0].strip()
+                                 for line in sources.splitlines() if "pick(_" in line)}
+    assert written <= compared, f"not driven by the warm-up: {sorted(written - compared)}"
+
+
+def test_switch_reads_the_environment(monkeypatch):
+    monkeypatch.setenv(background.ENV, "1")
+    assert background.enabled()
+    with background.foreground():
+        assert not background.enabled()
+        with background.foreground():
+            assert not background.enabled()
+        assert not background.enabled()
+    assert background.enabled()
+    monkeypatch.setenv(background.ENV, "0")
+    assert not background.enabled()
+    monkeypatch.setenv(background.ENV, "yes")
+    with pytest.raises(ValueError, match="NUMBAPOS_BACKGROUND_COMPILE: expected 0 or 1, got 'yes'"):
+        background.enabled()
+
+
+def test_wait_returns_at_once_with_nothing_queued():
+    assert background.pending() == 0
+    assert background.wait(timeout=0.0)
+
+
+# One process: a sparse Embedding step just above the parallel threshold.
+_STEP = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    from numbapos import nn
+    from numbapos.kernels.cpu import background, embedding
+
+    def step():
+        emb = nn.Embedding(1000, 64, sparse=True, seed=3)
+        ids = np.random.default_rng(1).integers(0, 1000, size=(8, 64))
+        y = emb(ids)
+        emb.backward(np.arange(y.size, dtype=np.float32).reshape(y.shape) / 7)
+        return y, emb.weight.grad.indices, emb.weight.grad.values
+
+    parallel = embedding._sum_row_segments_parallel
+    mode = sys.argv[1]
+    if mode == "exit":  # start compiling at once: exit finds the thread in the middle of it
+        background.QUIET_SECONDS = 0.0
+    first = step()
+    report = {"parallel_at_first": len(parallel.signatures), "pending": background.pending()}
+    if mode == "exit":  # leave while the background thread compiles
+        print(json.dumps(report))
+        sys.exit(0)
+    if mode == "fork" and report["pending"]:
+        pid = os.fork()
+        if pid == 0:  # the child compiles a kernel of its own, then leaves
+            from numba import njit
+            os._exit(0 if njit(lambda x: x + 1)(1) == 2 else 3)
+        report["child"] = os.waitpid(pid, 0)[1]
+    report["waited"] = background.wait(timeout=120)
+    report["parallel_after"] = len(parallel.signatures)
+    later = step()
+    report["same_bits"] = all(a.tobytes() == b.tobytes() for a, b in zip(first, later))
+    np.savez(sys.argv[2], *first)
+    print(json.dumps(report))
+""")
+
+
+def _run(mode, cache, tmp_path, background_compile="1"):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT),
+               NUMBAPOS_BACKGROUND_COMPILE=background_compile)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    done = subprocess.run([sys.executable, "-c", _STEP, mode, str(tmp_path / f"{mode}.npz")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_cold_cache_runs_serial_twins_then_the_compiled_parallel_kernels(tmp_path):
+    cold = _run("fork", tmp_path / "cache", tmp_path)
+    # The first call ran the serial twin; the parallel kernel came later, same bits.
+    assert cold["parallel_at_first"] == 0 and cold["pending"] >= 1
+    assert cold["child"] == 0  # fork waited for the compiler lock; the child could compile
+    assert cold["waited"] and cold["parallel_after"] == 1 and cold["same_bits"]
+    # The background thread wrote the cache: a new process loads the parallel kernel at once.
+    warm = _run("warm", tmp_path / "cache", tmp_path)
+    assert warm["parallel_at_first"] == 1 and warm["pending"] == 0 and warm["same_bits"]
+    # Compiled in the calling thread (switched off): the same bits again.
+    off = _run("off", tmp_path / "cache-off", tmp_path, background_compile="0")
+    assert off["parallel_at_first"] == 1 and off["pending"] == 0
+    for mode in ("warm", "off"):
+        with np.load(tmp_path / "fork.npz") as a, np.load(tmp_path / f"{mode}.npz") as b:
+            for key in a.files:
+                assert a[key].tobytes() == b[key].tobytes()
+
+
+def test_exit_during_a_background_compile_is_clean_and_keeps_the_kernel(tmp_path):
+    left = _run("exit", tmp_path / "cache", tmp_path)  # exits with status 0
+    assert left["parallel_at_first"] == 0
+    # The kernel being compiled at exit was finished and cached: the next process loads it.
+    # (A kernel still waiting for its turn at exit is not: the next process queues it again.)
+    again = _run("warm", tmp_path / "cache", tmp_path)
+    assert again["parallel_at_first"] == 1 and again["same_bits"]
