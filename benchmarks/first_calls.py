@@ -1,10 +1,13 @@
 """First calls of a fresh process, cold cache and after ``python -m numbapos warmup``.
 
 Runs each first step in a new process with its own ``NUMBA_CACHE_DIR``: empty
-(cold: every kernel compiled) or filled by ``python -m numbapos warmup
---dtypes float32 --index-dtypes int64`` (warm: every kernel loaded). Prints the
-wall and CPU seconds of the first step (imports excluded) and, cold, the CPU
-seconds of each kernel compiled (nested compiles counted in their caller).
+(cold: every kernel compiled; parallel kernels in the background thread, their
+serial twins meanwhile, and again with ``NUMBAPOS_BACKGROUND_COMPILE=0``) or
+filled by ``python -m numbapos warmup --dtypes float32 --index-dtypes int64``
+(warm: every kernel loaded). Prints the wall and CPU seconds of the first step
+(imports excluded), how many steps ran until the background thread was done,
+and, cold, the CPU seconds of each kernel compiled (nested compiles counted in
+their caller; the background thread's marked).
 CPU seconds are what an idle machine's wall time would be: on a busy shared
 machine the wall time mostly measures the neighbours.
 
@@ -30,29 +33,34 @@ STEPS = {"embedding": (50_000, 768, (32, 512)), "bert": (30522, 768, (32, 128))}
 
 
 def child(step: str) -> None:
-    """One first step in this (fresh) process; prints a JSON report."""
+    """First steps in this (fresh) process; prints a JSON report."""
+    import threading
+
     import numpy as np
     from numba.core import event
 
-    compiles = []
+    compiles = []  # (thread, kernel, CPU seconds of that thread)
 
     class Timer(event.Listener):
         def __init__(self):
-            self.started = []
+            self.started = threading.local()
 
         def on_start(self, ev):
-            self.started.append(time.process_time())
+            self.started.__dict__.setdefault("stack", []).append(time.thread_time())
 
         def on_end(self, ev):
-            seconds = time.process_time() - self.started.pop()
-            if not self.started:  # top level: nested compiles are part of it
+            stack = self.started.stack
+            seconds = time.thread_time() - stack.pop()
+            if not stack:  # top level: nested compiles are part of it
                 func = ev.data["dispatcher"].py_func
-                compiles.append((f"{func.__module__.rsplit('.', 1)[-1]}.{func.__name__}",
+                compiles.append((threading.current_thread().name,
+                                 f"{func.__module__.rsplit('.', 1)[-1]}.{func.__name__}",
                                  seconds))
 
     event.register("numba:compile", Timer())
-    from numbapos import nn, optim
+    from numbapos import _device, nn, optim
 
+    background = _device.kernels_for("cpu").background
     vocab, dim, shape = STEPS[step]
     module = (nn.Embedding(vocab, dim, sparse=True, seed=0) if step == "embedding"
               else nn.BertEmbeddings(vocab, dim, seed=0))
@@ -60,18 +68,27 @@ def child(step: str) -> None:
     ids = np.random.default_rng(0).integers(0, vocab, size=shape)
     grad = np.ones(shape + (dim,), np.float32)
     times = []
-    for _ in range(2):
+    start = time.perf_counter()
+    while len(times) < 3 or background.pending():
         wall, cpu = time.perf_counter(), time.process_time()
         module.zero_grad()
         module(ids)
         module.backward(grad)
         opt.step()
         times.append((time.perf_counter() - wall, time.process_time() - cpu))
-    print(json.dumps({"first": times[0], "second": times[1], "compiles": compiles}))
+    ready = time.perf_counter() - start
+    wall = time.perf_counter()
+    module(ids)
+    module.backward(grad)
+    opt.step()
+    steady = time.perf_counter() - wall
+    print(json.dumps({"first": times[0], "second": times[1], "steps": len(times),
+                      "ready": ready, "steady": steady, "compiles": compiles}))
 
 
-def run_child(step: str, cache: str) -> dict:
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
+def run_child(step: str, cache: str, background: str = "1") -> dict:
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(ROOT),
+               NUMBAPOS_BACKGROUND_COMPILE=background)
     done = subprocess.run([sys.executable, __file__, "--child", step], env=env, check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout.splitlines()[-1])
@@ -94,17 +111,24 @@ def main() -> None:
         print(f"warmup (float32, int64): {time.perf_counter() - start:.1f} s wall")
         for step in STEPS:
             cold = run_child(step, os.path.join(tmp, f"cold-{step}"))
+            off = run_child(step, os.path.join(tmp, f"off-{step}"), background="0")
             hot = run_child(step, warm)
-            print(f"{step}: first step cold {cold['first'][0]:.2f} s wall, "
-                  f"{cold['first'][1]:.2f} s CPU; after warmup {hot['first'][0]:.2f} s wall, "
-                  f"{hot['first'][1]:.2f} s CPU; second step {cold['second'][0] * 1e3:.1f} ms")
-            compiles = sorted(cold["compiles"], key=lambda item: -item[1])
-            print(f"  compiling, cold: {sum(s for _, s in compiles):.2f} s CPU in "
-                  f"{len(compiles)} kernels; the largest:")
-            for name, seconds in compiles[:args.top]:
-                print(f"    {seconds:5.2f} s  {name}")
+            print(f"{step}: first step, cold cache: {cold['first'][0]:.2f} s wall "
+                  f"({cold['first'][1]:.2f} s CPU), then {cold['second'][0] * 1e3:.0f} ms; "
+                  f"{cold['steps']} steps ({cold['ready']:.2f} s) until the background "
+                  f"thread was done, then {cold['steady'] * 1e3:.1f} ms a step")
+            print(f"  cold, NUMBAPOS_BACKGROUND_COMPILE=0: {off['first'][0]:.2f} s wall "
+                  f"({off['first'][1]:.2f} s CPU); after warmup: {hot['first'][0]:.2f} s wall "
+                  f"({hot['first'][1]:.2f} s CPU)")
+            for label, report in (("cold", cold), ("cold, background off", off)):
+                compiles = sorted(report["compiles"], key=lambda item: -item[2])
+                print(f"  compiling, {label}: {sum(c[2] for c in compiles):.2f} s CPU in "
+                      f"{len(compiles)} kernels; the largest:")
+                for thread, name, seconds in compiles[:args.top]:
+                    where = "  (background)" if thread == "numbapos-compile" else ""
+                    print(f"    {seconds:5.2f} s  {name}{where}")
             if hot["compiles"]:
-                print(f"  compiled despite the warm-up: {[n for n, _ in hot['compiles']]}")
+                print(f"  compiled despite the warm-up: {[c[1] for c in hot['compiles']]}")
 
 
 if __name__ == "__main__":

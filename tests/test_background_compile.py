@@ -87,7 +87,7 @@ def test_wait_returns_at_once_with_nothing_queued():
 
 # One process: a sparse Embedding step just above the parallel threshold.
 _STEP = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, threading, time
     import numpy as np
     from numbapos import nn
     from numbapos.kernels.cpu import background, embedding
@@ -115,6 +115,11 @@ _STEP = textwrap.dedent("""
             os._exit(0 if njit(lambda x: x + 1)(1) == 2 else 3)
         report["child"] = os.waitpid(pid, 0)[1]
     report["waited"] = background.wait(timeout=120)
+    for _ in range(100):  # the thread ends once its queue is empty
+        if threading.active_count() == 1:
+            break
+        time.sleep(0.01)
+    report["threads"] = threading.active_count()
     report["parallel_after"] = len(parallel.signatures)
     later = step()
     report["same_bits"] = all(a.tobytes() == b.tobytes() for a, b in zip(first, later))
@@ -139,6 +144,7 @@ def test_cold_cache_runs_serial_twins_then_the_compiled_parallel_kernels(tmp_pat
     assert cold["parallel_at_first"] == 0 and cold["pending"] >= 1
     assert cold["child"] == 0  # fork waited for the compiler lock; the child could compile
     assert cold["waited"] and cold["parallel_after"] == 1 and cold["same_bits"]
+    assert cold["threads"] == 1  # no thread lingers once the queue is empty
     # The background thread wrote the cache: a new process loads the parallel kernel at once.
     warm = _run("warm", tmp_path / "cache", tmp_path)
     assert warm["parallel_at_first"] == 1 and warm["pending"] == 0 and warm["same_bits"]

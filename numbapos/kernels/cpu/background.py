@@ -197,11 +197,13 @@ def _submit(key) -> None:
 
 
 def _work() -> None:
+    global _worker
     while True:
         with _cv:
-            while not _queue and not _stopping:
-                _cv.wait()
             if _stopping:
+                return
+            if not _queue:  # done: no thread lingers (a later fork then sees one thread)
+                _worker = None
                 return
             dispatcher, argtypes = key = _queue[0]
             # Let the calling threads finish the compilations their step needs first.
