@@ -78,6 +78,7 @@ def child(step: str) -> None:
         times.append((time.perf_counter() - wall, time.process_time() - cpu))
     ready = time.perf_counter() - start
     wall = time.perf_counter()
+    module.zero_grad()
     module(ids)
     module.backward(grad)
     opt.step()
