@@ -101,7 +101,7 @@ _STEP = textwrap.dedent("""
 
     parallel = embedding._sum_row_segments_parallel
     mode = sys.argv[1]
-    if mode == "exit":  # start compiling at once: exit finds the thread in the middle of it
+    if mode in ("exit", "fork"):  # compile at once: exit or fork finds the thread at it
         background.QUIET_SECONDS = 0.0
     first = step()
     report = {"parallel_at_first": len(parallel.signatures), "pending": background.pending()}
@@ -109,11 +109,21 @@ _STEP = textwrap.dedent("""
         print(json.dumps(report))
         sys.exit(0)
     if mode == "fork" and report["pending"]:
+        time.sleep(0.05)
+        report["compiling_at_fork"] = background.pending()
         pid = os.fork()
         if pid == 0:  # the child compiles a kernel of its own, then leaves
             from numba import njit
             os._exit(0 if njit(lambda x: x + 1)(1) == 2 else 3)
-        report["child"] = os.waitpid(pid, 0)[1]
+        for _ in range(600):  # a child that inherited a held compiler lock never ends
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            status = "hung"
+        report["child"] = status
     report["waited"] = background.wait(timeout=120)
     for _ in range(100):  # the thread ends once its queue is empty
         if threading.active_count() == 1:
@@ -142,7 +152,8 @@ def test_cold_cache_runs_serial_twins_then_the_compiled_parallel_kernels(tmp_pat
     cold = _run("fork", tmp_path / "cache", tmp_path)
     # The first call ran the serial twin; the parallel kernel came later, same bits.
     assert cold["parallel_at_first"] == 0 and cold["pending"] >= 1
-    assert cold["child"] == 0  # fork waited for the compiler lock; the child could compile
+    # fork waited for the compilation in progress; the child could compile a kernel of its own
+    assert cold["compiling_at_fork"] >= 1 and cold["child"] == 0
     assert cold["waited"] and cold["parallel_after"] == 1 and cold["same_bits"]
     assert cold["threads"] == 1  # no thread lingers once the queue is empty
     # The background thread wrote the cache: a new process loads the parallel kernel at once.
