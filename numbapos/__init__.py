@@ -34,11 +34,11 @@ from . import functional, io, nn, optim
 from ._device import cuda_available, cuda_empty_cache, device_of, to_device, to_host
 from ._grad_mode import is_grad_enabled, no_grad
 from ._pool import get_num_threads, set_num_threads
-from ._warmup import warmup
+from ._warmup import wait_for_compiles, warmup
 from .sparse import SparseRows
 
 __version__ = "0.1.0"
 
 __all__ = ["SparseRows", "__version__", "cuda_available", "cuda_empty_cache", "device_of",
            "functional", "get_num_threads", "io", "is_grad_enabled", "nn", "no_grad", "optim",
-           "set_num_threads", "to_device", "to_host", "warmup"]
+           "set_num_threads", "to_device", "to_host", "wait_for_compiles", "warmup"]

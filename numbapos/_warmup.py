@@ -318,6 +318,42 @@ def _run_case(case: Case, dtype: str, index_dtype: str, dispatchers) -> WarmupRe
                         time.perf_counter() - start, after[0] - before[0], after[1] - before[1])
 
 
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Block until the parallel CPU kernels being compiled in the background are ready.
+
+    On a cold cache, a call that needs a parallel kernel not compiled yet runs
+    its serial twin (the same results) while a background thread compiles it
+    (``NUMBAPOS_BACKGROUND_COMPILE=0`` turns that off). Call this after a
+    warm-up step and before timing anything, so that every later call runs
+    the parallel kernels. Returns at once when nothing is being compiled.
+
+    Parameters
+    ----------
+    timeout : float, optional
+        Seconds to wait at most (default: until done).
+
+    Returns
+    -------
+    bool
+        True when nothing is left to compile, False when ``timeout`` ran out first.
+
+    Raises
+    ------
+    TypeError
+        ``timeout`` is not a number.
+    ValueError
+        ``timeout`` is negative or NaN.
+    """
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number):
+            raise TypeError(f"timeout: expected None or a number of seconds, got "
+                            f"{type(timeout).__name__}")
+        if not timeout >= 0:
+            raise ValueError(f"timeout: expected seconds >= 0, got {timeout!r}")
+        timeout = float(timeout)
+    return _device.kernels_for("cpu").background.wait(timeout)
+
+
 def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, file=None):
     """Compile numbapos's CPU kernels into Numba's on-disk cache.
 

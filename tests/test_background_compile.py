@@ -89,6 +89,7 @@ def test_wait_returns_at_once_with_nothing_queued():
 _STEP = textwrap.dedent("""
     import json, os, sys, threading, time
     import numpy as np
+    import numbapos
     from numbapos import nn
     from numbapos.kernels.cpu import background, embedding
 
@@ -124,7 +125,7 @@ _STEP = textwrap.dedent("""
             os.kill(pid, 9)
             status = "hung"
         report["child"] = status
-    report["waited"] = background.wait(timeout=120)
+    report["waited"] = numbapos.wait_for_compiles(timeout=120)
     for _ in range(100):  # the thread ends once its queue is empty
         if threading.active_count() == 1:
             break
@@ -175,3 +176,17 @@ def test_exit_during_a_background_compile_is_clean_and_keeps_the_kernel(tmp_path
     # (A kernel still waiting for its turn at exit is not: the next process queues it again.)
     again = _run("warm", tmp_path / "cache", tmp_path)
     assert again["parallel_at_first"] == 1 and again["same_bits"]
+
+
+def test_wait_for_compiles_checks_its_timeout():
+    import numbapos
+
+    assert numbapos.wait_for_compiles() and numbapos.wait_for_compiles(0) is True
+    assert numbapos.wait_for_compiles(timeout=np.float32(0.5))
+    with pytest.raises(TypeError, match="timeout: expected None or a number of seconds, got str"):
+        numbapos.wait_for_compiles("1")
+    with pytest.raises(TypeError, match="got bool"):
+        numbapos.wait_for_compiles(True)
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match="timeout: expected seconds >= 0"):
+            numbapos.wait_for_compiles(bad)
