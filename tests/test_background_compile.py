@@ -190,3 +190,25 @@ def test_wait_for_compiles_checks_its_timeout():
     for bad in (-1, float("nan")):
         with pytest.raises(ValueError, match="timeout: expected seconds >= 0"):
             numbapos.wait_for_compiles(bad)
+
+
+def test_install_hooks_a_dispatcher_once():
+    from numba import njit, prange
+
+    @njit
+    def serial(x):
+        return x.sum()
+
+    @njit(parallel=True)
+    def parallel(x):
+        total = 0.0
+        for i in prange(x.size):
+            total += x[i]
+        return total
+
+    background.install(serial, parallel)
+    hook = parallel._compile_for_args
+    background.install(serial, parallel)
+    assert parallel._compile_for_args is hook
+    # Switched off (as in this test process), a miss compiles in the calling thread.
+    assert parallel(np.ones(5)) == 5.0 and len(parallel.signatures) == 1

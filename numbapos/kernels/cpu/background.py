@@ -121,9 +121,19 @@ def install(serial, parallel) -> None:
     calls only when no compiled version matches the arguments: calls that
     match one cost nothing more. Idempotent.
     """
-    if id(parallel) in installed:
-        return
-    compile_here = parallel._compile_for_args
+    with _cv:  # two threads' first calls must not wrap the hook in another
+        if id(parallel) in installed:
+            return
+        installed.add(id(parallel))
+        # Numba's C dispatcher looks this method up on the instance at each miss.
+        compile_here = getattr(parallel, "_compile_for_args", None)
+        if compile_here is None:  # a Numba without it: compile as Numba does
+            return
+        parallel._compile_for_args = _hook(serial, parallel, compile_here)
+
+
+def _hook(serial, parallel, compile_here):
+    """``parallel``'s compile-on-miss method; ``compile_here`` is Numba's own."""
 
     def compile_for_args(*args, **kws):
         """Return what runs this call: the parallel kernel when ready, else ``serial``."""
@@ -146,8 +156,7 @@ def install(serial, parallel) -> None:
         _submit(key)
         return serial
 
-    parallel._compile_for_args = compile_for_args
-    installed.add(id(parallel))
+    return compile_for_args
 
 
 def _load_cached(dispatcher, argtypes):
