@@ -84,9 +84,12 @@ def test_group_by_row_is_a_stable_sort_by_row(ids, padding_idx):
     lambda rng, n: rng.integers(0, 3, n),                  # one narrow digit
     lambda rng, n: rng.integers(10**6, 10**6 + 2**20, n),  # an offset: sorted by id - min
     lambda rng, n: rng.integers(0, 2**9, n) << 11,         # low digit the same for all
+    lambda rng, n: rng.integers(0, 2**24, n),              # 10^7 rows: two 12-bit digits
+    lambda rng, n: rng.integers(0, 2**12, n) << 12,        # a whole 12-bit digit the same
     lambda rng, n: rng.integers(0, 2**31 - 1, n),          # three or more passes
     lambda rng, n: np.full(n, 77),                         # every id equal
-], ids=["narrow", "offset", "constant-low-digit", "wide", "equal"])
+], ids=["narrow", "offset", "constant-low-digit", "24-bit", "constant-12-bit-digit", "wide",
+        "equal"])
 def test_radix_grouping_equals_a_stable_argsort(rng, dtype, size, spread):
     # The grouping's radix sort: any digit width, skipped passes, odd and even
     # numbers of moving passes all give NumPy's stable argsort.

