@@ -62,6 +62,15 @@ def _embedding(dtype, index_dtype) -> None:
         emb(ids, out=np.empty(ids.shape + (_DIM,), dtype))
         F.embedding_backward(np.ones(ids.shape + (_DIM,), dtype), ids, _ROWS,
                              scale_grad_by_freq=True, sparse=sparse)
+    # Lookups whose output outgrows the cache write it with non-temporal stores
+    # (kernels.cpu.rowcopy.STREAM_MIN_BYTES): that variant too, on a tiny output.
+    cpu_embedding = _device.kernels_for("cpu").embedding
+    threshold = cpu_embedding.STREAM_MIN_BYTES
+    cpu_embedding.STREAM_MIN_BYTES = 0
+    try:
+        F.embedding(ids, emb.weight.data, out=np.empty(ids.shape + (_DIM,), dtype))
+    finally:
+        cpu_embedding.STREAM_MIN_BYTES = threshold
 
 
 def _renorm(dtype, index_dtype) -> None:

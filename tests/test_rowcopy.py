@@ -1,4 +1,5 @@
-"""copy_row: one memcpy for contiguous rows, the element loop for any other layout."""
+"""copy_row: one memcpy for contiguous rows, the element loop for any other layout;
+put_row: the same copy with non-temporal stores (large lookups)."""
 
 import numpy as np
 import pytest
@@ -6,8 +7,10 @@ from numba import njit
 from numba.core.errors import TypingError
 
 import numbapos.functional as F
+from numbapos.kernels.cpu import embedding as cpu_embedding
+from numbapos.kernels.cpu import rowcopy
 from numbapos.kernels.cpu.embedding import gather_rows, gather_rows_checked
-from numbapos.kernels.cpu.rowcopy import _memcpy_row, copy_row
+from numbapos.kernels.cpu.rowcopy import _memcpy_row, _stream_row, copy_row, put_row
 
 
 @njit
@@ -102,3 +105,71 @@ def test_checked_gather_reads_indices_of_any_layout_in_c_order(layout):
             assert gather_rows_checked(bad, table, np.empty_like(out)) == ids.size - 1
             with pytest.raises(IndexError, match=str(value)):
                 F.embedding(bad, table)
+
+
+@njit
+def _put_rows(dst, src, rows, stream):
+    for i in range(rows.size):
+        put_row(dst, i, src, rows[i], stream)
+
+
+@pytest.mark.parametrize("name, table", list(_tables()), ids=[n for n, _ in _tables()])
+def test_streamed_rows_match_fancy_indexing(name, table):
+    rows = np.array([3, 0, 5, 5, table.shape[0] - 1], dtype=np.int64)
+    before = table.copy()
+    for dst in (np.full((rows.size, table.shape[1]), -1, table.dtype),
+                np.full((table.shape[1], rows.size), -1, table.dtype).T):
+        _put_rows(dst, table, rows, True)
+        np.testing.assert_array_equal(dst, table[rows])
+    np.testing.assert_array_equal(table, before)
+
+
+@pytest.mark.parametrize("dim", [1, 3, 15, 16, 17, 31, 48, 100, 769])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+@pytest.mark.parametrize("shift", [0, 1, 4, 8, 60])
+def test_streamed_rows_around_64_byte_boundaries(dim, dtype, shift):
+    # Rows start anywhere against a 64-byte line (the head), have any length
+    # (whole 64-byte blocks and a tail), and nothing outside a row is written.
+    rng = np.random.default_rng(dim)
+    table = (rng.normal(size=(7, dim)) * 50).astype(dtype)
+    itemsize = np.dtype(dtype).itemsize
+    rows = np.array([6, 2, 2, 0, 5], dtype=np.int64)
+    size = rows.size * dim * itemsize
+    raw = np.zeros(size + 64 + shift + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64 + shift
+    start += (-start) % itemsize  # the dtype's own alignment
+    canary = raw.copy()
+    dst = raw[start:start + size].view(dtype).reshape(rows.size, dim)
+    _put_rows(dst, table, rows, True)
+    np.testing.assert_array_equal(dst, table[rows])
+    np.testing.assert_array_equal(raw[:start], canary[:start])
+    np.testing.assert_array_equal(raw[start + size:], canary[start + size:])
+
+
+def test_gather_streams_large_outputs_only(monkeypatch):
+    seen = []
+    original = cpu_embedding.pick
+
+    def spy(serial, parallel, work):
+        kernel = original(serial, parallel, work)
+        return lambda *args: (seen.append(args[-1]), kernel(*args))[1]
+
+    monkeypatch.setattr(cpu_embedding, "pick", spy)
+    table = np.random.default_rng(2).normal(size=(50, 64)).astype(np.float32)
+    ids = np.arange(5000) % 50  # past the small-lookup path, serial and parallel sizes
+    F.embedding(ids, table)
+    monkeypatch.setattr(cpu_embedding, "STREAM_MIN_BYTES", ids.size * 64 * 4)
+    np.testing.assert_array_equal(F.embedding(ids, table), table[ids])
+    assert seen == [None, True]
+    assert rowcopy.STREAM_MIN_BYTES == 32 << 20
+
+
+def test_stream_row_wants_two_2d_arrays_of_one_dtype():
+    @njit
+    def mixed(dst, src):
+        _stream_row(dst, 0, src, 0)
+
+    with pytest.raises(TypingError):
+        mixed(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float64))
+    with pytest.raises(TypingError):
+        mixed(np.zeros(4), np.zeros((2, 2)))

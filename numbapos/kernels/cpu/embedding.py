@@ -15,7 +15,7 @@ from ..._args import RowGroups
 from .arrays import option, pick
 from .jit import kernel
 from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
-from .rowcopy import copy_row
+from .rowcopy import STREAM_MIN_BYTES, copy_row, put_row
 
 __all__ = ["gather_rows", "gather_rows_checked", "group_rows", "index_bounds", "not_equal_mask",
            "renorm_used_rows_", "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
@@ -33,9 +33,14 @@ def index_bounds(flat):
 
 
 def gather_rows(flat, weight, out):
-    """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``."""
+    """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``.
+
+    An ``out`` of :data:`~.rowcopy.STREAM_MIN_BYTES` or more (larger than the
+    last-level cache) is written with non-temporal stores.
+    """
     if flat.size:
-        pick(_gather_rows, _gather_rows_parallel, out.size)(flat, weight, out)
+        stream = option(out.nbytes >= STREAM_MIN_BYTES)
+        pick(_gather_rows, _gather_rows_parallel, out.size)(flat, weight, out, stream)
 
 
 def unique_rows(flat):
@@ -189,10 +194,10 @@ def _index_bounds(flat_idx):
 
 
 @kernel()
-def _gather_rows(flat_idx, weight, out):
-    """``out[i, :] = weight[flat_idx[i], :]`` (serial, for small lookups)."""
+def _gather_rows(flat_idx, weight, out, stream):
+    """``out[i, :] = weight[flat_idx[i], :]`` (serial, for small lookups; ``stream``: put_row)."""
     for i in range(flat_idx.size):
-        copy_row(out, i, weight, flat_idx[i])
+        put_row(out, i, weight, flat_idx[i], stream)
 
 
 # A launcher that is its own kernel: small lookups cannot afford a Python frame more.
@@ -219,11 +224,11 @@ def gather_rows_checked(indices, weight, out):
 
 
 @kernel(parallel=True)
-def _gather_rows_parallel(flat_idx, weight, out):
+def _gather_rows_parallel(flat_idx, weight, out, stream):
     """``out[i, :] = weight[flat_idx[i], :]``, output rows split across threads."""
     for i in prange(flat_idx.size):
         prefetch_listed(weight, flat_idx, i + AHEAD)
-        copy_row(out, i, weight, flat_idx[i])
+        put_row(out, i, weight, flat_idx[i], stream)
 
 
 @kernel()
