@@ -63,10 +63,11 @@ def test_gather_kernels_on_every_layout(name, table):
         np.testing.assert_array_equal(F.embedding(indices, table), table[indices])
 
 
-def test_memcpy_row_wants_two_2d_arrays_of_one_dtype():
+@pytest.mark.parametrize("intrinsic", [_memcpy_row, _stream_row], ids=["memcpy", "stream"])
+def test_row_intrinsics_want_two_2d_arrays_of_one_dtype(intrinsic):
     @njit
     def mixed(dst, src):
-        _memcpy_row(dst, 0, src, 0)
+        intrinsic(dst, 0, src, 0)
 
     with pytest.raises(TypingError):
         mixed(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float64))
@@ -162,14 +163,3 @@ def test_gather_streams_large_outputs_only(monkeypatch):
     np.testing.assert_array_equal(F.embedding(ids, table), table[ids])
     assert seen == [None, True]
     assert rowcopy.STREAM_MIN_BYTES == 32 << 20
-
-
-def test_stream_row_wants_two_2d_arrays_of_one_dtype():
-    @njit
-    def mixed(dst, src):
-        _stream_row(dst, 0, src, 0)
-
-    with pytest.raises(TypingError):
-        mixed(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float64))
-    with pytest.raises(TypingError):
-        mixed(np.zeros(4), np.zeros((2, 2)))

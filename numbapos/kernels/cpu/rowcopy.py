@@ -44,31 +44,43 @@ host's.)
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
+_I64 = ir.IntType(64)
+_BYTE_PTR = ir.IntType(8).as_pointer()
+
+
+def _row_pair(dst, i, src, j) -> bool:
+    """The intrinsics' typing: two 2-D arrays of one dtype and two integer row numbers."""
+    return (isinstance(dst, types.Array) and isinstance(src, types.Array)
+            and dst.ndim == 2 and src.ndim == 2 and dst.dtype == src.dtype
+            and isinstance(i, types.Integer) and isinstance(j, types.Integer))
+
+
+def _row_addresses(context, builder, signature, args):
+    """``(address of dst[i], address of src[j], bytes per row)`` as i64 values."""
+    dst_type, i_type, src_type, j_type = signature.args
+    dst_array = context.make_array(dst_type)(context, builder, args[0])
+    src_array = context.make_array(src_type)(context, builder, args[2])
+
+    def row_start(array, row, row_type):
+        row = context.cast(builder, row, row_type, types.int64)
+        offset = builder.mul(row, builder.extract_value(array.strides, 0))
+        return builder.add(builder.ptrtoint(array.data, _I64), offset)
+
+    size = builder.mul(builder.extract_value(src_array.shape, 1),
+                       ir.Constant(_I64, src_type.dtype.bitwidth // 8))
+    return row_start(dst_array, args[1], i_type), row_start(src_array, args[3], j_type), size
+
+
 @intrinsic
 def _memcpy_row(typingctx, dst, i, src, j):
     """``memcpy`` of ``src[j]`` onto ``dst[i]`` (2-D, one dtype, both rows contiguous)."""
-    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
-            and dst.ndim == 2 and src.ndim == 2 and dst.dtype == src.dtype
-            and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+    if not _row_pair(dst, i, src, j):
         return None
 
     def codegen(context, builder, signature, args):
-        dst_type, i_type, src_type, j_type = signature.args
-        i64 = ir.IntType(64)
-        dst_array = context.make_array(dst_type)(context, builder, args[0])
-        src_array = context.make_array(src_type)(context, builder, args[2])
-
-        def row_start(array, row, row_type):
-            row = context.cast(builder, row, row_type, types.int64)
-            offset = builder.mul(row, builder.extract_value(array.strides, 0))
-            return builder.add(builder.ptrtoint(array.data, i64), offset)
-
-        byte_ptr = ir.IntType(8).as_pointer()
-        to = builder.inttoptr(row_start(dst_array, args[1], i_type), byte_ptr)
-        source = builder.inttoptr(row_start(src_array, args[3], j_type), byte_ptr)
-        row_bytes = builder.mul(builder.extract_value(src_array.shape, 1),
-                                ir.Constant(i64, src_type.dtype.bitwidth // 8))
-        cgutils.raw_memcpy(builder, to, source, row_bytes, 1)
+        to, source, size = _row_addresses(context, builder, signature, args)
+        cgutils.raw_memcpy(builder, builder.inttoptr(to, _BYTE_PTR),
+                           builder.inttoptr(source, _BYTE_PTR), size, 1)
         return context.get_dummy_value()
 
     return types.void(dst, i, src, j), codegen
@@ -84,30 +96,17 @@ def _stream_row(typingctx, dst, i, src, j):
     An ``sfence`` ends the row, so the weakly ordered stores are visible
     before anything the thread stores later (the parallel loop's join).
     """
-    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
-            and dst.ndim == 2 and src.ndim == 2 and dst.dtype == src.dtype
-            and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+    if not _row_pair(dst, i, src, j):
         return None
 
     def codegen(context, builder, signature, args):
-        dst_type, i_type, src_type, j_type = signature.args
-        i64 = ir.IntType(64)
-        dst_array = context.make_array(dst_type)(context, builder, args[0])
-        src_array = context.make_array(src_type)(context, builder, args[2])
-
-        def row_start(array, row, row_type):
-            row = context.cast(builder, row, row_type, types.int64)
-            offset = builder.mul(row, builder.extract_value(array.strides, 0))
-            return builder.add(builder.ptrtoint(array.data, i64), offset)
+        to, source, size = _row_addresses(context, builder, signature, args)
 
         def const(value):
-            return ir.Constant(i64, value)
+            return ir.Constant(_I64, value)
 
-        byte_ptr = ir.IntType(8).as_pointer()
-        to = row_start(dst_array, args[1], i_type)
-        source = row_start(src_array, args[3], j_type)
-        size = builder.mul(builder.extract_value(src_array.shape, 1),
-                           const(src_type.dtype.bitwidth // 8))
+        byte_ptr = _BYTE_PTR
+        # Bytes to the destination's next 64-byte boundary (at most the row).
         head = builder.and_(builder.sub(const(0), to), const(63))
         head = builder.select(builder.icmp_unsigned("<", size, head), size, head)
         cgutils.raw_memcpy(builder, builder.inttoptr(to, byte_ptr),
