@@ -139,10 +139,11 @@ def sum_row_groups(grad, groups, scale_grad_by_freq, out):
     if groups.rows.size:
         dest = np.arange(groups.rows.size, dtype=np.int64)
         _sum_segments(grad, groups.order, groups.starts, groups.counts, dest,
-                                 scale_grad_by_freq, out)
+                      scale_grad_by_freq, out)
 
 
 def _sum_segments(grad, order, starts, counts, dest, scale_grad_by_freq, out):
+    """``_sum_row_segments`` serial or parallel by the number of elements summed."""
     kernel = pick(_sum_row_segments, _sum_row_segments_parallel, order.size * grad.shape[1])
     kernel(grad, order, starts, counts, dest, option(scale_grad_by_freq), out)
 
