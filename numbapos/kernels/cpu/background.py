@@ -7,10 +7,12 @@ On a cold cache the first sparse training step at V = 50,000, D = 768 spent
 3.2 of its 3.6 s compiling, 2.8 s of that in its three parallel kernels (AMD
 EPYC VM); with this module the step takes 1.8 s.
 
-Every launcher that chooses by size between a serial kernel and its parallel
-twin does so through :func:`.arrays.pick`, and the twins take the same
-arguments and compute the same bits (``tests/test_background_compile.py``
-runs every such pair both ways). So when a call needs a parallel kernel that
+The launchers that choose by size between a serial kernel and a parallel
+twin taking the same arguments do so through :func:`.arrays.pick`, and the
+twins compute the same bits (``tests/test_background_compile.py`` runs every
+such pair both ways). (The fused row-group updates, whose two kernels take
+scratch of different shapes, and the always-parallel max-norm clipping
+compile as Numba does by itself.) So when a call needs a parallel kernel that
 is neither compiled in this process nor in Numba's on-disk cache, this module
 runs its serial twin for that call (compiling that, which is quick) and queues
 the parallel kernel for one background thread. The thread waits until the
