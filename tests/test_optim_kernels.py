@@ -301,3 +301,56 @@ def test_rowwise_adagrad_rows(rng, dtype, shape, options):
     param, rows, values, states = row_arrays(rng, dtype, shape, 1, row_states=True)
     rows_both_ways(kernels.rowwise_adagrad_rows_, rowwise_rows_generic, param, rows, values,
                    states, rowwise_hyper(dtype, **options))
+
+
+# ------------------------------------------ row-wise Adagrad, four rows at a time
+
+# The row-wise kernels sum four rows' squares in one interleaved loop, each row
+# still in order. Every count of rows left over after the blocks of four (0-3),
+# serial and parallel, each entry point and each weight decay mode.
+ROWWISE_COUNTS = [1, 2, 3, 4, 5, 6, 7, 9, 701, 702, 703, 704]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("used", ROWWISE_COUNTS)
+@pytest.mark.parametrize("options", ROWWISE_OPTIONS, ids=str)
+def test_rowwise_adagrad_rows_in_blocks_of_four(rng, dtype, used, options):
+    param, rows, values, states = row_arrays(rng, dtype, (used + 300, used, 96), 1,
+                                             row_states=True)
+    rows_both_ways(kernels.rowwise_adagrad_rows_, rowwise_rows_generic, param, rows, values,
+                   states, rowwise_hyper(dtype, **options))
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, 4, 6, 701, 703])
+@pytest.mark.parametrize("options", ROWWISE_OPTIONS, ids=str)
+def test_rowwise_adagrad_dense_in_blocks_of_four(rng, num_rows, options):
+    param = rng.normal(size=(num_rows, 96)).astype(np.float32)
+    grad = rng.normal(size=param.shape).astype(np.float32)
+    state = np.abs(rng.normal(size=num_rows)).astype(np.float32)
+    h = rowwise_hyper(np.float32, **options)
+    every_row = np.arange(num_rows)
+    both_ways(lambda p, s: kernels.rowwise_adagrad_dense_(p, grad, s, h),
+              lambda p, s: rowwise_rows_generic(p, every_row, grad, s, h),
+              [param, state])
+
+
+@pytest.mark.parametrize("tokens", [5, 11, 2500])
+@pytest.mark.parametrize("scale", [False, True])
+@pytest.mark.parametrize("options", ROWWISE_OPTIONS, ids=str)
+def test_rowwise_adagrad_row_groups_in_blocks_of_four(rng, tokens, scale, options):
+    # Fused: four groups' gradients summed into four accumulators at a time. Ids
+    # repeat (most groups sum several rows); the last row is padding.
+    from numbapos.kernels.cpu import embedding as cpu_embedding
+
+    num_rows, dim = max(tokens // 3, 4), 96
+    flat = rng.integers(0, num_rows, size=tokens).astype(np.int64)
+    grad = rng.normal(size=(tokens, dim)).astype(np.float32)
+    param = rng.normal(size=(num_rows, dim)).astype(np.float32)
+    state = np.abs(rng.normal(size=num_rows)).astype(np.float32)
+    h = rowwise_hyper(np.float32, **options)
+    groups = cpu_embedding.group_rows(flat, num_rows - 1)
+    summed = np.empty((groups.rows.size, dim), np.float32)
+    cpu_embedding.sum_row_groups(grad, groups, scale, summed)
+    both_ways(lambda p, s: kernels.rowwise_adagrad_row_groups_(p, grad, groups, scale, s, h),
+              lambda p, s: rowwise_rows_generic(p, groups.rows, summed, s, h),
+              [param, state])

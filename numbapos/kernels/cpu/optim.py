@@ -73,19 +73,22 @@ def _sgd_variant(buf, hyper):
     return (buf if hyper.momentum != 0 else None), option(not usual)
 
 
-def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *rest):
+def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *rest,
+                    accumulators=1):
     """Run a fused row-group update: ``kernel(param, grad, groups, scale, scratch, *rest)``.
 
     The scratch holds one row per chunk of rows, each chunk summing its rows'
-    gradients into its own row: one chunk (the serial kernel) for small work,
-    else a few per thread (the parallel kernel). Nothing runs without rows.
+    gradients into its own row (``accumulators`` rows of D side by side, for
+    a kernel that sums several groups at once): one chunk (the serial kernel)
+    for small work, else a few per thread (the parallel kernel). Nothing runs
+    without rows.
     """
     used = groups.rows.size
     if used == 0:
         return
     dim = param.shape[1]
     chunks = 1 if used * dim < PARALLEL_MIN_ELEMENTS else min(used, 4 * numba.get_num_threads())
-    scratch = np.empty((chunks, dim), param.dtype)
+    scratch = np.empty((chunks, accumulators * dim), param.dtype)
     run = parallel if chunks > 1 else serial
     run(param, grad, groups, option(scale_grad_by_freq), scratch, *rest)
 
@@ -552,34 +555,55 @@ def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
     :class:`~numbapos._args.RowWiseAdagradHyper`.
     """
     if param.shape[0] and param.shape[1]:
-        pick(_rowwise_dense, _rowwise_dense_parallel, param.size)(param, grad, state_sum, hyper)
+        pick(_rowwise_dense, _rowwise_dense_parallel, param.size)(
+            param, grad, state_sum, _l2_variant(hyper), hyper)
 
 
 def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`rowwise_adagrad_rows_` fused with the gradient of a lookup (see sgd_row_groups_)."""
     if param.shape[1]:  # as rowwise_adagrad_rows_: a row of width 0 has no mean square
         _run_row_groups(_rowwise_row_groups, _rowwise_row_groups_parallel, param, grad, groups,
-                        scale_grad_by_freq, state_sum, hyper)
+                        scale_grad_by_freq, state_sum, _l2_variant(hyper), hyper,
+                        accumulators=_ROWS_AT_ONCE)
 
 
 def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
     """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only."""
     if rows.size and param.shape[1]:
         pick(_rowwise_rows, _rowwise_rows_parallel, rows.size * param.shape[1])(
-            param, rows, values, state_sum, hyper)
+            param, rows, values, state_sum, _l2_variant(hyper), hyper)
+
+
+def _l2_variant(hyper):
+    """True (see :func:`.arrays.option`) with L2 weight decay, whose square sums also
+    read the parameter; None otherwise, and the kernel compiles without that read."""
+    return option(hyper.mode == 1)
+
+
+# A row's mean square is summed in order, as FBGEMM's loop does: one chain of
+# dependent additions (D of them, each waiting for the last), which LLVM may
+# not reorder. Four rows' chains interleaved in one loop keep the adder busy
+# and give each row the same bits (see benchmarks/test_bench_optimizers.py).
+# Every function below takes ``l2``: the constant False in a kernel compiled
+# without L2 decay (LLVM then drops the parameter's read from the sums), else
+# ``h.mode == 1``.
+_ROWS_AT_ONCE = 4
 
 
 @kernel(inline="always")
-def _rowwise_row(row, g_row, param, state_sum, h):
-    # Row ``row`` of param with gradient row ``g_row`` (FBGEMM's split_weight_update_cpu).
+def _rowwise_term(g_row, row, d, param, h, l2):
+    # Element d's square in row ``row``'s mean square (L2 decay folded into g).
+    g = g_row[d]
+    g = choose(l2, g + h.weight_decay * param[row, d], g)
+    return g * g
+
+
+@kernel(inline="always")
+def _rowwise_apply(row, g_row, square_sum, param, state_sum, h):
+    # Row ``row`` of param with gradient row ``g_row`` and its square sum
+    # (FBGEMM's split_weight_update_cpu).
     dim = param.shape[1]
     one = param.dtype.type(1)
-    square_sum = param.dtype.type(0)
-    l2 = h.mode == 1
-    for d in range(dim):
-        g = g_row[d]
-        g = choose(l2, g + h.weight_decay * param[row, d], g)
-        square_sum += g * g
     acc = state_sum[row] + square_sum / param.dtype.type(dim)
     state_sum[row] = acc
     multiplier = h.lr / (np.sqrt(acc) + h.eps)
@@ -592,49 +616,123 @@ def _rowwise_row(row, g_row, param, state_sum, h):
         param[row, d] = correction * param[row, d] - multiplier * g_row[d]
 
 
-@kernel()
-def _rowwise_dense(param, grad, state_sum, hyper):
-    for r in range(param.shape[0]):
-        _rowwise_row(r, grad[r], param, state_sum, hyper)
-
-
-@kernel(parallel=True)
-def _rowwise_dense_parallel(param, grad, state_sum, hyper):
-    for r in prange(param.shape[0]):
-        _rowwise_row(r, grad[r], param, state_sum, hyper)
-
-
-@kernel()
-def _rowwise_rows(param, rows, values, state_sum, hyper):
-    for j in range(rows.size):
-        _rowwise_row(rows[j], values[j], param, state_sum, hyper)
-
-
-@kernel(parallel=True)
-def _rowwise_rows_parallel(param, rows, values, state_sum, hyper):
-    for j in prange(rows.size):
-        prefetch_listed_for_write(param, rows, j + AHEAD)
-        _rowwise_row(rows[j], values[j], param, state_sum, hyper)
+@kernel(inline="always")
+def _rowwise_row(row, g_row, param, state_sum, h, l2):
+    square_sum = param.dtype.type(0)
+    for d in range(param.shape[1]):
+        square_sum += _rowwise_term(g_row, row, d, param, h, l2)
+    _rowwise_apply(row, g_row, square_sum, param, state_sum, h)
 
 
 @kernel(inline="always")
-def _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
-                         state_sum, h):
-    # As _sgd_momentum_chunk.
-    acc = scratch[chunk]
-    for j in range(*_chunk_bounds(chunk, groups, scratch)):
-        prefetch_listed_for_write(param, groups.rows, j + AHEAD)
-        g = group_gradient(grad, groups, j, scale_by_freq, acc)
-        _rowwise_row(groups.rows[j], g, param, state_sum, h)
+def _rowwise_four(r0, g0, r1, g1, r2, g2, r3, g3, param, state_sum, h, l2):
+    # Four distinct rows, their square sums interleaved (see _ROWS_AT_ONCE).
+    s0 = s1 = s2 = s3 = param.dtype.type(0)
+    for d in range(param.shape[1]):
+        s0 += _rowwise_term(g0, r0, d, param, h, l2)
+        s1 += _rowwise_term(g1, r1, d, param, h, l2)
+        s2 += _rowwise_term(g2, r2, d, param, h, l2)
+        s3 += _rowwise_term(g3, r3, d, param, h, l2)
+    _rowwise_apply(r0, g0, s0, param, state_sum, h)
+    _rowwise_apply(r1, g1, s1, param, state_sum, h)
+    _rowwise_apply(r2, g2, s2, param, state_sum, h)
+    _rowwise_apply(r3, g3, s3, param, state_sum, h)
+
+
+@kernel(inline="always")
+def _blocks(count):
+    return (count + _ROWS_AT_ONCE - 1) // _ROWS_AT_ONCE
+
+
+@kernel(inline="always")
+def _rowwise_dense_block(b, param, grad, state_sum, h, l2):
+    # Rows 4b .. 4b + 3 (fewer in the last block).
+    r = b * _ROWS_AT_ONCE
+    if r + _ROWS_AT_ONCE <= param.shape[0]:
+        _rowwise_four(r, grad[r], r + 1, grad[r + 1], r + 2, grad[r + 2], r + 3, grad[r + 3],
+                      param, state_sum, h, l2)
+    else:
+        for i in range(r, param.shape[0]):
+            _rowwise_row(i, grad[i], param, state_sum, h, l2)
 
 
 @kernel()
-def _rowwise_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
-    _rowwise_group_chunk(0, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
+def _rowwise_dense(param, grad, state_sum, general, hyper):
+    l2 = False if general is None else hyper.mode == 1
+    for b in range(_blocks(param.shape[0])):
+        _rowwise_dense_block(b, param, grad, state_sum, hyper, l2)
 
 
 @kernel(parallel=True)
-def _rowwise_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
+def _rowwise_dense_parallel(param, grad, state_sum, general, hyper):
+    l2 = False if general is None else hyper.mode == 1
+    for b in prange(_blocks(param.shape[0])):
+        _rowwise_dense_block(b, param, grad, state_sum, hyper, l2)
+
+
+@kernel(inline="always")
+def _rowwise_rows_block(b, param, rows, values, state_sum, h, l2):
+    # Listed rows 4b .. 4b + 3 (fewer in the last block).
+    j = b * _ROWS_AT_ONCE
+    for k in range(_ROWS_AT_ONCE):
+        prefetch_listed_for_write(param, rows, j + AHEAD + k)
+    if j + _ROWS_AT_ONCE <= rows.size:
+        _rowwise_four(rows[j], values[j], rows[j + 1], values[j + 1], rows[j + 2],
+                      values[j + 2], rows[j + 3], values[j + 3], param, state_sum, h, l2)
+    else:
+        for i in range(j, rows.size):
+            _rowwise_row(rows[i], values[i], param, state_sum, h, l2)
+
+
+@kernel()
+def _rowwise_rows(param, rows, values, state_sum, general, hyper):
+    l2 = False if general is None else hyper.mode == 1
+    for b in range(_blocks(rows.size)):
+        _rowwise_rows_block(b, param, rows, values, state_sum, hyper, l2)
+
+
+@kernel(parallel=True)
+def _rowwise_rows_parallel(param, rows, values, state_sum, general, hyper):
+    l2 = False if general is None else hyper.mode == 1
+    for b in prange(_blocks(rows.size)):
+        _rowwise_rows_block(b, param, rows, values, state_sum, hyper, l2)
+
+
+@kernel(inline="always")
+def _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, state_sum, h, l2):
+    # As _sgd_momentum_chunk, four groups at a time: scratch[chunk] holds four
+    # accumulator rows side by side, one per group of a block.
+    dim = param.shape[1]
+    row = scratch[chunk]
+    acc0, acc1, acc2, acc3 = row[:dim], row[dim:2 * dim], row[2 * dim:3 * dim], row[3 * dim:]
+    rows = groups.rows
+    lo, hi = _chunk_bounds(chunk, groups, scratch)
+    j = lo
+    while j + _ROWS_AT_ONCE <= hi:
+        for k in range(_ROWS_AT_ONCE):
+            prefetch_listed_for_write(param, rows, j + AHEAD + k)
+        g0 = group_gradient(grad, groups, j, scale_by_freq, acc0)
+        g1 = group_gradient(grad, groups, j + 1, scale_by_freq, acc1)
+        g2 = group_gradient(grad, groups, j + 2, scale_by_freq, acc2)
+        g3 = group_gradient(grad, groups, j + 3, scale_by_freq, acc3)
+        _rowwise_four(rows[j], g0, rows[j + 1], g1, rows[j + 2], g2, rows[j + 3], g3,
+                      param, state_sum, h, l2)
+        j += _ROWS_AT_ONCE
+    for i in range(j, hi):
+        g = group_gradient(grad, groups, i, scale_by_freq, acc0)
+        _rowwise_row(rows[i], g, param, state_sum, h, l2)
+
+
+@kernel()
+def _rowwise_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, general, hyper):
+    l2 = False if general is None else hyper.mode == 1
+    _rowwise_group_chunk(0, param, grad, groups, scale_by_freq, scratch, state_sum, hyper, l2)
+
+
+@kernel(parallel=True)
+def _rowwise_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum,
+                                 general, hyper):
+    l2 = False if general is None else hyper.mode == 1
     for chunk in prange(scratch.shape[0]):
-        _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
-                             state_sum, hyper)
+        _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, state_sum,
+                             hyper, l2)
