@@ -60,6 +60,39 @@ def test_lookup(benchmark, data, impl, case):
     np.testing.assert_array_equal(result, weight[ids])
 
 
+@pytest.mark.benchmark(group="lookup_max_norm")
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_lookup_with_max_norm(benchmark, data, impl):
+    """4096 tokens with ``max_norm=1``: each distinct row's norm, clipping, then the lookup.
+
+    The first call clips the used rows; the timed calls find them within the norm
+    (each implementation has its own copy of the table), so they time the norms and
+    the lookup.
+    """
+    skip_without_torch(impl)
+    weight, ids, _ = data
+    weight = weight.copy()
+    if impl == "numbapos":
+        call = lambda: F.embedding(ids, weight, max_norm=1.0)  # noqa: E731
+    elif impl == "numpy":
+        def call():
+            rows = np.unique(ids)
+            norms = np.linalg.norm(weight[rows].astype(np.float64), axis=1)
+            over = norms > 1.0
+            weight[rows[over]] *= (1.0 / (norms[over] + 1e-7))[:, None].astype(np.float32)
+            return np.take(weight, ids, axis=0)
+    else:
+        t_weight, t_ids = torch.from_numpy(weight), torch.from_numpy(ids)
+
+        def call():
+            with torch.no_grad():
+                return torch.nn.functional.embedding(t_ids, t_weight, max_norm=1.0).numpy()
+    call()
+    result = benchmark(call)
+    np.testing.assert_array_equal(result, weight[ids])
+    assert np.linalg.norm(weight[ids], axis=-1).max() <= 1.0 + 1e-6
+
+
 @pytest.mark.benchmark(group="sparse_backward_sgd")
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_sparse_backward_and_sgd(benchmark, data, impl):

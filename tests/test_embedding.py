@@ -152,6 +152,25 @@ def test_embedding_renorm_public(rng, device):
     np.testing.assert_allclose(host(weight), expected, rtol=1e-14)
 
 
+@pytest.mark.parametrize("dim", [1, 7, 8, 9, 33, 768, 1003])
+@pytest.mark.parametrize("norm_type", [1.0, 2.0])
+def test_max_norm_on_rows_of_every_width(rng, dim, norm_type):
+    # The CPU sums the 1- and 2-norms in vector lanes (reassociated), so every width,
+    # with and without a remainder after the lanes, against NumPy's float64 norm.
+    table = rng.normal(size=(50, dim)) * 3
+    table[7] = 0.0  # below max_norm: never scaled
+    table[9, 0] = np.inf  # an infinite norm: scaled by 1 / inf, as in PyTorch
+    ids = rng.integers(0, 50, size=200)
+    ids[:2] = 7, 9
+    with np.errstate(invalid="ignore"):  # inf * 0 in row 9
+        expected = ref.embedding_renorm_(table.copy(), ids, 0.5, norm_type)
+    weight = table.copy()
+    F.embedding(ids, weight, max_norm=0.5, norm_type=norm_type)
+    np.testing.assert_allclose(weight, expected, rtol=1e-14)
+    np.testing.assert_array_equal(weight[7], 0.0)
+    assert np.isnan(weight[9, 0]) and np.all(weight[9, 1:] == 0)
+
+
 def test_max_norm_inf_never_clips(rng, device):
     before = rng.normal(size=(4, 3)) * 100
     weight = on(device, before.copy())

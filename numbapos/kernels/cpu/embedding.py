@@ -245,17 +245,34 @@ def _row_norm(weight, row, norm_type):
                 acc = a
         return acc
     if norm_type == 2.0:
-        for d in range(dim):
-            v = np.float64(weight[row, d])
-            acc += v * v
-        return np.sqrt(acc)
+        return np.sqrt(_sum_of_squares(weight, row))
     if norm_type == 1.0:
-        for d in range(dim):
-            acc += abs(np.float64(weight[row, d]))
-        return acc
+        return _sum_of_magnitudes(weight, row)
     for d in range(dim):
         acc += abs(np.float64(weight[row, d])) ** norm_type
     return acc ** (1.0 / norm_type)
+
+
+# The 1- and 2-norms' sums may be reassociated (``fastmath={"reassoc"}``, no other
+# fast-math flag: infinities and NaNs keep their meaning), so LLVM sums in vector
+# lanes as PyTorch's vectorised norm does. Summed in order, one running sum is a
+# chain of D dependent additions: a max_norm lookup of 16k rows of 768 took 8.8 ms
+# against 2.9 ms without max_norm; the renorm pass went from 3.7 to 2.1 ms here.
+@kernel(fastmath={"reassoc"})
+def _sum_of_squares(weight, row):
+    acc = 0.0
+    for d in range(weight.shape[1]):
+        v = np.float64(weight[row, d])
+        acc += v * v
+    return acc
+
+
+@kernel(fastmath={"reassoc"})
+def _sum_of_magnitudes(weight, row):
+    acc = 0.0
+    for d in range(weight.shape[1]):
+        acc += abs(np.float64(weight[row, d]))
+    return acc
 
 
 @kernel(parallel=True)
