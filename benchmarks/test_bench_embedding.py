@@ -9,7 +9,13 @@ import time
 
 import numpy as np
 import pytest
-from conftest import IMPLEMENTATIONS, skip_without_torch, torch
+from conftest import (
+    IMPLEMENTATIONS,
+    STEP_IMPLEMENTATIONS,
+    skip_without_torch,
+    sparse_training_step,
+    torch,
+)
 
 import numbapos.functional as F
 from numbapos import nn, optim
@@ -184,20 +190,9 @@ def test_sparse_training_step_with_momentum(benchmark, data, impl):
 
 # ---------------------------------------------------------------- sparse training at scale
 
-STEP_VOCAB, STEP_DIM, STEP_BATCH = 50_000, 768, (32, 512)
-
-
-@pytest.fixture(scope="module")
-def step_data():
-    rng = np.random.default_rng(2)
-    weight = rng.normal(size=(STEP_VOCAB, STEP_DIM)).astype(np.float32)
-    grad = rng.normal(size=STEP_BATCH + (STEP_DIM,)).astype(np.float32)
-    batches = [rng.integers(0, STEP_VOCAB, size=STEP_BATCH) for _ in range(8)]
-    return weight, grad, batches
-
 
 @pytest.mark.benchmark(group="sparse_step_50k_768")
-@pytest.mark.parametrize("impl", ["numbapos_fused", "numbapos", "torch_dense", "torch_sparse"])
+@pytest.mark.parametrize("impl", STEP_IMPLEMENTATIONS)
 def test_sparse_training_step_against_dense(benchmark, step_data, impl):
     """Forward + backward + SGD(momentum=0.9) on V=50,000, D=768, ids (32, 512).
 
@@ -206,29 +201,9 @@ def test_sparse_training_step_against_dense(benchmark, step_data, impl):
     inside the update) against PyTorch's dense step (and its sparse one).
     """
     skip_without_torch(impl)
-    weight, grad, batches = step_data
-    turn = iter(range(10**9))
-    if impl.startswith("numbapos"):
-        emb = nn.Embedding(STEP_VOCAB, STEP_DIM, sparse=True, _weight=weight.copy())
-        opt = optim.SGD(emb.parameters(), lr=1e-3, momentum=0.9)
-        if impl == "numbapos_fused":
-            opt.fuse_with_backward()
-
-        def step():
-            emb(batches[next(turn) % 8])
-            emb.backward(grad)
-            opt.step()
-            opt.zero_grad()
-    else:
-        emb = torch.nn.Embedding(STEP_VOCAB, STEP_DIM, sparse=impl == "torch_sparse",
-                                 _weight=torch.tensor(weight))
-        opt = torch.optim.SGD(emb.parameters(), lr=1e-3, momentum=0.9)
-        t_grad = torch.from_numpy(grad)
-
-        def step():
-            opt.zero_grad()
-            emb(torch.from_numpy(batches[next(turn) % 8])).backward(t_grad)
-            opt.step()
+    step = sparse_training_step(
+        impl, step_data, lambda params: optim.SGD(params, lr=1e-3, momentum=0.9),
+        lambda params, sparse: torch.optim.SGD(params, lr=1e-3, momentum=0.9))
     benchmark.pedantic(step, rounds=15, iterations=1, warmup_rounds=5)
 
 
