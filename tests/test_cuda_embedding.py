@@ -139,7 +139,9 @@ def test_renorm_pytorch_case_each_row_scaled_once(rng, dtype):
                                rtol=1e-6)
     expected = weight.copy()
     cpu.renorm_used_rows_(expected, flat, 1.0, 2.0)
-    np.testing.assert_array_max_ulp(got, expected, maxulp=1)
+    # The norms are summed in different orders (the GPU's tree, the CPU's vector
+    # lanes): a few float64 ulps apart, which the scale carries into the row.
+    np.testing.assert_array_max_ulp(got, expected, maxulp=4)
     np.testing.assert_array_equal(got[2:], weight[2:])
 
 
