@@ -14,7 +14,7 @@ import pytest
 from conftest import IMPLEMENTATIONS, skip_without_torch, torch
 
 from numbapos import functional as F
-from numbapos import nn
+from numbapos import nn, no_grad
 
 VOCAB, HIDDEN, MAX_POS, TYPES = 30522, 768, 512, 2
 MINILM_HIDDEN = 384
@@ -102,7 +102,7 @@ def test_bert_block_forward(benchmark, impl, width):
     block.eval()
     reference = block(ids, token_type_ids=types)  # also compiles the kernels
     if impl == "numbapos":
-        result = benchmark(block, ids, token_type_ids=types)
+        result = benchmark(no_grad()(block), ids, token_type_ids=types)
     elif impl == "numpy":
         tables = _tables(block)
         result = benchmark(lambda: _numpy_bert_forward(ids, types, *tables)[0])
@@ -122,7 +122,7 @@ def test_bert_block_forward_into_buffer(benchmark, data):
     block.eval()
     out = np.empty((BATCH, SEQ, HIDDEN), np.float32)
     block(ids, token_type_ids=types, out=out)
-    benchmark(block, ids, token_type_ids=types, out=out)
+    benchmark(no_grad()(block), ids, token_type_ids=types, out=out)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
@@ -190,7 +190,7 @@ def test_gpt2_block_forward(benchmark, impl, width):
     reference = block(ids)
     wte, wpe = block.wte.weight.data, block.wpe.weight.data
     if impl == "numbapos":
-        result = benchmark(block, ids)
+        result = benchmark(no_grad()(block), ids)
     elif impl == "numpy":
         result = benchmark(lambda: wte[ids] + wpe[np.arange(SEQ)])
     else:

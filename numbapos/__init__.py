@@ -11,6 +11,8 @@ optim
     row-sparse gradients, checkpointable with ``state_dict``.
 io
     ``save_state`` / ``load_state`` for safetensors files (needs the ``io`` extra).
+config
+    Runtime settings (the ``NUMBAPOS_*`` variables) and ``config.override(...)``.
 distributed
     ``ShardedEmbedding``: a table sharded over Ray actors (imported on its own,
     ``import numbapos.distributed``; needs the ``distributed`` extra).
@@ -30,7 +32,7 @@ Numba's CUDA simulator) can be used; :func:`to_device` / :func:`to_host` move
 arrays. ``import numbapos`` never imports ``numba.cuda``.
 """
 
-from . import functional, io, nn, optim
+from . import config, functional, io, nn, optim
 from ._device import cuda_available, cuda_empty_cache, device_of, to_device, to_host
 from ._grad_mode import is_grad_enabled, no_grad
 from ._pool import get_num_threads, set_num_threads
@@ -39,6 +41,6 @@ from .sparse import SparseRows
 
 __version__ = "0.1.0"
 
-__all__ = ["SparseRows", "__version__", "cuda_available", "cuda_empty_cache", "device_of",
+__all__ = ["SparseRows", "__version__", "config", "cuda_available", "cuda_empty_cache", "device_of",
            "functional", "get_num_threads", "io", "is_grad_enabled", "nn", "no_grad", "optim",
            "set_num_threads", "to_device", "to_host", "wait_for_compiles", "warmup"]

@@ -36,13 +36,15 @@ def info() -> int:
           f"{pool['layer']}; idle threads: {pool['wait']})")
     prefetch = numbapos._device.kernels_for("cpu").prefetch
     print(f"prefetch {prefetch.PREFETCH_LINES} cache lines per table row (CPU "
-          f"{prefetch.cpu_name()}; {prefetch.PREFETCH_ENV} overrides)")
-    background = numbapos._device.kernels_for("cpu").background
-    how = ("in a background thread, serial twins meanwhile" if background.enabled()
-           else "in the calling thread")
-    print(f"compile  parallel kernels missing from the cache: {how} ({background.ENV}=0|1)")
+          f"{prefetch.cpu_name()})")
     print("devices  cpu: available")
     print(f"         cuda: {_cuda_status()}")
+    print("settings (numbapos.config; environment variables, read once)")
+    for name, variable, value, source, _ in numbapos.config.describe():
+        shown = "by CPU" if value is None else value
+        print(f"         {name} = {shown}  ({variable}, {source})")
+    for variable in numbapos.config.unknown_variables():
+        print(f"         warning: {variable} is set but numbapos has no such setting")
     return 0
 
 

@@ -81,9 +81,9 @@ def _require_cuda() -> None:
         _CUDA_ERROR = _cuda_problem()
         _CUDA_CHECKED = True
         if _CUDA_ERROR is None:
-            # Loading the CUDA backend now, before numbapos makes its first device
+            # Starting the CUDA backend now, before numbapos makes its first device
             # array, lets it install its caching allocator (kernels/cuda/memory.py).
-            importlib.import_module("numbapos.kernels.cuda")
+            kernels_for("cuda")
     if _CUDA_ERROR is not None:
         raise RuntimeError(f"device 'cuda' is not available ({_CUDA_ERROR}): {_INSTALL_HINT}")
 
@@ -117,12 +117,16 @@ _NAMESPACES: dict = {}
 
 
 def kernels_for(device: str):
-    """The kernel namespace of ``device`` (``"cpu"`` or ``"cuda"``), imported on first use."""
+    """The kernel namespace of ``device`` (``"cpu"`` or ``"cuda"``), imported and
+    started (its ``start()``: the CUDA allocator) on first use."""
     namespace = _NAMESPACES.get(device)
     if namespace is None:
         if device == "cuda":
-            _require_cuda()
+            _require_cuda()  # which, the first time, starts the backend itself
+            if device in _NAMESPACES:
+                return _NAMESPACES[device]
         namespace = importlib.import_module(f"numbapos.kernels.{device}")
+        namespace.start()
         _NAMESPACES[device] = namespace
     return namespace
 

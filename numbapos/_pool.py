@@ -10,10 +10,14 @@ and both slow down several-fold instead of sharing the cores.
 :func:`start_pool` therefore loads the threading layer with a bounded spin
 (``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT` = 10,000 iterations, about 0.1 ms on
 the development VM) unless the user chose a policy (``OMP_WAIT_POLICY``,
-``GOMP_SPINCOUNT``, ``NUMBAPOS_SPIN_COUNT`` or a ``NUMBA_THREADING_LAYER``
-other than OpenMP/default). The variable is set only while the layer loads
-(libgomp reads it once, then) and removed afterwards, so libraries loaded
-later (PyTorch's own OpenMP runtime) keep their defaults.
+``GOMP_SPINCOUNT``, ``NUMBAPOS_SPIN_COUNT`` (:mod:`numbapos.config`'s
+``spin_count``) or a ``NUMBA_THREADING_LAYER`` other than OpenMP/default).
+The CPU launchers call it at the first launch of a parallel kernel
+(:func:`numbapos.kernels.cpu.arrays.runs_parallel`), not at import: a
+process that only runs small, serial calls never starts the pool. The
+variable is set only while the layer loads (libgomp reads it once, then)
+and removed afterwards, so libraries loaded later (PyTorch's own OpenMP
+runtime) keep their defaults.
 
 The trade-off, measured on the 2-core development VM
 (``benchmarks/test_bench_contention.py``): waking a sleeping team costs
@@ -37,15 +41,18 @@ import threading
 import numba
 import numpy as np
 
+from . import config
+
 __all__ = ["SPIN_COUNT", "get_num_threads", "pool_settings", "set_num_threads", "start_pool"]
 
-SPIN_COUNT = 10_000
+SPIN_COUNT = config.SETTINGS["spin_count"].default
 
 # Environment variables by which a user has already chosen how threads wait.
 _USER_CHOICES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 _lock = threading.Lock()
 _spin_set: str | None = None  # the GOMP_SPINCOUNT numbapos chose, when it did
+started = False  # start_pool() has run (the launchers' cheap check)
 
 
 def _chosen_spin_count() -> str | None:
@@ -55,13 +62,7 @@ def _chosen_spin_count() -> str | None:
     layer = os.environ.get("NUMBA_THREADING_LAYER", "default").lower()
     if layer not in ("default", "safe", "forksafe", "threadsafe", "omp"):
         return None
-    own = os.environ.get("NUMBAPOS_SPIN_COUNT")
-    if own is not None:
-        value = int(own) if own.strip().lstrip("-").isdigit() else None
-        if value is None or value < 0:
-            raise ValueError(f"NUMBAPOS_SPIN_COUNT: expected an integer >= 0, got {own!r}")
-        return str(value)
-    return str(SPIN_COUNT)
+    return str(config.get("spin_count"))
 
 
 def start_pool() -> None:
@@ -70,11 +71,12 @@ def start_pool() -> None:
     Does nothing when the pool is already running (it was started by other
     code; its wait policy stays whatever that code's environment gave it).
     """
-    global _spin_set
+    global _spin_set, started
     from numba.np.ufunc import parallel
 
     with _lock:
         if parallel._is_initialized:
+            started = True
             return
         spin = _chosen_spin_count()
         if spin is not None:
@@ -86,6 +88,7 @@ def start_pool() -> None:
         finally:
             if spin is not None:
                 os.environ.pop("GOMP_SPINCOUNT", None)
+        started = True
         if spin is not None and numba.threading_layer() == "omp":
             _spin_set = spin
 

@@ -8,12 +8,11 @@ a Docker image or a CI cache can carry the machine code. The ops it drives are
 the table :data:`CASES`: a new op gets one entry there.
 
 The CPU launchers choose a serial or a parallel body by the size of the work
-(``kernels.cpu.arrays.PARALLEL_MIN_ELEMENTS``, read at each call by ``pick``
-and by launchers that import it). Tiny inputs reach only the serial bodies, so
-each case runs twice: once as is and once with that threshold at 0 in every
-kernel module, which sends the same inputs to the parallel bodies. The
-threshold is restored afterwards; do not run numbapos work in other threads
-during a warm-up (it would pick a body by the lowered threshold: the same
+(:mod:`numbapos.config`'s ``parallel_min_elements``, read at each call). Tiny
+inputs reach only the serial bodies, so each case runs twice: once as is and
+once under ``config.override(parallel_min_elements=0)``, which sends the same
+inputs to the parallel bodies. The override ends with the case; numbapos work
+in other threads during a warm-up picks its bodies by it meanwhile (the same
 results, at another speed).
 """
 
@@ -27,11 +26,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _checks, _device, nn, optim
+from . import _checks, _device, config, nn, optim
 from . import functional as F
+from ._grad_mode import no_grad
 from .sparse import SparseRows
 
-_THRESHOLD = "PARALLEL_MIN_ELEMENTS"  # kernels.cpu.arrays: serial below, parallel from here
 DTYPES = ("float32", "float64")
 INDEX_DTYPES = ("int32", "int64")
 
@@ -124,7 +123,8 @@ def _bert(dtype, index_dtype) -> None:
     block = nn.BertEmbeddings(_ROWS, _DIM, 8, 2, seed=0, dtype=dtype)
     _train(block, ids, token_type_ids=(ids % 2).astype(index_dtype))
     block.eval()
-    block(ids)
+    with no_grad():
+        block(ids)
 
 
 def _gpt2(dtype, index_dtype) -> None:
@@ -133,7 +133,8 @@ def _gpt2(dtype, index_dtype) -> None:
     _train(block, ids)
     _train(block, ids, attention_mask=ids != 0)
     block.eval()
-    block(np.array([[3]], index_dtype), past_length=3)  # one token of generation
+    with no_grad():
+        block(np.array([[3]], index_dtype), past_length=3)  # one token of generation
 
 
 def _sgd(dtype, index_dtype) -> None:
@@ -272,22 +273,13 @@ def cache_location() -> str | None:
 def _parallel_bodies(parallel: bool) -> Iterator[None]:
     """Make the CPU launchers pick their parallel bodies (or, unchanged, the serial ones).
 
-    The threshold is set to 0 in every kernel module that holds it (``pick``
-    reads ``arrays``'s; a launcher may compare with its own imported copy), and
-    kernels compile in this thread (:func:`~numbapos.kernels.cpu.background.foreground`).
+    ``parallel_min_elements`` is overridden to 0, and kernels compile in this
+    thread (:func:`~numbapos.kernels.cpu.background.foreground`).
     """
-    holders = [area for area in _device.kernels_for("cpu").AREAS if hasattr(area, _THRESHOLD)]
-    saved = [getattr(area, _THRESHOLD) for area in holders]
-    if parallel:
-        for area in holders:
-            setattr(area, _THRESHOLD, 0)
-    try:
-        # the parallel bodies themselves, compiled here, not their serial twins meanwhile
-        with _device.kernels_for("cpu").background.foreground():
-            yield
-    finally:
-        for area, value in zip(holders, saved, strict=True):
-            setattr(area, _THRESHOLD, value)
+    threshold = {"parallel_min_elements": 0} if parallel else {}
+    # the parallel bodies themselves, compiled here, not their serial twins meanwhile
+    with config.override(**threshold), _device.kernels_for("cpu").background.foreground():
+        yield
 
 
 def _dtype_name(value) -> str:

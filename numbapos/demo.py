@@ -23,6 +23,7 @@ import numpy as np
 
 from . import _device, nn, optim
 from . import functional as F
+from ._grad_mode import no_grad
 
 VOCAB = 48
 LENGTH = 24
@@ -144,7 +145,8 @@ def train(positions: str, steps: int, seed: int, device: str = "cpu", layer_norm
     for module in model.layers:
         module.eval()
     inputs, targets = make_batch(np.random.default_rng(seed + 10_000), eval_sequences)
-    logits = model(inputs)
+    with no_grad():
+        logits = model(inputs)
     result.eval_loss = cross_entropy(logits, targets)[0]
     result.eval_accuracy = float((logits.argmax(axis=-1) == targets).mean())
     return result

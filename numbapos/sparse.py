@@ -35,9 +35,11 @@ class SparseRows:
     Notes
     -----
     :func:`~numbapos.functional.embedding_backward` with ``lazy=True`` returns
-    a SparseRows whose ``values`` are not summed yet (``summed`` is False):
-    reading ``values`` sums them then, and an optimiser's sparse update sums
-    each row inside the update instead, in one pass.
+    a SparseRows whose ``values`` are not summed yet (``summed`` is False), so
+    that an optimiser's sparse update sums each row inside the update, in one
+    pass. :meth:`materialize` sums them; reading ``values`` before that raises
+    ``RuntimeError`` (as PyTorch's ``values()`` of an uncoalesced sparse tensor
+    asks for ``coalesce()``). Every other method works on either.
     """
 
     __slots__ = ("_indices", "_values", "_num_rows", "_pending")
@@ -81,14 +83,30 @@ class SparseRows:
 
     @property
     def values(self):
-        """``(U, D)`` gradient rows, ``values[j]`` for row ``indices[j]`` (summed on first read)."""
+        """``(U, D)`` gradient rows, ``values[j]`` for row ``indices[j]``.
+
+        Raises
+        ------
+        RuntimeError
+            The rows are not summed yet (``summed`` False): call
+            :meth:`materialize` first.
+        """
+        if self._pending is not None:
+            raise RuntimeError(
+                "SparseRows.values: this gradient's rows are not summed yet (a lazy gradient "
+                "from embedding_backward(lazy=True) or a fused optimiser step): call "
+                ".materialize() first")
+        return self._values
+
+    def materialize(self) -> SparseRows:
+        """Sum the rows of an unsummed gradient now (no-op when summed); returns self."""
         if self._pending is not None:
             groups, grad, scale = self._pending
             K = _device.backend(grad)
             values = K.empty((groups.rows.size, grad.shape[1]), grad.dtype)
             K.sum_row_groups(grad, groups, scale, values)
             self._values, self._pending = values, None
-        return self._values
+        return self
 
     @property
     def num_rows(self) -> int:
@@ -131,16 +149,19 @@ class SparseRows:
         """This gradient on ``device`` (itself when it is already there)."""
         if _device.check_device(device) == self.device:
             return self
+        self.materialize()
         return SparseRows(_device.to_device(self.indices, device),
                           _device.to_device(self.values, device), self.num_rows)
 
     def to_dense(self):
         """The dense ``(num_rows, D)`` gradient, on this gradient's device."""
+        self.materialize()
         dense = _device.zeros(self.shape, self.values.dtype, self.device)
         return self.add_to(dense)
 
     def add_to(self, dense):
         """Add these rows into ``dense`` (C-contiguous, same device and dtype) in place."""
+        self.materialize()
         K = _device.backend(dense, self.values)
         K.add_rows_(dense, K.contiguous(self.indices, np.int64), K.contiguous(self.values))
         return dense
@@ -155,6 +176,8 @@ class SparseRows:
             return NotImplemented
         if other.shape != self.shape:
             raise ValueError(f"SparseRows: cannot add shapes {self.shape} and {other.shape}")
+        self.materialize()
+        other.materialize()
         mine = [_device.to_host(a) for a in (self.indices, self.values)]
         theirs = [_device.to_host(a) for a in (other.indices, other.values)]
         rows = np.union1d(mine[0], theirs[0])

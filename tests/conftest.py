@@ -182,3 +182,21 @@ def host(x):
     import numbapos
 
     return None if x is None else numbapos.to_host(x)
+
+
+@pytest.fixture
+def parallel_threshold():
+    """``parallel_threshold(n)`` sets config's ``parallel_min_elements`` for the rest of the test.
+
+    ``1 << 40`` makes every CPU launcher run its serial kernel, ``1`` (or 0) its
+    parallel one; the setting comes back when the test ends.
+    """
+    import contextlib
+
+    import numbapos
+
+    with contextlib.ExitStack() as stack:
+        def set_threshold(n):
+            stack.enter_context(numbapos.config.override(parallel_min_elements=n))
+
+        yield set_threshold

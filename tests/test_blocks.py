@@ -20,7 +20,6 @@ import numbapos
 from numbapos import _device, nn
 from numbapos import functional as F
 from numbapos.functional import blocks as FB
-from numbapos.kernels.cpu import arrays as cpu_arrays
 from numbapos.sparse import SparseRows
 
 V, D, P, TV = 12, 6, 10, 3  # vocab, hidden, positions, token types
@@ -114,7 +113,7 @@ def test_bert_large_input_uses_parallel_kernel(rng):
     # 4 * 64 * 128 elements is above PARALLEL_MIN_ELEMENTS.
     block = nn.BertEmbeddings(50, 128, 64, 2, hidden_dropout_prob=0.1, seed=3)
     ids = rng.integers(0, 50, (4, 64))
-    assert ids.size * 128 >= cpu_arrays.PARALLEL_MIN_ELEMENTS
+    assert ids.size * 128 >= numbapos.config.get("parallel_min_elements")
     y = block(ids)
     np.testing.assert_allclose(y, _bert_reference(block, ids), rtol=2e-5, atol=2e-5)
 

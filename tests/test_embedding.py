@@ -14,7 +14,6 @@ from conftest import FLOAT_DTYPES, INDEX_DTYPES, device_cases, host, on
 import numbapos.functional as F
 
 # The submodule, not the function of the same name that numbapos.functional exports.
-from numbapos.kernels.cpu import arrays as cpu_arrays  # noqa: E402
 
 SHAPES = [(), (0,), (7,), (3, 4), (2, 3, 5), (2, 0, 3)]
 
@@ -65,11 +64,11 @@ def test_non_contiguous_inputs(rng):
     np.testing.assert_array_equal(F.embedding(indices, weight), weight[indices])
 
 
-def test_parallel_path_matches_serial(rng, monkeypatch):
+def test_parallel_path_matches_serial(rng, parallel_threshold):
     weight = rng.normal(size=(50, 64)).astype(np.float32)
     indices = rng.integers(0, 50, size=(40, 30))
     big = F.embedding(indices, weight)
-    monkeypatch.setattr(cpu_arrays, "PARALLEL_MIN_ELEMENTS", 1 << 62)
+    parallel_threshold(1 << 62)
     np.testing.assert_array_equal(big, F.embedding(indices, weight))
     np.testing.assert_array_equal(big, weight[indices])
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from conftest import SGD_CONFIGS, host, on
 
+import numbapos
 import numbapos.functional as F
 from numbapos import SparseRows, nn, optim
 
@@ -99,16 +100,19 @@ def test_removing_the_hooks_restores_backward_then_step():
     assert not np.array_equal(emb.weight.data, before)
 
 
-def test_hook_sees_the_accumulated_gradient_and_unused_lazy_sums_are_summed():
+@pytest.mark.parametrize("fused_step", [False, True])
+def test_hook_sees_the_accumulated_gradient_and_unused_lazy_sums_are_summed(fused_step):
     emb = nn.Embedding(10, 2, sparse=True, seed=0)
     seen = []
-    handle = emb.weight.register_post_accumulate_grad_hook(
-        lambda p: seen.append((p is emb.weight, p.grad.summed)))
+    register = (emb.weight._register_fused_step if fused_step
+                else emb.weight.register_post_accumulate_grad_hook)
+    handle = register(lambda p: seen.append((p is emb.weight, p.grad.summed)))
     ids = np.array([4, 1, 4])
     grad = np.arange(6, dtype=np.float32).reshape(3, 2)
     emb(ids)
     emb.backward(grad)
-    assert seen == [(True, False)]  # unsummed while the hook ran
+    # unsummed only while an optimiser's fused step runs (it sums in its own pass)
+    assert seen == [(True, not fused_step)]
     assert emb.weight.grad.summed  # summed before backward returned
     grad[:] = 100  # so changing the gradient afterwards changes nothing
     np.testing.assert_array_equal(emb.weight.grad.indices, [1, 4])
@@ -134,8 +138,32 @@ def test_lazy_sparse_gradient_equals_eager(rng, scale):
     assert not lazy.summed and lazy.shape == eager.shape and lazy.dtype == eager.dtype
     assert "summed=False" in repr(lazy)
     np.testing.assert_array_equal(lazy.indices, eager.indices)
+    with pytest.raises(RuntimeError, match=r"not summed yet.*materialize\(\)"):
+        lazy.values  # noqa: B018 - reading them is what raises
+    assert lazy.materialize() is lazy and lazy.summed
     np.testing.assert_array_equal(lazy.values, eager.values)
-    assert lazy.summed
+    assert lazy.materialize() is lazy  # idempotent
+
+
+def test_user_hooks_see_summed_gradients_and_fused_steps_unsummed(rng):
+    """Laziness is the optimiser's explicit flag (Parameter.fuses_step), not "some hook exists"."""
+    ids = rng.integers(0, 20, size=(3, 4))
+    grad = rng.normal(size=(3, 4, 5)).astype(np.float32)
+    emb = nn.Embedding(20, 5, sparse=True, seed=0)
+    seen = []
+    emb.weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.summed))
+    assert not emb.weight.fuses_step
+    emb(ids)
+    emb.backward(grad)
+    assert seen == [True]
+    handles = numbapos.optim.SGD(emb.parameters(), lr=0.1).fuse_with_backward()
+    assert emb.weight.fuses_step
+    emb.zero_grad()
+    emb(ids)
+    emb.backward(grad)
+    assert seen == [True, False]  # our hook runs before the step, which sums in its pass
+    handles.remove()
+    assert not emb.weight.fuses_step
 
 
 @pytest.mark.parametrize("grad_dtype", [np.float32, np.float64])

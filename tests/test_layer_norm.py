@@ -14,7 +14,6 @@ from conftest import FLOAT_DTYPES, device_cases, host, on, two_threads
 
 from numbapos import _args, _device, nn
 from numbapos import functional as F
-from numbapos.kernels.cpu import arrays as cpu_arrays
 
 SHAPES = [(5,), (3, 7), (2, 3, 16), (64, 600)]  # the last one takes the parallel kernels
 AFFINES = ["none", "weight", "bias", "both"]
@@ -203,13 +202,13 @@ def test_deterministic_for_any_thread_count(rng):
         np.testing.assert_array_equal(first, second)
 
 
-def test_serial_and_parallel_kernels_agree_bitwise(rng, monkeypatch):
+def test_serial_and_parallel_kernels_agree_bitwise(rng, parallel_threshold):
     x = rng.standard_normal((40, 33)).astype(np.float32)
     gy = rng.standard_normal((40, 33)).astype(np.float32)
     w, b = _affine(rng, 33, np.float32)
     outs = []
     for threshold in (1 << 40, 1):  # serial, then parallel kernels
-        monkeypatch.setattr(cpu_arrays, "PARALLEL_MIN_ELEMENTS", threshold)
+        parallel_threshold(threshold)
         y, mean, rstd = F.layer_norm_forward(x, w, b)
         outs.append((y, mean, rstd, *F.layer_norm_backward(gy, x, mean, rstd, w, b)))
     for first, second in zip(*outs, strict=True):

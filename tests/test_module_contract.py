@@ -1,11 +1,13 @@
-"""The module contract: every training-mode forward pairs with one backward, last in first out.
+"""The module contract: every forward pairs with one backward, last in first out.
 
 Each module is driven through the same checks: two forwards then two backwards
 in reverse order give the same gradients as two separate forward/backward
 pairs; a backward with nothing recorded raises RuntimeError; a gradient of the
-wrong shape raises ValueError and keeps the record; eval() and no_grad() record
-nothing; inputs changed after the forward do not change the gradient, and
-parameters the backward reads raise when they changed.
+wrong shape raises ValueError and keeps the record; no_grad() records nothing,
+eval() records as train() does and its backward is the gradient with dropout
+off; records beyond the limit are dropped and their backwards raise; inputs
+changed after the forward do not change the gradient, and parameters the
+backward reads raise when they changed.
 """
 
 import copy
@@ -19,7 +21,10 @@ from conftest import host, on
 
 import numbapos
 from numbapos import nn
-from numbapos.nn.module import MAX_PENDING
+
+
+def _max_pending():  # noqa: N802 (reads like the constant it replaces)
+    return numbapos.config.get("max_pending_records")
 
 V, D, L = 11, 4, 3
 
@@ -128,13 +133,54 @@ def test_backward_without_forward_raises_and_wrong_shape_keeps_record(case, devi
         module.backward(grad)
 
 
-def test_eval_and_no_grad_record_nothing(case, device, rng):
+def _without_dropout(module):
+    """The module with every Dropout child's probability set to 0 (still in training mode)."""
+    for child in module.modules():
+        if isinstance(child, nn.Dropout):
+            child.p = 0.0
+    return module
+
+
+def test_eval_backward_is_the_train_backward_without_dropout(case, device, rng):
     module, inputs = _module_case(case, device)
+    twin = _without_dropout(_module_case(case, device)[0])
     args = _on_all(device, inputs(rng))
     module.eval()
-    module(*args)
-    assert module.pending_backwards() == 0
-    module.train()
+    y = module(*args)
+    assert module.pending_backwards() == 1  # eval records, as in PyTorch
+    np.testing.assert_array_equal(host(y), host(twin(*args)))
+    grad = on(device, _floats(rng, tuple(y.shape)))
+    got, want = module.backward(grad), twin.backward(grad)
+    assert (got is None) == (want is None)
+    if got is not None:
+        np.testing.assert_array_equal(host(got), host(want))
+    got, want = _grads(module), _grads(twin)
+    assert got.keys() == want.keys()
+    for name in got:
+        if want[name] is None:
+            assert got[name] is None, name
+        else:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_modules_whose_forward_ignores_the_mode_work_without_training(case, device, rng):
+    """PyTorch's test_if_train_and_eval_modes_differ deletes ``training`` from such modules."""
+    module, inputs = _module_case(case, device)
+    if any(isinstance(m, nn.Dropout) for m in module.modules()):
+        pytest.skip("has dropout: its forward depends on the mode")
+    args = _on_all(device, inputs(rng))
+    expected = host(module(*args))
+    module.backward(on(device, np.ones(expected.shape)))
+    del module.training
+    y = module(*args)
+    np.testing.assert_array_equal(host(y), expected)
+    module.backward(on(device, np.ones(expected.shape)))
+    assert not hasattr(module, "training")
+
+
+def test_no_grad_records_nothing(case, device, rng):
+    module, inputs = _module_case(case, device)
+    args = _on_all(device, inputs(rng))
     with numbapos.no_grad():
         assert not numbapos.is_grad_enabled()
         module(*args)
@@ -314,17 +360,75 @@ def test_no_grad_is_per_thread(rng):
     assert seen == [True]
 
 
-def test_many_pending_forwards_warn_once(rng):
+def test_records_beyond_the_limit_are_dropped_training_mode_warns_once(rng):
     e = nn.Embedding(V, D, seed=0)
     ids = _ids(rng)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(MAX_PENDING + 5):
+        for _ in range(_max_pending() + 5):
             e(ids)
     messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert len(messages) == 1
-    assert "backward" in messages[0] and "no_grad" in messages[0] and "eval()" in messages[0]
+    assert "backward" in messages[0] and "no_grad" in messages[0]
+    assert "max_pending_records" in messages[0]
+    assert e.pending_backwards() == _max_pending()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(MAX_PENDING):
-            e.eval()(ids)  # eval: nothing recorded, no warning
+        for _ in range(_max_pending() + 5):
+            e.eval()(ids)  # an inference loop without no_grad: bounded, and no warning
+    assert e.pending_backwards() == _max_pending()
+
+
+def test_a_backward_whose_record_was_dropped_raises(rng):
+    e = nn.Embedding(V, D, dtype=np.float64, seed=0)
+    twin = nn.Embedding(V, D, dtype=np.float64, seed=0)
+    batches = [_ids(rng) for _ in range(4)]
+    grads = [_floats(rng, (2, L, D)) for _ in range(4)]
+    with numbapos.config.override(max_pending_records=2), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for ids in batches:
+            e(ids)
+        assert e.pending_backwards() == 2
+        e.backward(grads[3])
+        e.backward(grads[2])  # the two kept records pair with the two latest forwards
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="was dropped.*max_pending_records"):
+                e.backward(grads[1])
+        with pytest.raises(RuntimeError, match="called before forward"):
+            e.backward(grads[0])
+    for ids, grad in zip(batches[2:], grads[2:], strict=True):
+        twin(ids)
+        twin.backward(grad)
+    np.testing.assert_array_equal(e.weight.grad, twin.weight.grad)
+
+
+def _growth_of_eval_loop(rng, forwards=1000, settle_at=150):
+    """Bytes still allocated after ``forwards`` eval-mode BERT forwards (without no_grad),
+    from the point where ``settle_at`` forwards had run, and the pending count."""
+    import gc
+    import tracemalloc
+
+    block = nn.BertEmbeddings(V, D, 8, 2, seed=0).eval()
+    ids = _ids(rng, (4, 6))
+    tracemalloc.start()
+    try:
+        for i in range(forwards):
+            block(ids)
+            if i == settle_at:
+                gc.collect()
+                settled, _ = tracemalloc.get_traced_memory()
+        gc.collect()
+        final, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return final - settled, block.pending_backwards()
+
+
+def test_eval_inference_loop_memory_is_bounded(rng):
+    """1,000 eval forwards without no_grad keep at most max_pending_records records."""
+    bounded, pending = _growth_of_eval_loop(rng)
+    assert pending == _max_pending()
+    with numbapos.config.override(max_pending_records=100_000):
+        unbounded, pending = _growth_of_eval_loop(rng)
+    assert pending == 1000
+    assert bounded * 10 < unbounded  # what the bound saves: the records of 850 forwards

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from numba import njit
 
+import numbapos
 from numbapos._args import AdagradHyper, AdamHyper, RowWiseAdagradHyper, SGDHyper
 from numbapos.kernels.cpu import optim as kernels
-from numbapos.kernels.cpu.arrays import PARALLEL_MIN_ELEMENTS
 
-DENSE_SIZES = [1000, PARALLEL_MIN_ELEMENTS + 77]
+DENSE_SIZES = [1000, numbapos.config.SETTINGS["parallel_min_elements"].default + 77]
 ROW_SHAPES = [(40, 7, 16), (3000, 700, 96)]  # (rows in the table, rows updated, D)
 DTYPES = [np.float32, np.float64]
 

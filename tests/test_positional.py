@@ -12,9 +12,9 @@ import pytest
 import reference as ref
 from conftest import FLOAT_DTYPES, device_cases, host, on, tolerance, two_threads
 
+import numbapos
 import numbapos.functional as F
 from numbapos import _device
-from numbapos.kernels.cpu import arrays as cpu_arrays
 
 # Largest N*D of one call on CUDA: the simulator runs every thread as Python.
 CUDA_MAX_ELEMENTS = 10_000
@@ -86,7 +86,7 @@ def test_sinusoid_error_bound_65536_positions(dtype, bound, embed_dim):
 def test_sinusoid_error_bound_serial_path(dtype):
     # Small tables take the serial kernel, with the same re-anchoring.
     seq_len, embed_dim = 4000, 4
-    assert seq_len * embed_dim < cpu_arrays.PARALLEL_MIN_ELEMENTS
+    assert seq_len * embed_dim < numbapos.config.get("parallel_min_elements")
     table = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype, offset=60000)
     expected = ref.sinusoidal_table(seq_len, embed_dim, offset=60000)
     bound = 1e-6 if dtype == np.float32 else 1e-10
@@ -94,7 +94,7 @@ def test_sinusoid_error_bound_serial_path(dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_sinusoid_same_values_for_any_thread_count_and_kernel(dtype, monkeypatch):
+def test_sinusoid_same_values_for_any_thread_count_and_kernel(dtype, parallel_threshold):
     two_threads()
     seq_len, embed_dim = 3000, 40
     default = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype)
@@ -106,7 +106,7 @@ def test_sinusoid_same_values_for_any_thread_count_and_kernel(dtype, monkeypatch
         numba.set_num_threads(threads)
     np.testing.assert_array_equal(single, default)
     # the serial kernel gives the parallel kernel's values bit for bit
-    monkeypatch.setattr(cpu_arrays, "PARALLEL_MIN_ELEMENTS", 1 << 40)
+    parallel_threshold(1 << 40)
     serial = F.sinusoidal_pos_embedding(seq_len, embed_dim, dtype=dtype)
     np.testing.assert_array_equal(serial, default)
 

@@ -289,9 +289,11 @@ def test_learned_dropout_forward_backward(device, rng):
     # a second training call draws a fresh mask
     y2 = layer(xd)
     np.testing.assert_array_equal(host(y2), F.dropout(x + weight, p, seed, counter=1))
-    # eval mode: no dropout, nothing recorded: the backward pairs with the second forward
+    # eval mode: no dropout; its backward is the identity, then the second
+    # forward's backward applies its mask
     layer.eval()
     np.testing.assert_array_equal(host(layer(xd)), x + weight)
+    np.testing.assert_array_equal(host(layer.backward(gd)), grad)
     np.testing.assert_array_equal(host(layer.backward(gd)),
                                   F.dropout_backward(grad, p, seed, counter=1))
 

@@ -5,6 +5,7 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
+import numbapos
 from numbapos.kernels.cpu import prefetch
 from numbapos.kernels.cpu.prefetch import (
     AHEAD,
@@ -64,20 +65,34 @@ def test_prefetch_wants_a_2d_table_and_an_integer_row():
 @pytest.mark.parametrize("cpu, lines", [("znver3", 64), ("znver5", 64), ("rocketlake", 0),
                                         ("skylake-avx512", 0), ("generic", 0)])
 def test_prefetch_policy_by_cpu(cpu, lines):
-    assert prefetch.prefetch_lines(env={}, cpu=cpu) == lines
+    with numbapos.config.override(prefetch_lines=None):
+        assert prefetch.prefetch_lines(cpu=cpu) == lines
 
 
 @pytest.mark.parametrize("text, lines", [("0", 0), ("8", 8), ("64", 64)])
-def test_prefetch_override(text, lines):
-    env = {prefetch.PREFETCH_ENV: text}
-    assert prefetch.prefetch_lines(env=env, cpu="znver3") == lines
-    assert prefetch.prefetch_lines(env=env, cpu="rocketlake") == lines
+def test_prefetch_override(monkeypatch, text, lines):
+    monkeypatch.setenv(prefetch.PREFETCH_ENV, text)
+    numbapos.config.reset()
+    try:
+        assert prefetch.prefetch_lines(cpu="znver3") == lines
+        assert prefetch.prefetch_lines(cpu="rocketlake") == lines
+    finally:
+        monkeypatch.undo()
+        numbapos.config.reset()
+    with numbapos.config.override(prefetch_lines=lines):
+        assert prefetch.prefetch_lines(cpu="znver3") == lines
 
 
 @pytest.mark.parametrize("text", ["-1", "65", "many", ""])
-def test_bad_prefetch_override_is_a_value_error_naming_the_variable(text):
-    with pytest.raises(ValueError, match="NUMBAPOS_PREFETCH_LINES.*0, 64"):
-        prefetch.prefetch_lines(env={prefetch.PREFETCH_ENV: text})
+def test_bad_prefetch_override_is_a_value_error_naming_the_variable(monkeypatch, text):
+    monkeypatch.setenv(prefetch.PREFETCH_ENV, text)
+    numbapos.config.reset()
+    try:
+        with pytest.raises(ValueError, match="NUMBAPOS_PREFETCH_LINES.*0, 64"):
+            prefetch.prefetch_lines()
+    finally:
+        monkeypatch.undo()
+        numbapos.config.reset()
 
 
 @pytest.mark.parametrize("lines", [0, 4, 64])

@@ -14,7 +14,6 @@ import numbapos
 from numbapos import _warmup
 from numbapos.__main__ import main
 from numbapos.kernels import cpu
-from numbapos.kernels.cpu import arrays
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,22 +139,22 @@ def test_a_failing_op_names_its_case_exits_1_and_restores_the_threshold(monkeypa
     seen = []
 
     def broken(dtype, index_dtype):
-        seen.append(arrays.PARALLEL_MIN_ELEMENTS)
+        seen.append(numbapos.config.get("parallel_min_elements"))
         if len(seen) == 2:
             raise ValueError("boom")
 
-    threshold = arrays.PARALLEL_MIN_ELEMENTS
+    threshold = numbapos.config.get("parallel_min_elements")
     monkeypatch.setattr(_warmup, "CASES", (_warmup.Case("broken", "fails", broken, False),))
     with pytest.raises(RuntimeError, match=r"broken \(float64, int32, parallel kernels\).*boom"):
         numbapos.warmup(dtypes="float64", verbose=False)
     assert seen == [threshold, 0]  # serial bodies first, then every launcher picks parallel
-    assert arrays.PARALLEL_MIN_ELEMENTS == threshold
+    assert numbapos.config.get("parallel_min_elements") == threshold
 
     seen.clear()
     assert main(["warmup", "--quiet"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and "broken (float32, int32, parallel kernels)" in captured.err
-    assert arrays.PARALLEL_MIN_ELEMENTS == threshold
+    assert numbapos.config.get("parallel_min_elements") == threshold
 
 
 def test_report_lists_each_case_once_per_dtype_pair(monkeypatch, capsys):

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _device, nn, optim
+from .. import _device, nn, no_grad, optim
 from .. import functional as F
 from . import peers
 from .data import (
@@ -106,7 +106,7 @@ def _layer_norm_backward(x, device):
 def _train_or_eval(block, ids, grad, train, **kwargs):
     if not train:
         block.eval()
-        return lambda: block(ids, **kwargs)
+        return no_grad()(lambda: block(ids, **kwargs))  # inference, as under torch.no_grad()
 
     block.train()
 
@@ -137,7 +137,7 @@ def _gpt2_next_token(positions):
     def make(x, device):
         block = gpt2_block(x.shape, positions).to(device).eval()
         (ids,) = _on(device, x.ids[:1, :1])
-        return lambda: block(ids, past_length=positions // 2)
+        return no_grad()(lambda: block(ids, past_length=positions // 2))
     return make
 
 

@@ -11,6 +11,7 @@ options both here and when an optimiser is built.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,46 +66,58 @@ def _run_flat(K, param, grad, states, launch):
     return param
 
 
-def _sparse_args(param, grad, states, names, fuse=False):
-    """Checked ``(K, param, rows, values)`` of an update of the rows ``grad`` lists.
+class SummedRows(NamedTuple):
+    """A sparse update's gradient as rows and their summed values (C-contiguous, int64 rows)."""
 
-    ``rows`` (int64) and ``values`` (the parameter's dtype) come back
-    C-contiguous on the parameter's device; ``states`` (None entries skipped)
-    are only checked to live there too (callers check their shapes). With
-    ``fuse``, an unsummed gradient (``embedding_backward(..., lazy=True)``) of
-    the parameter's dtype stays unsummed for a fused update: ``values`` is
-    then None and ``rows`` is its ``(groups, grad, scale_grad_by_freq)``.
+    rows: object
+    values: object
+
+
+class UnsummedRows(NamedTuple):
+    """A lookup's gradient not summed yet (``embedding_backward(..., lazy=True)``): the
+    update sums each row in its own pass."""
+
+    groups: object  # RowGroups
+    grad: object  # (N, D)
+    scale_grad_by_freq: bool
+
+
+def _sparse_args(param, grad, states, names):
+    """Checked ``(K, param, rows)`` of an update of the rows ``grad`` lists.
+
+    ``rows`` is :class:`SummedRows` (int64 rows and values of the parameter's
+    dtype, C-contiguous on its device) or, for an unsummed gradient of the
+    parameter's dtype, :class:`UnsummedRows` for a fused update. ``states``
+    (None entries skipped) are only checked to live on that device (callers
+    check their shapes).
     """
     param = _checks.check_update_target(param)
     if not isinstance(grad, SparseRows):
         raise TypeError(f"grad: expected a SparseRows, got {type(grad).__name__}")
-    unsummed = grad._take_unsummed() if fuse else None
+    unsummed = grad._take_unsummed()
     if unsummed is not None and unsummed[1].dtype != param.dtype:
         unsummed = None  # sum first, then cast, as a summed gradient would be
+        grad.materialize()
     rows, values = _checks.check_sparse_grad(grad, param, summed=unsummed is None)
     source = values if unsummed is None else unsummed[1]
     K = backend_for((param, source, *states), ("param", "grad.values", *names))
     if not _device.is_c_contiguous(param) and K.DEVICE == "cuda":
         raise ValueError("param: expected a C-contiguous CUDA array")
     if unsummed is not None:
-        return K, param, unsummed, None
+        return K, param, UnsummedRows(*unsummed)
     if _device.device_of(rows) != K.DEVICE:
         rows = K.asarray(rows) if K.DEVICE == "cuda" else _device.to_host(rows)
-    return K, param, K.contiguous(rows, np.int64), K.contiguous(values, param.dtype)
+    return K, param, SummedRows(K.contiguous(rows, np.int64), K.contiguous(values, param.dtype))
 
 
-def _update_rows(update_rows, update_row_groups, param, rows, values, *rest):
-    """Apply a sparse update to the rows ``_sparse_args`` returned.
-
-    Summed (``values`` given): ``update_rows(param, rows, values, *rest)``.
-    Unsummed (``values`` None, ``rows`` the gradient's groups): the fused
-    ``update_row_groups``, each row's sum made inside the update.
-    """
-    if values is None:
-        groups, grad_rows, scale_grad_by_freq = rows
-        update_row_groups(param, grad_rows, groups, scale_grad_by_freq, *rest)
+def _update_rows(update_rows, update_row_groups, param, rows, *rest):
+    """Apply a sparse update to the rows ``_sparse_args`` returned: ``update_rows(param,
+    rows, values, *rest)`` for summed rows, the fused ``update_row_groups(param, grad,
+    groups, scale_grad_by_freq, *rest)`` (each row summed inside the update) otherwise."""
+    if isinstance(rows, UnsummedRows):
+        update_row_groups(param, rows.grad, rows.groups, rows.scale_grad_by_freq, *rest)
     else:
-        update_rows(param, rows, values, *rest)
+        update_rows(param, rows.rows, rows.values, *rest)
 
 
 def _same_as_param(states, names, param, avoid=()):
@@ -213,8 +226,8 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
     hyper = _sgd_hyper(_checks.check_update_target(param).dtype, lr, momentum, dampening,
                        weight_decay, nesterov, maximize)
     bufs = _momentum_buffer(momentum_buffer, hyper.momentum)
-    K, param, rows, values = _sparse_args(param, grad, (momentum_buffer, row_started),
-                                          ("momentum_buffer", "row_started"), fuse=True)
+    K, param, rows = _sparse_args(param, grad, (momentum_buffer, row_started),
+                                  ("momentum_buffer", "row_started"))
     if bufs:
         bufs = _same_as_param(bufs, ["momentum_buffer"], param)
         if row_started is None:
@@ -224,7 +237,7 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
                                     "row_started", avoid=(param, bufs[0]))
     else:
         bufs, started = [K.empty((0, 0), param.dtype)], K.empty((0,), np.bool_)
-    _update_rows(K.sgd_rows_, K.sgd_row_groups_, param, rows, values, bufs[0], started, hyper)
+    _update_rows(K.sgd_rows_, K.sgd_row_groups_, param, rows, bufs[0], started, hyper)
     return param
 
 
@@ -365,9 +378,9 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
     hyper = _adam_hyper(_checks.check_update_target(param).dtype, step, lr, betas, eps,
                         weight_decay, maximize, decoupled_weight_decay, sparse=True)
     names = ["exp_avg", "exp_avg_sq"]
-    K, param, rows, values = _sparse_args(param, grad, (exp_avg, exp_avg_sq), names, fuse=True)
+    K, param, rows = _sparse_args(param, grad, (exp_avg, exp_avg_sq), names)
     m, v = _same_as_param((exp_avg, exp_avg_sq), names, param)
-    _update_rows(K.adam_rows_, K.adam_row_groups_, param, rows, values, m, v, hyper)
+    _update_rows(K.adam_rows_, K.adam_row_groups_, param, rows, m, v, hyper)
     return param
 
 
@@ -457,9 +470,9 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
     """
     hyper = _adagrad_hyper(_checks.check_update_target(param).dtype, step, lr, lr_decay, 0.0,
                            eps, maximize)
-    K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",), fuse=True)
+    K, param, rows = _sparse_args(param, grad, (state_sum,), ("state_sum",))
     (state_sum,) = _same_as_param((state_sum,), ["state_sum"], param)
-    _update_rows(K.adagrad_rows_, K.adagrad_row_groups_, param, rows, values, state_sum, hyper)
+    _update_rows(K.adagrad_rows_, K.adagrad_row_groups_, param, rows, state_sum, hyper)
     return param
 
 
@@ -576,9 +589,9 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
     """
     hyper = _rowwise_hyper(_checks.check_update_target(param).dtype, lr, eps, weight_decay,
                            weight_decay_mode)
-    K, param, rows, values = _sparse_args(param, grad, (state_sum,), ("state_sum",), fuse=True)
+    K, param, rows = _sparse_args(param, grad, (state_sum,), ("state_sum",))
     state_sum = _checks.check_out(state_sum, (param.shape[0],), param.dtype, "state_sum",
                                   avoid=(param,))
-    _update_rows(K.rowwise_adagrad_rows_, K.rowwise_adagrad_row_groups_, param, rows, values,
+    _update_rows(K.rowwise_adagrad_rows_, K.rowwise_adagrad_row_groups_, param, rows,
                  state_sum, hyper)
     return param

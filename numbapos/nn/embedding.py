@@ -163,7 +163,7 @@ class Embedding(Module):
             self.weight.dtype, "the shape of the matching forward's output", "the table's")
         grad = None
         if self.weight.requires_grad:
-            lazy = self.weight.has_post_accumulate_grad_hooks
+            lazy = sparse and self.weight.fuses_step  # summed inside the optimiser's step
             values_out = None
             if sparse and not lazy and type(self.weight.data) is np.ndarray:
                 # The previous step's gradient values, once that gradient is dropped.

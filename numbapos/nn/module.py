@@ -9,14 +9,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _checks, _device
+from .. import _checks, _device, config
 from .._grad_mode import _STATE
 from ..sparse import SparseRows
 from ._outputs import OutputBuffer
 from .parameter import Parameter
 
-#: Unconsumed training-mode forwards a module holds before it warns (once).
-MAX_PENDING = 64
+
+def max_pending() -> int:
+    """Unconsumed forward records a module keeps per channel (config's ``max_pending_records``)."""
+    return config.get("max_pending_records")
 
 
 class IncompatibleKeys(NamedTuple):
@@ -36,9 +38,10 @@ class Module:
         y = module(x)              # forward; records what backward needs
         gx = module.backward(gy)   # accumulates parameter grads, returns grad wrt x
 
-    Every training-mode forward records its own context (index arrays and any
-    input its backward reads are copied), and every :meth:`backward` consumes
-    the most recent unconsumed record, last in first out as reverse mode runs:
+    Every forward records its own context (index arrays and any input its
+    backward reads are copied), in training and in eval mode alike, and every
+    :meth:`backward` consumes the most recent unconsumed record, last in first
+    out as reverse mode runs:
     ``m(a); m(b); m.backward(gb); m.backward(ga)`` accumulates both gradients,
     as a shared or tied layer needs. A backward with nothing recorded raises
     ``RuntimeError``; a gradient of another shape than that forward's output
@@ -46,9 +49,16 @@ class Module:
     (a LayerNorm's weight, a block's tables) must not change in between: a
     change made through :meth:`load_state_dict`, ``max_norm`` clipping,
     ``to(dtype)``, replacing ``.data`` or anything that calls
-    :meth:`Parameter.bump_version` raises ``RuntimeError`` at the backward. In
-    :meth:`eval` mode and inside :class:`numbapos.no_grad` a forward records
-    nothing.
+    :meth:`Parameter.bump_version` raises ``RuntimeError`` at the backward.
+    Inside :class:`numbapos.no_grad` a forward records nothing.
+
+    As in PyTorch, :meth:`train` / :meth:`eval` switch dropout and nothing
+    else: a backward in eval mode is the gradient of the eval-mode forward
+    (dropout off). A module keeps at most ``max_pending_records`` (64,
+    :mod:`numbapos.config`) unconsumed records per channel and drops the
+    oldest beyond that, so a loop of forwards that never runs a backward
+    (inference without ``no_grad``) holds a bounded amount of memory; a
+    backward that would need a dropped record raises ``RuntimeError``.
 
     Subclasses implement :meth:`forward` and :meth:`backward`, using
     :meth:`_recording`, :meth:`_save_for_backward`, :meth:`_saved_context` and
@@ -61,6 +71,7 @@ class Module:
         object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "_saved", {})
+        object.__setattr__(self, "_dropped", {})
         object.__setattr__(self, "_warned_pending", False)
         object.__setattr__(self, "_outputs", OutputBuffer())
         object.__setattr__(self, "_copies", OutputBuffer())
@@ -107,34 +118,55 @@ class Module:
     # ------------------------------------------------------------ forward records
 
     def _recording(self) -> bool:
-        """Whether a forward now records (training mode, outside :class:`numbapos.no_grad`)."""
-        return self.training and _STATE.enabled
+        """Whether a forward now records for a backward: outside :class:`numbapos.no_grad`,
+        in either mode (the mode is dropout's business only)."""
+        return _STATE.enabled
 
     def _save_for_backward(self, context, channel: str = "forward") -> None:
-        """Push ``context`` (owned values only: copies, scalars) for the next backward."""
+        """Push ``context`` (owned values only: copies, scalars) for the next backward.
+
+        Beyond ``max_pending_records`` unconsumed records the oldest is
+        dropped (and counted, so that the backward that would have consumed it
+        raises); in training mode that warns once, as a training forward whose
+        backward never runs is usually a bug.
+        """
         stack = self._saved.get(channel)
         if stack is None:
             stack = self._saved[channel] = []
         stack.append(context)
-        if len(stack) > MAX_PENDING and not self._warned_pending:
-            object.__setattr__(self, "_warned_pending", True)
-            warnings.warn(
-                f"{type(self).__name__} holds {len(stack)} training-mode {channel} calls that "
-                "no backward has consumed (each keeps copies of its inputs for its "
-                "backward): call backward once per forward, or run forwards that need no "
-                "gradient in eval() mode or under numbapos.no_grad()",
-                UserWarning, stacklevel=3)
+        if len(stack) > max_pending():
+            del stack[0]
+            self._dropped[channel] = self._dropped.get(channel, 0) + 1
+            if self.__dict__.get("training", False) and not self._warned_pending:
+                object.__setattr__(self, "_warned_pending", True)
+                warnings.warn(
+                    f"{type(self).__name__} holds {len(stack)} training-mode {channel} calls "
+                    "that no backward has consumed and dropped the oldest (a backward that "
+                    "would need it raises): call backward once per forward, or run forwards "
+                    "that need no gradient under numbapos.no_grad() (the limit is "
+                    "numbapos.config's max_pending_records)",
+                    UserWarning, stacklevel=3)
 
     def _saved_context(self, channel: str = "forward", call: str = "backward"):
         """The latest unconsumed record (not removed); RuntimeError if there is none."""
         stack = self._saved.get(channel)
         if not stack:
+            dropped = self._dropped.get(channel, 0)
+            if dropped:
+                self._dropped[channel] = dropped - 1
+                raise RuntimeError(
+                    f"{type(self).__name__}.{call}: the {channel} this {call} belongs to was "
+                    f"dropped: a module keeps at most {max_pending()} unconsumed {channel} "
+                    f"records (numbapos.config's max_pending_records, "
+                    f"NUMBAPOS_MAX_PENDING_RECORDS) and drops the oldest. Run each {call} "
+                    f"sooner, raise the limit, or run forwards that need no gradient under "
+                    "numbapos.no_grad()"
+                )
             raise RuntimeError(
                 f"{type(self).__name__}.{call} called before {channel}, or more often than "
-                f"{channel} was recorded: each {call} consumes one training-mode {channel} "
-                f"(last in, first out), and a {channel} in eval() mode or under "
-                "numbapos.no_grad() records nothing (for gradients with dropout off, keep "
-                "the module in training mode and call eval() on its Dropout children only)"
+                f"{channel} was recorded: each {call} consumes one recorded {channel} "
+                f"(last in, first out), and a {channel} under numbapos.no_grad() records "
+                "nothing"
             )
         return stack[-1]
 
@@ -377,6 +409,7 @@ class Module:
     def _on_device_change(self) -> None:
         """Drop recorded forwards; subclasses with device-dependent caches extend this."""
         self._saved.clear()
+        self._dropped.clear()
         self._outputs.clear()
         self._copies.clear()
 
@@ -405,13 +438,23 @@ class Module:
         return self._outputs.take(shape, dtype)
 
     def train(self, mode: bool = True) -> Module:
-        """Set training mode on this module and its children; returns self."""
+        """Set training mode on this module and its children; returns self.
+
+        As in PyTorch the mode changes only what depends on it, here dropout
+        (:class:`Dropout` and the blocks' dropout children); forwards record
+        for a backward in either mode (:class:`numbapos.no_grad` turns that off).
+        """
         for _, module in self.named_modules():
             object.__setattr__(module, "training", bool(mode))
         return self
 
     def eval(self) -> Module:
-        """Evaluation mode: dropout off, forwards record nothing; same as ``train(False)``."""
+        """Evaluation mode: dropout off; same as ``train(False)``.
+
+        Forwards still record for a backward (the gradient of the eval-mode
+        output); use :class:`numbapos.no_grad` for inference loops, or rely on
+        the bound on unconsumed records (see :class:`Module`).
+        """
         return self.train(False)
 
     def _state_items(self):

@@ -49,6 +49,7 @@ class Parameter:
         self.grad = None
         self._version = 0
         self._post_accumulate_grad_hooks: dict[int, object] = {}
+        self._fused_step_hooks: set[int] = set()  # ids of hooks that are optimiser steps
 
     @property
     def version(self) -> int:
@@ -80,7 +81,8 @@ class Parameter:
         device = self.device
         self.data = _device.to_device(_device.to_host(self.data).astype(dtype), device)
         if isinstance(self.grad, SparseRows):
-            values = _device.to_device(_device.to_host(self.grad.values).astype(dtype), device)
+            values = self.grad.materialize().values
+            values = _device.to_device(_device.to_host(values).astype(dtype), device)
             self.grad = SparseRows(self.grad.indices, values, self.grad.num_rows)
         elif self.grad is not None:
             self.grad = _device.to_device(_device.to_host(self.grad).astype(dtype), device)
@@ -92,11 +94,13 @@ class Parameter:
         As PyTorch's ``Tensor.register_post_accumulate_grad_hook``: the hook
         sees the accumulated ``param.grad`` and may use and clear it, e.g. to
         run an optimiser step inside the backward pass
-        (:meth:`numbapos.optim.SGD.fuse_with_backward` does). While hooks run, a
-        sparse gradient from :class:`~numbapos.nn.Embedding` may be unsummed
-        (``grad.summed`` False), letting an optimiser sum and update in one
-        pass; if the hooks leave it in ``grad``, it is summed before the
-        backward pass returns.
+        (:meth:`numbapos.optim.SGD.fuse_with_backward` does, through
+        :meth:`_register_fused_step`). The hook sees a summed gradient, unless
+        an optimiser's fused step is registered too (:attr:`fuses_step`): then
+        a sparse gradient from :class:`~numbapos.nn.Embedding` is left unsummed
+        (``grad.summed`` False, :meth:`SparseRows.materialize` sums it) so that
+        the optimiser sums and updates in one pass; if the hooks leave it in
+        ``grad``, it is summed before the backward pass returns.
 
         Returns
         -------
@@ -109,10 +113,25 @@ class Parameter:
         self._post_accumulate_grad_hooks[handle.id] = hook
         return handle
 
+    def _register_fused_step(self, hook) -> HookHandle:
+        """Register an optimiser's fused step (see :attr:`fuses_step`) as a hook."""
+        handle = self.register_post_accumulate_grad_hook(hook)
+        self._fused_step_hooks.add(handle.id)
+        return handle
+
     @property
     def has_post_accumulate_grad_hooks(self) -> bool:
-        """Whether any hook is registered (modules then leave sparse sums to the hooks)."""
+        """Whether any hook is registered."""
         return bool(self._post_accumulate_grad_hooks)
+
+    @property
+    def fuses_step(self) -> bool:
+        """Whether an optimiser's step runs inside the backward
+        (:meth:`~numbapos.optim.Optimizer.fuse_with_backward`): a sparse
+        :class:`~numbapos.nn.Embedding` then hands it its gradient unsummed."""
+        hooks = self._post_accumulate_grad_hooks
+        self._fused_step_hooks.intersection_update(hooks)  # drop removed handles
+        return bool(self._fused_step_hooks)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -178,8 +197,8 @@ class Parameter:
             _device.backend(self.grad).add_(self.grad, grad)
         for hook in list(self._post_accumulate_grad_hooks.values()):
             hook(self)
-        if isinstance(self.grad, SparseRows) and not self.grad.summed:
-            self.grad.values  # noqa: B018 - sum now: the lookup's gradient may change later
+        if isinstance(self.grad, SparseRows):
+            self.grad.materialize()  # sum now: the lookup's gradient may change later
 
     def __repr__(self) -> str:
         frozen = "" if self.requires_grad else ", requires_grad=False"

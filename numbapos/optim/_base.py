@@ -275,7 +275,7 @@ class Optimizer:
         handles = []
         for group in self.param_groups:
             for param in group["params"]:
-                handles.append(param.register_post_accumulate_grad_hook(
+                handles.append(param._register_fused_step(
                     lambda p, group=group: self._step_one(p, group)))
         return HookHandles(handles)
 

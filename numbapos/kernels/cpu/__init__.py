@@ -2,9 +2,10 @@
 
 Each area module's ``__all__`` lists its launchers; this namespace re-exports
 them all, and :func:`numbapos._device.backend` returns it for NumPy arrays.
+Importing it starts nothing: Numba's thread pool starts at the first launch
+of a parallel kernel, with numbapos's wait policy (:mod:`numbapos._pool`).
 """
 
-from ..._pool import start_pool
 from . import (
     arrays,
     background,  # noqa: F401  (its setting: python -m numbapos info; the warm-up)
@@ -29,7 +30,8 @@ from .positional import *  # noqa: F403
 AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
-# Load Numba's thread pool with a bounded spin-wait before any parallel kernel runs
-# (see numbapos._pool): next to other busy processes, spinning threads cost
-# several-fold.
-start_pool()
+
+def start() -> None:
+    """Prepare the backend for its first launch: nothing to do here. The thread
+    pool starts at the first parallel launch (:func:`.arrays.runs_parallel`)."""
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import _pool, config
 from . import background
 
 __all__ = ["DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty", "full", "to_host",
@@ -12,21 +13,34 @@ __all__ = ["DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty", "ful
 
 DEVICE = "cpu"
 
-# Below this many elements of work a parallel launch costs more than it saves.
-# The only serial/parallel threshold of the CPU launchers. (Raising it to 2**18
-# to spare mid-sized calls a wake-up of the pool doubled a small sparse training
-# step, whose row updates are bound by memory latency, not by element count.)
-PARALLEL_MIN_ELEMENTS = 1 << 15
+# Below config's ``parallel_min_elements`` (2**15) elements of work a parallel
+# launch costs more than it saves. The only serial/parallel threshold of the CPU
+# launchers. (Raising it to 2**18 to spare mid-sized calls a wake-up of the pool
+# doubled a small sparse training step, whose row updates are bound by memory
+# latency, not by element count.)
+
+
+def runs_parallel(work: int) -> bool:
+    """Whether ``work`` elements go to a parallel kernel; if so, the pool is started.
+
+    The thread pool starts here, at the first launch that needs it (with
+    numbapos's wait policy, :func:`numbapos._pool.start_pool`), not at import.
+    """
+    if work < config.get("parallel_min_elements"):
+        return False
+    if not _pool.started:
+        _pool.start_pool()
+    return True
 
 
 def pick(serial, parallel, work: int):
-    """The serial kernel for small work, the parallel one from PARALLEL_MIN_ELEMENTS on.
+    """The serial kernel for small work, the parallel one from ``parallel_min_elements`` on.
 
     The two must take the same arguments and compute the same bits: while the
     parallel one is not compiled yet (cold cache), its calls run the serial one
     and it compiles in a background thread (:mod:`.background`).
     """
-    if work < PARALLEL_MIN_ELEMENTS:
+    if not runs_parallel(work):
         return serial
     if id(parallel) not in background.installed:
         background.install(serial, parallel)

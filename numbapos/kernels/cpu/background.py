@@ -21,7 +21,8 @@ first compilations go first), compiles the kernel, and Numba writes it to the
 cache; from then on calls run it. With a warm cache nothing changes: the
 parallel kernel is loaded at its first call, as before.
 
-``NUMBAPOS_BACKGROUND_COMPILE=0`` turns this off (every kernel compiles in the
+``NUMBAPOS_BACKGROUND_COMPILE=0`` (:mod:`numbapos.config`'s
+``background_compile``) turns this off (every kernel compiles in the
 calling thread when first needed); ``python -m numbapos warmup`` compiles in
 the foreground either way, and :func:`wait` blocks until the queue is empty.
 
@@ -32,6 +33,10 @@ Safety:
   no thread of it will release; the child starts with an empty queue.
 - At interpreter exit the thread finishes the kernel it is compiling (so the
   cache gets it) and takes no other.
+- It replaces one private method of Numba's dispatchers, so it is active only
+  on the Numba versions it is tested with (:data:`NUMBA_VERSIONS`, the bounds
+  of the ``numba`` requirement); on any other version every kernel compiles as
+  Numba does by itself.
 - Any failure to compile in the background (or a Numba whose internals this
   module does not know) leaves the kernel to be compiled in the foreground at
   its next call, which raises as it would have.
@@ -46,18 +51,36 @@ import time
 from collections import deque
 from contextlib import contextmanager
 
+import numba
 from numba.core import event
 from numba.core.compiler_lock import global_compiler_lock
 
-__all__ = ["ENV", "QUIET_SECONDS", "enabled", "foreground", "install", "installed", "pending",
-           "wait"]
+from ... import config
+
+__all__ = ["ENV", "NUMBA_VERSIONS", "QUIET_SECONDS", "enabled", "foreground", "install",
+           "installed", "numba_supported", "pending", "wait"]
 
 # How long the calling threads must have compiled nothing before the background
 # thread starts a kernel: long enough to span the gaps between the first
 # compilations of one training step, short against a parallel compilation (0.3-1.3 s).
 QUIET_SECONDS = 0.1
 
-ENV = "NUMBAPOS_BACKGROUND_COMPILE"
+ENV = config.SETTINGS["background_compile"].variable
+
+# The Numba minor versions whose dispatcher internals this module is tested with
+# (first, last), the bounds of pyproject.toml's numba requirement.
+NUMBA_VERSIONS = ((0, 59), (0, 68))
+
+
+def numba_supported(version: str | None = None) -> bool:
+    """Whether the installed (or given) Numba is one this module may patch."""
+    parts = (version or numba.__version__).split(".")
+    try:
+        minor = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return False
+    return NUMBA_VERSIONS[0] <= minor <= NUMBA_VERSIONS[1]
+
 
 _cv = threading.Condition()
 _queue: deque = deque()  # (parallel dispatcher, argument types), oldest first
@@ -80,10 +103,7 @@ def enabled() -> bool:
     ValueError
         ``NUMBAPOS_BACKGROUND_COMPILE`` is set to something other than 0 or 1.
     """
-    value = os.environ.get(ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV}: expected 0 or 1, got {value!r}")
-    return value == "1" and _foreground_depth == 0
+    return config.get("background_compile") and _foreground_depth == 0
 
 
 @contextmanager
@@ -130,7 +150,7 @@ def install(serial, parallel) -> None:
         installed.add(id(parallel))
         # Numba's C dispatcher looks this method up on the instance at each miss.
         compile_here = getattr(parallel, "_compile_for_args", None)
-        if compile_here is None:  # a Numba without it: compile as Numba does
+        if compile_here is None or not numba_supported():  # compile as Numba does
             return
         parallel._compile_for_args = _hook(serial, parallel, compile_here)
 

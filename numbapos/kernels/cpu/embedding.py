@@ -11,6 +11,7 @@ import threading
 import numpy as np
 from numba import prange
 
+from ... import _pool
 from ..._args import RowGroups
 from .arrays import option, pick
 from .jit import kernel
@@ -60,6 +61,8 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
     ``max_norm / (norm + 1e-7)``, once however often it repeats.
     """
     if flat.size:
+        if not _pool.started:  # an always-parallel kernel
+            _pool.start_pool()
         _renorm_rows_(weight, unique_rows(flat), float(max_norm), float(norm_type))
 
 

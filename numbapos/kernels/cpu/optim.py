@@ -13,7 +13,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .arrays import PARALLEL_MIN_ELEMENTS, option, pick
+from .arrays import option, pick, runs_parallel
 from .branchless import choose
 from .embedding import group_gradient
 from .jit import kernel
@@ -87,7 +87,7 @@ def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *
     if used == 0:
         return
     dim = param.shape[1]
-    chunks = 1 if used * dim < PARALLEL_MIN_ELEMENTS else min(used, 4 * numba.get_num_threads())
+    chunks = min(used, 4 * numba.get_num_threads()) if runs_parallel(used * dim) else 1
     scratch = np.empty((chunks, accumulators * dim), param.dtype)
     run = parallel if chunks > 1 else serial
     run(param, grad, groups, option(scale_grad_by_freq), scratch, *rest)

@@ -28,14 +28,13 @@ address past the end of a table (callers still bound the row) costs nothing
 but a wasted request.
 """
 
-import os
-
 import llvmlite.binding as ll
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
+from ... import config as settings
 from .jit import kernel
 
 __all__ = ["AHEAD", "MAX_LINES", "PREFETCH_LINES", "prefetch_listed", "prefetch_listed_for_write",
@@ -47,7 +46,7 @@ AHEAD = 8
 MAX_LINES = 64
 """The most cache lines prefetched per row (4 KB); the hardware prefetcher follows a longer row."""
 
-PREFETCH_ENV = "NUMBAPOS_PREFETCH_LINES"
+PREFETCH_ENV = settings.SETTINGS["prefetch_lines"].variable
 
 
 def cpu_name() -> str:
@@ -55,21 +54,12 @@ def cpu_name() -> str:
     return config.CPU_NAME or ll.get_host_cpu_name()
 
 
-def prefetch_lines(env=None, cpu=None) -> int:
-    """Cache lines to prefetch per row: ``NUMBAPOS_PREFETCH_LINES``, else by CPU.
-
-    Raises ValueError for an override that is not an integer in ``[0, MAX_LINES]``.
-    """
-    env = os.environ if env is None else env
-    text = env.get(PREFETCH_ENV)
-    if text is not None:
-        try:
-            lines = int(text)
-        except ValueError:
-            lines = -1
-        if not 0 <= lines <= MAX_LINES:
-            raise ValueError(f"{PREFETCH_ENV}: expected an integer in [0, {MAX_LINES}], "
-                             f"got {text!r}")
+def prefetch_lines(lines=None, cpu=None) -> int:
+    """Cache lines to prefetch per row: ``lines`` (default: :mod:`numbapos.config`'s
+    ``prefetch_lines``, ``NUMBAPOS_PREFETCH_LINES``) when set, else by CPU."""
+    if lines is None:
+        lines = settings.get("prefetch_lines")
+    if lines is not None:
         return lines
     return MAX_LINES if (cpu or cpu_name()).startswith("znver") else 0
 

@@ -3,21 +3,27 @@
 Imported only by :func:`numbapos._device.kernels_for` when a CUDA array or
 ``device="cuda"`` asks for it; on a machine without a GPU it runs on Numba's
 CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before Numba is imported).
+
+Importing it changes nothing outside it: :func:`start`, which
+:func:`numbapos._device.kernels_for` calls once before the first launch,
+installs the caching allocator (:mod:`.memory`).
 """
 
-from . import memory
-
-memory.install()  # before Numba makes its first CUDA context (see memory.py)
-
-from . import arrays, blocks, dropout, embedding, init, normalization, optim, positional  # noqa: E402
-from .arrays import *  # noqa: E402, F403
-from .blocks import *  # noqa: E402, F403
-from .dropout import *  # noqa: E402, F403
-from .embedding import *  # noqa: E402, F403
-from .init import *  # noqa: E402, F403
-from .normalization import *  # noqa: E402, F403
-from .optim import *  # noqa: E402, F403
-from .positional import *  # noqa: E402, F403
+from . import arrays, blocks, dropout, embedding, init, memory, normalization, optim, positional
+from .arrays import *  # noqa: F403
+from .blocks import *  # noqa: F403
+from .dropout import *  # noqa: F403
+from .embedding import *  # noqa: F403
+from .init import *  # noqa: F403
+from .normalization import *  # noqa: F403
+from .optim import *  # noqa: F403
+from .positional import *  # noqa: F403
 
 AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
+
+
+def start() -> None:
+    """Prepare the backend for its first launch: the caching allocator, before
+    Numba makes its first CUDA context (see :mod:`.memory`)."""
+    memory.install()

@@ -14,7 +14,8 @@ eighth of the next power of two above, so a block serves requests of nearly
 the same size. On an out-of-memory error the cache is emptied and the
 allocation retried once.
 
-It is installed when the CUDA backend is first imported, only if Numba has
+It is installed when the CUDA backend is first used (``_device.kernels_for``
+calls :func:`install` once, before any launch), only if Numba has
 made no CUDA context yet, the user has not chosen another manager
 (``NUMBA_CUDA_MEMORY_MANAGER``) and ``NUMBAPOS_CUDA_MEMORY_POOL`` is not
 ``0``. :func:`empty_cache` gives the cached blocks back to the driver.
@@ -22,12 +23,13 @@ made no CUDA context yet, the user has not chosen another manager
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections import defaultdict
 
 from numba import config, cuda
+
+from ... import config as settings
 
 __all__ = []  # not launchers
 
@@ -102,7 +104,7 @@ def _manager_class():
 
 def install() -> bool:
     """Make the caching manager Numba's memory manager, where that is still possible."""
-    if config.ENABLE_CUDASIM or os.environ.get("NUMBAPOS_CUDA_MEMORY_POOL", "1") == "0":
+    if config.ENABLE_CUDASIM or not settings.get("cuda_memory_pool"):
         return False
     if config.CUDA_MEMORY_MANAGER != "default":
         return False  # the user chose a manager (RMM, ...)

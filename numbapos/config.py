@@ -1,0 +1,262 @@
+"""numbapos's runtime settings: every ``NUMBAPOS_*`` variable, parsed in one place.
+
+Each setting has a name, an environment variable, a default and a parser.
+The environment is read once, at the first read of any setting (not at
+import, so a bad value raises where numbapos is first used, naming the
+variable); :func:`override` changes settings for a block of code, for the
+warm-up, tests and benchmarks, instead of patching module constants.
+``python -m numbapos info`` prints them all (:func:`describe`).
+
+============================  ==================================  =============================
+setting                       variable                            default
+============================  ==================================  =============================
+``background_compile``        ``NUMBAPOS_BACKGROUND_COMPILE``     ``True``: parallel kernels
+                                                                  missing from the cache compile
+                                                                  in a background thread
+``spin_count``                ``NUMBAPOS_SPIN_COUNT``             ``10000``: OpenMP spin before
+                                                                  idle threads sleep
+``prefetch_lines``            ``NUMBAPOS_PREFETCH_LINES``         by CPU (64 on AMD Zen, else 0)
+``parallel_min_elements``     ``NUMBAPOS_PARALLEL_MIN_ELEMENTS``  ``32768``: smaller work runs
+                                                                  the serial kernel
+``max_pending_records``       ``NUMBAPOS_MAX_PENDING_RECORDS``    ``64``: unconsumed forward
+                                                                  records a module keeps
+``cuda_memory_pool``          ``NUMBAPOS_CUDA_MEMORY_POOL``       ``True``: numbapos's caching
+                                                                  device allocator
+============================  ==================================  =============================
+
+When each is read: ``spin_count`` when the thread pool starts (the first
+parallel kernel), ``cuda_memory_pool`` when the CUDA backend first launches
+(before Numba makes a CUDA context), ``prefetch_lines`` when the CPU kernels
+are compiled (it is compiled into them, so it is fixed for the process once
+the CPU backend is imported); the others at every call that uses them, so
+:func:`override` changes them at once.
+
+Examples
+--------
+>>> import numbapos
+>>> numbapos.config.get("parallel_min_elements")
+32768
+>>> with numbapos.config.override(parallel_min_elements=0):   # every kernel parallel
+...     numbapos.config.get("parallel_min_elements")
+0
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+__all__ = ["SETTINGS", "Setting", "describe", "get", "override", "reset", "unknown_variables"]
+
+PREFIX = "NUMBAPOS_"
+
+
+class Setting(NamedTuple):
+    """One runtime setting: its name, variable, default, parser and meaning."""
+
+    name: str
+    variable: str
+    default: Any
+    parse: Callable[[str], Any]
+    check: Callable[[Any], Any]
+    doc: str
+
+
+def _flag(variable: str):
+    def parse(text: str) -> bool:
+        value = text.strip()
+        if value not in ("0", "1"):
+            raise ValueError(f"{variable}: expected 0 or 1, got {text!r}")
+        return value == "1"
+
+    def check(value) -> bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{variable[len(PREFIX):].lower()}: expected a bool, got "
+                            f"{type(value).__name__}")
+        return value
+
+    return parse, check
+
+
+def _int_between(variable: str, low: int, high: int | None, allow_none: bool = False):
+    name = variable[len(PREFIX):].lower()
+    span = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+
+    def check(value):
+        if value is None and allow_none:
+            return None
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise TypeError(f"{name}: expected {span}, got {type(value).__name__}")
+        value = int(value)
+        if value < low or (high is not None and value > high):
+            raise ValueError(f"{name}: expected {span}, got {value}")
+        return value
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(f"{variable}: expected {span}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise ValueError(f"{variable}: expected {span}, got {text!r}")
+        return value
+
+    return parse, check
+
+
+def _setting(name, default, kind, doc, **bounds) -> Setting:
+    variable = PREFIX + name.upper()
+    if kind == "flag":
+        parse, check = _flag(variable)
+    else:
+        parse, check = _int_between(variable, **bounds)
+    return Setting(name, variable, default, parse, check, doc)
+
+
+SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
+    _setting("background_compile", True, "flag",
+             "parallel kernels missing from the cache compile in a background thread while "
+             "their serial twins run the call (0: in the calling thread)"),
+    _setting("spin_count", 10_000, "int",
+             "OpenMP iterations an idle pool thread spins before it sleeps, set while the pool "
+             "starts unless OMP_WAIT_POLICY / GOMP_SPINCOUNT are set (0: sleep at once)",
+             low=0, high=None),
+    _setting("prefetch_lines", None, "int",
+             "cache lines prefetched per table row in lookups (default: 64 on AMD Zen, else 0); "
+             "compiled into the CPU kernels", low=0, high=64, allow_none=True),
+    _setting("parallel_min_elements", 1 << 15, "int",
+             "elements of work from which a CPU launcher runs its parallel kernel",
+             low=0, high=None),
+    _setting("max_pending_records", 64, "int",
+             "forward records a module keeps for backwards not yet run; older ones are dropped "
+             "(a backward that would need one raises RuntimeError)", low=1, high=None),
+    _setting("cuda_memory_pool", True, "flag",
+             "numbapos's caching allocator for CUDA device memory (0: Numba's own)"),
+)}
+
+_lock = threading.Lock()
+_from_environment: dict | None = None  # parsed once, at the first read
+_overrides: list[dict] = []  # innermost last
+_current: dict | None = None  # environment + overrides, what get() returns
+
+
+def _environment() -> dict:
+    """The settings as the environment gives them (parsed at the first call only)."""
+    global _from_environment
+    if _from_environment is None:
+        values = {}
+        for setting in SETTINGS.values():
+            text = os.environ.get(setting.variable)
+            values[setting.name] = setting.default if text is None else setting.parse(text)
+        _from_environment = values
+    return _from_environment
+
+
+def _rebuild() -> dict:
+    global _current
+    values = dict(_environment())
+    for layer in _overrides:
+        values.update(layer)
+    _current = values
+    return values
+
+
+def get(name: str):
+    """The value of setting ``name`` now (environment, then any :func:`override`).
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`SETTINGS`.
+
+    Raises
+    ------
+    KeyError
+        An unknown name (the known ones listed).
+    ValueError
+        A ``NUMBAPOS_*`` variable with a value its setting does not accept
+        (raised at the first read of any setting, naming the variable).
+    """
+    values = _current
+    if values is None:
+        with _lock:
+            values = _rebuild()
+    try:
+        return values[name]
+    except KeyError:
+        raise KeyError(f"numbapos.config: no setting {name!r}; the settings are "
+                       f"{sorted(SETTINGS)}") from None
+
+
+@contextmanager
+def override(**values) -> Iterator[None]:
+    """Use other values for some settings inside a ``with`` block (process-wide).
+
+    Overrides nest, and the previous values come back on exit, also after an
+    exception. They apply to every thread, as the environment does; settings
+    read only once (``spin_count``, ``cuda_memory_pool``, ``prefetch_lines``,
+    see the module docstring) are not changed for a pool, context or kernel
+    that already exists.
+
+    Parameters
+    ----------
+    **values
+        ``name=value`` for settings of :data:`SETTINGS`, checked as their
+        variables are (``prefetch_lines=None`` restores the choice by CPU).
+
+    Raises
+    ------
+    KeyError
+        An unknown setting name.
+    TypeError, ValueError
+        A value the setting does not accept; nothing is changed.
+    """
+    layer = {}
+    for name, value in values.items():
+        if name not in SETTINGS:
+            raise KeyError(f"override: no setting {name!r}; the settings are {sorted(SETTINGS)}")
+        layer[name] = SETTINGS[name].check(value)
+    with _lock:
+        _overrides.append(layer)
+        _rebuild()
+    try:
+        yield
+    finally:
+        with _lock:
+            _overrides.remove(layer)
+            _rebuild()
+
+
+def reset() -> None:
+    """Read the environment again at the next :func:`get` (for tests that change it)."""
+    global _from_environment, _current
+    with _lock:
+        _from_environment = None
+        _current = None
+
+
+def unknown_variables() -> list[str]:
+    """``NUMBAPOS_*`` variables set in the environment that no setting reads (typos)."""
+    known = {s.variable for s in SETTINGS.values()}
+    return sorted(name for name in os.environ if name.startswith(PREFIX) and name not in known)
+
+
+def describe() -> list[tuple[str, str, Any, str, str]]:
+    """``(name, variable, value, source, meaning)`` of every setting, for ``info``.
+
+    ``source`` is ``"environment"``, ``"override"`` or ``"default"``.
+    """
+    rows = []
+    for setting in SETTINGS.values():
+        value = get(setting.name)
+        if any(setting.name in layer for layer in _overrides):
+            source = "override"
+        elif setting.variable in os.environ:
+            source = "environment"
+        else:
+            source = "default"
+        rows.append((setting.name, setting.variable, value, source, setting.doc))
+    return rows
