@@ -4,10 +4,11 @@ import os
 import sys
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-# Parallel kernels compile when first called, so a test that compares them with
-# their serial twins compares what it means to on a cold cache too;
-# tests/test_background_compile.py tests the background compilation itself.
-os.environ.setdefault("NUMBAPOS_BACKGROUND_COMPILE", "0")
+# The tests run with the settings users get (numbapos.config's defaults: the
+# background compiler on). A test that compares parallel kernels with their
+# serial twins or across thread counts asks for the `foreground_compile`
+# fixture (`parallel_threshold` implies it), so that on a cold cache it runs
+# the parallel kernel itself, not its serial twin while the kernel compiles.
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -185,11 +186,21 @@ def host(x):
 
 
 @pytest.fixture
-def parallel_threshold():
+def foreground_compile():
+    """Parallel kernels compile in the calling thread during this test (it compares them)."""
+    import numbapos
+
+    with numbapos.config.override(background_compile=False):
+        yield
+
+
+@pytest.fixture
+def parallel_threshold(foreground_compile):
     """``parallel_threshold(n)`` sets config's ``parallel_min_elements`` for the rest of the test.
 
     ``1 << 40`` makes every CPU launcher run its serial kernel, ``1`` (or 0) its
-    parallel one; the setting comes back when the test ends.
+    parallel one (compiled in the foreground); the setting comes back when the
+    test ends.
     """
     import contextlib
 

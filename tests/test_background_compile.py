@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import numbapos
 from numbapos import _warmup
 from numbapos.kernels.cpu import AREAS, arrays, background
 
@@ -64,8 +65,13 @@ def test_every_serial_parallel_pair_computes_the_same_bits(monkeypatch):
     assert written <= compared, f"not driven by the warm-up: {sorted(written - compared)}"
 
 
+def _environment(monkeypatch, value):
+    monkeypatch.setenv(background.ENV, value)
+    numbapos.config.reset()  # the environment is read once; read it again
+
+
 def test_switch_reads_the_environment(monkeypatch):
-    monkeypatch.setenv(background.ENV, "1")
+    _environment(monkeypatch, "1")
     assert background.enabled()
     with background.foreground():
         assert not background.enabled()
@@ -73,11 +79,23 @@ def test_switch_reads_the_environment(monkeypatch):
             assert not background.enabled()
         assert not background.enabled()
     assert background.enabled()
-    monkeypatch.setenv(background.ENV, "0")
+    with numbapos.config.override(background_compile=False):
+        assert not background.enabled()
+    _environment(monkeypatch, "0")
     assert not background.enabled()
-    monkeypatch.setenv(background.ENV, "yes")
+    _environment(monkeypatch, "yes")
     with pytest.raises(ValueError, match="NUMBAPOS_BACKGROUND_COMPILE: expected 0 or 1, got 'yes'"):
         background.enabled()
+    monkeypatch.undo()
+    numbapos.config.reset()
+
+
+def test_patches_numba_only_on_the_versions_it_is_tested_with():
+    assert background.numba_supported()  # the installed Numba is inside the declared bounds
+    assert background.numba_supported("0.59.0") and background.numba_supported("0.68.1")
+    assert not background.numba_supported("0.58.1")
+    assert not background.numba_supported("0.69.0rc1")
+    assert not background.numba_supported("1.0.0") and not background.numba_supported("dev")
 
 
 def test_wait_returns_at_once_with_nothing_queued():
@@ -192,6 +210,7 @@ def test_wait_for_compiles_checks_its_timeout():
             numbapos.wait_for_compiles(bad)
 
 
+@pytest.mark.usefixtures("foreground_compile")
 def test_install_hooks_a_dispatcher_once():
     from numba import njit, prange
 
@@ -210,5 +229,5 @@ def test_install_hooks_a_dispatcher_once():
     hook = parallel._compile_for_args
     background.install(serial, parallel)
     assert parallel._compile_for_args is hook
-    # Switched off (as in this test process), a miss compiles in the calling thread.
+    # Switched off (foreground_compile), a miss compiles in the calling thread.
     assert parallel(np.ones(5)) == 5.0 and len(parallel.signatures) == 1

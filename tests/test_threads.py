@@ -86,6 +86,7 @@ def test_bad_spin_count_is_a_clear_error():
     assert "NUMBAPOS_SPIN_COUNT: expected an integer >= 0, got 'lots'" in done.stderr
 
 
+@pytest.mark.usefixtures("foreground_compile")
 def test_set_num_threads_validates_and_is_per_thread():
     before = numbapos.get_num_threads()
     limit = numbapos._pool.pool_settings()["pool_size"]
