@@ -122,7 +122,7 @@ class Embedding(Module):
         """Look up ``indices`` (any shape); returns ``indices.shape + (D,)``.
 
         Clips rows first when ``max_norm`` is set; see :func:`numbapos.functional.embedding`.
-        In training mode (outside :class:`numbapos.no_grad`) a copy of
+        Outside :class:`numbapos.no_grad` (in either mode) a copy of
         ``indices`` is recorded for the matching :meth:`backward`.
         """
         if out is None and type(self.weight.data) is np.ndarray:
@@ -184,7 +184,7 @@ class Embedding(Module):
         The product is a GEMM, which numbapos leaves to BLAS: on the GPU ``h``
         and the table go through the host and the logits come back to the GPU
         (for speed there, multiply with CuPy or PyTorch on the same arrays).
-        In training mode a copy of ``h`` is recorded for the matching
+        Outside :class:`numbapos.no_grad` a copy of ``h`` is recorded for the matching
         :meth:`attend_backward` (its own last-in-first-out channel, separate
         from :meth:`forward`'s).
         """

@@ -105,7 +105,7 @@ class Module:
     # ------------------------------------------------------------ contract
 
     def forward(self, *args, **kwargs):
-        """Compute the output; in training mode also record what :meth:`backward` needs."""
+        """Compute the output; outside :class:`numbapos.no_grad` record what backward needs."""
         raise NotImplementedError(f"{type(self).__name__} does not implement forward")
 
     def backward(self, grad_output):
