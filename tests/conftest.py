@@ -61,6 +61,18 @@ def _atomic_simulator_shared_arrays():
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     _atomic_simulator_shared_arrays()
+    if os.environ.get("PTX_SIGNATURES"):
+        # Note each kernel launch's argument types: tests/ptx_signatures.py then
+        # compiles them all to PTX (.ci/run), which the simulator never does.
+        import ptx_signatures
+
+        ptx_signatures.install_recorder()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("PTX_SIGNATURES")
+    if path and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and "ptx_signatures" in sys.modules:
+        sys.modules["ptx_signatures"].save(path)
 
 
 def _numba_cuda_importable() -> bool:
