@@ -31,6 +31,11 @@ def info() -> int:
     print(f"python   {platform.python_version()} ({platform.machine()})")
     print(f"numpy    {numpy.__version__}")
     print(f"numba    {numba.__version__}")
+    try:
+        numbapos.config.get("background_compile")  # parses every NUMBAPOS_* variable
+    except ValueError as err:
+        print(f"settings error: {err}", file=sys.stderr)
+        return 1
     pool = numbapos._pool.pool_settings()
     print(f"threads  {pool['threads']} of {pool['pool_size']} (numba threading layer: "
           f"{pool['layer']}; idle threads: {pool['wait']})")

@@ -134,6 +134,16 @@ def test_info_lists_every_setting_and_unknown_variables():
     assert "NUMBAPOS_SPINCOUNT is set but numbapos has no such setting" in done.stdout
 
 
+def test_info_reports_a_bad_variable_without_a_traceback():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBAPOS_SPIN_COUNT="lots")
+    done = subprocess.run([sys.executable, "-m", "numbapos", "info"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "settings error: NUMBAPOS_SPIN_COUNT: expected an integer >= 0, got 'lots'" in (
+        done.stderr)
+    assert "Traceback" not in done.stderr
+
+
 def test_importing_numbapos_and_its_backends_starts_nothing():
     """No thread pool at import, and none for small (serial) work; the first parallel launch
     starts it."""
