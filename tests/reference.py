@@ -296,3 +296,30 @@ def finite_difference(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
         flat_x[i] = old
         flat_g[i] = (up - down) / (2 * eps)
     return grad
+
+
+# ----------------------------------------------------------------- rotary
+
+
+def rope_inv_freq(dim, base=10000.0):
+    return 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
+def rotary(x, positions, inv_freq, scale=1.0, interleaved=False, head_axis=1, sign=1.0):
+    """Rotate pairs of the last axis of a 4-D ``x`` in float64; ``positions`` is (P, L)."""
+    x = np.asarray(x, dtype=np.float64)
+    xx = x if head_axis == 1 else x.transpose(0, 2, 1, 3)  # (B, H, L, D)
+    angle = np.asarray(positions, np.float64)[..., None] * np.asarray(inv_freq, np.float64)
+    c = (np.cos(angle) * scale)[:, None]  # (P, 1, L, R/2)
+    s = (np.sin(angle) * scale * sign)[:, None]
+    half = len(inv_freq)
+    out = xx.copy()
+    if interleaved:
+        a, b = xx[..., 0:2 * half:2], xx[..., 1:2 * half:2]
+        out[..., 0:2 * half:2] = a * c - b * s
+        out[..., 1:2 * half:2] = b * c + a * s
+    else:
+        a, b = xx[..., :half], xx[..., half:2 * half]
+        out[..., :half] = a * c - b * s
+        out[..., half:2 * half] = b * c + a * s
+    return out if head_axis == 1 else out.transpose(0, 2, 1, 3)

@@ -40,6 +40,8 @@ from .positional import (
     positions_from_padding,
     sinusoidal_pos_embedding,
 )
+from .rope import rope_frequencies
+from .rotary import apply_rotary, apply_rotary_backward, rotary_qk
 
 __all__ = [
     "BertEmbeddingsGrads",
@@ -49,6 +51,8 @@ __all__ = [
     "adam_",
     "add_positional",
     "add_positional_backward",
+    "apply_rotary",
+    "apply_rotary_backward",
     "bert_embeddings",
     "bert_embeddings_backward",
     "bert_embeddings_forward",
@@ -69,6 +73,8 @@ __all__ = [
     "positional_mult_add_backward",
     "positions_from_attention_mask",
     "positions_from_padding",
+    "rope_frequencies",
+    "rotary_qk",
     "rowwise_adagrad_",
     "sgd_",
     "sinusoidal_pos_embedding",

@@ -16,6 +16,7 @@ from . import (
     optim,
     positional,
     prefetch,  # noqa: F401  (its setting: python -m numbapos info)
+    rotary,
 )
 from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
@@ -25,8 +26,9 @@ from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
 from .positional import *  # noqa: F403
+from .rotary import *  # noqa: F403
 
-AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
+AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 # Load Numba's thread pool with a bounded spin-wait before any parallel kernel runs

@@ -9,7 +9,17 @@ from . import memory
 
 memory.install()  # before Numba makes its first CUDA context (see memory.py)
 
-from . import arrays, blocks, dropout, embedding, init, normalization, optim, positional  # noqa: E402
+from . import (  # noqa: E402
+    arrays,
+    blocks,
+    dropout,
+    embedding,
+    init,
+    normalization,
+    optim,
+    positional,
+    rotary,
+)
 from .arrays import *  # noqa: E402, F403
 from .blocks import *  # noqa: E402, F403
 from .dropout import *  # noqa: E402, F403
@@ -18,6 +28,7 @@ from .init import *  # noqa: E402, F403
 from .normalization import *  # noqa: E402, F403
 from .optim import *  # noqa: E402, F403
 from .positional import *  # noqa: E402, F403
+from .rotary import *  # noqa: E402, F403
 
-AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
+AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)

@@ -1,0 +1,147 @@
+"""CPU kernels for rotary position embeddings (RoPE): the cos / sin table and the rotation.
+
+Launchers (``__all__``, twinned in ``kernels/cuda/rotary.py``) take validated
+arrays and caller-owned outputs. The op runs in two steps:
+
+1. :func:`rotary_table` fills ``cos`` / ``sin`` of shape ``(P, L, R/2)`` (``P``
+   rows of positions, 1 when the batch shares them): one float64 angle, sine and
+   cosine per position and frequency, however many heads (and q and k) use it.
+   ``np.sin`` / ``np.cos`` reduce the float64 angle exactly, so a float32 table
+   is within one rounding of the true value at any position up to 2**20 and
+   beyond.
+2. :func:`rotary_apply` rotates the channel pairs of ``x`` (``(B, A, C, D)``:
+   heads then positions, or positions then heads) with the table, and copies
+   the channels past ``R`` unchanged. Each pair is read before it is written,
+   so ``out`` may be ``x`` itself. Every element is computed on its own (no
+   sums), so the result does not depend on the thread count.
+"""
+
+import numpy as np
+from numba import prange
+
+from .arrays import pick
+from .jit import kernel
+
+__all__ = ["rotary_apply", "rotary_table"]
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def rotary_table(positions, offset, inv_freq, angles, cos, sin):
+    """``cos[p, l, i] = scale * cos(sign * pos * inv_freq[i])`` (``sin`` likewise).
+
+    ``pos`` is ``offset + positions[p, l]``, or ``offset + l`` when ``positions``
+    is None; ``angles`` is a :class:`~numbapos._args.RotaryAngles`. ``inv_freq``
+    is float64 on this device; ``cos`` / ``sin`` are ``(P, L, R/2)`` of the data's
+    dtype.
+    """
+    if cos.size:
+        kernel = pick(_table, _table_parallel, cos.size * 8)
+        kernel(positions, offset, inv_freq, angles, cos, sin)
+
+
+def rotary_apply(x, cos, sin, interleaved, head_axis, out):
+    """Rotate the first ``R = 2 * cos.shape[2]`` channels of every row of ``x`` by the table.
+
+    ``x`` / ``out`` are ``(B, H, L, D)`` (``head_axis == 1``) or ``(B, L, H, D)``
+    (``head_axis == 2``); ``cos`` / ``sin`` are ``(1 or B, L, R/2)``. Pairs are
+    ``(i, i + R/2)`` or, with ``interleaved``, ``(2i, 2i + 1)``.
+    """
+    if x.size:
+        pick(_apply, _apply_parallel, x.size)(x, cos, sin, bool(interleaved), head_axis, out)
+
+
+# ---------------------------------------------------------------- cos / sin table
+
+
+@kernel(inline="always")
+def _table_row(pos, inv_freq, angles, crow, srow):
+    """One position's row of the table: cos and sin of each frequency, scaled."""
+    for i in range(inv_freq.size):
+        if angles.float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
+            a32 = np.float32(np.float32(pos) * np.float32(inv_freq[i]))
+            c = np.float64(np.float32(np.cos(np.float64(a32))) * np.float32(angles.scale))
+            s = np.float64(np.float32(np.sin(np.float64(a32))) * np.float32(angles.scale))
+        else:
+            a = np.float64(pos) * inv_freq[i]
+            c = np.cos(a) * angles.scale
+            s = np.sin(a) * angles.scale
+        crow[i] = c
+        srow[i] = s * angles.sign
+
+
+@kernel(inline="always")
+def _position(positions, offset, p, l):
+    if positions is None:
+        return offset + l
+    return offset + positions[p, l]
+
+
+@kernel()
+def _table(positions, offset, inv_freq, angles, cos, sin):
+    """Fill the ``(P, L, R/2)`` table, one position after another."""
+    seq = cos.shape[1]
+    for k in range(cos.shape[0] * seq):
+        p = k // seq
+        l = k - p * seq
+        _table_row(_position(positions, offset, p, l), inv_freq, angles, cos[p, l], sin[p, l])
+
+
+@kernel(parallel=True)
+def _table_parallel(positions, offset, inv_freq, angles, cos, sin):
+    """:func:`_table`, the positions split across threads."""
+    seq = cos.shape[1]
+    for k in prange(cos.shape[0] * seq):
+        p = k // seq
+        l = k - p * seq
+        _table_row(_position(positions, offset, p, l), inv_freq, angles, cos[p, l], sin[p, l])
+
+
+# ---------------------------------------------------------------- rotation
+
+
+@kernel(inline="always")
+def _rotate_row(src, dst, c, s, interleaved):
+    """``dst = R(c, s) src`` on the pairs, the channels past ``2 * c.size`` copied."""
+    half = c.size
+    if interleaved:
+        for i in range(half):
+            x0 = src[2 * i]
+            x1 = src[2 * i + 1]
+            dst[2 * i] = x0 * c[i] - x1 * s[i]
+            dst[2 * i + 1] = x1 * c[i] + x0 * s[i]
+    else:
+        for i in range(half):
+            x0 = src[i]
+            x1 = src[i + half]
+            dst[i] = x0 * c[i] - x1 * s[i]
+            dst[i + half] = x1 * c[i] + x0 * s[i]
+    for d in range(2 * half, src.size):
+        dst[d] = src[d]
+
+
+@kernel(inline="always")
+def _apply_outer(x, cos, sin, interleaved, head_axis, out, k):
+    """The rows ``x[b, a, :]`` of outer index ``k = b * A + a``."""
+    outer = x.shape[1]
+    b = k // outer
+    a = k - b * outer
+    pb = 0 if cos.shape[0] == 1 else b
+    for m in range(x.shape[2]):
+        l = m if head_axis == 1 else a
+        _rotate_row(x[b, a, m], out[b, a, m], cos[pb, l], sin[pb, l], interleaved)
+
+
+@kernel()
+def _apply(x, cos, sin, interleaved, head_axis, out):
+    """Rotate every row of the 4-D ``x`` into ``out`` (which may be ``x``)."""
+    for k in range(x.shape[0] * x.shape[1]):
+        _apply_outer(x, cos, sin, interleaved, head_axis, out, k)
+
+
+@kernel(parallel=True)
+def _apply_parallel(x, cos, sin, interleaved, head_axis, out):
+    """:func:`_apply`, the ``B * A`` outer rows split across threads."""
+    for k in prange(x.shape[0] * x.shape[1]):
+        _apply_outer(x, cos, sin, interleaved, head_axis, out, k)
