@@ -10,6 +10,7 @@ import numpy as np
 from .. import _checks, _device
 from .. import functional as F
 from ..functional.rope import rope_type_of
+from ._outputs import OutputBuffer
 from .module import Module
 
 # Configurations whose attention pairs channels (2j, 2j + 1) instead of (j, j + R/2).
@@ -121,6 +122,7 @@ class RotaryEmbedding(Module):
         self.attention_scaling = scale
         self.max_seq_len_cached = self.max_position_embeddings
         self._on_device = OrderedDict()
+        object.__setattr__(self, "_outputs_k", OutputBuffer())  # k's (q's: Module._outputs)
         self._place(device)
 
     # ------------------------------------------------------------ frequencies
@@ -178,6 +180,7 @@ class RotaryEmbedding(Module):
     def _on_device_change(self) -> None:
         super()._on_device_change()
         self._on_device.clear()
+        self._outputs_k.clear()
 
     # ------------------------------------------------------------ forward / backward
 
@@ -231,9 +234,13 @@ class RotaryEmbedding(Module):
             inv_freq, scale = self.inv_freq, self.attention_scaling
         freq = self._device_freq(inv_freq, _device.device_of(q_checked))
         positions = offset if position_ids is None else position_ids
+        out_q = self._output_buffer(q_checked, q_checked.shape, q_checked.dtype)
+        out_k = None
+        if out_q is not None and type(k) is np.ndarray and k.dtype == q_checked.dtype:
+            out_k = self._outputs_k.take(k.shape, k.dtype)
         q_rot, k_rot = F.rotary_qk(q_checked, k, positions, freq, attention_scaling=scale,
                                    layout=self.layout, head_axis=self.head_axis,
-                                   float32_angle=self.float32_angle)
+                                   float32_angle=self.float32_angle, out_q=out_q, out_k=out_k)
         if self._recording():
             if position_ids is not None:
                 positions = _device.copy(_checks.check_index_array(position_ids,
