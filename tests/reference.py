@@ -323,3 +323,33 @@ def rotary(x, positions, inv_freq, scale=1.0, interleaved=False, head_axis=1, si
         out[..., :half] = a * c - b * s
         out[..., half:2 * half] = b * c + a * s
     return out if head_axis == 1 else out.transpose(0, 2, 1, 3)
+
+
+# ----------------------------------------------------------------- ALiBi
+
+
+def alibi_distance(mode, batch, query_length, key_length, mask=None):
+    """The integer distance ``dist[b, i, j]`` of each ALiBi mode, shape (B or 1, Lq, Lk)."""
+    i = np.arange(query_length)[:, None]
+    j = np.arange(key_length)[None, :]
+    if mode == "symmetric":
+        return -np.abs(i + key_length - query_length - j)[None]
+    if mode == "mpt":
+        return np.broadcast_to(j - (key_length - 1), (1, query_length, key_length))
+    mask = np.ones((1, key_length), np.int64) if mask is None else np.atleast_2d(mask)
+    positions = (np.cumsum(mask, axis=1) - 1) * mask
+    return np.broadcast_to(positions[:, None, :], (mask.shape[0], query_length, key_length))
+
+
+def alibi_scores(scores, slopes, mode, mask=None):
+    """``scores + slope * dist`` with the bias rounded to the scores' dtype first."""
+    batch, heads, lq, lk = scores.shape
+    dist = alibi_distance(mode, batch, lq, lk, mask).astype(np.float64)
+    bias = (np.asarray(slopes, np.float64)[None, :, None, None] * dist[:, None])
+    return scores + bias.astype(scores.dtype)
+
+
+def alibi_slopes_grad(grad, mode, mask=None):
+    batch, heads, lq, lk = grad.shape
+    dist = alibi_distance(mode, batch, lq, lk, mask).astype(np.float64)
+    return np.sum(grad.astype(np.float64) * dist[:, None], axis=(0, 2, 3))

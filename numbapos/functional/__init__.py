@@ -7,6 +7,7 @@ calls its launchers. Modules in :mod:`numbapos.nn` are thin owners of
 parameters over these ops, and :mod:`numbapos.optim` updates through them.
 """
 
+from .alibi import add_alibi_, alibi_bias, alibi_slopes, alibi_slopes_grad
 from .blocks import (
     BertEmbeddingsGrads,
     GPT2EmbeddingsGrads,
@@ -49,8 +50,12 @@ __all__ = [
     "TableOptions",
     "adagrad_",
     "adam_",
+    "add_alibi_",
     "add_positional",
     "add_positional_backward",
+    "alibi_bias",
+    "alibi_slopes",
+    "alibi_slopes_grad",
     "apply_rotary",
     "apply_rotary_backward",
     "bert_embeddings",

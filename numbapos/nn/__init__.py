@@ -1,6 +1,7 @@
 """Layers with parameters: forward caches, backward accumulates gradients."""
 
 from . import init
+from .alibi import ALiBi
 from .blocks import BertEmbeddings, GPT2Embeddings
 from .dropout import Dropout
 from .embedding import Embedding
@@ -11,6 +12,7 @@ from .positional import LearnedPosEmbedding, PositionalEmbedding, SinusoidalPosE
 from .rotary import RotaryEmbedding
 
 __all__ = [
+    "ALiBi",
     "BertEmbeddings",
     "Dropout",
     "Embedding",

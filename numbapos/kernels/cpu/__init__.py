@@ -6,6 +6,7 @@ them all, and :func:`numbapos._device.backend` returns it for NumPy arrays.
 
 from ..._pool import start_pool
 from . import (
+    alibi,
     arrays,
     background,  # noqa: F401  (its setting: python -m numbapos info; the warm-up)
     blocks,
@@ -18,6 +19,7 @@ from . import (
     prefetch,  # noqa: F401  (its setting: python -m numbapos info)
     rotary,
 )
+from .alibi import *  # noqa: F403
 from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
@@ -28,7 +30,8 @@ from .optim import *  # noqa: F403
 from .positional import *  # noqa: F403
 from .rotary import *  # noqa: F403
 
-AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional, rotary)
+AREAS = (alibi, arrays, blocks, dropout, embedding, init, normalization, optim, positional,
+         rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 # Load Numba's thread pool with a bounded spin-wait before any parallel kernel runs

@@ -10,6 +10,7 @@ from . import memory
 memory.install()  # before Numba makes its first CUDA context (see memory.py)
 
 from . import (  # noqa: E402
+    alibi,
     arrays,
     blocks,
     dropout,
@@ -20,6 +21,7 @@ from . import (  # noqa: E402
     positional,
     rotary,
 )
+from .alibi import *  # noqa: E402, F403
 from .arrays import *  # noqa: E402, F403
 from .blocks import *  # noqa: E402, F403
 from .dropout import *  # noqa: E402, F403
@@ -30,5 +32,6 @@ from .optim import *  # noqa: E402, F403
 from .positional import *  # noqa: E402, F403
 from .rotary import *  # noqa: E402, F403
 
-AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional, rotary)
+AREAS = (alibi, arrays, blocks, dropout, embedding, init, normalization, optim, positional,
+         rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
