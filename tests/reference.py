@@ -353,3 +353,30 @@ def alibi_slopes_grad(grad, mode, mask=None):
     batch, heads, lq, lk = grad.shape
     dist = alibi_distance(mode, batch, lq, lk, mask).astype(np.float64)
     return np.sum(grad.astype(np.float64) * dist[:, None], axis=(0, 2, 3))
+
+
+# ----------------------------------------------------------------- resized position tables
+
+
+def resize_pos_table(table, new_len, mode="linear", prefix=0, fill=None):
+    """Row by row in float64: linear as PyTorch's align_corners=False interpolation."""
+    table = np.asarray(table)
+    old_len = table.shape[0]
+    out = np.empty((new_len, table.shape[1]))
+    for n in range(new_len):
+        if n < prefix:
+            out[n] = table[n]
+        elif mode == "linear":
+            scale = (old_len - prefix) / (new_len - prefix)
+            src = max((n - prefix + 0.5) * scale - 0.5, 0.0)
+            i0 = min(int(np.floor(src)), old_len - prefix - 1)
+            i1 = min(i0 + 1, old_len - prefix - 1)
+            lam = src - i0
+            out[n] = (1 - lam) * table[prefix + i0] + lam * table[prefix + i1]
+        elif mode == "copy":
+            out[n] = table[prefix + (n - prefix) % (old_len - prefix)]
+        elif mode == "repeat_last":
+            out[n] = table[min(n, old_len - 1)]
+        else:
+            out[n] = table[n] if n < old_len else fill[n - old_len]
+    return out.astype(table.dtype)

@@ -41,6 +41,7 @@ from .positional import (
     positions_from_padding,
     sinusoidal_pos_embedding,
 )
+from .resize import resize_pos_table
 from .rope import rope_frequencies
 from .rotary import apply_rotary, apply_rotary_backward, rotary_qk
 
@@ -78,6 +79,7 @@ __all__ = [
     "positional_mult_add_backward",
     "positions_from_attention_mask",
     "positions_from_padding",
+    "resize_pos_table",
     "rope_frequencies",
     "rotary_qk",
     "rowwise_adagrad_",

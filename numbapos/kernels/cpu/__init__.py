@@ -17,6 +17,7 @@ from . import (
     optim,
     positional,
     prefetch,  # noqa: F401  (its setting: python -m numbapos info)
+    resize,
     rotary,
 )
 from .alibi import *  # noqa: F403
@@ -28,10 +29,11 @@ from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
 from .positional import *  # noqa: F403
+from .resize import *  # noqa: F403
 from .rotary import *  # noqa: F403
 
 AREAS = (alibi, arrays, blocks, dropout, embedding, init, normalization, optim, positional,
-         rotary)
+         resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 # Load Numba's thread pool with a bounded spin-wait before any parallel kernel runs

@@ -19,6 +19,7 @@ from . import (  # noqa: E402
     normalization,
     optim,
     positional,
+    resize,
     rotary,
 )
 from .alibi import *  # noqa: E402, F403
@@ -30,8 +31,9 @@ from .init import *  # noqa: E402, F403
 from .normalization import *  # noqa: E402, F403
 from .optim import *  # noqa: E402, F403
 from .positional import *  # noqa: E402, F403
+from .resize import *  # noqa: E402, F403
 from .rotary import *  # noqa: E402, F403
 
 AREAS = (alibi, arrays, blocks, dropout, embedding, init, normalization, optim, positional,
-         rotary)
+         resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
