@@ -158,6 +158,23 @@ def test_in_place_and_out(device, rng):
     np.testing.assert_array_equal(host(buf), want)
 
 
+@pytest.mark.parametrize("shape, head_axis, layout", [
+    ((2, 3, 7, 10), 1, "half"), ((1, 2, 37, 8), 1, "interleaved"), ((2, 5, 3, 12), 2, "half"),
+    ((2, 64, 4, 16), 1, "half"),
+])
+def test_streamed_output_has_the_same_bits(monkeypatch, shape, head_axis, layout, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    inv_freq = ref.rope_inv_freq(8 if shape[3] >= 10 else 6)
+    ids = rng.integers(0, 5000, (shape[0], shape[3 - head_axis]))
+    kwargs = dict(layout=layout, head_axis=head_axis)
+    in_place = F.apply_rotary(x.copy(), ids, inv_freq, out=None, **kwargs)
+    monkeypatch.setattr(cpu_rotary, "STREAM_MIN_BYTES", 0)  # non-temporal stores, tiles
+    streamed = F.apply_rotary(x, ids, inv_freq, **kwargs)
+    np.testing.assert_array_equal(streamed, in_place)
+    y = x.copy()
+    np.testing.assert_array_equal(F.apply_rotary(y, ids, inv_freq, out=y, **kwargs), in_place)
+
+
 def test_cuda_rotation_is_the_cpu_rotation_for_the_same_table(rng):
     pytest.importorskip("numba.cuda")
     import numbapos

@@ -19,8 +19,9 @@ arrays and caller-owned outputs. The op runs in two steps:
 import numpy as np
 from numba import prange
 
-from .arrays import pick
+from .arrays import option, pick
 from .jit import kernel
+from .rowcopy import STREAM_MIN_BYTES, copy_row, put_row
 
 __all__ = ["rotary_apply", "rotary_table"]
 
@@ -50,8 +51,23 @@ def rotary_apply(x, cos, sin, interleaved, head_axis, out):
     """
     if x.size:
         same = out.ctypes.data == x.ctypes.data  # out is x (partial overlaps were refused)
-        pick(_apply, _apply_parallel, x.size)(x, cos, sin, bool(interleaved), head_axis,
-                                               None if same else out)
+        batch, outer, inner, dim = x.shape
+        # Large outputs: each row rotated in a scratch row (in cache), then written with
+        # non-temporal stores (see rowcopy.STREAM_MIN_BYTES): 2 memory passes, not 3.
+        stream = option(not same and out.nbytes >= STREAM_MIN_BYTES)
+        tile = _tile_rows(inner) if stream else 1
+        scratch = np.empty((batch * outer if stream else 1, tile * dim), x.dtype)
+        kernel = pick(_apply, _apply_parallel, x.size)
+        kernel(x.reshape(-1, tile * dim), cos, sin, bool(interleaved), head_axis, outer, inner,
+               tile, None if same else out.reshape(-1, tile * dim), scratch, stream)
+
+
+def _tile_rows(inner: int) -> int:
+    """Rows streamed together (one fence each): the largest divisor of ``inner`` up to 32."""
+    for tile in range(min(32, inner), 0, -1):
+        if inner % tile == 0:
+            return tile
+    return 1
 
 
 # ---------------------------------------------------------------- cos / sin table
@@ -144,30 +160,50 @@ def _rotate_row_(row, c, s, interleaved):
 
 
 @kernel(inline="always")
-def _apply_outer(x, cos, sin, interleaved, head_axis, out, k):
-    """The rows ``x[b, a, :]`` of outer index ``k = b * A + a`` (in place when ``out`` is
-    None)."""
-    outer = x.shape[1]
+def _apply_outer(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch, stream,
+                 k):
+    """The rows of outer index ``k = b * A + a`` (``x`` / ``out`` viewed as tiles of ``tile``
+    rows; in place when ``out`` is None; through ``scratch[k]`` and non-temporal stores, a
+    tile at a time, when ``stream``)."""
     b = k // outer
     a = k - b * outer
     pb = 0 if cos.shape[0] == 1 else b
-    for m in range(x.shape[2]):
-        l = m if head_axis == 1 else a
-        if out is None:
-            _rotate_row_(x[b, a, m], cos[pb, l], sin[pb, l], interleaved)
-        else:
-            _rotate_row(x[b, a, m], out[b, a, m], cos[pb, l], sin[pb, l], interleaved)
+    half = cos.shape[2]
+    dim = x.shape[1] // tile
+    tiles = inner // tile
+    for g in range(tiles):
+        r = k * tiles + g
+        if stream is not None:
+            copy_row(scratch, k, x, r)
+        for t in range(tile):
+            m = g * tile + t
+            l = m if head_axis == 1 else a
+            c = cos[pb, l]
+            s = sin[pb, l]
+            if out is None:
+                _rotate_row_(x[r, t * dim:(t + 1) * dim], c, s, interleaved)
+            elif stream is None:
+                _rotate_row(x[r, t * dim:(t + 1) * dim], out[r, t * dim:(t + 1) * dim], c, s,
+                            interleaved)
+            else:
+                _rotate_row_(scratch[k, t * dim:t * dim + 2 * half], c, s, interleaved)
+        if stream is not None:
+            put_row(out, r, scratch, k, stream)
 
 
 @kernel()
-def _apply(x, cos, sin, interleaved, head_axis, out):
-    """Rotate every row of the 4-D ``x`` into ``out`` (None: in place)."""
-    for k in range(x.shape[0] * x.shape[1]):
-        _apply_outer(x, cos, sin, interleaved, head_axis, out, k)
+def _apply(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch, stream):
+    """Rotate every row of ``x`` (``(B * A * C / tile, tile * D)``) into ``out`` (None: in
+    place)."""
+    for k in range(x.shape[0] * tile // inner):
+        _apply_outer(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch,
+                     stream, k)
 
 
 @kernel(parallel=True)
-def _apply_parallel(x, cos, sin, interleaved, head_axis, out):
-    """:func:`_apply`, the ``B * A`` outer rows split across threads."""
-    for k in prange(x.shape[0] * x.shape[1]):
-        _apply_outer(x, cos, sin, interleaved, head_axis, out, k)
+def _apply_parallel(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch,
+                    stream):
+    """:func:`_apply`, the ``B * A`` outer indices split across threads."""
+    for k in prange(x.shape[0] * tile // inner):
+        _apply_outer(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch,
+                     stream, k)
