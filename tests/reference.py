@@ -380,3 +380,26 @@ def resize_pos_table(table, new_len, mode="linear", prefix=0, fill=None):
         else:
             out[n] = table[n] if n < old_len else fill[n - old_len]
     return out.astype(table.dtype)
+
+
+def add_fractional_positions(x, table, positions):
+    """``x + (1 - w) * table[floor(p)] + w * table[floor(p) + 1]`` in float64 (rows rounded to
+    the table's dtype, as the kernels do)."""
+    p = np.asarray(positions, np.float64)
+    i0 = np.minimum(np.floor(p).astype(np.int64), len(table) - 1)
+    w = (p - i0)[..., None]
+    i1 = np.minimum(i0 + 1, len(table) - 1)
+    t = np.asarray(table, np.float64)
+    rows = ((1 - w) * t[i0] + w * t[i1]).astype(table.dtype)
+    return x + rows
+
+
+def add_fractional_positions_backward(grad, positions, num_positions):
+    p = np.broadcast_to(np.asarray(positions, np.float64), grad.shape[:-1]).reshape(-1)
+    g = grad.reshape(-1, grad.shape[-1]).astype(np.float64)
+    i0 = np.minimum(np.floor(p).astype(np.int64), num_positions - 1)
+    w = (p - i0)[:, None]
+    out = np.zeros((num_positions, grad.shape[-1]))
+    np.add.at(out, i0, (1 - w) * g)
+    np.add.at(out, np.minimum(i0 + 1, num_positions - 1), w * g)
+    return out

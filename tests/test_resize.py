@@ -165,3 +165,78 @@ def test_module_extend_on_the_device(device, rng):
     layer.extend_(8)
     cpu.extend_(8)
     np.testing.assert_array_equal(host(layer.weight.data), cpu.weight.data)
+
+
+# ---------------------------------------------------------------- fractional positions
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shared", [True, False])
+def test_fractional_positions_blend_neighbouring_rows(device, shared, dtype, rng):
+    table = rng.standard_normal((6, 4)).astype(dtype)
+    x = rng.standard_normal((2, 3, 4)).astype(dtype)
+    ids = np.array([0.0, 2.25, 5.0]) if shared else np.array([[0.5, 1.0, 4.9], [3.0, 0.0, 1.5]])
+    got = F.add_positional(on(device, x), on(device, table), position_ids=ids)
+    want = ref.add_fractional_positions(x, table, ids)
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(host(got), want, rtol=rtol, atol=rtol)
+    g = rng.standard_normal(x.shape).astype(dtype)
+    grad = F.add_positional_backward(on(device, g), 6, position_ids=ids)
+    np.testing.assert_allclose(host(grad), ref.add_fractional_positions_backward(g, ids, 6),
+                               rtol=rtol * 10, atol=rtol * 10)
+    if device == "cuda":  # the CPU's bits
+        np.testing.assert_array_equal(host(got), F.add_positional(x, table, position_ids=ids))
+        np.testing.assert_array_equal(host(grad),
+                                      F.add_positional_backward(g, 6, position_ids=ids))
+
+
+def test_integer_valued_float_positions_read_exactly_their_rows(rng):
+    table = rng.standard_normal((8, 5)).astype(np.float32)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    ids = np.array([[7, 0, 3, 3], [1, 2, 5, 6], [0, 0, 0, 7]])
+    np.testing.assert_array_equal(F.add_positional(x, table, position_ids=ids.astype(float)),
+                                  F.add_positional(x, table, position_ids=ids))
+    np.testing.assert_array_equal(
+        F.add_positional_backward(x, 8, position_ids=ids.astype(np.float32)),
+        F.add_positional_backward(x, 8, position_ids=ids))
+
+
+def test_fractional_gradient_matches_finite_differences(rng):
+    table = rng.standard_normal((5, 3))
+    x = rng.standard_normal((2, 4, 3))
+    g = rng.standard_normal(x.shape)
+    ids = np.array([0.3, 1.7, 3.99, 2.0])
+    grad = F.add_positional_backward(g, 5, position_ids=ids)
+    numeric = np.zeros_like(table)
+    for i in np.ndindex(table.shape):
+        up, down = table.copy(), table.copy()
+        up[i] += 1e-6
+        down[i] -= 1e-6
+        numeric[i] = (np.sum(F.add_positional(x, up, position_ids=ids) * g)
+                      - np.sum(F.add_positional(x, down, position_ids=ids) * g)) / 2e-6
+    np.testing.assert_allclose(grad, numeric, rtol=1e-7, atol=1e-8)
+
+
+@pytest.mark.parametrize("ids", [[0.0, 5.5, 1.0], [-0.5, 1.0, 1.0], [0.0, np.nan, 1.0]])
+def test_fractional_positions_out_of_range_raise(ids):
+    table = np.ones((6, 2), np.float32)
+    x = np.zeros((1, 3, 2), np.float32)
+    with pytest.raises(IndexError, match="position_ids"):
+        F.add_positional(x, table, position_ids=np.array(ids), out=x)
+    np.testing.assert_array_equal(x, 0)
+    with pytest.raises(ValueError, match="position_ids"):
+        F.add_positional(x, table, position_ids=np.zeros(4))
+
+
+def test_learned_module_reads_fractional_positions(rng):
+    layer = nn.LearnedPosEmbedding(4, 2, seed=0)
+    x = rng.standard_normal((2, 3, 2)).astype(np.float32)
+    ids = np.array([0.5, 1.5, 2.5])
+    y = layer(x, position_ids=ids)
+    np.testing.assert_allclose(y, ref.add_fractional_positions(x, layer.weight.data, ids),
+                               rtol=1e-6)
+    ids[:] = 0  # the record holds its own copy
+    layer.backward(np.ones_like(x))
+    np.testing.assert_allclose(layer.weight.grad,
+                               ref.add_fractional_positions_backward(
+                                   np.ones_like(x), [0.5, 1.5, 2.5], 4), rtol=1e-6)

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from ..functional import fractional
 from . import _resize
 from . import init as initializers
 from .dropout import Dropout
@@ -231,9 +232,12 @@ class LearnedPosEmbedding(Module):
             Same dtype as the table.
         offset : int, default 0
             First position; ``0 <= offset`` and ``offset + L <= max_len``.
-        position_ids : array_like of int, optional
+        position_ids : array_like of int or float, optional
             Rows to add instead, shape (L,), (1, L) or (N, L); each in
-            ``[0, max_len)``. ``offset`` must then be 0.
+            ``[0, max_len)``. ``offset`` must then be 0. Float positions in
+            ``[0, max_len - 1]`` blend the two neighbouring rows linearly
+            (position interpolation; the backward sends the gradient to both
+            rows, see :func:`numbapos.functional.add_positional_backward`).
 
         Raises
         ------
@@ -263,7 +267,9 @@ class LearnedPosEmbedding(Module):
         y = F.dropout(y, out=y, **drop)
         self.dropout._advance(drop)
         if self._recording():
-            if position_ids is not None:
+            if fractional.is_fractional(position_ids):
+                position_ids = fractional.positions_copy(position_ids)
+            elif position_ids is not None:
                 position_ids = _device.copy(_checks.check_index_array(position_ids,
                                                                       "position_ids"))
             self._save_for_backward((tuple(x.shape), offset, position_ids, drop))

@@ -1,10 +1,12 @@
-"""CPU kernels for resizing position tables: each new row a weighted pair of old rows.
+"""CPU kernels for resized tables and fractional positions: rows as weighted pairs of rows.
 
 Launchers (``__all__``, twinned in ``kernels/cuda/resize.py``) take validated
-arrays. ``out[n] = w0[n] * table[i0[n]] + w1[n] * table[i1[n]]``, formed in
-float64 and rounded once to the table's dtype; a zero ``w1`` copies
-``table[i0[n]]`` exactly (and never reads row ``i1``). Rows are independent,
-so the result does not depend on the thread count.
+arrays. ``blend_rows``: ``out[n] = w0[n] * table[i0[n]] + w1[n] * table[i1[n]]``,
+formed in float64 and rounded once to the table's dtype; a zero ``w1`` copies
+``table[i0[n]]`` exactly (and never reads row ``i1``). ``scale_rows``:
+``out[n] = w[n] * values[n]`` (float64 product, rounded once): the weighted
+gradient rows of fractional positions. Rows are independent, so results do
+not depend on the thread count.
 """
 
 import numpy as np
@@ -13,7 +15,7 @@ from numba import prange
 from .arrays import pick
 from .jit import kernel
 
-__all__ = ["blend_rows"]
+__all__ = ["blend_rows", "scale_rows"]
 
 
 def blend_rows(table, index0, index1, weight0, weight1, out):
@@ -24,6 +26,28 @@ def blend_rows(table, index0, index1, weight0, weight1, out):
     """
     if out.size:
         pick(_blend, _blend_parallel, out.size)(table, index0, index1, weight0, weight1, out)
+
+
+def scale_rows(values, weights, out):
+    """``out[n] = weights[n] * values[n]`` for ``(N, D)`` arrays and float64 ``weights``."""
+    if out.size:
+        pick(_scale, _scale_parallel, out.size)(values, weights, out)
+
+
+@kernel()
+def _scale(values, weights, out):
+    for n in range(out.shape[0]):
+        w = weights[n]
+        for d in range(out.shape[1]):
+            out[n, d] = w * np.float64(values[n, d])
+
+
+@kernel(parallel=True)
+def _scale_parallel(values, weights, out):
+    for n in prange(out.shape[0]):
+        w = weights[n]
+        for d in range(out.shape[1]):
+            out[n, d] = w * np.float64(values[n, d])
 
 
 @kernel(inline="always")

@@ -1,4 +1,4 @@
-"""CUDA launchers and kernels for resizing position tables.
+"""CUDA launchers and kernels for resized tables and fractional positions.
 
 Twin of :mod:`numbapos.kernels.cpu.resize` (same ``__all__``, signature and
 bits): one thread per element, threads along the row; the two products go
@@ -10,7 +10,7 @@ from numba import cuda, float64
 from .arrays import THREADS, grid
 from .fpmath import mul_f64
 
-__all__ = ["blend_rows"]
+__all__ = ["blend_rows", "scale_rows"]
 
 
 def blend_rows(table, index0, index1, weight0, weight1, out):
@@ -21,6 +21,21 @@ def blend_rows(table, index0, index1, weight0, weight1, out):
     """
     if out.size:
         _blend[grid(out.size), THREADS](table, index0, index1, weight0, weight1, out)
+
+
+def scale_rows(values, weights, out):
+    """``out[n] = weights[n] * values[n]`` for ``(N, D)`` arrays and float64 ``weights``."""
+    if out.size:
+        _scale[grid(out.size), THREADS](values, weights, out)
+
+
+@cuda.jit
+def _scale(values, weights, out):
+    dim = out.shape[1]
+    for k in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        n = k // dim
+        d = k - n * dim
+        out[n, d] = mul_f64(weights[n], float64(values[n, d]))
 
 
 @cuda.jit
