@@ -240,3 +240,21 @@ def test_learned_module_reads_fractional_positions(rng):
     np.testing.assert_allclose(layer.weight.grad,
                                ref.add_fractional_positions_backward(
                                    np.ones_like(x), [0.5, 1.5, 2.5], 4), rtol=1e-6)
+
+
+def test_positional_embedding_extend_checks_the_optimizer_before_changing_anything(rng):
+    layer = nn.PositionalEmbedding(4, 3, type="learnable_mult_addition", seed=0)
+    opt = optim.SGD([layer.addends], lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="optimizer"):
+        layer.extend_(8, optimizer=opt)
+    assert layer.max_len == 4 and layer.addends.data.shape == (4, 3)
+    both = optim.Adam(layer.parameters(), lr=0.1)
+    x = rng.standard_normal((2, 4, 3)).astype(np.float32)
+    layer(x)
+    layer.backward(np.ones_like(x))
+    both.step()
+    layer.zero_grad()
+    layer.extend_(6, mode="repeat_last", optimizer=both)
+    layer(rng.standard_normal((2, 6, 3)).astype(np.float32))
+    layer.backward(np.ones((2, 6, 3), np.float32))
+    both.step()

@@ -29,6 +29,11 @@ def _as_4d(K, x, head_axis):
     return x, head_axis
 
 
+def check_rotary_options(layout, head_axis, float32_angle):
+    """Validate the layout options of a rotary call (for modules checking at construction)."""
+    _check_options(layout, head_axis, 1.0, float32_angle)
+
+
 def _check_options(layout, head_axis, attention_scaling, float32_angle):
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {list(LAYOUTS)}, got {_checks.quote(layout)}")

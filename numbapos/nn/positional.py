@@ -558,6 +558,8 @@ class PositionalEmbedding(Module):
             params.append((self.multipliers, initializers.ones()))
             # both checked before either changes
             _resize.resized(self.multipliers, new_len, mode, num_prefix_rows, params[1][1], rng)
+            for param, _ in params:
+                _resize.resize_state(optimizer, param, 1, 0)
         for param, init in params:
             self.max_len = _resize.resize_param_(self, param, new_len, mode, num_prefix_rows,
                                                  init, rng, optimizer, "extend_")

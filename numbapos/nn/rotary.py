@@ -10,6 +10,7 @@ import numpy as np
 from .. import _checks, _device
 from .. import functional as F
 from ..functional.rope import rope_type_of
+from ..functional.rotary import check_rotary_options
 from ._outputs import OutputBuffer
 from .module import Module
 
@@ -111,8 +112,7 @@ class RotaryEmbedding(Module):
         self.base = float(base)
         self.partial_rotary_factor = float(partial_rotary_factor)
         self.rope_type = rope_type_of(self.scaling)
-        F.rotary_qk(np.zeros((1, 1, 1, self.head_dim)), None, 0, inv_freq, layout=layout,
-                    head_axis=head_axis, float32_angle=float32_angle)  # checks the options
+        check_rotary_options(layout, head_axis, float32_angle)
         self.layout = layout
         self.head_axis = int(head_axis)
         self.float32_angle = bool(float32_angle)
