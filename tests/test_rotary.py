@@ -468,3 +468,23 @@ def test_gptj_interleaved_partial_heads_last_parity(rng):
                    lambda a, b: rope(a, b, position_ids=ids.numpy()),
                    rng.standard_normal(q.shape).astype(np.float32),
                    rng.standard_normal(k.shape).astype(np.float32))
+
+
+def test_phi3_longrope_config_object_parity():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    scaling = dict(HF_SCALINGS[7])
+    scaling.pop("original_max_position_embeddings")
+    scaling["type"] = scaling.pop("rope_type")  # the older key
+    config = transformers.Phi3Config(hidden_size=64, num_attention_heads=4,
+                                     num_key_value_heads=4, max_position_embeddings=128,
+                                     original_max_position_embeddings=32, rope_scaling=scaling)
+    theirs = Phi3RotaryEmbedding(config)
+    ours = nn.RotaryEmbedding.from_hf_config(config)
+    for length in (16, 40, 20):
+        theirs(torch.zeros(1), torch.arange(length)[None])
+        inv_freq, scale = ours.frequencies(length)
+        np.testing.assert_allclose(inv_freq, theirs.inv_freq.double().numpy(), rtol=2e-6)
+        assert scale == pytest.approx(theirs.attention_scaling, rel=1e-12)
