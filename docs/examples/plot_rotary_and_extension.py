@@ -26,7 +26,7 @@ k_rot = F.apply_rotary(k, 0, inv_freq)[0, 0]
 far = F.apply_rotary(q, 10_000, inv_freq)[0, 0] @ F.apply_rotary(k, 10_000, inv_freq)[0, 0].T
 scores = q_rot @ k_rot.T
 
-fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+fig, axes = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
 image = axes[0].imshow(scores, cmap="RdBu_r")
 axes[0].set_title("q at position i . k at position j")
 axes[0].set_xlabel("key position j")
@@ -55,7 +55,7 @@ print("largest difference along the diagonals:", float(np.abs(far - scores).max(
 # as the module draws them (``"init"``). The plot follows one channel.
 
 table = nn.LearnedPosEmbedding(16, 4, init="sinusoidal", seed=0)
-fig, axes = plt.subplots(1, 4, figsize=(13, 3), sharey=True)
+fig, axes = plt.subplots(1, 4, figsize=(13, 3.2), sharey=True, layout="constrained")
 for ax, mode in zip(axes, ["linear", "copy", "repeat_last", "init"], strict=True):
     grown = nn.LearnedPosEmbedding(16, 4, seed=0)
     grown.weight.data[...] = table.weight.data
