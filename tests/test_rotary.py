@@ -141,6 +141,10 @@ def test_apply_matches_reference(device, shape, head_axis, half, layout, kind, d
     np.testing.assert_allclose(host(got), want.reshape(shape), rtol=rtol, atol=atol)
     back = F.apply_rotary_backward(got, ids, inv_freq, attention_scaling=1.25, layout=layout,
                                    head_axis=head_axis)
+    if device == "cuda":  # the CPU's bits, table included (one sincos for both devices)
+        cpu = F.apply_rotary(x, ids, inv_freq, attention_scaling=1.25, layout=layout,
+                             head_axis=head_axis)
+        np.testing.assert_array_equal(host(got), cpu)
     twice = x.copy()
     twice[..., :2 * half] *= 1.25 ** 2  # the passed-through channels are not scaled
     np.testing.assert_allclose(host(back), twice, rtol=rtol * 4, atol=atol * 4)
@@ -223,6 +227,17 @@ def test_float32_is_within_1e6_of_the_exact_rotation_up_to_2_pow_20():
     got = F.apply_rotary(x, ids, inv_freq)
     want = ref.rotary(x, ids[None], inv_freq)
     assert np.abs(got - want).max() < 1e-6
+
+
+def test_sincos_is_within_one_ulp_of_libm():
+    from numbapos.kernels.sincos import sincos
+
+    rng = np.random.default_rng(3)
+    for bound in (1.0, 100.0, 2.0 ** 20, 1.6e6):
+        xs = np.concatenate([rng.uniform(-bound, bound, 2000), [0.0, -0.0, np.pi / 4]])
+        got = np.array([sincos(x) for x in xs])  # the Python path: the simulator's
+        for value, want in ((got[:, 0], np.sin(xs)), (got[:, 1], np.cos(xs))):
+            assert np.all(np.abs(value - want) <= np.spacing(np.abs(want)))
 
 
 def test_float32_angle_follows_transformers_rounding():

@@ -6,9 +6,10 @@ arrays and caller-owned outputs. The op runs in two steps:
 1. :func:`rotary_table` fills ``cos`` / ``sin`` of shape ``(P, L, R/2)`` (``P``
    rows of positions, 1 when the batch shares them): one float64 angle, sine and
    cosine per position and frequency, however many heads (and q and k) use it.
-   ``np.sin`` / ``np.cos`` reduce the float64 angle exactly, so a float32 table
-   is within one rounding of the true value at any position up to 2**20 and
-   beyond.
+   :func:`~numbapos.kernels.sincos.sincos` reduces the float64 angle to about
+   2**-100 and is within one float64 ulp, so a float32 table is within one
+   rounding of the true value at any position up to 2**20; it is the same code,
+   and the same bits, on the GPU.
 2. :func:`rotary_apply` rotates the channel pairs of ``x`` (``(B, A, C, D)``:
    heads then positions, or positions then heads) with the table, and copies
    the channels past ``R`` unchanged. Each pair is read before it is written,
@@ -19,6 +20,7 @@ arrays and caller-owned outputs. The op runs in two steps:
 import numpy as np
 from numba import prange
 
+from ..sincos import sincos
 from .arrays import option, pick
 from .jit import kernel
 from .rowcopy import STREAM_MIN_BYTES, copy_row, put_row
@@ -79,12 +81,13 @@ def _table_row(pos, inv_freq, angles, crow, srow):
     for i in range(inv_freq.size):
         if angles.float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
             a32 = np.float32(np.float32(pos) * np.float32(inv_freq[i]))
-            c = np.float64(np.float32(np.cos(np.float64(a32))) * np.float32(angles.scale))
-            s = np.float64(np.float32(np.sin(np.float64(a32))) * np.float32(angles.scale))
+            sa, ca = sincos(np.float64(a32))
+            c = np.float64(np.float32(ca) * np.float32(angles.scale))
+            s = np.float64(np.float32(sa) * np.float32(angles.scale))
         else:
-            a = np.float64(pos) * inv_freq[i]
-            c = np.cos(a) * angles.scale
-            s = np.sin(a) * angles.scale
+            sa, ca = sincos(np.float64(pos) * inv_freq[i])
+            c = ca * angles.scale
+            s = sa * angles.scale
         crow[i] = c
         srow[i] = s * angles.sign
 

@@ -4,29 +4,38 @@ Twin of :mod:`numbapos.kernels.cpu.rotary` (same ``__all__``, signatures and
 two steps):
 
 1. ``_table``: one thread per (position row, position, frequency) forms the
-   angle in float64, takes its cosine and sine in float64 (which reduces the
-   angle exactly) and stores them in the data's dtype. Every head of q and k
-   then reuses the value: the float64 work is ``P * L * R/2`` evaluations, not
-   one per element.
+   angle in float64, takes its sine and cosine with
+   :func:`~numbapos.kernels.sincos.sincos` (the CPU's code, products through
+   ``mul.rn``: the CPU's bits) and stores them in the data's dtype. Every head
+   of q and k then reuses the value: the float64 work is ``P * L * R/2``
+   evaluations, not one per element.
 2. ``_apply``: one thread per channel pair (or passed-through channel) of a
    row, threads along the channels, so a warp reads and writes consecutive
    addresses of one row; each thread reads its pair before writing it, so
    ``out`` may be ``x``.
 
 The products go through :mod:`~numbapos.kernels.cuda.fpmath`'s uncontracted
-multiplies (no FMA), so for the same table the rotation has the CPU's bits.
-The tables themselves come from the GPU's float64 ``cos`` / ``sin``, which
-may differ from the CPU's libm in the last float64 bit: a float32 table then
-differs by at most one float32 ulp, rarely.
+multiplies (no FMA), so the rotation, like the table, has the CPU's bits.
 """
 
-import math
-
 import numpy as np
-from numba import cuda, float32, float64
+from numba import config, cuda, float32, float64
 
+from .. import sincos as _sincos
+from ..sincos import sincos
 from .arrays import THREADS, empty, grid
 from .fpmath import mul_for
+
+if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
+    from numba.cuda import libdevice, types
+    from numba.cuda.extending import overload
+
+    @overload(_sincos.mul, target="cuda", inline="always")
+    def _mul_rn_cuda(a, b):
+        """sincos's products as ``mul.rn`` (never contracted into an FMA)."""
+        if a == types.float64 and b == types.float64:
+            return lambda a, b: libdevice.dmul_rn(a, b)
+        return None
 
 __all__ = ["rotary_apply", "rotary_table"]
 
@@ -79,12 +88,13 @@ def _table(positions, has_ids, offset, inv_freq, scale, sign, float32_angle, cos
         pos = offset + (positions[p, l] if has_ids else l)
         if float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
             a32 = float32(float32(pos) * float32(inv_freq[i]))
-            c = float64(float32(math.cos(float64(a32))) * float32(scale))
-            s = float64(float32(math.sin(float64(a32))) * float32(scale))
+            sa, ca = sincos(float64(a32))
+            c = float64(float32(ca) * float32(scale))
+            s = float64(float32(sa) * float32(scale))
         else:
-            a = float64(pos) * inv_freq[i]
-            c = math.cos(a) * scale
-            s = math.sin(a) * scale
+            sa, ca = sincos(float64(pos) * inv_freq[i])
+            c = ca * scale
+            s = sa * scale
         cos[p, l, i] = c
         sin[p, l, i] = s * sign
 
