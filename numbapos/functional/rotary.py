@@ -1,8 +1,8 @@
 """Rotary position embeddings (RoPE): rotate channel pairs of q and k by position-dependent angles.
 
-The op builds a cos / sin table of one row per position (float64 angles,
-reduced exactly by the float64 sine and cosine), then rotates every head's
-pairs with it; q and k share one table (:func:`rotary_qk`).
+The op builds a cos / sin table of one row per position (float64 angles and a
+float64 sine and cosine, the same code and bits on the CPU and the GPU), then
+rotates every head's pairs with it; q and k share one table (:func:`rotary_qk`).
 """
 
 from __future__ import annotations
@@ -179,10 +179,12 @@ def apply_rotary(x, position_ids, inv_freq, *, attention_scaling=1.0, layout="ha
     b cos theta + a sin theta)`` (``s`` the attention scaling); the channels
     from R on pass through unchanged (partial rotary: GPT-NeoX, Phi).
 
-    Angles are formed in float64 and reduced exactly by float64 ``cos`` /
-    ``sin`` (once per position and frequency, shared by all heads), so a
-    float32 result is within about 1e-6 of the exact rotation at any position
-    up to 2**20; transformers' float32 angle errs by 2e-3 at position 32768.
+    Angles are formed in float64 and reduced to about 2**-100 by a float64
+    sine and cosine within one ulp (once per position and frequency, shared
+    by all heads; fdlibm's algorithm, the same bits on the CPU and the GPU),
+    so a float32 result is within about 1e-6 of the exact rotation at any
+    position up to 2**20; transformers' float32 angle errs by 2e-3 at
+    position 32768.
     ``float32_angle=True`` rounds the angle as transformers does instead.
 
     Parameters
