@@ -52,7 +52,7 @@ def mul(a, b):
     return a * b
 
 
-@overload(mul)
+@overload(mul, target="cpu")
 def _mul_cpu(a, b):
     return lambda a, b: a * b
 
