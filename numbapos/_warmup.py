@@ -114,7 +114,7 @@ def _rotary(dtype, index_dtype) -> None:
     threshold = cpu_rotary.STREAM_MIN_BYTES
     cpu_rotary.STREAM_MIN_BYTES = 0
     try:
-        F.apply_rotary(q, 0, inv_freq)
+        F.apply_rotary(_activation(dtype, (1, 1, 16, _DIM)), 0, inv_freq)  # 16-row tiles
     finally:
         cpu_rotary.STREAM_MIN_BYTES = threshold
 

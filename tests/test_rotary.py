@@ -163,8 +163,8 @@ def test_in_place_and_out(device, rng):
 
 
 @pytest.mark.parametrize("shape, head_axis, layout", [
-    ((2, 3, 7, 10), 1, "half"), ((1, 2, 37, 8), 1, "interleaved"), ((2, 5, 3, 12), 2, "half"),
-    ((2, 64, 4, 16), 1, "half"),
+    ((2, 3, 16, 10), 1, "half"), ((1, 2, 40, 8), 1, "interleaved"),
+    ((2, 9, 3, 12), 2, "half"), ((2, 64, 4, 16), 1, "half"), ((1, 2, 37, 8), 1, "half"),
 ])
 def test_streamed_output_has_the_same_bits(monkeypatch, shape, head_axis, layout, rng):
     x = rng.standard_normal(shape).astype(np.float32)
@@ -173,6 +173,7 @@ def test_streamed_output_has_the_same_bits(monkeypatch, shape, head_axis, layout
     kwargs = dict(layout=layout, head_axis=head_axis)
     in_place = F.apply_rotary(x.copy(), ids, inv_freq, out=None, **kwargs)
     monkeypatch.setattr(cpu_rotary, "STREAM_MIN_BYTES", 0)  # non-temporal stores, tiles
+    monkeypatch.setattr(cpu_rotary, "MIN_STREAM_TILE", 2)
     streamed = F.apply_rotary(x, ids, inv_freq, **kwargs)
     np.testing.assert_array_equal(streamed, in_place)
     y = x.copy()

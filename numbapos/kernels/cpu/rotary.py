@@ -27,6 +27,10 @@ from .rowcopy import STREAM_MIN_BYTES, copy_row, put_row
 
 __all__ = ["rotary_apply", "rotary_table"]
 
+# Rows per non-temporal tile: each tile ends with a store fence, which costs
+# about as much as streaming a few rows (one row per fence took 8x longer).
+MIN_STREAM_TILE = 8
+
 
 # ---------------------------------------------------------------- launchers
 
@@ -54,10 +58,13 @@ def rotary_apply(x, cos, sin, interleaved, head_axis, out):
     if x.size:
         same = out.ctypes.data == x.ctypes.data  # out is x (partial overlaps were refused)
         batch, outer, inner, dim = x.shape
-        # Large outputs: each row rotated in a scratch row (in cache), then written with
-        # non-temporal stores (see rowcopy.STREAM_MIN_BYTES): 2 memory passes, not 3.
-        stream = option(not same and out.nbytes >= STREAM_MIN_BYTES)
-        tile = _tile_rows(inner) if stream else 1
+        # Large outputs: a tile of rows rotated in a scratch row (in cache), then written
+        # with non-temporal stores (see rowcopy.STREAM_MIN_BYTES): 2 memory passes, not 3.
+        # Tiles of fewer than MIN_STREAM_TILE rows (L prime, say) would fence too often.
+        tile = _tile_rows(inner)
+        stream = option(not same and out.nbytes >= STREAM_MIN_BYTES
+                        and tile >= MIN_STREAM_TILE)
+        tile = tile if stream else 1
         scratch = np.empty((batch * outer if stream else 1, tile * dim), x.dtype)
         kernel = pick(_apply, _apply_parallel, x.size)
         kernel(x.reshape(-1, tile * dim), cos, sin, bool(interleaved), head_axis, outer, inner,
