@@ -339,6 +339,18 @@ def test_dynamic_ntk_grows_and_resets_as_transformers():
     assert ours.max_seq_len_cached == theirs.max_seq_len_cached
 
 
+def test_bad_input_leaves_the_dynamic_state_unchanged():
+    rope = nn.RotaryEmbedding(8, scaling={"rope_type": "dynamic", "factor": 2.0},
+                              max_position_embeddings=16)
+    q = np.ones((1, 1, 40, 8), np.float32)
+    with pytest.raises(ValueError, match="k"):
+        rope(q, np.ones((1, 1, 39, 8), np.float32))
+    assert rope.max_seq_len_cached == 16
+    np.testing.assert_array_equal(rope.inv_freq, rope.original_inv_freq)
+    rope(q)
+    assert rope.max_seq_len_cached == 40
+
+
 def test_longrope_switches_factors_with_the_length():
     scaling = HF_SCALINGS[7]
     rope = nn.RotaryEmbedding(16, 500.0, scaling=scaling, max_position_embeddings=128)

@@ -227,20 +227,26 @@ class RotaryEmbedding(Module):
         if position_ids is not None:
             _checks.check_offset_only(offset, position_ids)
         q_checked = _checks.check_float_array(q, "q", ndim=(3, 4))
-        if self.rope_type in ("dynamic", "longrope"):
-            inv_freq, scale = self.frequencies(self._seq_len_of(q_checked, position_ids, offset,
-                                                                seq_len))
-        else:
-            inv_freq, scale = self.inv_freq, self.attention_scaling
-        freq = self._device_freq(inv_freq, _device.device_of(q_checked))
-        positions = offset if position_ids is None else position_ids
-        out_q = self._output_buffer(q_checked, q_checked.shape, q_checked.dtype)
-        out_k = None
-        if out_q is not None and type(k) is np.ndarray and k.dtype == q_checked.dtype:
-            out_k = self._outputs_k.take(k.shape, k.dtype)
-        q_rot, k_rot = F.rotary_qk(q_checked, k, positions, freq, attention_scaling=scale,
-                                   layout=self.layout, head_axis=self.head_axis,
-                                   float32_angle=self.float32_angle, out_q=out_q, out_k=out_k)
+        state = (self.inv_freq, self.attention_scaling, self.max_seq_len_cached)
+        try:
+            if self.rope_type in ("dynamic", "longrope"):
+                inv_freq, scale = self.frequencies(self._seq_len_of(q_checked, position_ids,
+                                                                    offset, seq_len))
+            else:
+                inv_freq, scale = self.inv_freq, self.attention_scaling
+            freq = self._device_freq(inv_freq, _device.device_of(q_checked))
+            positions = offset if position_ids is None else position_ids
+            out_q = self._output_buffer(q_checked, q_checked.shape, q_checked.dtype)
+            out_k = None
+            if out_q is not None and type(k) is np.ndarray and k.dtype == q_checked.dtype:
+                out_k = self._outputs_k.take(k.shape, k.dtype)
+            q_rot, k_rot = F.rotary_qk(q_checked, k, positions, freq, attention_scaling=scale,
+                                       layout=self.layout, head_axis=self.head_axis,
+                                       float32_angle=self.float32_angle, out_q=out_q,
+                                       out_k=out_k)
+        except Exception:  # bad input changes no state (the dynamic-NTK lengths)
+            self.inv_freq, self.attention_scaling, self.max_seq_len_cached = state
+            raise
         if self._recording():
             if position_ids is not None:
                 positions = _device.copy(_checks.check_index_array(position_ids,
