@@ -132,10 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", help="time numbapos next to NumPy and PyTorch, print a table",
         description="Time the headline cases of benchmarks/ (lookups, backward passes, the "
-                    "sparse training step, LayerNorm, the BERT and GPT-2 blocks) next to NumPy "
-                    "and PyTorch (optional), and how the cost grows with D and the batch; print "
-                    "median ms, GB/s and the ratios. Sides are warmed up, then timed in "
-                    "interleaved rounds.")
+                    "sparse training step, LayerNorm, the BERT and GPT-2 blocks, rotary q and k) "
+                    "next to NumPy and PyTorch (optional), and how the cost grows with D and "
+                    "the batch; print median ms, GB/s and the ratios. Sides are warmed up, then "
+                    "timed in interleaved rounds.")
     bench.add_argument("--quick", action="store_true",
                        help="fewer rounds and scaling points (well under a minute)")
     bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -173,3 +173,17 @@ class RowWiseAdagradHyper(NamedTuple):
     eps: object
     weight_decay: object
     mode: int
+
+
+class RotaryAngles(NamedTuple):
+    """How a rotary cos / sin table is made from positions and frequencies.
+
+    ``scale`` multiplies cos and sin (the attention scaling of YaRN / LongRoPE);
+    ``sign`` is +1 for the forward rotation and -1 for its transpose (the
+    backward); ``float32_angle`` rounds the angle as transformers does
+    (``float32(position) * float32(inv_freq)``) instead of forming it in float64.
+    """
+
+    scale: float
+    sign: float
+    float32_angle: bool

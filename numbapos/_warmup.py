@@ -96,6 +96,52 @@ def _positional(dtype, index_dtype) -> None:
         _train(nn.PositionalEmbedding(8, _DIM, type=kind, seed=0, dtype=dtype), x)
 
 
+def _rotary(dtype, index_dtype) -> None:
+    q = _activation(dtype, (2, 2, 4, _DIM))
+    k = _activation(dtype, (2, 1, 4, _DIM))
+    rope = nn.RotaryEmbedding(_DIM)
+    _train_pair(rope, q, k, offset=3)
+    _train_pair(rope, q, k, position_ids=np.array([[0, 1, 2, 3], [5, 6, 7, 8]], index_dtype))
+    rope = nn.RotaryEmbedding(_DIM, layout="interleaved", head_axis=2, float32_angle=True)
+    _train_pair(rope, q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3))  # (B, L, H, D)
+    inv_freq, _ = F.rope_frequencies(_DIM, partial_rotary_factor=0.5)
+    F.apply_rotary(q, 0, inv_freq, out=q.copy())
+    x = q.copy()
+    F.apply_rotary(x, 0, inv_freq, out=x)  # in place
+    # Outputs larger than the cache are written with non-temporal stores: that variant too.
+    cpu_rotary = _device.kernels_for("cpu").rotary
+    threshold = cpu_rotary.STREAM_MIN_BYTES
+    cpu_rotary.STREAM_MIN_BYTES = 0
+    try:
+        F.apply_rotary(_activation(dtype, (1, 1, 16, _DIM)), 0, inv_freq)  # 16-row tiles
+    finally:
+        cpu_rotary.STREAM_MIN_BYTES = threshold
+
+
+def _train_pair(module, q, k, **kwargs) -> None:
+    """One forward and backward of a module taking and returning (q, k)."""
+    q_rot, k_rot = module(q, k, **kwargs)
+    module.backward(np.ones_like(q_rot), np.ones_like(k_rot))
+
+
+def _alibi(dtype, index_dtype) -> None:
+    scores = _activation(dtype, (2, 2, 3, 4))
+    mask = np.array([[0, 1, 1, 1], [1, 1, 1, 1]])
+    for mode in ("symmetric", "mpt", "bloom"):
+        alibi = nn.ALiBi(2, mode=mode, trainable=True, dtype=dtype)
+        _train(alibi, scores, attention_mask=mask if mode == "bloom" else None)
+        F.alibi_bias(F.alibi_slopes(2, dtype=dtype), 3, 4, mode=mode)
+
+
+def _resize(dtype, index_dtype) -> None:
+    table = _activation(dtype, (_ROWS, _DIM))
+    for mode in ("linear", "copy", "repeat_last"):
+        F.resize_pos_table(table, 12, mode=mode, num_prefix_rows=1)
+    F.resize_pos_table(table, 10, mode="init", fill=table[:2])
+    learned = nn.LearnedPosEmbedding(_ROWS, _DIM, seed=0, dtype=dtype)
+    _train(learned, _activation(dtype), position_ids=np.array([0.5, 1.0, 2.25, 7.0]))
+
+
 def _init(dtype, index_dtype) -> None:
     table = np.empty((_ROWS, _DIM), dtype)
     F.keyed_normal_(table, seed=0)
@@ -211,6 +257,12 @@ CASES: tuple[Case, ...] = (
     Case("positional", "learned, sinusoidal and NeoML positional modules, fwd + bwd",
          _positional),
     Case("sinusoid", "sinusoidal_pos_embedding", _sinusoid, indexed=False),
+    Case("rotary", "RotaryEmbedding fwd + bwd (offset, position ids, both layouts), "
+         "apply_rotary in place and streamed", _rotary),
+    Case("alibi", "ALiBi fwd + bwd with trained slopes, alibi_bias, every mode", _alibi,
+         indexed=False),
+    Case("resize", "resize_pos_table in every mode, fractional positions fwd + bwd", _resize,
+         indexed=False),
     Case("init", "keyed_normal_ (the keyed initialiser of sharded tables)", _init),
     Case("dropout", "Dropout fwd + bwd, dropout_mask", _dropout, indexed=False),
     Case("layer_norm", "LayerNorm fwd + bwd, with and without affine", _layer_norm,
@@ -373,7 +425,8 @@ def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, fil
         Index dtypes to compile for.
     ops : sequence of str, optional
         Op groups to run (default: all): ``"embedding"``, ``"renorm"``,
-        ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"init"``, ``"dropout"``,
+        ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"rotary"``, ``"alibi"``,
+        ``"resize"``, ``"init"``, ``"dropout"``,
         ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"optimisers"``.
     verbose : bool, default True
         Print a line per case (time, signatures compiled and loaded) and a total.

@@ -296,3 +296,110 @@ def finite_difference(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
         flat_x[i] = old
         flat_g[i] = (up - down) / (2 * eps)
     return grad
+
+
+# ----------------------------------------------------------------- rotary
+
+
+def rope_inv_freq(dim, base=10000.0):
+    return 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
+def rotary(x, positions, inv_freq, scale=1.0, interleaved=False, head_axis=1, sign=1.0):
+    """Rotate pairs of the last axis of a 4-D ``x`` in float64; ``positions`` is (P, L)."""
+    x = np.asarray(x, dtype=np.float64)
+    xx = x if head_axis == 1 else x.transpose(0, 2, 1, 3)  # (B, H, L, D)
+    angle = np.asarray(positions, np.float64)[..., None] * np.asarray(inv_freq, np.float64)
+    c = (np.cos(angle) * scale)[:, None]  # (P, 1, L, R/2)
+    s = (np.sin(angle) * scale * sign)[:, None]
+    half = len(inv_freq)
+    out = xx.copy()
+    if interleaved:
+        a, b = xx[..., 0:2 * half:2], xx[..., 1:2 * half:2]
+        out[..., 0:2 * half:2] = a * c - b * s
+        out[..., 1:2 * half:2] = b * c + a * s
+    else:
+        a, b = xx[..., :half], xx[..., half:2 * half]
+        out[..., :half] = a * c - b * s
+        out[..., half:2 * half] = b * c + a * s
+    return out if head_axis == 1 else out.transpose(0, 2, 1, 3)
+
+
+# ----------------------------------------------------------------- ALiBi
+
+
+def alibi_distance(mode, batch, query_length, key_length, mask=None):
+    """The integer distance ``dist[b, i, j]`` of each ALiBi mode, shape (B or 1, Lq, Lk)."""
+    i = np.arange(query_length)[:, None]
+    j = np.arange(key_length)[None, :]
+    if mode == "symmetric":
+        return -np.abs(i + key_length - query_length - j)[None]
+    if mode == "mpt":
+        return np.broadcast_to(j - (key_length - 1), (1, query_length, key_length))
+    mask = np.ones((1, key_length), np.int64) if mask is None else np.atleast_2d(mask)
+    positions = (np.cumsum(mask, axis=1) - 1) * mask
+    return np.broadcast_to(positions[:, None, :], (mask.shape[0], query_length, key_length))
+
+
+def alibi_scores(scores, slopes, mode, mask=None):
+    """``scores + slope * dist`` with the bias rounded to the scores' dtype first."""
+    batch, heads, lq, lk = scores.shape
+    dist = alibi_distance(mode, batch, lq, lk, mask).astype(np.float64)
+    bias = (np.asarray(slopes, np.float64)[None, :, None, None] * dist[:, None])
+    return scores + bias.astype(scores.dtype)
+
+
+def alibi_slopes_grad(grad, mode, mask=None):
+    batch, heads, lq, lk = grad.shape
+    dist = alibi_distance(mode, batch, lq, lk, mask).astype(np.float64)
+    return np.sum(grad.astype(np.float64) * dist[:, None], axis=(0, 2, 3))
+
+
+# ----------------------------------------------------------------- resized position tables
+
+
+def resize_pos_table(table, new_len, mode="linear", prefix=0, fill=None):
+    """Row by row in float64: linear as PyTorch's align_corners=False interpolation."""
+    table = np.asarray(table)
+    old_len = table.shape[0]
+    out = np.empty((new_len, table.shape[1]))
+    for n in range(new_len):
+        if n < prefix:
+            out[n] = table[n]
+        elif mode == "linear":
+            scale = (old_len - prefix) / (new_len - prefix)
+            src = max((n - prefix + 0.5) * scale - 0.5, 0.0)
+            i0 = min(int(np.floor(src)), old_len - prefix - 1)
+            i1 = min(i0 + 1, old_len - prefix - 1)
+            lam = src - i0
+            out[n] = (1 - lam) * table[prefix + i0] + lam * table[prefix + i1]
+        elif mode == "copy":
+            out[n] = table[prefix + (n - prefix) % (old_len - prefix)]
+        elif mode == "repeat_last":
+            out[n] = table[min(n, old_len - 1)]
+        else:
+            out[n] = table[n] if n < old_len else fill[n - old_len]
+    return out.astype(table.dtype)
+
+
+def add_fractional_positions(x, table, positions):
+    """``x + (1 - w) * table[floor(p)] + w * table[floor(p) + 1]`` in float64 (rows rounded to
+    the table's dtype, as the kernels do)."""
+    p = np.asarray(positions, np.float64)
+    i0 = np.minimum(np.floor(p).astype(np.int64), len(table) - 1)
+    w = (p - i0)[..., None]
+    i1 = np.minimum(i0 + 1, len(table) - 1)
+    t = np.asarray(table, np.float64)
+    rows = ((1 - w) * t[i0] + w * t[i1]).astype(table.dtype)
+    return x + rows
+
+
+def add_fractional_positions_backward(grad, positions, num_positions):
+    p = np.broadcast_to(np.asarray(positions, np.float64), grad.shape[:-1]).reshape(-1)
+    g = grad.reshape(-1, grad.shape[-1]).astype(np.float64)
+    i0 = np.minimum(np.floor(p).astype(np.int64), num_positions - 1)
+    w = (p - i0)[:, None]
+    out = np.zeros((num_positions, grad.shape[-1]))
+    np.add.at(out, i0, (1 - w) * g)
+    np.add.at(out, np.minimum(i0 + 1, num_positions - 1), w * g)
+    return out

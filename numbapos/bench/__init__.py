@@ -1,8 +1,8 @@
 """``python -m numbapos bench``: numbapos next to NumPy and PyTorch, without pytest.
 
 Times the headline cases of ``benchmarks/`` (lookups, backward passes, the
-sparse training step, LayerNorm, the BERT and GPT-2 blocks) and how their cost
-grows with the embedding dimension and the batch, then prints one table:
+sparse training step, LayerNorm, the BERT and GPT-2 blocks, rotary q and k) and
+how their cost grows with the embedding dimension and the batch, then prints one table:
 median milliseconds, GB/s where the bytes moved are known, and the ratio
 against each peer. Every side is warmed up first (JIT compilation excluded),
 the sides of a case are timed in interleaved rounds and the medians compared,

@@ -30,6 +30,7 @@ from .data import (
     gpt2_block,
     layer_norm_params,
     primed,
+    rope_qk,
 )
 
 Factory = Callable[[Inputs, str], Callable[[], object]]
@@ -141,6 +142,12 @@ def _gpt2_next_token(positions):
     return make
 
 
+def _rotary(x, device):
+    q, k = _on(device, *rope_qk(x.shape))
+    rope = nn.RotaryEmbedding(x.shape.dim, device=device).eval()
+    return lambda: rope(q, k)
+
+
 # ------------------------------------------------------------------ the cases
 
 
@@ -211,6 +218,13 @@ def headline(sizes: Sizes) -> list[Case]:
                       {"numbapos": _gpt2_next_token(positions),
                        "numpy": peers.numpy_gpt2_next_token(positions),
                        "torch": peers.torch_gpt2_next_token(positions)}))
+    rope = Shape(sizes.rope_heads, sizes.rope_head_dim, sizes.rope_batch, sizes.rope_seq)
+    cases.append(Case(f"RotaryEmbedding q, k {rope.batch}x{rope.vocab}x{rope.seq}x{rope.dim}",
+                      rope, {"numbapos": _rotary, "numpy": peers.numpy_copy_qk,
+                             "torch": peers.torch_rotary},
+                      lambda s: 4 * s.batch * s.vocab * s.seq * s.dim * 4,
+                      "NumPy: q.copy(), k.copy() (the memory limit); PyTorch: transformers' "
+                      "Llama rotary"))
     return cases
 
 

@@ -41,12 +41,17 @@ class Sizes(NamedTuple):
     small_tokens: int = 8
     dims: tuple = (64, 256, 1024)
     batches: tuple = (1, 8, 32, 128)
+    rope_heads: int = 32
+    rope_head_dim: int = 128
+    rope_batch: int = 8
+    rope_seq: int = 1024
 
 
 FULL = Sizes()
 QUICK = FULL._replace(batches=(1, 8, 32))
 TINY = Sizes(vocab=40, dim=8, minilm_dim=4, batch=2, seq=4, step_vocab=50, step_seq=4,
-             gpt2_vocab=60, gpt2_positions=16, small_tokens=3, dims=(4, 8), batches=(1, 2))
+             gpt2_vocab=60, gpt2_positions=16, small_tokens=3, dims=(4, 8), batches=(1, 2),
+             rope_heads=2, rope_head_dim=8, rope_batch=1, rope_seq=4)
 
 
 class Inputs(NamedTuple):
@@ -98,6 +103,16 @@ def layer_norm_params(dim: int):
     rng = np.random.default_rng(2)
     return (rng.normal(1.0, 0.1, dim).astype(np.float32),
             rng.normal(0.0, 0.1, dim).astype(np.float32))
+
+
+@lru_cache(maxsize=1)
+def rope_qk(shape: Shape) -> tuple:
+    """Seeded float32 q and k of shape (batch, vocab, seq, dim): the rotary case's ``vocab``
+    field counts heads."""
+    rng = np.random.default_rng(1)
+    size = (shape.batch, shape.vocab, shape.seq, shape.dim)
+    return (rng.standard_normal(size, dtype=np.float32),
+            rng.standard_normal(size, dtype=np.float32))
 
 
 @lru_cache(maxsize=2)

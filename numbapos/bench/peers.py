@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .data import LN_EPS, batches, bert_block, gpt2_block, host_tables, layer_norm_params, primed
+from .data import (
+    LN_EPS,
+    batches,
+    bert_block,
+    gpt2_block,
+    host_tables,
+    layer_norm_params,
+    primed,
+    rope_qk,
+)
 
 
 def _torch():
@@ -302,3 +311,48 @@ def cupy_take_out(x, device):
     weight, ids = cp.asarray(x.weight), cp.asarray(x.ids)
     out = cp.empty(x.ids.shape + (x.shape.dim,), cp.float32)
     return lambda: cp.take(weight, ids, axis=0, out=out)
+
+
+# ------------------------------------------------------------------ rotary
+
+
+def numpy_copy_qk(x, device):
+    """q.copy() and k.copy(): the bytes a rotation reads and writes, moved once."""
+    q, k = rope_qk(x.shape)
+    return lambda: (q.copy(), k.copy())
+
+
+def torch_rotary(x, device):
+    """transformers' LlamaRotaryEmbedding + apply_rotary_pos_emb (PyTorch's formula without
+    transformers)."""
+    torch = _torch()
+    q, k = _tensors(device, *rope_qk(x.shape))
+    batch, heads, seq, dim = q.shape
+    ids = torch.arange(seq, device=device)[None].expand(batch, -1)
+    try:
+        import transformers
+        from transformers.models.llama import modeling_llama
+    except ImportError:
+        inv_freq = 1.0 / 10000.0 ** (torch.arange(0, dim, 2, device=device).float() / dim)
+
+        def rope(t, positions):
+            freqs = positions[..., None].float() * inv_freq
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos(), emb.sin()
+
+        def apply(q, k, cos, sin):
+            def rotate_half(t):
+                return torch.cat((-t[..., dim // 2:], t[..., :dim // 2]), dim=-1)
+            cos, sin = cos[:, None], sin[:, None]
+            return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    else:
+        config = transformers.LlamaConfig(hidden_size=heads * dim, num_attention_heads=heads,
+                                          max_position_embeddings=max(seq, 2048))
+        rope = modeling_llama.LlamaRotaryEmbedding(config).to(device)
+        apply = modeling_llama.apply_rotary_pos_emb
+
+    def call():
+        with torch.no_grad():
+            cos, sin = rope(q, ids)
+            return apply(q, k, cos, sin)
+    return call

@@ -7,6 +7,7 @@ calls its launchers. Modules in :mod:`numbapos.nn` are thin owners of
 parameters over these ops, and :mod:`numbapos.optim` updates through them.
 """
 
+from .alibi import add_alibi_, alibi_bias, alibi_slopes, alibi_slopes_grad
 from .blocks import (
     BertEmbeddingsGrads,
     GPT2EmbeddingsGrads,
@@ -40,6 +41,9 @@ from .positional import (
     positions_from_padding,
     sinusoidal_pos_embedding,
 )
+from .resize import resize_pos_table
+from .rope import rope_frequencies
+from .rotary import apply_rotary, apply_rotary_backward, rotary_qk
 
 __all__ = [
     "BertEmbeddingsGrads",
@@ -47,8 +51,14 @@ __all__ = [
     "TableOptions",
     "adagrad_",
     "adam_",
+    "add_alibi_",
     "add_positional",
     "add_positional_backward",
+    "alibi_bias",
+    "alibi_slopes",
+    "alibi_slopes_grad",
+    "apply_rotary",
+    "apply_rotary_backward",
     "bert_embeddings",
     "bert_embeddings_backward",
     "bert_embeddings_forward",
@@ -69,6 +79,9 @@ __all__ = [
     "positional_mult_add_backward",
     "positions_from_attention_mask",
     "positions_from_padding",
+    "resize_pos_table",
+    "rope_frequencies",
+    "rotary_qk",
     "rowwise_adagrad_",
     "sgd_",
     "sinusoidal_pos_embedding",

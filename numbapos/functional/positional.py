@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks, _device
+from . import fractional
 from ._common import backend_for, check_range, flatten, on_backend
 from .embedding import _scatter
 
@@ -157,9 +158,13 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
     offset : int, default 0
         Position of the first token; ``offset + L`` must not exceed M. Ignored
         when ``position_ids`` is given (it must then be 0).
-    position_ids : array_like of int, optional
+    position_ids : array_like of int or float, optional
         Arbitrary rows of ``table`` to add: shape (L,), or for 3-D ``x`` also
-        (N, L) or (1, L). Each id must lie in ``[0, M)``.
+        (N, L) or (1, L). Each id must lie in ``[0, M)``. Float positions
+        ``p`` in ``[0, M - 1]`` read ``(1 - w) * table[floor(p)] + w *
+        table[floor(p) + 1]``, ``w = p - floor(p)`` (position interpolation of
+        an absolute table, on the fly; the blend is formed in float64; CUDA
+        float positions are checked on the host).
     out : ndarray, optional
         C-contiguous buffer of ``x``'s shape and dtype (it may be ``x`` itself).
 
@@ -171,7 +176,7 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
     ------
     TypeError
         Non-float ``x`` or ``table``, different dtypes, non-integer ``offset``
-        or ``position_ids``.
+        or ``position_ids`` of a dtype other than integer or float.
     ValueError
         ``x`` not 2-D or 3-D, ``table`` not 2-D or of another width, ``offset``
         outside ``[0, M - L]``, both ``offset`` and ``position_ids`` given,
@@ -185,6 +190,12 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
     seq_len = x.shape[x.ndim - 2]
     num_positions = table.shape[0]
     ids = None
+    if fractional.is_fractional(position_ids):
+        _checks.check_offset_only(offset, position_ids)
+        out = _inplace_out(K, x, out, (table,))
+        fractional.add_fractional(K, _as_3d(K, x), table, position_ids, tuple(x.shape),
+                                  _as_3d(K, out))
+        return out
     if position_ids is None:
         offset = _check_offset(offset, seq_len, num_positions)
     else:
@@ -216,6 +227,9 @@ def add_positional_backward(grad_output, num_positions, offset=0, position_ids=N
     gradient sums ``grad_output`` over the batch into the rows that were added;
     with ``position_ids`` the rows are scattered deterministically (repeated ids
     summed in input order, see :func:`numbapos.functional.embedding_backward`).
+    A float position sends ``(1 - w) * grad`` to row ``floor(p)`` and ``w *
+    grad`` to the next row (products in float64, rounded once), summed the same
+    deterministic way.
 
     Parameters
     ----------
@@ -240,6 +254,10 @@ def add_positional_backward(grad_output, num_positions, offset=0, position_ids=N
     K = backend_for((grad_output,), ("grad_output",))
     num_positions = _checks.check_int(num_positions, "num_positions", minimum=1)
     seq_len, dim = grad_output.shape[-2:]
+    if fractional.is_fractional(position_ids):
+        _checks.check_offset_only(offset, position_ids)
+        return fractional.add_fractional_backward(K, _as_3d(K, grad_output), num_positions,
+                                                  position_ids, tuple(grad_output.shape))
     if position_ids is not None:
         _checks.check_offset_only(offset, position_ids)
         ids = _check_position_ids(K, position_ids, grad_output.shape, num_positions)

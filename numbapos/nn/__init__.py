@@ -1,6 +1,7 @@
 """Layers with parameters: forward caches, backward accumulates gradients."""
 
 from . import init
+from .alibi import ALiBi
 from .blocks import BertEmbeddings, GPT2Embeddings
 from .dropout import Dropout
 from .embedding import Embedding
@@ -8,8 +9,10 @@ from .module import IncompatibleKeys, Module
 from .normalization import LayerNorm
 from .parameter import Parameter
 from .positional import LearnedPosEmbedding, PositionalEmbedding, SinusoidalPosEmbedding
+from .rotary import RotaryEmbedding
 
 __all__ = [
+    "ALiBi",
     "BertEmbeddings",
     "Dropout",
     "Embedding",
@@ -20,6 +23,7 @@ __all__ = [
     "Module",
     "Parameter",
     "PositionalEmbedding",
+    "RotaryEmbedding",
     "SinusoidalPosEmbedding",
     "init",
 ]

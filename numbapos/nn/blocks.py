@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from . import _resize
 from . import init as initializers
 from .dropout import Dropout
 from .embedding import Embedding
@@ -17,6 +18,50 @@ from .parameter import Parameter
 
 # BERT and GPT-2 initialise their tables from N(0, initializer_range**2).
 INITIALIZER_RANGE = 0.02
+
+_RESIZE_DOC = """Resize the position table to ``new_len`` rows, in place (longer contexts).
+
+        The rows come from :func:`numbapos.functional.resize_pos_table`; with
+        ``mode="init"`` new rows are drawn from N(0, 0.02^2) as the block
+        initialises its tables. The table's :class:`Parameter` stays (optimisers
+        keep it), with the new table as ``data``, no gradient, a new version.
+
+        Parameters
+        ----------
+        new_len : int
+        mode : {"linear", "copy", "repeat_last", "init"}, default "linear"
+            ``"copy"`` with ``num_prefix_rows=2`` is Longformer's conversion of
+            RoBERTa's table.
+        num_prefix_rows : int, default 0
+        optimizer : numbapos.optim.Optimizer, optional
+            Optimiser of the table: its per-row state keeps the rows whose values
+            are kept (all old rows, but only the prefix for ``"linear"``) and
+            starts the others as a fresh parameter's state starts; step counts
+            are kept. Without it, an optimiser that has state for the table
+            refuses its next step (the shape changed).
+        seed : int or numpy.random.Generator, optional
+            Seeds the new rows of ``"init"``.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for :func:`~numbapos.functional.resize_pos_table`; an optimiser
+            that does not hold the table.
+        RuntimeError
+            Forwards recorded that no backward has consumed yet.
+        """
+
+
+def _resize_table(block, table: Embedding, new_len, mode, num_prefix_rows, optimizer, seed):
+    table.num_embeddings = _resize.resize_param_(
+        block, table.weight, new_len, mode, num_prefix_rows,
+        initializers.normal(0.0, INITIALIZER_RANGE), seed, optimizer,
+        "resize_position_embeddings")
+    return block
 
 
 def _options(embedding: Embedding) -> F.TableOptions:
@@ -404,6 +449,13 @@ class BertEmbeddings(Module):
                    layer_norm_eps=layer_norm_eps, hidden_dropout_prob=hidden_dropout_prob,
                    seed=seed, dtype=dtype, _weights=weights)
 
+    def resize_position_embeddings(self, new_len, mode="linear", *, num_prefix_rows=0,
+                                   optimizer=None, seed=None):
+        return _resize_table(self, self.position_embeddings, new_len, mode, num_prefix_rows,
+                             optimizer, seed)
+
+    resize_position_embeddings.__doc__ = _RESIZE_DOC
+
     def extra_repr(self) -> str:
         return (f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, "
                 f"max_position_embeddings={self.max_position_embeddings}, "
@@ -617,6 +669,12 @@ class GPT2Embeddings(Module):
         weights = {"wte.weight": _owned(wte, dtype), "wpe.weight": _owned(wpe, dtype)}
         return cls(wte.shape[0], wpe.shape[0], wte.shape[1], embd_pdrop=embd_pdrop, seed=seed,
                    dtype=dtype, _weights=weights)
+
+    def resize_position_embeddings(self, new_len, mode="linear", *, num_prefix_rows=0,
+                                   optimizer=None, seed=None):
+        return _resize_table(self, self.wpe, new_len, mode, num_prefix_rows, optimizer, seed)
+
+    resize_position_embeddings.__doc__ = _RESIZE_DOC
 
     def extra_repr(self) -> str:
         return f"vocab_size={self.vocab_size}, n_positions={self.n_positions}, n_embd={self.n_embd}"

@@ -8,6 +8,8 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from ..functional import fractional
+from . import _resize
 from . import init as initializers
 from .dropout import Dropout
 from .module import Module
@@ -216,6 +218,7 @@ class LearnedPosEmbedding(Module):
                             f"{_checks.quote(init)}")
         rng = _checks.as_rng(seed)
         table = initializers.make_array(init, (self.max_len, self.embed_dim), dtype, rng)
+        self._init = init  # for the new rows of extend_(mode="init")
         self.weight = Parameter(table)
         self.dropout = Dropout(dropout, seed=rng)
         self._place(device)
@@ -229,9 +232,12 @@ class LearnedPosEmbedding(Module):
             Same dtype as the table.
         offset : int, default 0
             First position; ``0 <= offset`` and ``offset + L <= max_len``.
-        position_ids : array_like of int, optional
+        position_ids : array_like of int or float, optional
             Rows to add instead, shape (L,), (1, L) or (N, L); each in
-            ``[0, max_len)``. ``offset`` must then be 0.
+            ``[0, max_len)``. ``offset`` must then be 0. Float positions in
+            ``[0, max_len - 1]`` blend the two neighbouring rows linearly
+            (position interpolation; the backward sends the gradient to both
+            rows, see :func:`numbapos.functional.add_positional_backward`).
 
         Raises
         ------
@@ -261,7 +267,9 @@ class LearnedPosEmbedding(Module):
         y = F.dropout(y, out=y, **drop)
         self.dropout._advance(drop)
         if self._recording():
-            if position_ids is not None:
+            if fractional.is_fractional(position_ids):
+                position_ids = fractional.positions_copy(position_ids)
+            elif position_ids is not None:
                 position_ids = _device.copy(_checks.check_index_array(position_ids,
                                                                       "position_ids"))
             self._save_for_backward((tuple(x.shape), offset, position_ids, drop))
@@ -295,6 +303,47 @@ class LearnedPosEmbedding(Module):
         if table_grad is not None:
             self.weight.accumulate_grad(table_grad, fresh=True)
         return grad
+
+    def extend_(self, new_len, mode="linear", *, num_prefix_rows=0, optimizer=None, seed=None):
+        """Resize the position table to ``new_len`` rows, in place (longer contexts).
+
+        The rows come from :func:`numbapos.functional.resize_pos_table`; with
+        ``mode="init"`` the new rows are drawn from the module's initialiser.
+        ``weight`` stays the same :class:`Parameter` (optimisers keep it), with
+        the new table as ``data``, no gradient, and a new version.
+
+        Parameters
+        ----------
+        new_len : int
+            Rows of the new table (``max_len`` becomes ``new_len``).
+        mode : {"linear", "copy", "repeat_last", "init"}, default "linear"
+        num_prefix_rows : int, default 0
+            Leading rows kept out of the resampling.
+        optimizer : numbapos.optim.Optimizer, optional
+            Optimiser of ``weight``: its per-row state (momentum, moments, sums)
+            keeps the rows whose values are kept (all old rows but for
+            ``"linear"``, which keeps only the prefix) and starts the others as a
+            fresh parameter's state starts; step counts are kept. Without it an
+            optimiser that has state for ``weight`` refuses the next step (the
+            shape changed): pass it, or make a new optimiser.
+        seed : int or numpy.random.Generator, optional
+            Seeds the new rows of ``"init"``.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for :func:`~numbapos.functional.resize_pos_table`; an optimiser
+            that does not hold ``weight``.
+        RuntimeError
+            Forwards recorded that no backward has consumed yet.
+        """
+        self.max_len = _resize.resize_param_(self, self.weight, new_len, mode, num_prefix_rows,
+                                             self._init, seed, optimizer, "extend_")
+        return self
 
     def extra_repr(self) -> str:
         return f"{self.max_len}, {self.embed_dim}"
@@ -464,6 +513,57 @@ class PositionalEmbedding(Module):
         self.multipliers.accumulate_grad(grad_a, fresh=True)
         self.addends.accumulate_grad(grad_b, fresh=True)
         return grad_x.reshape(shape)
+
+    def extend_(self, new_len, mode="linear", *, num_prefix_rows=0, optimizer=None, seed=None):
+        """Resize ``addends`` (and ``multipliers``) to ``new_len`` rows, in place.
+
+        As :meth:`LearnedPosEmbedding.extend_`: ``mode="init"`` starts new
+        addends at U(-0.02, 0.02) and new multipliers at one; ``"transformers"``
+        has no parameters and only raises ``max_len``.
+
+        Parameters
+        ----------
+        new_len : int
+        mode : {"linear", "copy", "repeat_last", "init"}, default "linear"
+        num_prefix_rows : int, default 0
+        optimizer : numbapos.optim.Optimizer, optional
+            Its state of the parameters is resized (see
+            :meth:`LearnedPosEmbedding.extend_`).
+        seed : int or numpy.random.Generator, optional
+            Seeds new addends (default: the module's generator).
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            The parameters are not made yet (``max_len=None`` before the first
+            forward), or as for :meth:`LearnedPosEmbedding.extend_`.
+        RuntimeError
+            Forwards recorded that no backward has consumed yet.
+        """
+        if self.max_len is None:
+            raise ValueError("extend_: the parameters are made by the first forward "
+                             "(max_len=None); run one first")
+        if self.type == "transformers":
+            _resize.check_no_pending(self, "extend_")
+            self.max_len = _checks.check_int(new_len, "new_len", minimum=1)
+            self._tables.clear()
+            return self
+        rng = self._rng if seed is None else _checks.as_rng(seed)
+        params = [(self.addends, initializers.uniform(-0.02, 0.02))]
+        if self.type == "learnable_mult_addition":
+            params.append((self.multipliers, initializers.ones()))
+            # both checked before either changes
+            _resize.resized(self.multipliers, new_len, mode, num_prefix_rows, params[1][1], rng)
+            for param, _ in params:
+                _resize.resize_state(optimizer, param, 1, 0)
+        for param, init in params:
+            self.max_len = _resize.resize_param_(self, param, new_len, mode, num_prefix_rows,
+                                                 init, rng, optimizer, "extend_")
+        return self
 
     def extra_repr(self) -> str:
         return f"{self.max_len}, {self.embed_dim}, type={self.type!r}"

@@ -7,6 +7,7 @@ of a parallel kernel, with numbapos's wait policy (:mod:`numbapos._pool`).
 """
 
 from . import (
+    alibi,
     arrays,
     background,  # noqa: F401  (its setting: python -m numbapos info; the warm-up)
     blocks,
@@ -17,7 +18,10 @@ from . import (
     optim,
     positional,
     prefetch,  # noqa: F401  (its setting: python -m numbapos info)
+    resize,
+    rotary,
 )
+from .alibi import *  # noqa: F403
 from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
@@ -26,8 +30,11 @@ from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
 from .positional import *  # noqa: F403
+from .resize import *  # noqa: F403
+from .rotary import *  # noqa: F403
 
-AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
+AREAS = (alibi, arrays, blocks, dropout, embedding, init, normalization, optim, positional,
+         resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 

@@ -9,7 +9,21 @@ Importing it changes nothing outside it: :func:`start`, which
 installs the caching allocator (:mod:`.memory`).
 """
 
-from . import arrays, blocks, dropout, embedding, init, memory, normalization, optim, positional
+from . import (
+    alibi,
+    arrays,
+    blocks,
+    dropout,
+    embedding,
+    init,
+    memory,
+    normalization,
+    optim,
+    positional,
+    resize,
+    rotary,
+)
+from .alibi import *  # noqa: F403
 from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
@@ -18,8 +32,11 @@ from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
 from .positional import *  # noqa: F403
+from .resize import *  # noqa: F403
+from .rotary import *  # noqa: F403
 
-AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
+AREAS = (alibi, arrays, blocks, dropout, embedding, init, normalization, optim, positional,
+         resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 

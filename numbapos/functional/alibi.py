@@ -1,0 +1,239 @@
+"""ALiBi: per-head attention biases linear in the query-key distance (BLOOM, MPT, encoders)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _checks
+from ._common import backend_for
+
+MODES = {"symmetric": 0, "mpt": 1, "bloom": 2}
+
+
+def alibi_slopes(num_heads, max_bias=8.0, dtype=np.float32):
+    """The ALiBi paper's head slopes, for any number of heads (BLOOM's and MPT's).
+
+    For ``n`` heads, a power of two, the slopes are ``2 ** (-max_bias * k / n)``
+    for ``k = 1 .. n``. Otherwise the ``m`` slopes of the largest power of two
+    ``m < n`` come first, then every other slope of ``2 * m`` heads
+    (``2 ** (-max_bias * (2j - 1) / (2m))``) up to ``n``; BLOOM's
+    ``_get_alibi_slopes`` and MPT's ``build_mpt_alibi_tensor`` both give these
+    values (computed here in float64 and rounded once).
+
+    Parameters
+    ----------
+    num_heads : int
+        Number of heads (> 0).
+    max_bias : float, default 8.0
+        The paper's 8 (MPT's ``alibi_bias_max``); > 0.
+    dtype : float32 or float64, default float32
+
+    Returns
+    -------
+    ndarray, shape (num_heads,)
+
+    Raises
+    ------
+    TypeError
+        A non-integer ``num_heads`` or non-real ``max_bias``.
+    ValueError
+        ``num_heads < 1`` or ``max_bias <= 0``.
+
+    Examples
+    --------
+    >>> import numbapos.functional as F
+    >>> F.alibi_slopes(4)
+    array([0.25      , 0.0625    , 0.015625  , 0.00390625], dtype=float32)
+    """
+    num_heads = _checks.check_int(num_heads, "num_heads", minimum=1)
+    max_bias = _checks.check_positive(max_bias, "max_bias")
+    dtype = _checks.check_float_dtype(dtype)
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = 2.0 ** (-max_bias * np.arange(1, closest + 1) / closest)
+    if closest != num_heads:
+        extra = 2.0 ** (-max_bias * np.arange(1, 2 * (num_heads - closest), 2) / (2 * closest))
+        slopes = np.concatenate([slopes, extra])
+    return slopes.astype(dtype)
+
+
+def _check_mode(mode):
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode: expected one of {list(MODES)}, got {_checks.quote(mode)}")
+    return MODES[mode]
+
+
+def _mask_positions(K, mode, attention_mask, batch, key_length):
+    """BLOOM's key positions ``(cumsum(mask) - 1) * mask`` as ``(1 or B, Lk)`` int64, or None."""
+    if mode != MODES["bloom"]:
+        if attention_mask is not None:
+            raise ValueError("attention_mask: only mode='bloom' reads it (symmetric and mpt "
+                             "biases do not depend on padding)")
+        return None
+    if attention_mask is None:
+        mask = np.ones((1, key_length), np.int64)
+    else:
+        mask = _checks.check_attention_mask(attention_mask).astype(np.int64)
+        mask = mask.reshape(1, -1) if mask.ndim == 1 else mask
+        if mask.shape[1] != key_length or (batch is not None and mask.shape[0] not in (1, batch)):
+            rows = "B" if batch is None else batch
+            raise ValueError(f"attention_mask: expected shape ({key_length},), (1, {key_length})"
+                             f" or ({rows}, {key_length}) (batch, key length), got "
+                             f"{tuple(mask.shape)}")
+    positions = (np.cumsum(mask, axis=1) - 1) * mask
+    return K.asarray(np.ascontiguousarray(positions, dtype=np.int64))
+
+
+def _shift(mode, query_length, key_length):
+    return key_length - query_length if mode == MODES["symmetric"] else key_length - 1
+
+
+def _check_slopes(slopes, name="slopes"):
+    return _checks.check_float_array(slopes, name, ndim=1)
+
+
+def alibi_bias(slopes, query_length, key_length=None, *, mode="symmetric", attention_mask=None):
+    """The ALiBi bias ``slopes[h] * dist``, broadcastable to scores of shape ``(B, H, Lq, Lk)``.
+
+    - ``"symmetric"``: ``-slope * |i + Lk - Lq - j|``, flash-attention's
+      ALiBi for bidirectional encoders (queries aligned to the last keys);
+      shape ``(1, H, Lq, Lk)``.
+    - ``"mpt"``: ``slope * (j - Lk + 1)``, MPT's ``build_mpt_alibi_tensor``
+      (equal along queries; softmax makes it the causal distance); shape
+      ``(1, H, 1, Lk)``, whose ``[0]`` is MPT's tensor.
+    - ``"bloom"``: ``slope * p_j`` with the key positions
+      ``p = (cumsum(mask) - 1) * mask`` of the attention mask (left padding
+      included), BLOOM's ``build_alibi_tensor``; shape ``(B, H, 1, Lk)``, whose
+      ``reshape(B * H, 1, Lk)`` is BLOOM's tensor.
+
+    The product is rounded once to the slopes' dtype, as transformers' float32
+    multiply rounds it.
+
+    Parameters
+    ----------
+    slopes : ndarray, shape (H,), float32 or float64
+        E.g. :func:`alibi_slopes`; the result is made on their device, in their dtype.
+    query_length : int
+        Lq (> 0).
+    key_length : int, optional
+        Lk (>= Lq for ``"symmetric"`` with a cache); default ``query_length``.
+    mode : {"symmetric", "mpt", "bloom"}, default "symmetric"
+    attention_mask : array_like of 0 / 1, shape (Lk,) or (B, Lk), optional
+        ``"bloom"`` only (default: no padding).
+
+    Returns
+    -------
+    ndarray, 4-D
+
+    Raises
+    ------
+    TypeError
+        Non-float ``slopes``, non-integer lengths, a mask of another dtype.
+    ValueError
+        Lengths < 1, an unknown ``mode``, a mask of the wrong shape, values
+        other than 0 and 1, or a mask for another mode.
+
+    Examples
+    --------
+    >>> import numbapos.functional as F
+    >>> F.alibi_bias(F.alibi_slopes(2), 3)[0, 0]
+    array([[ 0.    , -0.0625, -0.125 ],
+           [-0.0625,  0.    , -0.0625],
+           [-0.125 , -0.0625,  0.    ]], dtype=float32)
+    """
+    slopes = _check_slopes(slopes)
+    query_length = _checks.check_int(query_length, "query_length", minimum=1)
+    key_length = query_length if key_length is None else _checks.check_int(
+        key_length, "key_length", minimum=1)
+    code = _check_mode(mode)
+    K = backend_for((slopes,), ("slopes",))
+    positions = _mask_positions(K, code, attention_mask, None, key_length)
+    rows = 1 if positions is None else positions.shape[0]
+    queries = query_length if code == MODES["symmetric"] else 1
+    out = K.empty((rows, slopes.shape[0], queries, key_length), slopes.dtype)
+    K.alibi_fill(K.contiguous(slopes), positions, code,
+                 _shift(code, query_length, key_length), out)
+    return out
+
+
+def _check_scores(scores, name):
+    scores = _checks.check_float_array(scores, name, ndim=4)
+    return scores
+
+
+def add_alibi_(scores, slopes, *, mode="symmetric", attention_mask=None):
+    """Add the ALiBi bias to attention scores in place: ``scores += alibi_bias(...)``.
+
+    Parameters
+    ----------
+    scores : ndarray, shape (B, H, Lq, Lk), float32 or float64
+        C-contiguous and writeable; modified in place.
+    slopes : ndarray, shape (H,)
+        Cast to the scores' dtype.
+    mode, attention_mask
+        As for :func:`alibi_bias` (the mask of shape ``(Lk,)``, ``(1, Lk)`` or ``(B, Lk)``).
+
+    Returns
+    -------
+    ndarray
+        ``scores``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As for :func:`alibi_bias`; ``scores`` not 4-D, strided or read-only,
+        ``slopes`` not of length H.
+    """
+    scores = _check_scores(scores, "scores")
+    scores = _checks.check_out(scores, tuple(scores.shape), scores.dtype, "scores")
+    slopes = _check_slopes(slopes)
+    K = backend_for((scores, slopes), ("scores", "slopes"))
+    batch, heads, query_length, key_length = (int(n) for n in scores.shape)
+    if slopes.shape[0] != heads:
+        raise ValueError(f"slopes: {slopes.shape[0]} slopes for scores with {heads} heads "
+                         f"(scores.shape={tuple(scores.shape)})")
+    code = _check_mode(mode)
+    positions = _mask_positions(K, code, attention_mask, batch, key_length)
+    K.alibi_add_(scores, K.contiguous(slopes, scores.dtype), positions, code,
+                 _shift(code, query_length, key_length))
+    return scores
+
+
+def alibi_slopes_grad(grad_scores, *, mode="symmetric", attention_mask=None):
+    """Gradient of the loss with respect to the slopes of :func:`add_alibi_`.
+
+    ``grad_slopes[h] = sum over b, i, j of grad_scores[b, h, i, j] * dist(b, i, j)``,
+    summed in float64 in a fixed order (per key column over the batch and
+    queries, then over the columns): the same bits for any thread count and
+    on either device. The gradient with respect to the scores is
+    ``grad_scores`` itself.
+
+    Parameters
+    ----------
+    grad_scores : ndarray, shape (B, H, Lq, Lk), float32 or float64
+    mode, attention_mask
+        As given to the forward call.
+
+    Returns
+    -------
+    ndarray, shape (H,), dtype of ``grad_scores``
+
+    Raises
+    ------
+    TypeError, ValueError
+        As for :func:`add_alibi_`.
+    """
+    grad = _check_scores(grad_scores, "grad_scores")
+    K = backend_for((grad,), ("grad_scores",))
+    grad = K.contiguous(grad)
+    batch, heads, query_length, key_length = (int(n) for n in grad.shape)
+    code = _check_mode(mode)
+    positions = _mask_positions(K, code, attention_mask, batch, key_length)
+    if grad.size == 0:
+        return K.zeros((heads,), grad.dtype)
+    partial = K.empty((heads, key_length), np.float64)
+    out = K.empty((heads,), grad.dtype)
+    K.alibi_slope_grad(grad, positions, code, _shift(code, query_length, key_length), partial,
+                       out)
+    return out

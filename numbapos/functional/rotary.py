@@ -1,0 +1,278 @@
+"""Rotary position embeddings (RoPE): rotate channel pairs of q and k by position-dependent angles.
+
+The op builds a cos / sin table of one row per position (float64 angles and a
+float64 sine and cosine, the same code and bits on the CPU and the GPU), then
+rotates every head's pairs with it; q and k share one table (:func:`rotary_qk`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks, _device
+from .._args import RotaryAngles
+from ._common import backend_for, on_backend
+
+LAYOUTS = ("half", "interleaved")
+
+
+def _check_x(x, name):
+    x = _checks.check_float_array(x, name, ndim=(3, 4))
+    return x
+
+
+def _as_4d(K, x, head_axis):
+    """``x`` (C-contiguous) as ``(B, A, C, D)``: a 3-D ``(B, L, D)`` is one head."""
+    x = K.contiguous(x)
+    if x.ndim == 3:
+        return x.reshape((x.shape[0], 1) + tuple(x.shape[1:])), 1
+    return x, head_axis
+
+
+def check_rotary_options(layout, head_axis, float32_angle):
+    """Validate the layout options of a rotary call (for modules checking at construction)."""
+    _check_options(layout, head_axis, 1.0, float32_angle)
+
+
+def _check_options(layout, head_axis, attention_scaling, float32_angle):
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {list(LAYOUTS)}, got {_checks.quote(layout)}")
+    head_axis = _checks.check_int(head_axis, "head_axis")
+    if head_axis not in (1, 2):
+        raise ValueError(f"head_axis: expected 1 (x is (B, H, L, D)) or 2 (x is (B, L, H, D)), "
+                         f"got {head_axis}")
+    scale = _checks.check_real(attention_scaling, "attention_scaling")
+    if not np.isfinite(scale):
+        raise ValueError(f"attention_scaling: expected a finite number, got {scale}")
+    if not isinstance(float32_angle, (bool, np.bool_)):
+        raise TypeError(f"float32_angle: expected a bool, got {_checks.quote(float32_angle)}")
+    return layout == "interleaved", head_axis, scale
+
+
+def _seq_len(x, head_axis):
+    return x.shape[1] if x.ndim == 3 else x.shape[3 - head_axis]
+
+
+def _check_inv_freq(K, inv_freq, dim):
+    """``inv_freq`` as a float64 array on K's device, ``2 * len <= dim``."""
+    if _device.is_cuda_array(inv_freq):
+        freq = _checks.check_float_array(inv_freq, "inv_freq", ndim=1)
+        if K.DEVICE != "cuda":
+            raise TypeError("inv_freq: is a CUDA array but the data is on 'cpu'; move them to "
+                            "one device first (numbapos.to_device)")
+    else:
+        freq = _checks.check_float_array(inv_freq, "inv_freq", ndim=1)
+    if freq.shape[0] < 1 or 2 * freq.shape[0] > dim:
+        raise ValueError(f"inv_freq: {freq.shape[0]} frequencies rotate {2 * freq.shape[0]} "
+                         f"channels, but the last dimension of the data is {dim}; expected "
+                         f"1 <= len(inv_freq) <= {dim // 2}")
+    if K.DEVICE == "cpu":
+        return np.ascontiguousarray(freq, dtype=np.float64)
+    if _device.is_cuda_array(freq):
+        return K.contiguous(freq, np.float64)
+    return K.asarray(np.ascontiguousarray(freq, dtype=np.float64))
+
+
+def _check_positions(K, position_ids, batch, seq_len):
+    """``(ids, offset)``: ids None (positions offset .. offset + L - 1) or int64 (P, L)."""
+    if position_ids is None:
+        return None, 0
+    if isinstance(position_ids, (int, np.integer)) and not isinstance(position_ids,
+                                                                      (bool, np.bool_)):
+        return None, _checks.check_int64(position_ids, "position_ids")
+    ids = on_backend(K, position_ids, "position_ids")
+    allowed = [(seq_len,), (1, seq_len), (batch, seq_len)]
+    if tuple(ids.shape) not in allowed:
+        want = " or ".join(str(s) for s in dict.fromkeys(allowed))
+        raise ValueError(f"position_ids: expected shape {want} (an int offset, or positions of "
+                         f"shape (L,) / (B, L)), got {tuple(ids.shape)}")
+    ids = K.contiguous(ids, np.int64)
+    rows = ids.shape[0] if ids.ndim == 2 else 1
+    return ids.reshape(rows, seq_len), 0
+
+
+def _rotated_out(K, x, out, others, name):
+    if out is None:
+        return K.empty(x.shape, x.dtype)
+    same = out is x or (_device.is_cuda_array(out) and _device.adopt(out) is x)
+    return _checks.check_out(out, x.shape, x.dtype, name,
+                             avoid=tuple(others) + (() if same else (x,)))
+
+
+def rotary_qk(q, k, position_ids, inv_freq, *, attention_scaling=1.0, layout="half",
+              head_axis=1, float32_angle=False, backward=False, out_q=None, out_k=None):
+    """Rotate ``q`` and ``k`` (or their gradients) with one shared cos / sin table.
+
+    What :class:`numbapos.nn.RotaryEmbedding` runs: :func:`apply_rotary` on
+    ``q`` and on ``k`` (whose head count may differ: grouped-query and
+    multi-query attention), with the table built once.
+
+    Parameters
+    ----------
+    q : ndarray, shape (B, Hq, L, D) or (B, L, Hq, D) (or (B, L, D)), float32 or float64
+    k : ndarray or None
+        Same layout, batch, length, width and dtype as ``q``; any head count.
+    position_ids, inv_freq, attention_scaling, layout, head_axis, float32_angle
+        As for :func:`apply_rotary`.
+    backward : bool, default False
+        Rotate by minus the angle (the gradient of the forward rotation).
+    out_q, out_k : ndarray, optional
+        Result buffers (each may be its input itself).
+
+    Returns
+    -------
+    (q_rot, k_rot)
+        ``k_rot`` is None when ``k`` is None.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As for :func:`apply_rotary`, or ``k`` not matching ``q``.
+    """
+    return _rotary(q, k, position_ids, inv_freq, attention_scaling, layout, head_axis,
+                   float32_angle, backward, out_q, out_k, ("q", "k", "out_q", "out_k"))
+
+
+def _rotary(q, k, position_ids, inv_freq, attention_scaling, layout, head_axis, float32_angle,
+            backward, out_q, out_k, names):
+    q_name, k_name, out_q_name, out_k_name = names
+    q = _check_x(q, q_name)
+    interleaved, head_axis, scale = _check_options(layout, head_axis, attention_scaling,
+                                                   float32_angle)
+    if k is not None:
+        k = _check_x(k, k_name)
+        if k.dtype != q.dtype:
+            raise TypeError(f"k: dtype {k.dtype} differs from q's dtype {q.dtype}")
+        if k.ndim != q.ndim or _seq_len(k, head_axis) != _seq_len(q, head_axis) \
+                or k.shape[0] != q.shape[0] or k.shape[k.ndim - 1] != q.shape[q.ndim - 1]:
+            raise ValueError(f"k: shape {tuple(k.shape)} does not match q's shape "
+                             f"{tuple(q.shape)} (same rank, batch, length and width; the head "
+                             f"count may differ; head_axis={head_axis})")
+    K = backend_for((q, k, out_q, out_k), names)
+    seq_len = _seq_len(q, head_axis)
+    ids, offset = _check_positions(K, position_ids, q.shape[0], seq_len)
+    freq = _check_inv_freq(K, inv_freq, q.shape[q.ndim - 1])
+    out_q = _rotated_out(K, q, out_q, (ids, k, out_k), out_q_name)
+    if k is not None:
+        out_k = _rotated_out(K, k, out_k, (ids, q, out_q), out_k_name)
+    elif out_k is not None:
+        raise ValueError("out_k: given without k")
+    rows = 1 if ids is None else ids.shape[0]
+    cos = K.empty((rows, seq_len, freq.shape[0]), q.dtype)
+    sin = K.empty((rows, seq_len, freq.shape[0]), q.dtype)
+    angles = RotaryAngles(float(scale), -1.0 if backward else 1.0, bool(float32_angle))
+    K.rotary_table(ids, offset, freq, angles, cos, sin)
+    for x, out in ((q, out_q), (k, out_k)):
+        if x is not None:
+            x4, axis = _as_4d(K, x, head_axis)
+            o4, _ = _as_4d(K, out, head_axis)
+            K.rotary_apply(x4, cos, sin, interleaved, axis, o4)
+    return out_q, (out_k if k is not None else None)
+
+
+def apply_rotary(x, position_ids, inv_freq, *, attention_scaling=1.0, layout="half",
+                 head_axis=1, float32_angle=False, out=None):
+    """Rotary position embedding: rotate channel pairs of ``x`` by ``position * inv_freq``.
+
+    With ``R = 2 * len(inv_freq)`` and ``theta = pos * inv_freq[i]``, each pair
+    ``(a, b)`` of the first R channels becomes ``s * (a cos theta - b sin theta,
+    b cos theta + a sin theta)`` (``s`` the attention scaling); the channels
+    from R on pass through unchanged (partial rotary: GPT-NeoX, Phi).
+
+    Angles are formed in float64 and reduced to about 2**-100 by a float64
+    sine and cosine within one ulp (once per position and frequency, shared
+    by all heads; fdlibm's algorithm, the same bits on the CPU and the GPU),
+    so a float32 result is within about 1e-6 of the exact rotation at any
+    position up to 2**20; transformers' float32 angle errs by 2e-3 at
+    position 32768.
+    ``float32_angle=True`` rounds the angle as transformers does instead.
+
+    Parameters
+    ----------
+    x : ndarray, float32 or float64
+        ``(B, H, L, D)`` as transformers' attention holds q and k
+        (``head_axis=1``), ``(B, L, H, D)`` (``head_axis=2``), or ``(B, L, D)``
+        (one head). CPU arrays of any strides (copied when not C-contiguous),
+        CUDA arrays C-contiguous.
+    position_ids : int or array_like of int
+        An int offset (positions ``offset .. offset + L - 1``, e.g. the length of
+        a cache; None is 0), or positions of shape ``(L,)``, ``(1, L)`` or
+        ``(B, L)`` (left-padded batches: any positions per row).
+    inv_freq : array_like, shape (R/2,)
+        Frequencies, e.g. from :func:`rope_frequencies` (cast to float64);
+        ``R <= D``.
+    attention_scaling : float, default 1.0
+        Multiplies cos and sin (yarn, longrope: the second value of
+        :func:`rope_frequencies`).
+    layout : {"half", "interleaved"}, default "half"
+        ``"half"`` pairs channel ``j`` with ``j + R/2`` (transformers'
+        ``rotate_half``: Llama, Mistral, Qwen, GPT-NeoX); ``"interleaved"``
+        pairs ``2j`` with ``2j + 1`` (GPT-J, Cohere, Meta's original Llama).
+    head_axis : {1, 2}, default 1
+        Where the heads are in a 4-D ``x``.
+    float32_angle : bool, default False
+        Form the angle, cos and sin in float32 as transformers'
+        ``LlamaRotaryEmbedding`` does (bit-for-bit agreement up to the last
+        bit of float32 cos / sin, instead of accuracy at long range).
+    out : ndarray, optional
+        C-contiguous result buffer of ``x``'s shape and dtype; ``out=x`` rotates
+        in place.
+
+    Returns
+    -------
+    ndarray, shape of ``x``
+
+    Raises
+    ------
+    TypeError
+        Non-float ``x`` or ``inv_freq``, non-integer ``position_ids``, arrays on
+        different devices.
+    ValueError
+        ``x`` not 3-D or 4-D, ``position_ids`` of the wrong shape, ``inv_freq``
+        empty or wider than ``D / 2``, an unknown ``layout``, ``head_axis`` not 1
+        or 2, a non-finite ``attention_scaling``, ``out`` of the wrong shape or
+        overlapping an input.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import numbapos.functional as F
+    >>> inv_freq, _ = F.rope_frequencies(4)
+    >>> x = np.ones((1, 1, 2, 4), np.float32)
+    >>> F.apply_rotary(x, 0, inv_freq)[0, 0, 0]
+    array([1., 1., 1., 1.], dtype=float32)
+    """
+    out_x, _ = _rotary(x, None, position_ids, inv_freq, attention_scaling, layout, head_axis,
+                       float32_angle, False, out, None, ("x", "k", "out", "out_k"))
+    return out_x
+
+
+def apply_rotary_backward(grad, position_ids, inv_freq, *, attention_scaling=1.0,
+                          layout="half", head_axis=1, float32_angle=False, out=None):
+    """Gradient of :func:`apply_rotary` with respect to ``x``: the rotation by minus the angle.
+
+    A rotation is orthogonal, so its gradient is its transpose:
+    ``grad_x = s * R(-theta) grad`` with the same table (``s`` the attention
+    scaling). The arguments are those of the forward call.
+
+    Parameters
+    ----------
+    grad : ndarray
+        Gradient of the loss with respect to the rotated ``x`` (``x``'s shape).
+    position_ids, inv_freq, attention_scaling, layout, head_axis, float32_angle
+        As given to :func:`apply_rotary`.
+    out : ndarray, optional
+        Result buffer (may be ``grad``).
+
+    Returns
+    -------
+    ndarray, shape of ``grad``
+
+    Raises
+    ------
+    TypeError, ValueError
+        As for :func:`apply_rotary`.
+    """
+    out_g, _ = _rotary(grad, None, position_ids, inv_freq, attention_scaling, layout, head_axis,
+                       float32_angle, True, out, None, ("grad", "k", "out", "out_k"))
+    return out_g

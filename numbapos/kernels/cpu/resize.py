@@ -1,0 +1,77 @@
+"""CPU kernels for resized tables and fractional positions: rows as weighted pairs of rows.
+
+Launchers (``__all__``, twinned in ``kernels/cuda/resize.py``) take validated
+arrays. ``blend_rows``: ``out[n] = w0[n] * table[i0[n]] + w1[n] * table[i1[n]]``,
+formed in float64 and rounded once to the table's dtype; a zero ``w1`` copies
+``table[i0[n]]`` exactly (and never reads row ``i1``). ``scale_rows``:
+``out[n] = w[n] * values[n]`` (float64 product, rounded once): the weighted
+gradient rows of fractional positions. Rows are independent, so results do
+not depend on the thread count.
+"""
+
+import numpy as np
+from numba import prange
+
+from .arrays import pick
+from .jit import kernel
+
+__all__ = ["blend_rows", "scale_rows"]
+
+
+def blend_rows(table, index0, index1, weight0, weight1, out):
+    """``out[n] = weight0[n] * table[index0[n]] + weight1[n] * table[index1[n]]``.
+
+    ``index0`` / ``index1`` are int64 and ``weight0`` / ``weight1`` float64, one
+    entry per row of ``out``; every index lies in ``[0, len(table))``.
+    """
+    if out.size:
+        pick(_blend, _blend_parallel, out.size)(table, index0, index1, weight0, weight1, out)
+
+
+def scale_rows(values, weights, out):
+    """``out[n] = weights[n] * values[n]`` for ``(N, D)`` arrays and float64 ``weights``."""
+    if out.size:
+        pick(_scale, _scale_parallel, out.size)(values, weights, out)
+
+
+@kernel()
+def _scale(values, weights, out):
+    for n in range(out.shape[0]):
+        w = weights[n]
+        for d in range(out.shape[1]):
+            out[n, d] = w * np.float64(values[n, d])
+
+
+@kernel(parallel=True)
+def _scale_parallel(values, weights, out):
+    for n in prange(out.shape[0]):
+        w = weights[n]
+        for d in range(out.shape[1]):
+            out[n, d] = w * np.float64(values[n, d])
+
+
+@kernel(inline="always")
+def _blend_row(table, index0, index1, weight0, weight1, out, n):
+    src0 = table[index0[n]]
+    row = out[n]
+    w1 = weight1[n]
+    if w1 == 0.0:
+        for d in range(row.size):
+            row[d] = src0[d]
+        return
+    src1 = table[index1[n]]
+    w0 = weight0[n]
+    for d in range(row.size):
+        row[d] = w0 * np.float64(src0[d]) + w1 * np.float64(src1[d])
+
+
+@kernel()
+def _blend(table, index0, index1, weight0, weight1, out):
+    for n in range(out.shape[0]):
+        _blend_row(table, index0, index1, weight0, weight1, out, n)
+
+
+@kernel(parallel=True)
+def _blend_parallel(table, index0, index1, weight0, weight1, out):
+    for n in prange(out.shape[0]):
+        _blend_row(table, index0, index1, weight0, weight1, out, n)

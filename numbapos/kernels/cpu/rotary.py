@@ -1,0 +1,219 @@
+"""CPU kernels for rotary position embeddings (RoPE): the cos / sin table and the rotation.
+
+Launchers (``__all__``, twinned in ``kernels/cuda/rotary.py``) take validated
+arrays and caller-owned outputs. The op runs in two steps:
+
+1. :func:`rotary_table` fills ``cos`` / ``sin`` of shape ``(P, L, R/2)`` (``P``
+   rows of positions, 1 when the batch shares them): one float64 angle, sine and
+   cosine per position and frequency, however many heads (and q and k) use it.
+   :func:`~numbapos.kernels.sincos.sincos` reduces the float64 angle to about
+   2**-100 and is within one float64 ulp, so a float32 table is within one
+   rounding of the true value at any position up to 2**20; it is the same code,
+   and the same bits, on the GPU.
+2. :func:`rotary_apply` rotates the channel pairs of ``x`` (``(B, A, C, D)``:
+   heads then positions, or positions then heads) with the table, and copies
+   the channels past ``R`` unchanged. Each pair is read before it is written,
+   so ``out`` may be ``x`` itself. Every element is computed on its own (no
+   sums), so the result does not depend on the thread count.
+"""
+
+import numpy as np
+from numba import prange
+
+from ..sincos import sincos
+from .arrays import option, pick
+from .jit import kernel
+from .rowcopy import STREAM_MIN_BYTES, copy_row, put_row
+
+__all__ = ["rotary_apply", "rotary_table"]
+
+# Rows per non-temporal tile: each tile ends with a store fence, which costs
+# about as much as streaming a few rows (one row per fence took 8x longer).
+MIN_STREAM_TILE = 8
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def rotary_table(positions, offset, inv_freq, angles, cos, sin):
+    """``cos[p, l, i] = scale * cos(sign * pos * inv_freq[i])`` (``sin`` likewise).
+
+    ``pos`` is ``offset + positions[p, l]``, or ``offset + l`` when ``positions``
+    is None; ``angles`` is a :class:`~numbapos._args.RotaryAngles`. ``inv_freq``
+    is float64 on this device; ``cos`` / ``sin`` are ``(P, L, R/2)`` of the data's
+    dtype.
+    """
+    if cos.size:
+        kernel = pick(_table, _table_parallel, cos.size * 8)
+        kernel(positions, offset, inv_freq, angles, cos, sin)
+
+
+def rotary_apply(x, cos, sin, interleaved, head_axis, out):
+    """Rotate the first ``R = 2 * cos.shape[2]`` channels of every row of ``x`` by the table.
+
+    ``x`` / ``out`` are ``(B, H, L, D)`` (``head_axis == 1``) or ``(B, L, H, D)``
+    (``head_axis == 2``); ``cos`` / ``sin`` are ``(1 or B, L, R/2)``. Pairs are
+    ``(i, i + R/2)`` or, with ``interleaved``, ``(2i, 2i + 1)``.
+    """
+    if x.size:
+        same = out.ctypes.data == x.ctypes.data  # out is x (partial overlaps were refused)
+        batch, outer, inner, dim = x.shape
+        # Large outputs: a tile of rows rotated in a scratch row (in cache), then written
+        # with non-temporal stores (see rowcopy.STREAM_MIN_BYTES): 2 memory passes, not 3.
+        # Tiles of fewer than MIN_STREAM_TILE rows (L prime, say) would fence too often.
+        tile = _tile_rows(inner)
+        stream = option(not same and out.nbytes >= STREAM_MIN_BYTES
+                        and tile >= MIN_STREAM_TILE)
+        tile = tile if stream else 1
+        scratch = np.empty((batch * outer if stream else 1, tile * dim), x.dtype)
+        kernel = pick(_apply, _apply_parallel, x.size)
+        kernel(x.reshape(-1, tile * dim), cos, sin, bool(interleaved), head_axis, outer, inner,
+               tile, None if same else out.reshape(-1, tile * dim), scratch, stream)
+
+
+def _tile_rows(inner: int) -> int:
+    """Rows streamed together (one fence each): the largest divisor of ``inner`` up to 32."""
+    for tile in range(min(32, inner), 0, -1):
+        if inner % tile == 0:
+            return tile
+    return 1
+
+
+# ---------------------------------------------------------------- cos / sin table
+
+
+@kernel(inline="always")
+def _table_row(pos, inv_freq, angles, crow, srow):
+    """One position's row of the table: cos and sin of each frequency, scaled."""
+    for i in range(inv_freq.size):
+        if angles.float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
+            a32 = np.float32(np.float32(pos) * np.float32(inv_freq[i]))
+            sa, ca = sincos(np.float64(a32))
+            c = np.float64(np.float32(ca) * np.float32(angles.scale))
+            s = np.float64(np.float32(sa) * np.float32(angles.scale))
+        else:
+            sa, ca = sincos(np.float64(pos) * inv_freq[i])
+            c = ca * angles.scale
+            s = sa * angles.scale
+        crow[i] = c
+        srow[i] = s * angles.sign
+
+
+@kernel(inline="always")
+def _position(positions, offset, p, l):
+    if positions is None:
+        return offset + l
+    return offset + positions[p, l]
+
+
+@kernel()
+def _table(positions, offset, inv_freq, angles, cos, sin):
+    """Fill the ``(P, L, R/2)`` table, one position after another."""
+    seq = cos.shape[1]
+    for k in range(cos.shape[0] * seq):
+        p = k // seq
+        l = k - p * seq
+        _table_row(_position(positions, offset, p, l), inv_freq, angles, cos[p, l], sin[p, l])
+
+
+@kernel(parallel=True)
+def _table_parallel(positions, offset, inv_freq, angles, cos, sin):
+    """:func:`_table`, the positions split across threads."""
+    seq = cos.shape[1]
+    for k in prange(cos.shape[0] * seq):
+        p = k // seq
+        l = k - p * seq
+        _table_row(_position(positions, offset, p, l), inv_freq, angles, cos[p, l], sin[p, l])
+
+
+# ---------------------------------------------------------------- rotation
+
+
+@kernel(inline="always")
+def _rotate_row(src, dst, c, s, interleaved):
+    """``dst = R(c, s) src`` on the pairs, the channels past ``2 * c.size`` copied."""
+    half = c.size
+    if interleaved:
+        for i in range(half):
+            x0 = src[2 * i]
+            x1 = src[2 * i + 1]
+            dst[2 * i] = x0 * c[i] - x1 * s[i]
+            dst[2 * i + 1] = x1 * c[i] + x0 * s[i]
+    else:
+        for i in range(half):
+            x0 = src[i]
+            x1 = src[i + half]
+            dst[i] = x0 * c[i] - x1 * s[i]
+            dst[i + half] = x1 * c[i] + x0 * s[i]
+    for d in range(2 * half, src.size):
+        dst[d] = src[d]
+
+
+@kernel(inline="always")
+def _rotate_row_(row, c, s, interleaved):
+    """:func:`_rotate_row` in place. One array, so LLVM sees that iteration ``i`` touches
+    only ``i`` and ``i + R/2`` and vectorises the loop (with two arrays that may be one it
+    cannot, and runs 4x slower)."""
+    half = c.size
+    if interleaved:
+        for i in range(half):
+            x0 = row[2 * i]
+            x1 = row[2 * i + 1]
+            row[2 * i] = x0 * c[i] - x1 * s[i]
+            row[2 * i + 1] = x1 * c[i] + x0 * s[i]
+    else:
+        for i in range(half):
+            x0 = row[i]
+            x1 = row[i + half]
+            row[i] = x0 * c[i] - x1 * s[i]
+            row[i + half] = x1 * c[i] + x0 * s[i]
+
+
+@kernel(inline="always")
+def _apply_outer(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch, stream,
+                 k):
+    """The rows of outer index ``k = b * A + a`` (``x`` / ``out`` viewed as tiles of ``tile``
+    rows; in place when ``out`` is None; through ``scratch[k]`` and non-temporal stores, a
+    tile at a time, when ``stream``)."""
+    b = k // outer
+    a = k - b * outer
+    pb = 0 if cos.shape[0] == 1 else b
+    half = cos.shape[2]
+    dim = x.shape[1] // tile
+    tiles = inner // tile
+    for g in range(tiles):
+        r = k * tiles + g
+        if stream is not None:
+            copy_row(scratch, k, x, r)
+        for t in range(tile):
+            m = g * tile + t
+            l = m if head_axis == 1 else a
+            c = cos[pb, l]
+            s = sin[pb, l]
+            if out is None:
+                _rotate_row_(x[r, t * dim:(t + 1) * dim], c, s, interleaved)
+            elif stream is None:
+                _rotate_row(x[r, t * dim:(t + 1) * dim], out[r, t * dim:(t + 1) * dim], c, s,
+                            interleaved)
+            else:
+                _rotate_row_(scratch[k, t * dim:t * dim + 2 * half], c, s, interleaved)
+        if stream is not None:
+            put_row(out, r, scratch, k, stream)
+
+
+@kernel()
+def _apply(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch, stream):
+    """Rotate every row of ``x`` (``(B * A * C / tile, tile * D)``) into ``out`` (None: in
+    place)."""
+    for k in range(x.shape[0] * tile // inner):
+        _apply_outer(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch,
+                     stream, k)
+
+
+@kernel(parallel=True)
+def _apply_parallel(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch,
+                    stream):
+    """:func:`_apply`, the ``B * A`` outer indices split across threads."""
+    for k in prange(x.shape[0] * tile // inner):
+        _apply_outer(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch,
+                     stream, k)

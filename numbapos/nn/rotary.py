@@ -1,0 +1,346 @@
+"""RotaryEmbedding: rotary positions for q and k, with every Hugging Face frequency scaling."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import numpy as np
+
+from .. import _checks, _device
+from .. import functional as F
+from ..functional.rope import rope_type_of
+from ..functional.rotary import check_rotary_options
+from ._outputs import OutputBuffer
+from .module import Module
+
+# Configurations whose attention pairs channels (2j, 2j + 1) instead of (j, j + R/2).
+INTERLEAVED_MODEL_TYPES = ("gptj", "cohere", "cohere2")
+
+
+def _config_get(config, name, default=None):
+    if isinstance(config, Mapping):
+        value = config.get(name, default)
+    else:
+        value = getattr(config, name, default)
+    return default if value is None else value
+
+
+class RotaryEmbedding(Module):
+    """Rotary position embeddings (RoPE) of q and k, as Llama, Mistral, Qwen, GPT-NeoX, Phi use.
+
+    ``forward(q, k)`` rotates both with one cos / sin table (see
+    :func:`numbapos.functional.apply_rotary`); ``backward(grad_q, grad_k)``
+    rotates the gradients back. The module has no parameters.
+
+    Frequencies come from :func:`numbapos.functional.rope_frequencies`. The
+    ``"dynamic"`` (NTK) and ``"longrope"`` types depend on the sequence length
+    ``s = max(position) + 1`` of each call, as in transformers:
+
+    - by default the module keeps transformers' state: dynamic NTK recomputes
+      its frequencies when ``s`` exceeds the longest length seen so far, and
+      returns to the original ones when ``s`` falls below
+      ``max_position_embeddings`` after having grown (so a short call after a
+      long one may still use grown frequencies, exactly as transformers does);
+    - ``stateless=True`` uses the frequencies of ``s`` itself, whatever came
+      before.
+
+    LongRoPE uses ``long_factor`` when ``s`` exceeds
+    ``original_max_position_embeddings``, else ``short_factor`` (both modes).
+    No cos / sin table is kept between calls (each call makes one row per
+    position, shared by q, k and every head); the frequency vectors in use are
+    kept on the device, at most :attr:`cache_size` of them.
+
+    Parameters
+    ----------
+    head_dim : int
+        Channels per head D.
+    base : float, default 10000.0
+        ``rope_theta``.
+    partial_rotary_factor : float, default 1.0
+        Fraction of the channels rotated (the rest pass through).
+    scaling : dict, optional
+        A Hugging Face ``rope_scaling`` / ``rope_parameters`` dict.
+    max_position_embeddings : int, default 2048
+        The model's trained length (dynamic NTK's reference length; the default
+        ``original_max_position_embeddings``).
+    layout : {"half", "interleaved"}, default "half"
+        Channel pairing (see :func:`~numbapos.functional.apply_rotary`).
+    head_axis : {1, 2}, default 1
+        q and k are ``(B, H, L, D)`` (1) or ``(B, L, H, D)`` (2).
+    float32_angle : bool, default False
+        Round angles, cos and sin in float32 as transformers does.
+    stateless : bool, default False
+        Dynamic NTK from each call's own length (see above).
+    device : {"cpu", "cuda"}, default "cpu"
+
+    Attributes
+    ----------
+    inv_freq : ndarray
+        The frequencies the next call of the current length uses (float64, host).
+    attention_scaling : float
+    rope_type : str
+    cache_size : int
+        How many frequency vectors are kept on the device (LRU).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numbapos.nn import RotaryEmbedding
+    >>> rope = RotaryEmbedding(8)
+    >>> q = np.ones((1, 4, 3, 8), np.float32)
+    >>> k = np.ones((1, 2, 3, 8), np.float32)
+    >>> q_rot, k_rot = rope(q, k)
+    >>> q_rot.shape, k_rot.shape
+    ((1, 4, 3, 8), (1, 2, 3, 8))
+    """
+
+    cache_size = 16
+
+    def __init__(self, head_dim, base=10000.0, *, partial_rotary_factor=1.0, scaling=None,
+                 max_position_embeddings=2048, layout="half", head_axis=1,
+                 float32_angle=False, stateless=False, device="cpu"):
+        super().__init__()
+        self.max_position_embeddings = _checks.check_int(
+            max_position_embeddings, "max_position_embeddings", minimum=1)
+        inv_freq, scale = F.rope_frequencies(head_dim, base,
+                                             partial_rotary_factor=partial_rotary_factor,
+                                             scaling=scaling,
+                                             max_position_embeddings=max_position_embeddings)
+        self.scaling = None if scaling is None else dict(scaling)
+        self.head_dim = int(head_dim)
+        self.base = float(base)
+        self.partial_rotary_factor = float(partial_rotary_factor)
+        self.rope_type = rope_type_of(self.scaling)
+        check_rotary_options(layout, head_axis, float32_angle)
+        self.layout = layout
+        self.head_axis = int(head_axis)
+        self.float32_angle = bool(float32_angle)
+        self.stateless = bool(stateless)
+        self.original_inv_freq = inv_freq
+        self.inv_freq = inv_freq
+        self.attention_scaling = scale
+        self.max_seq_len_cached = self.max_position_embeddings
+        self._on_device = OrderedDict()
+        object.__setattr__(self, "_outputs_k", OutputBuffer())  # k's (q's: Module._outputs)
+        self._place(device)
+
+    # ------------------------------------------------------------ frequencies
+
+    def _frequencies_for(self, seq_len):
+        return F.rope_frequencies(self.head_dim, self.base,
+                                  partial_rotary_factor=self.partial_rotary_factor,
+                                  scaling=self.scaling,
+                                  max_position_embeddings=self.max_position_embeddings,
+                                  seq_len=seq_len)
+
+    def frequencies(self, seq_len):
+        """``(inv_freq, attention_scaling)`` for a call whose longest position is ``seq_len - 1``.
+
+        In the default (stateful) mode this updates the dynamic-NTK state as a
+        forward of that length does.
+
+        Parameters
+        ----------
+        seq_len : int
+            ``max(position) + 1`` (>= 0).
+
+        Returns
+        -------
+        inv_freq : ndarray, float64
+        attention_scaling : float
+        """
+        seq_len = _checks.check_int(seq_len, "seq_len", minimum=0)
+        if self.rope_type == "longrope":
+            self.inv_freq, self.attention_scaling = self._frequencies_for(seq_len)
+        elif self.rope_type == "dynamic":
+            if self.stateless:
+                return self._frequencies_for(seq_len)
+            original = self.max_position_embeddings
+            if seq_len > self.max_seq_len_cached:  # growth
+                self.inv_freq, self.attention_scaling = self._frequencies_for(seq_len)
+                self.max_seq_len_cached = seq_len
+            elif seq_len < original < self.max_seq_len_cached:  # reset
+                self.inv_freq = self.original_inv_freq
+                self.max_seq_len_cached = original
+        return self.inv_freq, self.attention_scaling
+
+    def _device_freq(self, inv_freq, device):
+        key = (inv_freq.tobytes(), device)
+        freq = self._on_device.get(key)
+        if freq is None:
+            freq = _device.to_device(np.ascontiguousarray(inv_freq, np.float64), device)
+            self._on_device[key] = freq
+            while len(self._on_device) > max(1, int(self.cache_size)):
+                self._on_device.popitem(last=False)
+        else:
+            self._on_device.move_to_end(key)
+        return freq
+
+    def _on_device_change(self) -> None:
+        super()._on_device_change()
+        self._on_device.clear()
+        self._outputs_k.clear()
+
+    # ------------------------------------------------------------ forward / backward
+
+    def _seq_len_of(self, q, position_ids, offset, seq_len):
+        if seq_len is not None:
+            return _checks.check_int(seq_len, "seq_len", minimum=0)
+        length = q.shape[1] if q.ndim == 3 else q.shape[3 - self.head_axis]
+        if position_ids is None:
+            return offset + length
+        ids = _checks.check_index_array(position_ids, "position_ids")
+        if ids.size == 0:
+            return 0
+        return int(_device.to_host(ids).max()) + 1  # dynamic / longrope only; syncs a GPU
+
+    def forward(self, q, k=None, position_ids=None, offset=0, seq_len=None):
+        """Rotate ``q`` (and ``k``) by their positions.
+
+        Parameters
+        ----------
+        q : ndarray, float32 or float64
+            ``(B, Hq, L, D)`` (or ``(B, L, Hq, D)`` with ``head_axis=2``, or
+            ``(B, L, D)``).
+        k : ndarray, optional
+            Keys in the same layout; the head count may differ (GQA / MQA).
+        position_ids : array_like of int, optional
+            ``(L,)``, ``(1, L)`` or ``(B, L)`` positions (left padding: any per row).
+        offset : int, default 0
+            First position when ``position_ids`` is None (the cache length).
+        seq_len : int, optional
+            ``max(position) + 1`` for dynamic / longrope scaling; by default it is
+            computed (from CUDA position ids that reads them back to the host).
+
+        Returns
+        -------
+        q_rot : ndarray, or (q_rot, k_rot) when ``k`` is given
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for :func:`numbapos.functional.rotary_qk`; ``offset`` with
+            ``position_ids``.
+        """
+        offset = _checks.check_int64(offset, "offset")
+        if position_ids is not None:
+            _checks.check_offset_only(offset, position_ids)
+        q_checked = _checks.check_float_array(q, "q", ndim=(3, 4))
+        state = (self.inv_freq, self.attention_scaling, self.max_seq_len_cached)
+        try:
+            if self.rope_type in ("dynamic", "longrope"):
+                inv_freq, scale = self.frequencies(self._seq_len_of(q_checked, position_ids,
+                                                                    offset, seq_len))
+            else:
+                inv_freq, scale = self.inv_freq, self.attention_scaling
+            freq = self._device_freq(inv_freq, _device.device_of(q_checked))
+            positions = offset if position_ids is None else position_ids
+            out_q = self._output_buffer(q_checked, q_checked.shape, q_checked.dtype)
+            out_k = None
+            if out_q is not None and type(k) is np.ndarray and k.dtype == q_checked.dtype:
+                out_k = self._outputs_k.take(k.shape, k.dtype)
+            q_rot, k_rot = F.rotary_qk(q_checked, k, positions, freq, attention_scaling=scale,
+                                       layout=self.layout, head_axis=self.head_axis,
+                                       float32_angle=self.float32_angle, out_q=out_q,
+                                       out_k=out_k)
+        except Exception:  # bad input changes no state (the dynamic-NTK lengths)
+            self.inv_freq, self.attention_scaling, self.max_seq_len_cached = state
+            raise
+        if self._recording():
+            if position_ids is not None:
+                positions = _device.copy(_checks.check_index_array(position_ids,
+                                                                   "position_ids"))
+            self._save_for_backward((positions, freq, scale, tuple(q_rot.shape),
+                                     None if k_rot is None else tuple(k_rot.shape)))
+        return q_rot if k_rot is None else (q_rot, k_rot)
+
+    def backward(self, grad_q, grad_k=None):
+        """Gradients wrt ``q`` (and ``k``) of the matching forward: the inverse rotation.
+
+        Returns
+        -------
+        grad_q : ndarray, or (grad_q, grad_k) when the forward was given ``k``
+
+        Raises
+        ------
+        RuntimeError
+            No recorded forward is left.
+        TypeError, ValueError
+            Gradients not of the forward outputs' shapes, or ``grad_k`` missing
+            or extra (the record is kept).
+        """
+        positions, freq, scale, q_shape, k_shape = self._saved_context()
+        grad_q = _checks.check_float_array(grad_q, "grad_q")
+        _checks.check_same_shape(grad_q, q_shape, "grad_q", "the shape of the forward's q")
+        if (k_shape is None) != (grad_k is None):
+            raise ValueError("grad_k: expected " + ("None (the forward had no k)"
+                                                    if k_shape is None else
+                                                    "the gradient of the forward's k, got None"))
+        if grad_k is not None:
+            grad_k = _checks.check_float_array(grad_k, "grad_k")
+            _checks.check_same_shape(grad_k, k_shape, "grad_k", "the shape of the forward's k")
+        gq, gk = F.rotary_qk(grad_q, grad_k, positions, freq, attention_scaling=scale,
+                             layout=self.layout, head_axis=self.head_axis,
+                             float32_angle=self.float32_angle, backward=True)
+        self._release()
+        return gq if gk is None else (gq, gk)
+
+    # ------------------------------------------------------------ Hugging Face
+
+    @classmethod
+    def from_hf_config(cls, config, **kwargs):
+        """The rotary embedding of a transformers config (object or dict).
+
+        Reads ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4),
+        ``rope_theta`` (or GPT-NeoX's ``rotary_emb_base``), the rotated fraction
+        (``partial_rotary_factor``, GPT-NeoX's ``rotary_pct`` or GPT-J's
+        ``rotary_dim``), ``head_dim`` (or ``hidden_size // num_attention_heads``),
+        ``max_position_embeddings`` and Phi-3's top-level
+        ``original_max_position_embeddings``; GPT-J and Cohere get
+        ``layout="interleaved"``.
+
+        Parameters
+        ----------
+        config : transformers.PretrainedConfig or dict
+        **kwargs
+            Override any constructor argument (``device``, ``stateless``,
+            ``head_axis``, ...).
+
+        Returns
+        -------
+        RotaryEmbedding
+        """
+        params = _config_get(config, "rope_parameters") or _config_get(config, "rope_scaling")
+        params = dict(params) if params else {}
+        base = (params.get("rope_theta") or _config_get(config, "rope_theta")
+                or _config_get(config, "rotary_emb_base") or 10000.0)
+        hidden = _config_get(config, "hidden_size") or _config_get(config, "n_embd")
+        heads = _config_get(config, "num_attention_heads") or _config_get(config, "n_head")
+        head_dim = _config_get(config, "head_dim") or (hidden // heads if hidden and heads
+                                                      else None)
+        if head_dim is None:
+            raise ValueError("config: needs head_dim, or hidden_size and num_attention_heads")
+        partial = (params.get("partial_rotary_factor")
+                   or _config_get(config, "partial_rotary_factor")
+                   or _config_get(config, "rotary_pct"))
+        rotary_dim = _config_get(config, "rotary_dim")
+        if partial is None and rotary_dim:
+            partial = rotary_dim / head_dim
+        max_len = (_config_get(config, "max_position_embeddings")
+                   or _config_get(config, "n_positions") or 2048)
+        original = _config_get(config, "original_max_position_embeddings")
+        scaling = {key: value for key, value in params.items()
+                   if key not in ("rope_theta", "partial_rotary_factor")}
+        if original is not None and rope_type_of(scaling) in ("llama3", "yarn", "longrope"):
+            scaling["original_max_position_embeddings"] = original
+        options = dict(base=base, partial_rotary_factor=partial or 1.0,
+                       scaling=scaling or None, max_position_embeddings=max_len)
+        if _config_get(config, "model_type") in INTERLEAVED_MODEL_TYPES:
+            options["layout"] = "interleaved"
+        options.update(kwargs)
+        return cls(head_dim, **options)
+
+    def extra_repr(self) -> str:
+        return (f"{self.head_dim}, base={self.base}, rope_type={self.rope_type!r}, "
+                f"layout={self.layout!r}")
