@@ -21,6 +21,15 @@ def max_pending() -> int:
     return config.get("max_pending_records")
 
 
+def _is_dtype_name(text: str) -> bool:
+    """Whether NumPy reads ``text`` as a dtype (so ``to()`` takes it for one)."""
+    try:
+        np.dtype(text)
+    except TypeError:
+        return text.strip() == "float"
+    return True
+
+
 class IncompatibleKeys(NamedTuple):
     """What :meth:`Module.load_state_dict` did not match (non-strict loads)."""
 
@@ -348,40 +357,55 @@ class Module:
     def _place(self, device) -> None:
         """End of a constructor: move to ``device`` unless it is None (stay where built)."""
         if device is not None:
-            self.to(device)
+            self.to(device=device)
 
     def to(self, *args, device=None, dtype=None) -> Module:
-        """Move (``"cpu"`` / ``"cuda"``) and/or cast (float32 / float64) this module, in place.
+        """Move and/or cast this module in place, as PyTorch's ``Module.to``; returns self.
 
-        ``to("cuda")``, ``to(np.float64)``, ``to("cpu", np.float64)`` and the
-        keyword forms work as in PyTorch: parameters, their gradients and float
-        buffers are converted (integer buffers keep their dtype, 0-d buffers
-        stay on the host); returns self. Recorded forwards and cached tables are
+        ``to("cuda")``, ``to(torch.float64)``, ``to("cpu", np.float64)`` and the
+        keyword forms work as in PyTorch; a positional argument is a device
+        when it is spelt as one (``"cpu"``, ``"cuda"``, ``"cuda:N"``, a
+        ``torch.device``) and a dtype otherwise (float32 / float64 as a NumPy
+        dtype, its name, or a ``torch`` dtype). Parameters, their gradients and
+        float buffers are converted (integer buffers keep their dtype, 0-d
+        buffers stay on the host). Recorded forwards and cached tables are
         dropped, so call it between steps, not between a forward and its
-        backward.
+        backward. Everything is checked before anything changes.
+
+        Parameters
+        ----------
+        *args : device and/or dtype, at most one of each
+        device : str or torch.device, optional
+            ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (N the current CUDA device).
+        dtype : float32 or float64, optional
 
         Raises
         ------
         TypeError, ValueError
-            An argument that is neither ``"cpu"`` / ``"cuda"`` nor float32 /
-            float64, or more than one of each.
+            A bad device (the message names ``device``), a dtype other than
+            float32 / float64 (names ``dtype``), an argument that is neither,
+            or more than one of each.
         RuntimeError
-            ``"cuda"`` where CUDA cannot be used.
+            CUDA where it cannot be used.
         """
+        if len(args) > 2:
+            raise TypeError(f"to: expected at most a device and a dtype, got {len(args)} "
+                            "arguments")
         for arg in args:
-            if isinstance(arg, str):
+            if _device.is_device_spelling(arg):
                 if device is not None:
                     raise TypeError(f"to: got two devices, {device!r} and {arg!r}")
                 device = arg
             else:
+                if isinstance(arg, str) and not _is_dtype_name(arg):
+                    raise ValueError(
+                        f"to: expected a device ('cpu', 'cuda', 'cuda:N', a torch.device) or a "
+                        f"dtype (float32, float64), got {_checks.quote(arg)}")
                 if dtype is not None:
                     raise TypeError(f"to: got two dtypes, {dtype!r} and {arg!r}")
                 dtype = arg
-        if len(args) > 2:
-            raise TypeError(f"to: expected at most a device and a dtype, got {len(args)} "
-                            "arguments")
-        device = None if device is None else _device.check_device(device)
-        dtype = None if dtype is None else _checks.check_float_dtype(dtype)
+        device = None if device is None else _device.check_device(device, "device")
+        dtype = None if dtype is None else _checks.check_float_dtype(dtype, "dtype")
         for param in self.parameters():
             if dtype is not None:
                 param._cast(dtype)
@@ -405,6 +429,35 @@ class Module:
                 object.__setattr__(module, "_device", device)
             module._on_device_change()
         return self
+
+    def cpu(self) -> Module:
+        """Move every parameter and buffer to the host: ``to("cpu")``; returns self."""
+        return self.to(device="cpu")
+
+    def cuda(self, device=None) -> Module:
+        """Move every parameter and buffer to the GPU: ``to("cuda")``; returns self.
+
+        Parameters
+        ----------
+        device : int, str or torch.device, optional
+            As PyTorch's: a device number (must be the current CUDA device) or
+            a CUDA device spelling; default the current device.
+        """
+        if device is None:
+            device = "cuda"
+        elif isinstance(device, int) and not isinstance(device, bool):
+            device = f"cuda:{device}"
+        if _device.check_device(device, "device") != "cuda":
+            raise ValueError(f"device: cuda() expects a CUDA device, got {device!r}")
+        return self.to(device="cuda")
+
+    def float(self) -> Module:
+        """Cast float parameters and buffers to float32: ``to(np.float32)``; returns self."""
+        return self.to(dtype=np.float32)
+
+    def double(self) -> Module:
+        """Cast float parameters and buffers to float64: ``to(np.float64)``; returns self."""
+        return self.to(dtype=np.float64)
 
     def _on_device_change(self) -> None:
         """Drop recorded forwards; subclasses with device-dependent caches extend this."""
