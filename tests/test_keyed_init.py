@@ -86,7 +86,7 @@ def test_embedding_and_sharded_embedding_start_from_one_table(num_shards, paddin
 
     emb = nn.Embedding(11, 5, padding_idx=padding_idx, dtype=dtype, seed=123)
     table = ShardedEmbedding(11, 5, num_shards, padding_idx=padding_idx, dtype=dtype, seed=123,
-                             backend="local")
+                             optimizer_kwargs={"lr": 0.1}, backend="local")
     np.testing.assert_array_equal(table.to_embedding().weight.data, emb.weight.data)
     want = _whole(11, 5, 123, dtype)
     if padding_idx is not None:
