@@ -2,6 +2,7 @@
 
 from . import init
 from .blocks import BertEmbeddings, GPT2Embeddings
+from .containers import ModuleDict, ModuleList, Sequential
 from .dropout import Dropout
 from .embedding import Embedding
 from .module import IncompatibleKeys, Module
@@ -18,8 +19,11 @@ __all__ = [
     "LayerNorm",
     "LearnedPosEmbedding",
     "Module",
+    "ModuleDict",
+    "ModuleList",
     "Parameter",
     "PositionalEmbedding",
+    "Sequential",
     "SinusoidalPosEmbedding",
     "init",
 ]

@@ -30,6 +30,32 @@ def _is_dtype_name(text: str) -> bool:
     return True
 
 
+_WARNED_UNREGISTERED: set = set()
+
+
+def _holds_state(value) -> bool:
+    items = value.values() if isinstance(value, dict) else value
+    return any(isinstance(item, (Module, Parameter)) for item in items)
+
+
+def _warn_unregistered(module, name: str, value) -> None:
+    """Warn (once per module class and attribute) that a plain list, tuple or dict of
+    modules or parameters is not registered: PyTorch drops those silently."""
+    key = (type(module), name)
+    if key in _WARNED_UNREGISTERED or not _holds_state(value):
+        return
+    _WARNED_UNREGISTERED.add(key)
+    kind = type(value).__name__
+    container = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList"
+    warnings.warn(
+        f"{type(module).__name__}.{name}: a {kind} of modules or parameters is a plain "
+        "attribute, not registered: what it holds is left out of parameters(), "
+        "state_dict(), to(), train() / eval() and zero_grad() (PyTorch ignores it silently "
+        f"too). Hold modules in {container} (or nn.Sequential), and assign each Parameter "
+        "to an attribute of its own",
+        UserWarning, stacklevel=3)
+
+
 class IncompatibleKeys(NamedTuple):
     """What :meth:`Module.load_state_dict` did not match (non-strict loads)."""
 
@@ -102,7 +128,36 @@ class Module:
             self._parameters[name] = value
         elif isinstance(value, Module):
             self._modules[name] = value
+        elif isinstance(value, (list, tuple, dict)):
+            _warn_unregistered(self, name, value)
         object.__setattr__(self, name, value)
+
+    def add_module(self, name: str, module: Module) -> None:
+        """Register ``module`` as the child ``name`` (PyTorch's ``add_module``).
+
+        The same as ``setattr(self, name, module)`` for names that are not
+        identifiers (``"0"``, as the containers use).
+
+        Raises
+        ------
+        TypeError
+            ``name`` not a str, or ``module`` not a :class:`Module`.
+        KeyError
+            ``name`` empty, dotted, or an attribute that is not a child module.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"add_module: name: expected a str, got {_checks.type_name(name)}")
+        if not name or "." in name:
+            raise KeyError(f"add_module: name: expected a non-empty name without dots, got "
+                           f"{_checks.quote(name)}")
+        if not isinstance(module, Module):
+            raise TypeError(f"add_module: {name!r}: expected a numbapos Module, got "
+                            f"{_checks.type_name(module)}")
+        if name not in self._modules and hasattr(self, name):
+            raise KeyError(f"add_module: attribute {name!r} already exists")
+        setattr(self, name, module)
+
+    register_module = add_module
 
     def __delattr__(self, name):
         self._parameters.pop(name, None)
