@@ -624,8 +624,13 @@ class Module:
             (detached) or any array NumPy can view, or CUDA arrays; copied to
             wherever each parameter lives.
         strict : bool, default True
-            Require exactly this module's names: a missing name raises KeyError,
-            an unexpected one ValueError. When False both are only reported.
+            Require exactly this module's names: missing or unexpected names
+            raise ``RuntimeError`` (PyTorch's message), before anything is
+            copied. When False both are only reported. Either way the state
+            of a dropout stream (:class:`Dropout`'s ``seed`` and ``counter``
+            buffers) may be left out: the module then keeps its current
+            stream (as PyTorch's BatchNorm accepts a state without
+            ``num_batches_tracked``), and the names are not reported.
 
         Returns
         -------
@@ -634,10 +639,12 @@ class Module:
 
         Raises
         ------
-        KeyError
-            A parameter or buffer missing from ``state`` (strict only).
+        RuntimeError
+            Missing or unexpected names (strict only), listed as PyTorch does
+            (``Error(s) in loading state_dict for Embedding: ...``), with the
+            missing parameters and buffers named as such.
         ValueError
-            Unexpected names (strict only), or an array whose shape differs.
+            An array whose shape differs.
         TypeError
             ``state`` not a mapping, a value that is not an array, or of a
             dtype that cannot be cast to a real number (complex, object, str).
@@ -646,12 +653,11 @@ class Module:
             raise TypeError(f"load_state_dict: expected a mapping of names to arrays, got "
                             f"{_checks.type_name(state)}")
         own = OrderedDict(self._state_items())
-        missing = [name for name in own if name not in state]
+        optional = set(self._optional_state_names())
+        missing = [name for name in own if name not in state and name not in optional]
         unexpected = [name for name in state if name not in own]
-        if strict and missing:
-            raise KeyError(f"load_state_dict: missing parameter(s) {missing}")
-        if strict and unexpected:
-            raise ValueError(f"load_state_dict: unexpected name(s) {unexpected}")
+        if strict and (missing or unexpected):
+            raise RuntimeError(self._load_error(own, missing, unexpected))
         updates = []
         for name, target in own.items():
             if name not in state:
@@ -681,6 +687,38 @@ class Module:
             if isinstance(target, Parameter):
                 target.bump_version()
         return IncompatibleKeys(missing, unexpected)
+
+    def _optional_state_names(self):
+        """Dotted names :meth:`load_state_dict` accepts to be missing (each module's
+        :attr:`_optional_state`, such as a dropout stream's seed and counter)."""
+        for module_name, module in self.named_modules():
+            dot = f"{module_name}." if module_name else ""
+            for name in type(module)._optional_state:
+                yield dot + name
+
+    _optional_state: tuple[str, ...] = ()
+
+    def _load_error(self, own, missing, unexpected) -> str:
+        """PyTorch's message for a strict load that does not match, and what each missing
+        name is."""
+        def names(keys):
+            return ", ".join(f'"{k}"' for k in keys)
+
+        lines = []
+        if missing:
+            lines.append(f"Missing key(s) in state_dict: {names(missing)}. ")
+        if unexpected:
+            lines.append(f"Unexpected key(s) in state_dict: {names(unexpected)}. ")
+        if missing:
+            params = [k for k in missing if isinstance(own[k], Parameter)]
+            buffers = [k for k in missing if not isinstance(own[k], Parameter)]
+            kinds = [f"{label}: {names(keys)}" for label, keys in
+                     (("parameter(s)", params), ("buffer(s)", buffers)) if keys]
+            lines.append("Missing " + "; ".join(kinds) + ".")
+        lines.append("Nothing was loaded; load_state_dict(state, strict=False) loads the keys "
+                     "that match and returns the others as (missing_keys, unexpected_keys).")
+        return (f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
+                + "\n\t".join(lines))
 
     # ------------------------------------------------------------ display
 
