@@ -217,7 +217,9 @@ _LEAVES = (str, bool, int, float, type(None))
 
 def _is_flat(items) -> bool:
     """Whether a mapping holds only arrays (the format of a model's state, saved as before)."""
-    return all(not isinstance(v, (Mapping, list, tuple, *_LEAVES)) for v in items.values())
+    # NumPy scalars count as arrays (0-d tensors, as before), np.float64 included.
+    return all(isinstance(v, np.generic) or not isinstance(v, (Mapping, list, tuple, *_LEAVES))
+               for v in items.values())
 
 
 def _encode(value, path: str, tensors: dict, names: str):
@@ -227,7 +229,7 @@ def _encode(value, path: str, tensors: dict, names: str):
     """
     from .nn.parameter import Parameter
 
-    if isinstance(value, _LEAVES):
+    if isinstance(value, _LEAVES) and not isinstance(value, np.generic):
         return value
     if isinstance(value, Mapping):
         pairs = []

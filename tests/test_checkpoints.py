@@ -23,7 +23,8 @@ def test_nested_state_round_trips_exactly(tmp_path):
         "step": 12, "lr": 0.1 + 0.2, "name": "run-7", "done": False, "parent": None,
         "history": [1.5, -0.0, float("inf"), [2, "x"], (3, None)],
         "by_index": {0: "zero", 1.5: [True], None: {"deep": np.ones(2, np.int64)}},
-        "scalar": np.float32(0.1), "empty": {}, "nothing": [],
+        "scalar": np.float32(0.1), "double": np.float64(0.1), "flag": np.bool_(True),
+        "empty": {}, "nothing": [],
     }
     path = tmp_path / "run.safetensors"
     io.save_state(state, path, metadata={"format": "np"})
@@ -39,7 +40,8 @@ def test_nested_state_round_trips_exactly(tmp_path):
     assert back["history"][3:] == [[2, "x"], (3, None)]
     assert isinstance(back["history"][4], tuple)
     assert back["by_index"][0] == "zero" and back["by_index"][1.5] == [True]
-    assert type(back["scalar"]) is np.float32 and back["scalar"] == np.float32(0.1)
+    for key in ("scalar", "double", "flag"):  # NumPy scalars keep their type
+        assert type(back[key]) is type(state[key]) and back[key] == state[key]
     assert back["empty"] == {} and back["nothing"] == []
     # The caller's metadata is kept; the structure sits under numbapos's own key.
     assert io.load_metadata(path) == {"format": "np"}
@@ -50,15 +52,16 @@ def test_nested_state_round_trips_exactly(tmp_path):
 
 
 def test_flat_dicts_are_saved_exactly_as_before(tmp_path):
-    arrays = {"a.weight": np.ones((2, 2), np.float32), "b": np.arange(3)}
+    arrays = {"a.weight": np.ones((2, 2), np.float32), "b": np.arange(3),
+              "c": np.float64(2.5)}  # a NumPy scalar: a 0-d tensor, as before
     path = tmp_path / "flat.safetensors"
     io.save_state(arrays, path)
     with safetensors.safe_open(str(path), framework="numpy") as f:
-        assert f.metadata() is None and sorted(f.keys()) == ["a.weight", "b"]
+        assert f.metadata() is None and sorted(f.keys()) == ["a.weight", "b", "c"]
     back = io.load_state(path)
-    assert list(back) == ["a.weight", "b"]
+    assert list(back) == ["a.weight", "b", "c"]
     for name, value in arrays.items():
-        assert_same_bits(back[name], value)
+        assert_same_bits(back[name], np.asarray(value))
 
 
 @pytest.mark.parametrize("state, error, message", [
