@@ -79,6 +79,26 @@ def test_bad_dtypes_name_the_dtype(spelling, message):
         nn.Embedding(3, 2, dtype=spelling)
 
 
+def test_functional_ops_that_create_arrays_take_the_spellings():
+    want = F.dropout_mask((3, 4), 0.5, seed=1)
+    got = F.dropout_mask((3, 4), 0.5, seed=1, device=torch.device("cuda", 0))
+    assert numbapos.device_of(got) == "cuda"
+    np.testing.assert_array_equal(numbapos.to_host(got), want)
+    table = F.sinusoidal_pos_embedding(4, 6, device="cuda:0", dtype=torch.float64)
+    assert numbapos.device_of(table) == "cuda" and table.dtype == np.float64
+    with pytest.raises(ValueError, match="device: got 'cuda:1'"):
+        F.dropout_mask((3, 4), 0.5, seed=1, device="cuda:1")
+
+
+def test_sharded_embedding_takes_torch_dtypes():
+    from numbapos.distributed import ShardedEmbedding
+
+    table = ShardedEmbedding(5, 2, 2, dtype=torch.float64, optimizer_kwargs={"lr": 0.1},
+                             backend="local")
+    assert table.dtype == np.float64
+    assert table.to_embedding().weight.dtype == np.float64
+
+
 def test_the_reported_bugs():
     # Each of these raised before: a torch.device taken for a dtype, "cuda:0" and
     # torch.float64 refused, a dtype name taken for a device.
