@@ -160,11 +160,32 @@ def check_uint64(value, name: str) -> int:
     return value
 
 
+_TORCH_FLOATS = {"torch.float32": np.dtype(np.float32), "torch.float64": np.dtype(np.float64)}
+
+
 def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
-    """Return ``dtype`` as float32 or float64; TypeError for anything else."""
+    """Return ``dtype`` as float32 or float64; TypeError for anything else.
+
+    Accepts NumPy dtypes, their scalar types and names (``"float32"``,
+    ``"f8"``, ``"double"``) and ``torch.float32`` / ``torch.float64``
+    (recognised without importing torch). The name ``"float"`` is refused as
+    ambiguous (NumPy reads it as float64, PyTorch's ``torch.float`` is float32).
+    """
+    if _device.torch_kind(dtype) == "dtype":
+        resolved = _TORCH_FLOATS.get(str(dtype))
+        if resolved is None:
+            raise TypeError(f"{name}: expected float32 or float64, got {dtype}")
+        return resolved
+    if _device.is_device_spelling(dtype):
+        raise TypeError(f"{name}: expected float32 or float64, got the device {quote(dtype)} "
+                        "(pass it as the device)")
+    if isinstance(dtype, str) and dtype.strip() == "float":
+        raise TypeError(f"{name}: expected float32 or float64, got 'float', which is "
+                        "ambiguous (float64 to NumPy, float32 to PyTorch); write 'float32' or "
+                        "'float64'")
     try:
         resolved = np.dtype(dtype)
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         raise TypeError(f"{name}: expected float32 or float64, got {quote(dtype)}") from err
     if resolved not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected float32 or float64, got {resolved}")

@@ -44,19 +44,78 @@ def device_of(x) -> str:
     return "cuda" if is_cuda_array(x) else "cpu"
 
 
+def torch_kind(x) -> str | None:
+    """``"device"`` for a ``torch.device``, ``"dtype"`` for a ``torch.dtype``, else None.
+
+    Told by the type's name and module, so torch is never imported here.
+    """
+    kind = type(x)
+    if (kind.__module__ or "").partition(".")[0] == "torch" and kind.__name__ in ("device",
+                                                                                  "dtype"):
+        return kind.__name__
+    return None
+
+
+def is_device_spelling(x) -> bool:
+    """Whether ``x`` is spelt as a device (``"cpu"``, ``"cuda"``, ``"cuda:N"``, a
+    ``torch.device``), valid or not; used to tell a device from a dtype."""
+    if torch_kind(x) == "device":
+        return True
+    return isinstance(x, str) and (x in DEVICES or x.startswith(("cpu:", "cuda:")))
+
+
+_DEVICE_HINT = "also accepted: 'cuda:N' for the current CUDA device N, a torch.device"
+
+
+def current_cuda_device() -> int:
+    """The number of the CUDA device numbapos runs on (Numba's current device; 0 on the
+    simulator)."""
+    _require_cuda()
+    from numba import cuda
+
+    return int(getattr(cuda.get_current_device(), "id", 0))
+
+
 def check_device(device, name: str = "device") -> str:
     """``device`` as ``"cpu"`` or ``"cuda"``; TypeError / ValueError otherwise.
 
-    Asking for ``"cuda"`` where neither a GPU nor the simulator can be used
-    raises RuntimeError saying how to get one.
+    Accepts PyTorch's spellings: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` where N
+    is the current CUDA device (numbapos runs on Numba's current device; any
+    other N raises ValueError saying how to select it) and ``torch.device``
+    objects (recognised without importing torch). Asking for CUDA where
+    neither a GPU nor the simulator can be used raises RuntimeError saying
+    how to get one.
     """
-    if not isinstance(device, str):
-        raise TypeError(f"{name}: expected 'cpu' or 'cuda', got {type(device).__name__}")
-    if device not in DEVICES:
-        raise ValueError(f"{name}: expected 'cpu' or 'cuda', got {device[:200]!r}")
-    if device == "cuda":
-        _require_cuda()
-    return device
+    if torch_kind(device) == "device":
+        kind, index, shown = device.type, device.index, repr(device)
+    elif isinstance(device, str):
+        shown = repr(device[:200])
+        kind, colon, number = device.partition(":")
+        index = None
+        if colon:
+            if not number.isdigit() or not number.isascii():
+                raise ValueError(f"{name}: expected 'cpu' or 'cuda', got {shown} (a device "
+                                 f"number must be a non-negative integer; {_DEVICE_HINT})")
+            index = int(number)
+    else:
+        raise TypeError(f"{name}: expected 'cpu' or 'cuda', got {type(device).__name__} "
+                        f"{repr(device)[:200]} ({_DEVICE_HINT})")
+    if kind not in DEVICES:
+        raise ValueError(f"{name}: expected 'cpu' or 'cuda', got {shown} ({_DEVICE_HINT})")
+    if kind == "cpu":
+        if index not in (None, 0):
+            raise ValueError(f"{name}: expected 'cpu' or 'cpu:0', got {shown}")
+        return "cpu"
+    _require_cuda()
+    if index is not None:
+        current = current_cuda_device()
+        if index != current:
+            raise ValueError(
+                f"{name}: got {shown}, but numbapos runs on the current CUDA device, "
+                f"cuda:{current}; pass 'cuda' (or 'cuda:{current}'), or make device {index} "
+                f"current first with numba.cuda.select_device({index})"
+            )
+    return "cuda"
 
 
 def cuda_available() -> bool:

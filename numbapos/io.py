@@ -6,6 +6,14 @@ arrays, ready for :meth:`numbapos.nn.Module.load_state_dict` or for the
 ``from_hf_state_dict`` constructors of the BERT / GPT-2 blocks (a Hugging Face
 ``model.safetensors`` loads the same way).
 
+Nested state (a checkpoint of a whole run: ``{"model": model.state_dict(),
+"optimizer": opt.state_dict(), "epoch": 3}``) is saved too, without pickle:
+its arrays as safetensors tensors, everything else (dicts, lists, tuples,
+ints, floats, strings, bools, None) as JSON in the file's metadata, under the
+key ``"numbapos.state"``; :func:`load_state` rebuilds it. A flat mapping of
+names to arrays is saved and loaded exactly as before (a Hugging Face
+checkpoint is one).
+
 The ``safetensors`` package is an optional dependency (``pip install
 numbapos[io]``); it is imported when one of these functions is first called,
 so ``import numbapos`` works without it.
@@ -88,8 +96,11 @@ def load_state(path) -> dict[str, np.ndarray]:
 
     Returns
     -------
-    dict of str to ndarray
-        Tensor name to array, in the file's order. The arrays are writeable and
+    dict
+        Tensor name to array, in the file's order; or, for a file that
+        :func:`save_state` wrote from nested state, that state rebuilt (dicts
+        with their keys of any JSON type, lists, tuples, scalars, NumPy
+        scalars and arrays as saved). The arrays are writeable and
         independent of the file. Every dtype keeps its own NumPy dtype
         (float16, float32, float64, the integer types, bool, complex64), with
         one exception: **bfloat16 tensors are returned as float32**. NumPy has no
@@ -128,7 +139,14 @@ def load_state(path) -> dict[str, np.ndarray]:
                 tensors[name] = _bfloat16_as_float32(path, data_start, entry)
             else:
                 tensors[name] = f.get_tensor(name)
-    return tensors
+        tree = (f.metadata() or {}).get(STATE_KEY)
+    if tree is None:
+        return tensors
+    try:
+        return _decode(json.loads(tree), tensors)
+    except (ValueError, KeyError, TypeError, IndexError) as err:
+        raise ValueError(f"load_state: {path!r}: the nested state in its metadata "
+                         f"({STATE_KEY!r}) is damaged: {str(err)[:200]}") from err
 
 
 def load_metadata(path) -> dict[str, str]:
@@ -146,7 +164,9 @@ def load_metadata(path) -> dict[str, str]:
     safetensors = _safetensors()
     path = _fspath(path)
     with safetensors.safe_open(path, framework="numpy") as f:
-        return dict(f.metadata() or {})
+        metadata = dict(f.metadata() or {})
+    metadata.pop(STATE_KEY, None)  # the structure of nested state, not the caller's text
+    return metadata
 
 
 def _collect(module_or_dict) -> dict[str, np.ndarray]:
@@ -190,6 +210,74 @@ def _collect(module_or_dict) -> dict[str, np.ndarray]:
     return tensors
 
 
+STATE_KEY = "numbapos.state"
+
+_LEAVES = (str, bool, int, float, type(None))
+
+
+def _is_flat(items) -> bool:
+    """Whether a mapping holds only arrays (the format of a model's state, saved as before)."""
+    # NumPy scalars count as arrays (0-d tensors, as before), np.float64 included.
+    return all(isinstance(v, np.generic) or not isinstance(v, (Mapping, list, tuple, *_LEAVES))
+               for v in items.values())
+
+
+def _encode(value, path: str, tensors: dict, names: str):
+    """``value`` as JSON: tagged dicts for containers and arrays, JSON scalars as themselves.
+
+    Arrays go into ``tensors`` under a name made from their path (made unique).
+    """
+    from .nn.parameter import Parameter
+
+    if isinstance(value, _LEAVES) and not isinstance(value, np.generic):
+        return value
+    if isinstance(value, Mapping):
+        pairs = []
+        for key, item in value.items():
+            if not isinstance(key, _LEAVES):
+                raise TypeError(f"save_state: {path}: dict keys must be str, int, float, bool or "
+                                f"None, got {_checks.type_name(key)} {_checks.quote(key)}")
+            pairs.append([key, _encode(item, f"{path}[{key!r}]", tensors,
+                                       f"{names}.{key}" if names else str(key))])
+        return {"dict": pairs}
+    if isinstance(value, (list, tuple)):
+        items = [_encode(item, f"{path}[{i}]", tensors, f"{names}.{i}" if names else str(i))
+                 for i, item in enumerate(value)]
+        return {"tuple" if isinstance(value, tuple) else "list": items}
+    scalar = isinstance(value, np.generic)
+    if isinstance(value, Parameter):
+        value = value.data
+    if not (scalar or _checks.is_array(value) or _checks.host_view(value, path) is not None):
+        hint = " (save its state_dict())" if hasattr(value, "state_dict") else ""
+        raise TypeError(f"save_state: {path}: cannot store a {_checks.type_name(value)}{hint}: "
+                        "nested state holds dicts, lists, tuples, str, int, float, bool, None "
+                        "and arrays")
+    name = names or "tensor"
+    while name in tensors:
+        name += "_"
+    tensors[name] = np.asarray(value) if scalar else value
+    return {"scalar" if scalar else "tensor": name}
+
+
+def _decode(node, tensors: dict):
+    """The inverse of :func:`_encode`."""
+    if node is None or isinstance(node, (str, bool, int, float)):
+        return node
+    if not isinstance(node, dict) or len(node) != 1:
+        raise ValueError(f"unknown node {_checks.quote(node)}")
+    ((kind, content),) = node.items()
+    if kind == "dict":
+        return {key: _decode(item, tensors) for key, item in content}
+    if kind in ("list", "tuple"):
+        items = [_decode(item, tensors) for item in content]
+        return items if kind == "list" else tuple(items)
+    if kind == "tensor":
+        return tensors[content]
+    if kind == "scalar":
+        return tensors[content][()]
+    raise ValueError(f"unknown node kind {kind!r}")
+
+
 def _check_metadata(metadata) -> dict[str, str] | None:
     if metadata is None:
         return None
@@ -201,6 +289,9 @@ def _check_metadata(metadata) -> dict[str, str] | None:
             raise TypeError(
                 f"metadata: keys and values must be str, got {key!r}: {type(value).__name__}"
             )
+    if STATE_KEY in metadata:
+        raise ValueError(f"metadata: the key {STATE_KEY!r} is numbapos's own (the structure "
+                         "of nested state); choose another")
     return dict(metadata)
 
 
@@ -233,10 +324,17 @@ def save_state(module_or_dict, path, metadata=None) -> None:
 
     Parameters
     ----------
-    module_or_dict : numbapos.nn.Module or mapping of str to ndarray
-        A module (its :meth:`~numbapos.nn.Module.state_dict` is saved) or
+    module_or_dict : numbapos.nn.Module, mapping of str to ndarray, or nested state
+        A module (its :meth:`~numbapos.nn.Module.state_dict` is saved),
         names mapped to arrays (:class:`~numbapos.nn.Parameter` values are
-        accepted too). Non-contiguous arrays are made C-contiguous.
+        accepted too; saved as before, one tensor each), or nested state: a
+        mapping that also holds dicts, lists, tuples, str, int, float, bool
+        or None (an optimiser's ``state_dict()``, or ``{"model": ...,
+        "optimizer": ..., "step": 100}``). Its arrays (NumPy scalars
+        included) become tensors named by their path
+        (``"optimizer.state.0.exp_avg"``), the rest JSON in the metadata; no
+        pickle. :func:`load_state` gives it back, bit for bit.
+        Non-contiguous arrays are made C-contiguous.
     path : str or os.PathLike
         Destination file; its directory must exist.
     metadata : mapping of str to str, optional
@@ -249,12 +347,22 @@ def save_state(module_or_dict, path, metadata=None) -> None:
     TypeError
         ``module_or_dict`` is neither a Module nor a mapping; a name is not a
         str; a value is not a NumPy array or has a dtype safetensors cannot
-        store (e.g. object, float128, complex128); ``metadata`` is not str to str.
+        store (e.g. object, float128, complex128); nested state holds another
+        kind of object or a dict key that is not a JSON scalar (the message
+        gives its path); ``metadata`` is not str to str.
+    ValueError
+        ``metadata`` uses the reserved key ``"numbapos.state"``.
     FileNotFoundError
         The directory of ``path`` does not exist.
     """
-    tensors = _collect(module_or_dict)
     metadata = _check_metadata(metadata)
+    if isinstance(module_or_dict, Mapping) and not _is_flat(module_or_dict):
+        arrays: dict = {}
+        tree = _encode(module_or_dict, "state", arrays, "")
+        tensors = _collect(arrays)
+        metadata = {**(metadata or {}), STATE_KEY: json.dumps(tree, allow_nan=True)}
+    else:
+        tensors = _collect(module_or_dict)
     safetensors = _safetensors()
     target = os.path.realpath(_fspath(path))
     directory = os.path.dirname(target)

@@ -153,6 +153,15 @@ class SparseRows:
         return SparseRows(_device.to_device(self.indices, device),
                           _device.to_device(self.values, device), self.num_rows)
 
+    def __array__(self, dtype=None, copy=None):
+        # As PyTorch's sparse tensors refuse .numpy(): a silent 0-d object array (NumPy's
+        # fallback) or an implicit densification would both surprise.
+        raise TypeError(
+            "SparseRows cannot be converted to a NumPy array implicitly (numpy.asarray, "
+            "numpy.array, NumPy functions): it stores only the rows a lookup used. Call "
+            ".to_dense() for the dense (num_rows, D) gradient (then numbapos.to_host for a "
+            "GPU one), or read .indices and .values")
+
     def to_dense(self):
         """The dense ``(num_rows, D)`` gradient, on this gradient's device."""
         self.materialize()

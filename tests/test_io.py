@@ -196,8 +196,8 @@ def test_interrupted_write_cleans_up(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("state,match", [
-    ({"a": [1.0, 2.0]}, "save_state: 'a' must be a NumPy array, got list"),
-    ({"a": 1.0}, "save_state: 'a' must be a NumPy array, got float"),
+    ({"a": object()}, "save_state: 'a' must be a NumPy array, got object"),
+    ({"a": [1.0, object()]}, r"save_state: state\['a'\]\[1\]: cannot store a object"),
     ({1: np.ones(2)}, "save_state: tensor names must be str, got int 1"),
     ({"a": np.array([None])}, "save_state: 'a' has dtype object, which safetensors cannot"),
     ({"a": np.ones(2, np.complex128)}, "'a' has dtype complex128, which safetensors cannot"),
@@ -207,6 +207,13 @@ def test_bad_state(tmp_path, state, match):
     with pytest.raises(TypeError, match=match):
         save_state(state, tmp_path / "x.safetensors")
     assert os.listdir(tmp_path) == []
+
+
+def test_lists_and_scalars_are_nested_state(tmp_path):
+    # They raised TypeError before nested state (tests/test_checkpoints.py) was saved.
+    for state in ({"a": [1.0, 2.0]}, {"a": 1.0}):
+        save_state(state, tmp_path / "x.safetensors")
+        assert load_state(tmp_path / "x.safetensors") == state
 
 
 @pytest.mark.parametrize("metadata,match", [

@@ -74,3 +74,34 @@ def test_bad_arguments_raise_before_writing(call, error, message):
     with pytest.raises(error, match=message):
         call(weight)
     assert (weight == 7.0).all()
+
+
+# ------------------------------------------------------------------ one seed, one table
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("num_shards, padding_idx", [(1, None), (3, 4), (2, -1)])
+def test_embedding_and_sharded_embedding_start_from_one_table(num_shards, padding_idx, dtype):
+    from numbapos.distributed import ShardedEmbedding
+
+    emb = nn.Embedding(11, 5, padding_idx=padding_idx, dtype=dtype, seed=123)
+    table = ShardedEmbedding(11, 5, num_shards, padding_idx=padding_idx, dtype=dtype, seed=123,
+                             optimizer_kwargs={"lr": 0.1}, backend="local")
+    np.testing.assert_array_equal(table.to_embedding().weight.data, emb.weight.data)
+    want = _whole(11, 5, 123, dtype)
+    if padding_idx is not None:
+        want[padding_idx] = 0
+    np.testing.assert_array_equal(emb.weight.data, want)
+
+
+def test_an_int_seed_is_keyed_a_generator_draws_from_numpy():
+    np.testing.assert_array_equal(nn.Embedding(6, 3, seed=5).weight.data, _whole(6, 3, 5))
+    np.testing.assert_array_equal(
+        nn.Embedding(6, 3, seed=np.random.default_rng(5)).weight.data,
+        np.random.default_rng(5).normal(size=(6, 3)).astype(np.float32))
+    # An explicit initialiser gets default_rng(seed), as before.
+    np.testing.assert_array_equal(
+        nn.Embedding(6, 3, init=nn.init.uniform(), seed=5).weight.data,
+        np.random.default_rng(5).uniform(-0.1, 0.1, size=(6, 3)).astype(np.float32))
+    with pytest.raises(ValueError, match="seed: expected an integer >= 0, got -1"):
+        nn.Embedding(6, 3, seed=-1)

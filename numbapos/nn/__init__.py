@@ -3,6 +3,7 @@
 from . import init
 from .alibi import ALiBi
 from .blocks import BertEmbeddings, GPT2Embeddings
+from .containers import ModuleDict, ModuleList, Sequential
 from .dropout import Dropout
 from .embedding import Embedding
 from .module import IncompatibleKeys, Module
@@ -21,9 +22,12 @@ __all__ = [
     "LayerNorm",
     "LearnedPosEmbedding",
     "Module",
+    "ModuleDict",
+    "ModuleList",
     "Parameter",
     "PositionalEmbedding",
     "RotaryEmbedding",
+    "Sequential",
     "SinusoidalPosEmbedding",
     "init",
 ]

@@ -56,6 +56,9 @@ class Dropout(Module):
     the mask of its forward from ``(seed, counter)`` rather than storing it.
     """
 
+    # A state dict without the stream loads (strictly) and keeps the current one.
+    _optional_state = ("seed", "counter")
+
     def __init__(self, p=0.5, seed=None, device="cpu"):
         super().__init__()
         self.p = _checks.check_unit_interval(p, "p")

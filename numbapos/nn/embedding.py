@@ -38,9 +38,15 @@ class Embedding(Module):
         copy; CPU arrays of other libraries are viewed).
     dtype : float32 or float64, default float32
     init : callable, optional
-        ``init(shape, rng)`` initialiser; default N(0, 1) as PyTorch.
+        ``init(shape, rng)`` initialiser; default N(0, 1) as PyTorch (see ``seed``).
     seed : int or numpy.random.Generator, optional
-        Seed for the initialiser.
+        Seed for the initialiser. Without ``init``, an int seed fills the
+        table with the keyed initialiser, :func:`numbapos.nn.init.keyed_normal`
+        (``seed``): N(0, 1) values keyed by (seed, row, column), the table
+        :class:`numbapos.distributed.ShardedEmbedding` with the same seed
+        starts from (one seed, one table). A Generator (or None, fresh
+        entropy) draws N(0, 1) from ``numpy.random``; with ``init`` the
+        initialiser gets ``numpy.random.default_rng(seed)``.
     device : {"cpu", "cuda"}, optional
         Where the table lives and lookups run; default: where ``_weight``
         lives, else ``"cpu"``.
@@ -65,6 +71,10 @@ class Embedding(Module):
         shape = (self.num_embeddings, self.embedding_dim)
         if _weight is None:
             dtype = _checks.check_float_dtype(dtype)
+            if init is None and seed is not None and not isinstance(seed, np.random.Generator):
+                # One seed, one table: the keyed fill ShardedEmbedding's shards make.
+                seed = _checks.check_uint64(seed, "seed")
+                init = initializers.keyed_normal(seed)
             rng = _checks.as_rng(seed)
             table = initializers.make_array(init or initializers.normal(), shape, dtype, rng)
             if self.padding_idx is not None:

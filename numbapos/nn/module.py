@@ -21,6 +21,41 @@ def max_pending() -> int:
     return config.get("max_pending_records")
 
 
+def _is_dtype_name(text: str) -> bool:
+    """Whether NumPy reads ``text`` as a dtype (so ``to()`` takes it for one)."""
+    try:
+        np.dtype(text)
+    except TypeError:
+        return text.strip() == "float"
+    return True
+
+
+_WARNED_UNREGISTERED: set = set()
+
+
+def _holds_state(value) -> bool:
+    items = value.values() if isinstance(value, dict) else value
+    return any(isinstance(item, (Module, Parameter)) for item in items)
+
+
+def _warn_unregistered(module, name: str, value) -> None:
+    """Warn (once per module class and attribute) that a plain list, tuple or dict of
+    modules or parameters is not registered: PyTorch drops those silently."""
+    key = (type(module), name)
+    if key in _WARNED_UNREGISTERED or not _holds_state(value):
+        return
+    _WARNED_UNREGISTERED.add(key)
+    kind = type(value).__name__
+    container = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList"
+    warnings.warn(
+        f"{type(module).__name__}.{name}: a {kind} of modules or parameters is a plain "
+        "attribute, not registered: what it holds is left out of parameters(), "
+        "state_dict(), to(), train() / eval() and zero_grad() (PyTorch ignores it silently "
+        f"too). Hold modules in {container} (or nn.Sequential), and assign each Parameter "
+        "to an attribute of its own",
+        UserWarning, stacklevel=3)
+
+
 class IncompatibleKeys(NamedTuple):
     """What :meth:`Module.load_state_dict` did not match (non-strict loads)."""
 
@@ -93,7 +128,36 @@ class Module:
             self._parameters[name] = value
         elif isinstance(value, Module):
             self._modules[name] = value
+        elif isinstance(value, (list, tuple, dict)):
+            _warn_unregistered(self, name, value)
         object.__setattr__(self, name, value)
+
+    def add_module(self, name: str, module: Module) -> None:
+        """Register ``module`` as the child ``name`` (PyTorch's ``add_module``).
+
+        The same as ``setattr(self, name, module)`` for names that are not
+        identifiers (``"0"``, as the containers use).
+
+        Raises
+        ------
+        TypeError
+            ``name`` not a str, or ``module`` not a :class:`Module`.
+        KeyError
+            ``name`` empty, dotted, or an attribute that is not a child module.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"add_module: name: expected a str, got {_checks.type_name(name)}")
+        if not name or "." in name:
+            raise KeyError(f"add_module: name: expected a non-empty name without dots, got "
+                           f"{_checks.quote(name)}")
+        if not isinstance(module, Module):
+            raise TypeError(f"add_module: {name!r}: expected a numbapos Module, got "
+                            f"{_checks.type_name(module)}")
+        if name not in self._modules and hasattr(self, name):
+            raise KeyError(f"add_module: attribute {name!r} already exists")
+        setattr(self, name, module)
+
+    register_module = add_module
 
     def __delattr__(self, name):
         self._parameters.pop(name, None)
@@ -348,40 +412,55 @@ class Module:
     def _place(self, device) -> None:
         """End of a constructor: move to ``device`` unless it is None (stay where built)."""
         if device is not None:
-            self.to(device)
+            self.to(device=device)
 
     def to(self, *args, device=None, dtype=None) -> Module:
-        """Move (``"cpu"`` / ``"cuda"``) and/or cast (float32 / float64) this module, in place.
+        """Move and/or cast this module in place, as PyTorch's ``Module.to``; returns self.
 
-        ``to("cuda")``, ``to(np.float64)``, ``to("cpu", np.float64)`` and the
-        keyword forms work as in PyTorch: parameters, their gradients and float
-        buffers are converted (integer buffers keep their dtype, 0-d buffers
-        stay on the host); returns self. Recorded forwards and cached tables are
+        ``to("cuda")``, ``to(torch.float64)``, ``to("cpu", np.float64)`` and the
+        keyword forms work as in PyTorch; a positional argument is a device
+        when it is spelt as one (``"cpu"``, ``"cuda"``, ``"cuda:N"``, a
+        ``torch.device``) and a dtype otherwise (float32 / float64 as a NumPy
+        dtype, its name, or a ``torch`` dtype). Parameters, their gradients and
+        float buffers are converted (integer buffers keep their dtype, 0-d
+        buffers stay on the host). Recorded forwards and cached tables are
         dropped, so call it between steps, not between a forward and its
-        backward.
+        backward. Everything is checked before anything changes.
+
+        Parameters
+        ----------
+        *args : device and/or dtype, at most one of each
+        device : str or torch.device, optional
+            ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (N the current CUDA device).
+        dtype : float32 or float64, optional
 
         Raises
         ------
         TypeError, ValueError
-            An argument that is neither ``"cpu"`` / ``"cuda"`` nor float32 /
-            float64, or more than one of each.
+            A bad device (the message names ``device``), a dtype other than
+            float32 / float64 (names ``dtype``), an argument that is neither,
+            or more than one of each.
         RuntimeError
-            ``"cuda"`` where CUDA cannot be used.
+            CUDA where it cannot be used.
         """
+        if len(args) > 2:
+            raise TypeError(f"to: expected at most a device and a dtype, got {len(args)} "
+                            "arguments")
         for arg in args:
-            if isinstance(arg, str):
+            if _device.is_device_spelling(arg):
                 if device is not None:
                     raise TypeError(f"to: got two devices, {device!r} and {arg!r}")
                 device = arg
             else:
+                if isinstance(arg, str) and not _is_dtype_name(arg):
+                    raise ValueError(
+                        f"to: expected a device ('cpu', 'cuda', 'cuda:N', a torch.device) or a "
+                        f"dtype (float32, float64), got {_checks.quote(arg)}")
                 if dtype is not None:
                     raise TypeError(f"to: got two dtypes, {dtype!r} and {arg!r}")
                 dtype = arg
-        if len(args) > 2:
-            raise TypeError(f"to: expected at most a device and a dtype, got {len(args)} "
-                            "arguments")
-        device = None if device is None else _device.check_device(device)
-        dtype = None if dtype is None else _checks.check_float_dtype(dtype)
+        device = None if device is None else _device.check_device(device, "device")
+        dtype = None if dtype is None else _checks.check_float_dtype(dtype, "dtype")
         for param in self.parameters():
             if dtype is not None:
                 param._cast(dtype)
@@ -405,6 +484,35 @@ class Module:
                 object.__setattr__(module, "_device", device)
             module._on_device_change()
         return self
+
+    def cpu(self) -> Module:
+        """Move every parameter and buffer to the host: ``to("cpu")``; returns self."""
+        return self.to(device="cpu")
+
+    def cuda(self, device=None) -> Module:
+        """Move every parameter and buffer to the GPU: ``to("cuda")``; returns self.
+
+        Parameters
+        ----------
+        device : int, str or torch.device, optional
+            As PyTorch's: a device number (must be the current CUDA device) or
+            a CUDA device spelling; default the current device.
+        """
+        if device is None:
+            device = "cuda"
+        elif isinstance(device, int) and not isinstance(device, bool):
+            device = f"cuda:{device}"
+        if _device.check_device(device, "device") != "cuda":
+            raise ValueError(f"device: cuda() expects a CUDA device, got {device!r}")
+        return self.to(device="cuda")
+
+    def float(self) -> Module:
+        """Cast float parameters and buffers to float32: ``to(np.float32)``; returns self."""
+        return self.to(dtype=np.float32)
+
+    def double(self) -> Module:
+        """Cast float parameters and buffers to float64: ``to(np.float64)``; returns self."""
+        return self.to(dtype=np.float64)
 
     def _on_device_change(self) -> None:
         """Drop recorded forwards; subclasses with device-dependent caches extend this."""
@@ -516,8 +624,13 @@ class Module:
             (detached) or any array NumPy can view, or CUDA arrays; copied to
             wherever each parameter lives.
         strict : bool, default True
-            Require exactly this module's names: a missing name raises KeyError,
-            an unexpected one ValueError. When False both are only reported.
+            Require exactly this module's names: missing or unexpected names
+            raise ``RuntimeError`` (PyTorch's message), before anything is
+            copied. When False both are only reported. Either way the state
+            of a dropout stream (:class:`Dropout`'s ``seed`` and ``counter``
+            buffers) may be left out: the module then keeps its current
+            stream (as PyTorch's BatchNorm accepts a state without
+            ``num_batches_tracked``), and the names are not reported.
 
         Returns
         -------
@@ -526,10 +639,12 @@ class Module:
 
         Raises
         ------
-        KeyError
-            A parameter or buffer missing from ``state`` (strict only).
+        RuntimeError
+            Missing or unexpected names (strict only), listed as PyTorch does
+            (``Error(s) in loading state_dict for Embedding: ...``), with the
+            missing parameters and buffers named as such.
         ValueError
-            Unexpected names (strict only), or an array whose shape differs.
+            An array whose shape differs.
         TypeError
             ``state`` not a mapping, a value that is not an array, or of a
             dtype that cannot be cast to a real number (complex, object, str).
@@ -538,12 +653,11 @@ class Module:
             raise TypeError(f"load_state_dict: expected a mapping of names to arrays, got "
                             f"{_checks.type_name(state)}")
         own = OrderedDict(self._state_items())
-        missing = [name for name in own if name not in state]
+        optional = set(self._optional_state_names())
+        missing = [name for name in own if name not in state and name not in optional]
         unexpected = [name for name in state if name not in own]
-        if strict and missing:
-            raise KeyError(f"load_state_dict: missing parameter(s) {missing}")
-        if strict and unexpected:
-            raise ValueError(f"load_state_dict: unexpected name(s) {unexpected}")
+        if strict and (missing or unexpected):
+            raise RuntimeError(self._load_error(own, missing, unexpected))
         updates = []
         for name, target in own.items():
             if name not in state:
@@ -573,6 +687,38 @@ class Module:
             if isinstance(target, Parameter):
                 target.bump_version()
         return IncompatibleKeys(missing, unexpected)
+
+    def _optional_state_names(self):
+        """Dotted names :meth:`load_state_dict` accepts to be missing (each module's
+        :attr:`_optional_state`, such as a dropout stream's seed and counter)."""
+        for module_name, module in self.named_modules():
+            dot = f"{module_name}." if module_name else ""
+            for name in type(module)._optional_state:
+                yield dot + name
+
+    _optional_state: tuple[str, ...] = ()
+
+    def _load_error(self, own, missing, unexpected) -> str:
+        """PyTorch's message for a strict load that does not match, and what each missing
+        name is."""
+        def names(keys):
+            return ", ".join(f'"{k}"' for k in keys)
+
+        lines = []
+        if missing:
+            lines.append(f"Missing key(s) in state_dict: {names(missing)}. ")
+        if unexpected:
+            lines.append(f"Unexpected key(s) in state_dict: {names(unexpected)}. ")
+        if missing:
+            params = [k for k in missing if isinstance(own[k], Parameter)]
+            buffers = [k for k in missing if not isinstance(own[k], Parameter)]
+            kinds = [f"{label}: {names(keys)}" for label, keys in
+                     (("parameter(s)", params), ("buffer(s)", buffers)) if keys]
+            lines.append("Missing " + "; ".join(kinds) + ".")
+        lines.append("Nothing was loaded; load_state_dict(state, strict=False) loads the keys "
+                     "that match and returns the others as (missing_keys, unexpected_keys).")
+        return (f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
+                + "\n\t".join(lines))
 
     # ------------------------------------------------------------ display
 

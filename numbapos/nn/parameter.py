@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from .. import _device
 from .._checks import check_float_array, check_same_device
 from ..sparse import SparseRows
 
 
-class Parameter:
+class Parameter(NDArrayOperatorsMixin):
     """A float array a module trains, with its accumulated gradient.
 
     Parameters
@@ -35,9 +36,34 @@ class Parameter:
 
     Notes
     -----
-    ``numpy.asarray(param)`` gives ``data`` (copied to the host if it lives on
-    the GPU), so a Parameter can be passed wherever an array is expected.
+    A Parameter behaves like its array, as a PyTorch parameter does:
+
+    - ``param[i]``, ``param[1:3, ::2]`` index ``data`` and give views of it
+      (writes through them change the parameter); ``param[i] = v`` writes
+      ``data`` in place and calls :meth:`bump_version`.
+    - NumPy ufuncs and operators (``param + 1``, ``np.exp(param)``,
+      ``param @ x``, ``param == 0``, ``param.sum()`` is not one: use
+      ``np.sum(param)``) compute on ``data`` and return NumPy arrays; the
+      in-place operators (``param *= 0.5``) and ufuncs with ``out=param``
+      update ``data`` in place, bump the version and keep the Parameter.
+      As PyTorch's tensors, ``==`` is elementwise and a Parameter hashes by
+      identity.
+    - ``numpy.asarray(param)`` gives ``data`` (copied to the host if it lives
+      on the GPU), so a Parameter can be passed wherever an array is
+      expected; :meth:`numpy` gives ``data`` itself; ``shape``, ``dtype``,
+      ``ndim``, ``T``, ``size`` (NumPy's: the element count, an int) and ``len``
+      are ``data``'s.
+
+    On the GPU, indexing gives views on the device (Numba device arrays, a
+    single element as a host scalar) and ``param[i] = v`` writes on the
+    device, but ufuncs, operators and :meth:`numpy` raise ``TypeError``:
+    NumPy computes on the host, and numbapos does not copy a GPU table there
+    behind an expression (PyTorch computes such expressions on the GPU; here
+    use ``numbapos.to_host(param.data)`` for an explicit host copy, or
+    ``param.to("cpu")``).
     """
+
+    __hash__ = object.__hash__  # by identity, as PyTorch's tensors (== is elementwise)
 
     _numbapos_parameter = True  # array inputs take a Parameter's ``data`` (_checks.as_array)
 
@@ -73,6 +99,95 @@ class Parameter:
         if copy:
             return np.array(host, dtype=dtype, copy=True)
         return host if dtype is None else host.astype(dtype, copy=False)
+
+    # ------------------------------------------------------------ the array interface
+
+    def _host_data(self, what: str):
+        """``data`` for a NumPy computation; TypeError for a parameter on the GPU."""
+        if _device.device_of(self.data) != "cpu":
+            raise TypeError(
+                f"{what}: the Parameter lives on 'cuda' and NumPy computes on the host; "
+                "numbapos does not copy a GPU parameter to the host inside an expression. "
+                "Take an explicit host copy with numbapos.to_host(param.data) (or move it "
+                "with param.to('cpu'))")
+        return self.data
+
+    def numpy(self) -> np.ndarray:
+        """``data`` itself, a NumPy array sharing the parameter's memory (PyTorch's ``numpy()``).
+
+        Raises
+        ------
+        TypeError
+            The parameter lives on the GPU (as PyTorch's ``numpy()`` of a CUDA
+            tensor): use ``numbapos.to_host(param.data)`` for a host copy.
+        """
+        return self._host_data("Parameter.numpy()")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        where = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+        written = [inputs[0]] if method == "at" and isinstance(inputs[0], Parameter) else []
+        inputs = tuple(x._host_data(where) if isinstance(x, Parameter) else x for x in inputs)
+        out = kwargs.get("out")
+        if out is not None:
+            outs = []
+            for x in out:
+                if isinstance(x, Parameter):
+                    written.append(x)
+                    x = x._host_data(where)
+                outs.append(x)
+            kwargs["out"] = tuple(outs)
+        result = getattr(ufunc, method)(*inputs, **kwargs)
+        for param in written:
+            param.bump_version()
+        return result
+
+    def _inplace(self, ufunc, other):
+        ufunc(self, other, out=(self,))
+        return self
+
+    def __iadd__(self, other):
+        return self._inplace(np.add, other)
+
+    def __isub__(self, other):
+        return self._inplace(np.subtract, other)
+
+    def __imul__(self, other):
+        return self._inplace(np.multiply, other)
+
+    def __itruediv__(self, other):
+        return self._inplace(np.true_divide, other)
+
+    def __ipow__(self, other):
+        return self._inplace(np.power, other)
+
+    def __getitem__(self, index):
+        return self.data[index]
+
+    def __setitem__(self, index, value) -> None:
+        if isinstance(value, Parameter):
+            value = value.data
+        self.data[index] = value
+        self.bump_version()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __iter__(self):
+        return iter(self._host_data("iter(Parameter)"))
+
+    @property
+    def T(self):  # noqa: N802 (NumPy's and PyTorch's name)
+        """``data.T``, a transposed view."""
+        return self.data.T
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        """The number of elements (NumPy's ``size``; PyTorch's ``numel()``)."""
+        return int(self.data.size)
 
     def _cast(self, dtype) -> None:
         """Replace ``data`` (and a gradient) by ``dtype`` copies; no-op when already that dtype."""
