@@ -23,7 +23,8 @@ from numbapos import functional as F
 from numbapos.sparse import SparseRows
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-AREAS = ["arrays", "blocks", "dropout", "embedding", "init", "normalization", "optim", "positional"]
+AREAS = ["arrays", "blocks", "dropout", "embedding", "init", "normalization", "optim", "positional",
+         "quantized"]
 
 
 def _close(got, want, dtype=np.float64):

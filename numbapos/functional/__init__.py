@@ -40,6 +40,7 @@ from .positional import (
     positions_from_padding,
     sinusoidal_pos_embedding,
 )
+from .quantized import dequantize_rowwise, quantize_rowwise, quantized_embedding, rowwise_width
 
 __all__ = [
     "BertEmbeddingsGrads",
@@ -52,6 +53,7 @@ __all__ = [
     "bert_embeddings",
     "bert_embeddings_backward",
     "bert_embeddings_forward",
+    "dequantize_rowwise",
     "dropout",
     "dropout_backward",
     "dropout_mask",
@@ -69,7 +71,10 @@ __all__ = [
     "positional_mult_add_backward",
     "positions_from_attention_mask",
     "positions_from_padding",
+    "quantize_rowwise",
+    "quantized_embedding",
     "rowwise_adagrad_",
+    "rowwise_width",
     "sgd_",
     "sinusoidal_pos_embedding",
     "sparse_adagrad_",

@@ -8,6 +8,7 @@ from .module import IncompatibleKeys, Module
 from .normalization import LayerNorm
 from .parameter import Parameter
 from .positional import LearnedPosEmbedding, PositionalEmbedding, SinusoidalPosEmbedding
+from .quantized import QuantizedEmbedding
 
 __all__ = [
     "BertEmbeddings",
@@ -20,6 +21,7 @@ __all__ = [
     "Module",
     "Parameter",
     "PositionalEmbedding",
+    "QuantizedEmbedding",
     "SinusoidalPosEmbedding",
     "init",
 ]

@@ -17,6 +17,7 @@ from . import (
     optim,
     positional,
     prefetch,  # noqa: F401  (its setting: python -m numbapos info)
+    quantized,
 )
 from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
@@ -26,8 +27,10 @@ from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
 from .positional import *  # noqa: F403
+from .quantized import *  # noqa: F403
 
-AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
+AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional,
+         quantized)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 

@@ -9,7 +9,18 @@ Importing it changes nothing outside it: :func:`start`, which
 installs the caching allocator (:mod:`.memory`).
 """
 
-from . import arrays, blocks, dropout, embedding, init, memory, normalization, optim, positional
+from . import (
+    arrays,
+    blocks,
+    dropout,
+    embedding,
+    init,
+    memory,
+    normalization,
+    optim,
+    positional,
+    quantized,
+)
 from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
@@ -18,8 +29,10 @@ from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
 from .positional import *  # noqa: F403
+from .quantized import *  # noqa: F403
 
-AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional)
+AREAS = (arrays, blocks, dropout, embedding, init, normalization, optim, positional,
+         quantized)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 

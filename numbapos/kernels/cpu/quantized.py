@@ -1,0 +1,316 @@
+"""CPU launchers and kernels of the int8 / int4 row-wise quantised tables (inference).
+
+The format is FBGEMM's fused row-wise one, byte for byte what
+``torch.ops.quantized.embedding_bag_byte_prepack`` / ``embedding_bag_4bit_prepack``
+make: a row of the 8-bit table is its D codes, then its float32 scale and
+float32 bias (``D + 8`` bytes); a row of the 4-bit table is ``ceil(D / 2)``
+bytes of codes, two per byte, the even column in the low nibble, then a
+float16 scale and a float16 bias. Element ``d`` of a row reads back as
+``fma(scale, code, bias)`` in float32 (one rounding), as FBGEMM's lookup
+kernels compute it.
+
+Launchers (``__all__``, twinned in ``kernels/cuda/quantized.py``) take
+validated arrays and caller-owned outputs; the ``@njit`` bodies trust their
+inputs and never allocate. The scale and bias are read through a NumPy view
+of the packed bytes (unaligned float32 / uint16), the float16 numbers
+converted by the shared :mod:`numbapos.kernels.rowwise` helpers.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..rowwise import (
+    code_4bit,
+    code_8bit,
+    f16_from_bits,
+    f16_to_bits,
+    scale_bias_4bit,
+    scale_bias_8bit,
+    unquantizable,
+)
+from .arrays import pick
+from .jit import kernel
+from .prefetch import AHEAD, prefetch_listed
+
+__all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def quantize_rows(table, bits, out):
+    """Quantise the float32 ``(V, D)`` ``table`` into the packed uint8 ``(V, W)`` ``out``.
+
+    Returns -1, or the first row holding a value that cannot be quantised
+    (NaN, infinite, or beyond float16's range with 4 bits; a row whose
+    ``max - min`` overflows float32 with 8 bits): ``out`` is then partly
+    written (the caller's fresh buffer, dropped).
+    """
+    num_rows, dim = table.shape
+    if num_rows == 0:
+        return -1
+    bad = _first_bad_row(table, bits)
+    if bad >= 0:
+        return bad
+    if bits == 8:
+        kernel = pick(_quantize8, _quantize8_parallel, table.size)
+        kernel(table, out, _scale_bias(out, dim, bits))
+    else:
+        kernel = pick(_quantize4, _quantize4_parallel, table.size)
+        kernel(table, out, _scale_bias(out, -(-dim // 2), bits))
+    return -1
+
+
+def dequantize_rows(packed, bits, dim, out):
+    """``out[r] = decode(packed[r])``: the float32 ``(V, dim)`` table of a packed one."""
+    if out.size:
+        width = dim if bits == 8 else -(-dim // 2)
+        sb = _scale_bias(packed, width, bits)
+        if bits == 8:
+            pick(_dequantize8, _dequantize8_parallel, out.size)(packed, sb, out)
+        else:
+            pick(_dequantize4, _dequantize4_parallel, out.size)(packed, sb, out)
+
+
+def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
+    """``out[i] = decode(packed[flat[i]])`` (zeros where ``flat[i] == padding_idx``).
+
+    ``flat`` is range-checked, ``out`` is ``(N, dim)`` float32 and
+    ``padding_idx`` is -1 for none.
+    """
+    if out.size:
+        width = dim if bits == 8 else -(-dim // 2)
+        sb = _scale_bias(packed, width, bits)
+        if bits == 8:
+            kernel = pick(_gather8, _gather8_parallel, out.size)
+        else:
+            kernel = pick(_gather4, _gather4_parallel, out.size)
+        kernel(flat, packed, sb, np.int64(padding_idx), out)
+
+
+def _scale_bias(packed, width, bits):
+    """The ``(V, 2)`` scale and bias of each row as a view of ``packed``'s bytes.
+
+    Float32 for 8 bits, uint16 (float16 bits) for 4 bits; unaligned views,
+    which Numba reads and writes with unaligned loads and stores.
+    """
+    kind = np.float32 if bits == 8 else np.uint16
+    return packed[:, width:].view(kind)
+
+
+# ---------------------------------------------------------------- fma
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """``a * b + c`` for float32 with one rounding (LLVM's ``llvm.fma.f32``)."""
+    if not all(x == types.float32 for x in (a, b, c)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(f32, [f32, f32, f32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.f32")
+        return builder.call(fn, args)
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@kernel()
+def _first_bad_row(table, bits):
+    """The first row with a value :func:`~..rowwise.unquantizable`, else -1.
+
+    With 8 bits also a row whose ``max - min`` overflows float32 (its scale
+    would be infinite).
+    """
+    num_rows, dim = table.shape
+    for r in range(num_rows):
+        if dim == 0:
+            return -1
+        low = table[r, 0]
+        high = low
+        for d in range(dim):
+            x = table[r, d]
+            if unquantizable(x, bits):
+                return r
+            low = min(low, x)
+            high = max(high, x)
+        if np.isinf(np.float32(high - low)):
+            return r
+    return -1
+
+
+@kernel(inline="always")
+def _row_bounds(table, r):
+    low = table[r, 0]
+    high = low
+    for d in range(1, table.shape[1]):
+        x = table[r, d]
+        low = min(low, x)
+        high = max(high, x)
+    return low, high
+
+
+@kernel(inline="always")
+def _quantize8_row(table, out, sb, r):
+    dim = table.shape[1]
+    if dim == 0:
+        sb[r, 0] = np.float32(0.0)
+        sb[r, 1] = np.float32(0.0)
+        return
+    low, high = _row_bounds(table, r)
+    scale, bias, inverse = scale_bias_8bit(low, high)
+    sb[r, 0] = scale
+    sb[r, 1] = bias
+    for d in range(dim):
+        out[r, d] = np.uint8(code_8bit(table[r, d], bias, inverse))
+
+
+@kernel(inline="always")
+def _quantize4_row(table, out, sb, r):
+    dim = table.shape[1]
+    if dim == 0:
+        sb[r, 0] = np.uint16(f16_to_bits(np.float32(1.0)))
+        sb[r, 1] = np.uint16(0)
+        return
+    low, high = _row_bounds(table, r)
+    scale, bias, inverse = scale_bias_4bit(low, high)
+    sb[r, 0] = np.uint16(f16_to_bits(scale))
+    sb[r, 1] = np.uint16(f16_to_bits(bias))
+    for j in range((dim + 1) // 2):
+        code = code_4bit(table[r, 2 * j], bias, inverse)
+        if 2 * j + 1 < dim:
+            code |= code_4bit(table[r, 2 * j + 1], bias, inverse) << 4
+        out[r, j] = np.uint8(code)
+
+
+@kernel()
+def _quantize8(table, out, sb):
+    for r in range(table.shape[0]):
+        _quantize8_row(table, out, sb, r)
+
+
+@kernel(parallel=True)
+def _quantize8_parallel(table, out, sb):
+    for r in prange(table.shape[0]):
+        _quantize8_row(table, out, sb, r)
+
+
+@kernel()
+def _quantize4(table, out, sb):
+    for r in range(table.shape[0]):
+        _quantize4_row(table, out, sb, r)
+
+
+@kernel(parallel=True)
+def _quantize4_parallel(table, out, sb):
+    for r in prange(table.shape[0]):
+        _quantize4_row(table, out, sb, r)
+
+
+@kernel(inline="always")
+def _decode8(packed, sb, r, out, i):
+    """``out[i, d] = fma(scale, code, bias)`` for the 8-bit row ``r``."""
+    scale = sb[r, 0]
+    bias = sb[r, 1]
+    for d in range(out.shape[1]):
+        out[i, d] = fma32(np.float32(packed[r, d]), scale, bias)
+
+
+@kernel(inline="always")
+def _decode4(packed, sb, r, out, i):
+    """``out[i, d] = fma(scale, code, bias)`` for the 4-bit row ``r`` (low nibble first)."""
+    scale = f16_from_bits(sb[r, 0])
+    bias = f16_from_bits(sb[r, 1])
+    dim = out.shape[1]
+    half = dim // 2
+    for j in range(half):
+        byte = packed[r, j]
+        out[i, 2 * j] = fma32(np.float32(byte & 15), scale, bias)
+        out[i, 2 * j + 1] = fma32(np.float32(byte >> 4), scale, bias)
+    if dim % 2:
+        out[i, dim - 1] = fma32(np.float32(packed[r, half] & 15), scale, bias)
+
+
+@kernel(inline="always")
+def _zero_row(out, i):
+    for d in range(out.shape[1]):
+        out[i, d] = np.float32(0.0)
+
+
+@kernel()
+def _dequantize8(packed, sb, out):
+    for r in range(out.shape[0]):
+        _decode8(packed, sb, r, out, r)
+
+
+@kernel(parallel=True)
+def _dequantize8_parallel(packed, sb, out):
+    for r in prange(out.shape[0]):
+        _decode8(packed, sb, r, out, r)
+
+
+@kernel()
+def _dequantize4(packed, sb, out):
+    for r in range(out.shape[0]):
+        _decode4(packed, sb, r, out, r)
+
+
+@kernel(parallel=True)
+def _dequantize4_parallel(packed, sb, out):
+    for r in prange(out.shape[0]):
+        _decode4(packed, sb, r, out, r)
+
+
+@kernel()
+def _gather8(flat_idx, packed, sb, padding_idx, out):
+    """``out[i] = decode8(packed[flat_idx[i]])``, padding rows zero (serial)."""
+    for i in range(flat_idx.size):
+        prefetch_listed(packed, flat_idx, i + AHEAD)
+        r = flat_idx[i]
+        if r == padding_idx:
+            _zero_row(out, i)
+        else:
+            _decode8(packed, sb, r, out, i)
+
+
+@kernel(parallel=True)
+def _gather8_parallel(flat_idx, packed, sb, padding_idx, out):
+    """:func:`_gather8` with output rows split across threads."""
+    for i in prange(flat_idx.size):
+        prefetch_listed(packed, flat_idx, i + AHEAD)
+        r = flat_idx[i]
+        if r == padding_idx:
+            _zero_row(out, i)
+        else:
+            _decode8(packed, sb, r, out, i)
+
+
+@kernel()
+def _gather4(flat_idx, packed, sb, padding_idx, out):
+    """``out[i] = decode4(packed[flat_idx[i]])``, padding rows zero (serial)."""
+    for i in range(flat_idx.size):
+        prefetch_listed(packed, flat_idx, i + AHEAD)
+        r = flat_idx[i]
+        if r == padding_idx:
+            _zero_row(out, i)
+        else:
+            _decode4(packed, sb, r, out, i)
+
+
+@kernel(parallel=True)
+def _gather4_parallel(flat_idx, packed, sb, padding_idx, out):
+    """:func:`_gather4` with output rows split across threads."""
+    for i in prange(flat_idx.size):
+        prefetch_listed(packed, flat_idx, i + AHEAD)
+        r = flat_idx[i]
+        if r == padding_idx:
+            _zero_row(out, i)
+        else:
+            _decode4(packed, sb, r, out, i)
