@@ -230,10 +230,14 @@ def _decode4(packed, sb, r, out, i):
     bias = f16_from_bits(sb[r, 1])
     dim = out.shape[1]
     half = dim // 2
+    # The nibbles split in float32 (exact: high = floor(byte / 16), low = byte - 16 * high),
+    # which LLVM vectorises from bytes; integer shifts and masks it widened to int64 first.
     for j in range(half):
-        byte = packed[r, j]
-        out[i, 2 * j] = fma32(np.float32(byte & 15), scale, bias)
-        out[i, 2 * j + 1] = fma32(np.float32(byte >> 4), scale, bias)
+        byte = np.float32(packed[r, j])
+        high = np.floor(byte * np.float32(0.0625))
+        low = byte - high * np.float32(16.0)
+        out[i, 2 * j] = fma32(low, scale, bias)
+        out[i, 2 * j + 1] = fma32(high, scale, bias)
     if dim % 2:
         out[i, dim - 1] = fma32(np.float32(packed[r, half] & 15), scale, bias)
 
