@@ -34,6 +34,8 @@ def _extremes(rng, dim, bits):
     table = rng.uniform(-limit, limit, size=(4, dim)).astype(np.float32)
     table[0, 0], table[0, -1] = -limit, limit
     table[1] = limit
+    if bits == 4:  # values beyond float16's range, with a float16 minimum and scale
+        table[2] = np.linspace(-65504.0, 9.0e5, dim, dtype=np.float32)
     return table
 
 
@@ -248,9 +250,9 @@ def test_bad_bits(bits, error, message):
 
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("value, what", [
-    (np.nan, "nan, not a finite number"),
-    (np.inf, "inf, not a finite number"),
-    (-np.inf, "-inf, not a finite number"),
+    (np.nan, "nan; expected finite values"),
+    (np.inf, "inf; expected finite values"),
+    (-np.inf, "-inf; expected finite values"),
 ])
 def test_non_finite_tables_are_refused_naming_the_row(bits, value, what, device):
     table = np.ones((3, 4), np.float32)
@@ -261,15 +263,22 @@ def test_non_finite_tables_are_refused_naming_the_row(bits, value, what, device)
     np.testing.assert_array_equal(table, before)
 
 
-def test_format_limits_are_refused():
-    table = np.zeros((2, 3), np.float32)
-    table[1, 2] = 70000.0
-    with pytest.raises(ValueError, match=r"row 1 holds 70000.0, beyond float16's range"):
-        F.quantize_rowwise(table, 4)
-    F.quantize_rowwise(table, 8)  # fine with 8 bits
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the simulator's
+def test_format_limits_are_refused(device):
+    bias_overflow = np.array([[1.0, 2.0, 3.0], [-65520.0, 0.0, 1.0]], np.float32)
+    scale_overflow = np.array([[1.0, 2.0, 3.0], [0.0, 1.0, 982800.0]], np.float32)
+    for table in (bias_overflow, scale_overflow):
+        with pytest.raises(ValueError, match=r"table: row 1 spans .*: its 4-bit bias \(the "
+                                             r"minimum\) or scale .* exceeds float16's range"):
+            F.quantize_rowwise(on(device, table), 4)
+        F.quantize_rowwise(on(device, table), 8)  # fine with 8 bits
+    fits = np.array([[-65519.0, 0.0, 9.0e5]], np.float32)  # float16 bias and scale finite
+    np.testing.assert_array_equal(host(F.quantize_rowwise(on(device, fits), 4)),
+                                  ref.quantize_rowwise(fits, 4))
     wide = np.array([[-3e38, 3e38]], np.float32)
     with pytest.raises(ValueError, match="row 0 spans .* max - min overflows float32"):
-        F.quantize_rowwise(wide, 8)
+        F.quantize_rowwise(on(device, wide), 8)
+    F.quantize_rowwise(on(device, wide[:, :1]), 8)
 
 
 def test_bad_packed_tables_and_outputs():
@@ -360,3 +369,14 @@ def test_module_argument_errors():
         nn.QuantizedEmbedding(2, 4, bits=16)
     with pytest.raises(TypeError, match="embedding_or_table: expected"):
         nn.QuantizedEmbedding.from_float("table")
+
+
+def test_info_lists_the_table_formats_and_their_bounds(capsys):
+    from numbapos.__main__ import info
+
+    assert info() == 0
+    shown = capsys.readouterr().out
+    assert "float32 / float64: 4 D / 8 D bytes; training and inference; exact" in shown
+    assert "int8 row-wise (quantize_rowwise(t, 8)): D + 8 bytes; inference only" in shown
+    assert "|x - x'| <= (max - min) / 255 / 2" in shown
+    assert "int4 row-wise (quantize_rowwise(t, 4)): ceil(D / 2) + 4 bytes" in shown

@@ -26,6 +26,19 @@ import numpy as np
 from .. import _checks, _device
 from ._common import backend_for, check_range, flatten, on_backend
 
+#: The table formats numbapos has: (name, bytes per row of D columns, use, error bound).
+#: ``python -m numbapos info`` prints them; the bounds are what tests/test_quantized.py
+#: checks, per row, on top of a float32 rounding allowance of ``2**-20 * max|x|``.
+TABLE_FORMATS = (
+    ("float32 / float64", "4 D / 8 D", "training and inference", "exact"),
+    ("int8 row-wise (quantize_rowwise(t, 8))", "D + 8", "inference only (QuantizedEmbedding)",
+     "|x - x'| <= (max - min) / 255 / 2: half a step"),
+    ("int4 row-wise (quantize_rowwise(t, 4))", "ceil(D / 2) + 4",
+     "inference only (QuantizedEmbedding)",
+     "|x - x'| <= max(scale / 2, |bias - min|): half a step of the float16 "
+     "scale = f16((max - bias) / 15), bias = f16(min)"),
+)
+
 _UINT8 = np.dtype(np.uint8)
 _FLOAT32 = np.dtype(np.float32)
 
@@ -73,9 +86,10 @@ def quantize_rowwise(table, bits=8):
         ``table`` not a float array, ``bits`` not an integer.
     ValueError
         ``table`` not 2-D, ``bits`` not 8 or 4, or a value that cannot be
-        quantised: NaN or infinite, beyond float16's range (``|x| > 65504``)
-        with 4 bits, or a row whose ``max - min`` overflows float32 with 8 bits
-        (its scale would be infinite). The message names the row and the value.
+        quantised: NaN or infinite, or a row whose scale or bias would not be
+        finite (8 bits: ``max - min`` overflows float32; 4 bits: the minimum or
+        ``(max - min) / 15`` rounds beyond float16's 65504). The message names
+        the row.
 
     Notes
     -----
@@ -95,23 +109,18 @@ def quantize_rowwise(table, bits=8):
     bad = K.quantize_rows(table, bits, out)
     if bad >= 0:
         row = _device.to_host(table[bad])
-        finite = row[np.isfinite(row)]
-        culprit = row[~np.isfinite(row)][0] if finite.size < row.size else None
-        if culprit is None and bits == 4:
-            culprit = row[np.abs(row) > _HALF_MAX][0]
-        if culprit is not None:
-            why = ("beyond float16's range (|x| <= 65504), where the 4-bit format keeps its "
-                   "scale and bias" if np.isfinite(culprit) else "not a finite number")
-            raise ValueError(f"table: row {bad} holds {float(culprit)!r}, {why}; expected "
-                             f"finite values{' within +-65504' if bits == 4 else ''} for a "
-                             f"{bits}-bit table")
-        raise ValueError(f"table: row {bad} spans {float(row.min())!r} to {float(row.max())!r}: "
-                         "max - min "
-                         "overflows float32, so its 8-bit scale would be infinite")
+        if not np.isfinite(row).all():
+            culprit = float(row[~np.isfinite(row)][0])
+            raise ValueError(f"table: row {bad} holds {culprit!r}; expected finite values for "
+                             f"a {bits}-bit table")
+        low, high = float(row.min()), float(row.max())
+        if bits == 8:
+            raise ValueError(f"table: row {bad} spans {low!r} to {high!r}: max - min overflows "
+                             "float32, so its 8-bit scale would be infinite")
+        raise ValueError(f"table: row {bad} spans {low!r} to {high!r}: its 4-bit bias (the "
+                         "minimum) or scale ((max - min) / 15) exceeds float16's range "
+                         "(65504), where the format keeps them")
     return out
-
-
-_HALF_MAX = 65504.0
 
 
 def dequantize_rowwise(packed, bits, dim=None):

@@ -10,8 +10,9 @@ back, exactly, with integer and power-of-two float64 arithmetic only
 in ``@njit`` kernels, in ``@cuda.jit`` kernels and, unchanged, on the CUDA
 simulator, and every device stores and reads the same bits.
 
-The values handled are finite (the quantisers refuse NaN and infinities
-first); an infinite or NaN pattern read back decodes to inf / NaN.
+The quantisers refuse NaN and infinities, and rows whose scale or bias
+would overflow (:func:`row_overflows`), so every number stored is finite; an
+infinite or NaN pattern read back decodes to inf / NaN.
 """
 
 import math
@@ -20,7 +21,6 @@ import numpy as np
 from numba.extending import register_jitable
 
 HALF_MAX = 65504.0  # the largest finite float16
-_F32_NAN = np.float32(np.nan)
 
 
 @register_jitable
@@ -78,11 +78,11 @@ def f32_from_bits(u):
 def f16_round(x):
     """The float16 nearest to the float32 ``x`` (ties to even), as a float32.
 
-    ``x`` is finite with ``|x| <= 65504`` (the quantiser checks it), so the
-    result is finite; C's ``cpu_half2float(cpu_float2half_rn(x))``.
+    C's ``cpu_half2float(cpu_float2half_rn(x))``: infinite beyond float16's
+    range (from 65520 on), NaN stays NaN.
     """
     negative, v = _sign_and_magnitude(x)
-    if v == 0.0:
+    if v == 0.0 or math.isinf(v) or math.isnan(v):
         return np.float32(x)
     m, e = math.frexp(v)
     exponent = e - 1
@@ -90,6 +90,8 @@ def f16_round(x):
         q = math.ldexp(round_half_even(math.ldexp(v, 24)), -24)
     else:  # 11 significant bits
         q = math.ldexp(round_half_even(math.ldexp(v, 10 - exponent)), exponent - 10)
+        if q > HALF_MAX:
+            q = math.inf
     return np.float32(-q if negative else q)
 
 
@@ -177,8 +179,21 @@ def code_4bit(x, bias, inverse):
 
 
 @register_jitable
-def unquantizable(x, bits):
-    """Whether a table value cannot be quantised: NaN, infinite, or (4 bits) beyond float16."""
-    if math.isnan(x) or math.isinf(x):
-        return True
-    return bits == 4 and abs(float(x)) > HALF_MAX
+def unquantizable(x):
+    """Whether a table value cannot be quantised: NaN or infinite."""
+    return math.isnan(x) or math.isinf(x)
+
+
+@register_jitable
+def row_overflows(low, high, bits):
+    """Whether a finite row from ``low`` to ``high`` overflows its format's scale or bias.
+
+    8 bits: ``high - low`` overflows float32 (an infinite scale). 4 bits: the
+    float16 bias (``low`` rounded) or the float16 scale is infinite: values
+    need not lie within float16's range, but the minimum and a fifteenth of
+    the row's span must.
+    """
+    if bits == 8:
+        return math.isinf(np.float32(high - low))
+    scale, bias, inverse = scale_bias_4bit(low, high)
+    return math.isinf(bias) or math.isinf(scale)

@@ -27,6 +27,7 @@ from ..rowwise import (
     code_8bit,
     f16_from_bits,
     f16_to_bits,
+    row_overflows,
     scale_bias_4bit,
     scale_bias_8bit,
     unquantizable,
@@ -44,10 +45,9 @@ __all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
 def quantize_rows(table, bits, out):
     """Quantise the float32 ``(V, D)`` ``table`` into the packed uint8 ``(V, W)`` ``out``.
 
-    Returns -1, or the first row holding a value that cannot be quantised
-    (NaN, infinite, or beyond float16's range with 4 bits; a row whose
-    ``max - min`` overflows float32 with 8 bits): ``out`` is then partly
-    written (the caller's fresh buffer, dropped).
+    Returns -1, or the first row that cannot be quantised (NaN, an infinity,
+    or a scale or bias that would overflow): ``out`` is then partly written
+    (the caller's fresh buffer, dropped).
     """
     num_rows, dim = table.shape
     if num_rows == 0:
@@ -124,11 +124,8 @@ def fma32(typingctx, a, b, c):
 
 @kernel()
 def _first_bad_row(table, bits):
-    """The first row with a value :func:`~..rowwise.unquantizable`, else -1.
-
-    With 8 bits also a row whose ``max - min`` overflows float32 (its scale
-    would be infinite).
-    """
+    """The first row holding NaN or an infinity, or whose scale or bias would overflow
+    (:func:`~..rowwise.row_overflows`), else -1."""
     num_rows, dim = table.shape
     for r in range(num_rows):
         if dim == 0:
@@ -137,11 +134,11 @@ def _first_bad_row(table, bits):
         high = low
         for d in range(dim):
             x = table[r, d]
-            if unquantizable(x, bits):
+            if unquantizable(x):
                 return r
             low = min(low, x)
             high = max(high, x)
-        if np.isinf(np.float32(high - low)):
+        if row_overflows(low, high, bits):
             return r
     return -1
 

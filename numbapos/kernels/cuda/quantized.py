@@ -24,6 +24,7 @@ from ..rowwise import (
     f16_to_bits,
     f32_from_bits,
     f32_to_bits,
+    row_overflows,
     scale_bias_4bit,
     scale_bias_8bit,
     unquantizable,
@@ -158,11 +159,11 @@ def _quantize(table, bits, out, bad):
         ok = True
         for d in range(dim):
             x = table[r, d]
-            if unquantizable(x, bits):
+            if unquantizable(x):
                 ok = False
             low = min(low, x)
             high = max(high, x)
-        if not ok or math.isinf(np.float32(high - low)):
+        if not ok or row_overflows(low, high, bits):
             cuda.atomic.min(bad, 0, r)
             continue
         if bits == 8:
