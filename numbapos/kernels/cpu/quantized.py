@@ -11,9 +11,9 @@ kernels compute it.
 
 Launchers (``__all__``, twinned in ``kernels/cuda/quantized.py``) take
 validated arrays and caller-owned outputs; the ``@njit`` bodies trust their
-inputs and never allocate. The scale and bias are read through a NumPy view
-of the packed bytes (unaligned float32 / uint16), the float16 numbers
-converted by the shared :mod:`numbapos.kernels.rowwise` helpers.
+inputs and never allocate. The scale and bias, at byte offsets that need not
+be aligned, are read and written byte by byte: float32 by a bit cast, float16
+by the shared :mod:`numbapos.kernels.rowwise` helpers.
 """
 
 import numpy as np
@@ -56,23 +56,19 @@ def quantize_rows(table, bits, out):
     if bad >= 0:
         return bad
     if bits == 8:
-        kernel = pick(_quantize8, _quantize8_parallel, table.size)
-        kernel(table, out, _scale_bias(out, dim, bits))
+        pick(_quantize8, _quantize8_parallel, table.size)(table, out)
     else:
-        kernel = pick(_quantize4, _quantize4_parallel, table.size)
-        kernel(table, out, _scale_bias(out, -(-dim // 2), bits))
+        pick(_quantize4, _quantize4_parallel, table.size)(table, out)
     return -1
 
 
 def dequantize_rows(packed, bits, dim, out):
     """``out[r] = decode(packed[r])``: the float32 ``(V, dim)`` table of a packed one."""
     if out.size:
-        width = dim if bits == 8 else -(-dim // 2)
-        sb = _scale_bias(packed, width, bits)
         if bits == 8:
-            pick(_dequantize8, _dequantize8_parallel, out.size)(packed, sb, out)
+            pick(_dequantize8, _dequantize8_parallel, out.size)(packed, out)
         else:
-            pick(_dequantize4, _dequantize4_parallel, out.size)(packed, sb, out)
+            pick(_dequantize4, _dequantize4_parallel, out.size)(packed, out)
 
 
 def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
@@ -82,23 +78,11 @@ def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
     ``padding_idx`` is -1 for none.
     """
     if out.size:
-        width = dim if bits == 8 else -(-dim // 2)
-        sb = _scale_bias(packed, width, bits)
         if bits == 8:
             kernel = pick(_gather8, _gather8_parallel, out.size)
         else:
             kernel = pick(_gather4, _gather4_parallel, out.size)
-        kernel(flat, packed, sb, np.int64(padding_idx), out)
-
-
-def _scale_bias(packed, width, bits):
-    """The ``(V, 2)`` scale and bias of each row as a view of ``packed``'s bytes.
-
-    Float32 for 8 bits, uint16 (float16 bits) for 4 bits; unaligned views,
-    which Numba reads and writes with unaligned loads and stores.
-    """
-    kind = np.float32 if bits == 8 else np.uint16
-    return packed[:, width:].view(kind)
+        kernel(flat, packed, np.int64(padding_idx), out)
 
 
 # ---------------------------------------------------------------- fma
@@ -119,7 +103,54 @@ def fma32(typingctx, a, b, c):
     return types.float32(types.float32, types.float32, types.float32), codegen
 
 
+@intrinsic
+def f32_from_u32(typingctx, u):
+    """The float32 whose IEEE bits are the integer ``u`` (a bit cast, no arithmetic)."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        bits = context.cast(builder, args[0], signature.args[0], types.uint32)
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(u), codegen
+
+
+@intrinsic
+def u32_from_f32(typingctx, x):
+    """The IEEE bits of the float32 ``x`` as a uint32 (a bit cast)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(x), codegen
+
+
 # ---------------------------------------------------------------- kernels
+
+
+# Scale and bias sit at byte offsets that need not be aligned: they are read and
+# written byte by byte (LLVM merges the bytes into one unaligned access).
+
+
+@kernel(inline="always")
+def _read_u32(packed, r, at):
+    return (np.uint32(packed[r, at]) | (np.uint32(packed[r, at + 1]) << np.uint32(8))
+            | (np.uint32(packed[r, at + 2]) << np.uint32(16))
+            | (np.uint32(packed[r, at + 3]) << np.uint32(24)))
+
+
+@kernel(inline="always")
+def _read_u16(packed, r, at):
+    return np.uint32(packed[r, at]) | (np.uint32(packed[r, at + 1]) << np.uint32(8))
+
+
+@kernel(inline="always")
+def _write_bytes(packed, r, at, value, count):
+    for k in range(count):
+        packed[r, at + k] = np.uint8((value >> (8 * k)) & 0xFF)
 
 
 @kernel()
@@ -155,32 +186,32 @@ def _row_bounds(table, r):
 
 
 @kernel(inline="always")
-def _quantize8_row(table, out, sb, r):
+def _quantize8_row(table, out, r):
     dim = table.shape[1]
     if dim == 0:
-        sb[r, 0] = np.float32(0.0)
-        sb[r, 1] = np.float32(0.0)
+        _write_bytes(out, r, 0, 0, 8)
         return
     low, high = _row_bounds(table, r)
     scale, bias, inverse = scale_bias_8bit(low, high)
-    sb[r, 0] = scale
-    sb[r, 1] = bias
+    _write_bytes(out, r, dim, np.int64(u32_from_f32(scale)), 4)
+    _write_bytes(out, r, dim + 4, np.int64(u32_from_f32(bias)), 4)
     for d in range(dim):
         out[r, d] = np.uint8(code_8bit(table[r, d], bias, inverse))
 
 
 @kernel(inline="always")
-def _quantize4_row(table, out, sb, r):
+def _quantize4_row(table, out, r):
     dim = table.shape[1]
+    width = (dim + 1) // 2
     if dim == 0:
-        sb[r, 0] = np.uint16(f16_to_bits(np.float32(1.0)))
-        sb[r, 1] = np.uint16(0)
+        _write_bytes(out, r, 0, f16_to_bits(np.float32(1.0)), 2)
+        _write_bytes(out, r, 2, 0, 2)
         return
     low, high = _row_bounds(table, r)
     scale, bias, inverse = scale_bias_4bit(low, high)
-    sb[r, 0] = np.uint16(f16_to_bits(scale))
-    sb[r, 1] = np.uint16(f16_to_bits(bias))
-    for j in range((dim + 1) // 2):
+    _write_bytes(out, r, width, f16_to_bits(scale), 2)
+    _write_bytes(out, r, width + 2, f16_to_bits(bias), 2)
+    for j in range(width):
         code = code_4bit(table[r, 2 * j], bias, inverse)
         if 2 * j + 1 < dim:
             code |= code_4bit(table[r, 2 * j + 1], bias, inverse) << 4
@@ -188,44 +219,46 @@ def _quantize4_row(table, out, sb, r):
 
 
 @kernel()
-def _quantize8(table, out, sb):
+def _quantize8(table, out):
     for r in range(table.shape[0]):
-        _quantize8_row(table, out, sb, r)
+        _quantize8_row(table, out, r)
 
 
 @kernel(parallel=True)
-def _quantize8_parallel(table, out, sb):
+def _quantize8_parallel(table, out):
     for r in prange(table.shape[0]):
-        _quantize8_row(table, out, sb, r)
+        _quantize8_row(table, out, r)
 
 
 @kernel()
-def _quantize4(table, out, sb):
+def _quantize4(table, out):
     for r in range(table.shape[0]):
-        _quantize4_row(table, out, sb, r)
+        _quantize4_row(table, out, r)
 
 
 @kernel(parallel=True)
-def _quantize4_parallel(table, out, sb):
+def _quantize4_parallel(table, out):
     for r in prange(table.shape[0]):
-        _quantize4_row(table, out, sb, r)
+        _quantize4_row(table, out, r)
 
 
 @kernel(inline="always")
-def _decode8(packed, sb, r, out, i):
+def _decode8(packed, r, out, i):
     """``out[i, d] = fma(scale, code, bias)`` for the 8-bit row ``r``."""
-    scale = sb[r, 0]
-    bias = sb[r, 1]
-    for d in range(out.shape[1]):
+    dim = out.shape[1]
+    scale = f32_from_u32(_read_u32(packed, r, dim))
+    bias = f32_from_u32(_read_u32(packed, r, dim + 4))
+    for d in range(dim):
         out[i, d] = fma32(np.float32(packed[r, d]), scale, bias)
 
 
 @kernel(inline="always")
-def _decode4(packed, sb, r, out, i):
+def _decode4(packed, r, out, i):
     """``out[i, d] = fma(scale, code, bias)`` for the 4-bit row ``r`` (low nibble first)."""
-    scale = f16_from_bits(sb[r, 0])
-    bias = f16_from_bits(sb[r, 1])
     dim = out.shape[1]
+    width = (dim + 1) // 2
+    scale = f16_from_bits(_read_u16(packed, r, width))
+    bias = f16_from_bits(_read_u16(packed, r, width + 2))
     half = dim // 2
     # The nibbles split in float32 (exact: high = floor(byte / 16), low = byte - 16 * high),
     # which LLVM vectorises from bytes; integer shifts and masks it widened to int64 first.
@@ -246,31 +279,31 @@ def _zero_row(out, i):
 
 
 @kernel()
-def _dequantize8(packed, sb, out):
+def _dequantize8(packed, out):
     for r in range(out.shape[0]):
-        _decode8(packed, sb, r, out, r)
+        _decode8(packed, r, out, r)
 
 
 @kernel(parallel=True)
-def _dequantize8_parallel(packed, sb, out):
+def _dequantize8_parallel(packed, out):
     for r in prange(out.shape[0]):
-        _decode8(packed, sb, r, out, r)
+        _decode8(packed, r, out, r)
 
 
 @kernel()
-def _dequantize4(packed, sb, out):
+def _dequantize4(packed, out):
     for r in range(out.shape[0]):
-        _decode4(packed, sb, r, out, r)
+        _decode4(packed, r, out, r)
 
 
 @kernel(parallel=True)
-def _dequantize4_parallel(packed, sb, out):
+def _dequantize4_parallel(packed, out):
     for r in prange(out.shape[0]):
-        _decode4(packed, sb, r, out, r)
+        _decode4(packed, r, out, r)
 
 
 @kernel()
-def _gather8(flat_idx, packed, sb, padding_idx, out):
+def _gather8(flat_idx, packed, padding_idx, out):
     """``out[i] = decode8(packed[flat_idx[i]])``, padding rows zero (serial)."""
     for i in range(flat_idx.size):
         prefetch_listed(packed, flat_idx, i + AHEAD)
@@ -278,11 +311,11 @@ def _gather8(flat_idx, packed, sb, padding_idx, out):
         if r == padding_idx:
             _zero_row(out, i)
         else:
-            _decode8(packed, sb, r, out, i)
+            _decode8(packed, r, out, i)
 
 
 @kernel(parallel=True)
-def _gather8_parallel(flat_idx, packed, sb, padding_idx, out):
+def _gather8_parallel(flat_idx, packed, padding_idx, out):
     """:func:`_gather8` with output rows split across threads."""
     for i in prange(flat_idx.size):
         prefetch_listed(packed, flat_idx, i + AHEAD)
@@ -290,11 +323,11 @@ def _gather8_parallel(flat_idx, packed, sb, padding_idx, out):
         if r == padding_idx:
             _zero_row(out, i)
         else:
-            _decode8(packed, sb, r, out, i)
+            _decode8(packed, r, out, i)
 
 
 @kernel()
-def _gather4(flat_idx, packed, sb, padding_idx, out):
+def _gather4(flat_idx, packed, padding_idx, out):
     """``out[i] = decode4(packed[flat_idx[i]])``, padding rows zero (serial)."""
     for i in range(flat_idx.size):
         prefetch_listed(packed, flat_idx, i + AHEAD)
@@ -302,11 +335,11 @@ def _gather4(flat_idx, packed, sb, padding_idx, out):
         if r == padding_idx:
             _zero_row(out, i)
         else:
-            _decode4(packed, sb, r, out, i)
+            _decode4(packed, r, out, i)
 
 
 @kernel(parallel=True)
-def _gather4_parallel(flat_idx, packed, sb, padding_idx, out):
+def _gather4_parallel(flat_idx, packed, padding_idx, out):
     """:func:`_gather4` with output rows split across threads."""
     for i in prange(flat_idx.size):
         prefetch_listed(packed, flat_idx, i + AHEAD)
@@ -314,4 +347,4 @@ def _gather4_parallel(flat_idx, packed, sb, padding_idx, out):
         if r == padding_idx:
             _zero_row(out, i)
         else:
-            _decode4(packed, sb, r, out, i)
+            _decode4(packed, r, out, i)
