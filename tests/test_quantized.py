@@ -39,6 +39,12 @@ def _extremes(rng, dim, bits):
     return table
 
 
+def _signed_zeros(dim):
+    """Rows whose minimum is a zero of either sign: the bias keeps the first one's sign."""
+    patterns = ([0.0, -0.0, 1.0], [-0.0, 0.0, 2.0], [-0.0], [0.0, -0.0], [-0.0, 0.0])
+    return np.array([np.resize(np.array(p, np.float32), dim) for p in patterns], np.float32)
+
+
 # ------------------------------------------------------------------ format
 
 
@@ -59,7 +65,8 @@ def test_quantize_is_pytorchs_prepack_byte_for_byte(bits, dim, rng):
     prepack = (torch.ops.quantized.embedding_bag_byte_prepack if bits == 8
                else torch.ops.quantized.embedding_bag_4bit_prepack)
     tables = {**_tables(rng, dim), "extremes": _extremes(rng, dim, bits),
-              "large": rng.normal(size=(50, dim)).astype(np.float32) * np.float32(100)}
+              "large": rng.normal(size=(50, dim)).astype(np.float32) * np.float32(100),
+              "signed_zeros": _signed_zeros(dim)}
     for name, table in tables.items():
         want = prepack(torch.from_numpy(table)).numpy()
         np.testing.assert_array_equal(F.quantize_rowwise(table, bits), want, err_msg=name)
@@ -169,6 +176,14 @@ def test_devices_compute_the_same_bits(device, bits, rng):
     got = F.quantized_embedding(on(device, ids), packed, bits, padding_idx=-1, dim=dim)
     want = ref.quantized_embedding(ids, host(packed), bits, dim, padding_idx=5)
     assert numbapos.device_of(got) == device and host(got).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_signed_zeros_on_both_devices(device, bits):
+    table = _signed_zeros(4)
+    want = F.quantize_rowwise(table, bits)
+    assert host(F.quantize_rowwise(on(device, table), bits)).tobytes() == want.tobytes()
+    assert want[1, -1] == 0x80 and want[0, -1] == 0  # the bias is -0.0, then +0.0
 
 
 @pytest.mark.parametrize("bits", BITS)
