@@ -44,6 +44,9 @@ def info() -> int:
           f"{prefetch.cpu_name()})")
     print("devices  cpu: available")
     print(f"         cuda: {_cuda_status()}")
+    print("tables   (format: bytes a row; use; per-row error of a value read back)")
+    for name, size, use, bound in numbapos.functional.quantized.TABLE_FORMATS:
+        print(f"         {name}: {size} bytes; {use}; {bound}")
     print("settings (numbapos.config; environment variables, read once)")
     for name, variable, value, source, _ in numbapos.config.describe():
         shown = "by CPU" if value is None else value

@@ -521,3 +521,53 @@ def check_sparse_grad(grad, param, name: str = "grad", summed: bool = True):
                          f"{values.shape[0] if summed else '?'} value rows")
     check_sorted_rows(rows, param.shape[0], f"{name}.indices")
     return rows, values
+
+
+# ---------------------------------------------------------------- quantised tables
+
+QUANTIZED_BITS = (8, 4)
+
+
+def check_bits(bits, name: str = "bits") -> int:
+    """The code width of a row-wise quantised table: 8 or 4."""
+    if isinstance(bits, (bool, np.bool_)) or not isinstance(bits, numbers.Integral):
+        raise TypeError(f"{name}: expected 8 or 4, got {_describe(bits)}")
+    if int(bits) not in QUANTIZED_BITS:
+        raise ValueError(f"{name}: expected 8 or 4 (bits per code), got {int(bits)}")
+    return int(bits)
+
+
+def rowwise_width(dim: int, bits: int) -> int:
+    """Bytes per row of a fused row-wise table: codes, then scale and bias."""
+    return dim + 8 if bits == 8 else (dim + 1) // 2 + 4
+
+
+def check_packed(packed, bits: int, dim=None, name: str = "packed"):
+    """A fused row-wise quantised table and its row length D: ``(packed, D)``.
+
+    ``packed`` is a 2-D uint8 array (CUDA arrays C-contiguous) of width
+    ``D + 8`` (8 bits) or ``ceil(D / 2) + 4`` (4 bits). ``dim`` is only
+    needed for an odd D with 4 bits (default ``2 * (width - 4)``).
+    """
+    packed = as_array(packed, name)
+    if _device.is_cuda_array(packed):
+        check_cuda_contiguous(packed, name)
+    if packed.dtype != np.uint8 or packed.ndim != 2:
+        raise TypeError(f"{name}: expected a 2-D uint8 array (a table from "
+                        f"quantize_rowwise), got dtype {packed.dtype} and shape "
+                        f"{tuple(packed.shape)}")
+    width = packed.shape[1]
+    overhead = 8 if bits == 8 else 4
+    if width < overhead:
+        raise ValueError(f"{name}: a {bits}-bit row holds its codes and {overhead} bytes of "
+                         f"scale and bias, so at least {overhead} bytes; got rows of {width}")
+    natural = width - 8 if bits == 8 else 2 * (width - 4)
+    if dim is None:
+        return packed, natural
+    dim = check_int(dim, "dim", minimum=0)
+    if rowwise_width(dim, bits) != width:
+        raise ValueError(f"dim: {dim} columns take {rowwise_width(dim, bits)} bytes per "
+                         f"{bits}-bit row, but {name} has rows of {width} bytes "
+                         f"(dim {natural}" + (f" or {natural - 1})" if bits == 4 and natural
+                                              else ")"))
+    return packed, dim

@@ -237,6 +237,16 @@ def _optimisers(dtype, index_dtype) -> None:
                 _train(emb, _ids(index_dtype))
 
 
+def _quantized(dtype, index_dtype) -> None:
+    ids = _ids(index_dtype)
+    table = _activation(dtype, (_ROWS, _DIM + 1))  # an odd D: the 4-bit tail column too
+    for bits in (8, 4):
+        module = nn.QuantizedEmbedding.from_float(table, bits=bits, padding_idx=0)
+        module(ids)
+        module(ids, out=np.empty(ids.shape + (_DIM + 1,), np.float32))
+        module.dequantize()
+
+
 class Case(NamedTuple):
     """One entry of the warm-up: ``run(dtype, index_dtype)`` calls the ops on tiny inputs.
 
@@ -273,6 +283,8 @@ CASES: tuple[Case, ...] = (
          "the sparse backward", _sgd),
     Case("optimisers", "Adam, AdamW, Adagrad, RowWiseAdagrad where numbapos has them, dense "
          "and sparse", _optimisers),
+    Case("quantized", "int8 / int4 row-wise tables: quantise, look up (with padding), "
+         "dequantise", _quantized),
 )
 CASE_NAMES = tuple(case.name for case in CASES)
 
@@ -427,7 +439,8 @@ def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, fil
         Op groups to run (default: all): ``"embedding"``, ``"renorm"``,
         ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"rotary"``, ``"alibi"``,
         ``"resize"``, ``"init"``, ``"dropout"``,
-        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"optimisers"``.
+        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"optimisers"``,
+        ``"quantized"``.
     verbose : bool, default True
         Print a line per case (time, signatures compiled and loaded) and a total.
     file : file object, optional

@@ -402,4 +402,102 @@ def add_fractional_positions_backward(grad, positions, num_positions):
     out = np.zeros((num_positions, grad.shape[-1]))
     np.add.at(out, i0, (1 - w) * g)
     np.add.at(out, np.minimum(i0 + 1, num_positions - 1), w * g)
+
+
+# ----------------------------------------------------------------- quantised tables
+# FBGEMM's fused row-wise formats, transcribed from its reference C++
+# (FloatOrHalfToFused8BitRowwiseQuantizedSBFloatRef,
+# FloatOrHalfToFusedNBitRowwiseQuantizedSBHalfRef, EmbeddingSpMDM_ref).
+
+
+def fma32(a, b, c):
+    """``a * b + c`` for float32 arrays, rounded once to float32 (as C's ``fmaf``).
+
+    The product is exact in float64; the float64 sum is made round-to-odd
+    from its two-sum error, so the final rounding to float32 is the only one
+    that counts.
+    """
+    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    c = np.asarray(c, np.float64)
+    s = p + c
+    back = s - p
+    err = (p - (s - back)) + (c - back)
+    even = (s.view(np.int64) & 1) == 0
+    nudge = (err != 0) & even & np.isfinite(s)
+    s = np.where(nudge, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def quantize_rowwise(table, bits=8):
+    """The packed table, row by row, as FBGEMM's reference code computes it."""
+    table = np.asarray(table, np.float32)
+    num, dim = table.shape
+    width = dim + 8 if bits == 8 else (dim + 1) // 2 + 4
+    out = np.zeros((num, width), np.uint8)
+    f32 = np.float32
+    for r in range(num):
+        row = table[r]
+        if dim == 0:
+            if bits == 4:
+                out[r, 0:2] = np.frombuffer(np.float16(1).tobytes(), np.uint8)
+            continue
+        low, high = row.min(), row.max()
+        if bits == 8:
+            span = f32(high - low)
+            scale = f32(span / f32(255))
+            inverse = f32(f32(255) / f32(span + f32(1e-8)))
+            codes = np.rint(((row - low).astype(f32) * inverse).astype(f32))
+            out[r, :dim] = codes.astype(np.int64).astype(np.uint8)
+            out[r, dim:dim + 4] = np.frombuffer(scale.tobytes(), np.uint8)
+            out[r, dim + 4:] = np.frombuffer(f32(low).tobytes(), np.uint8)
+        else:
+            bias = f32(np.float16(low))
+            span = f32(high - bias)
+            scale = f32(1) if span == 0 else f32(span / f32(15))
+            scale = f32(np.float16(scale))
+            if scale == 0:
+                scale = f32(1)
+            inverse = f32(f32(1) / scale)
+            if np.isinf(inverse):
+                scale = inverse = f32(1)
+            codes = np.clip(np.rint(((row - bias).astype(f32) * inverse).astype(f32)), 0, 15)
+            codes = codes.astype(np.uint8)
+            nb = (dim + 1) // 2
+            padded = np.zeros(2 * nb, np.uint8)
+            padded[:dim] = codes
+            out[r, :nb] = padded[0::2] | (padded[1::2] << 4)
+            out[r, nb:nb + 2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+            out[r, nb + 2:] = np.frombuffer(np.float16(bias).tobytes(), np.uint8)
+    return out
+
+
+def rowwise_parts(packed, bits, dim):
+    """``(codes (V, D) float32, scale (V, 1) float32, bias (V, 1) float32)`` of a packed table."""
+    packed = np.asarray(packed, np.uint8)
+    num = packed.shape[0]
+    if bits == 8:
+        codes = packed[:, :dim].astype(np.float32)
+        sb = np.ascontiguousarray(packed[:, dim:dim + 8]).view(np.float32)
+    else:
+        nb = (dim + 1) // 2
+        raw = packed[:, :nb]
+        codes = np.stack([raw & 15, raw >> 4], axis=-1).reshape(num, 2 * nb)[:, :dim]
+        codes = codes.astype(np.float32)
+        sb = np.ascontiguousarray(packed[:, nb:nb + 4]).view(np.float16).astype(np.float32)
+    return codes, sb[:, :1], sb[:, 1:2]
+
+
+def dequantize_rowwise(packed, bits, dim):
+    """``fma(scale, code, bias)`` per element, float32."""
+    codes, scale, bias = rowwise_parts(packed, bits, dim)
+    return fma32(codes, scale, bias)
+
+
+def quantized_embedding(indices, packed, bits, dim, padding_idx=None):
+    """Rows of the dequantised table, zeros at ``padding_idx``."""
+    table = dequantize_rowwise(packed, bits, dim)
+    indices = np.asarray(indices)
+    out = table[indices]
+    if padding_idx is not None:
+        out[indices == padding_idx] = 0
     return out

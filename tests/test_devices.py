@@ -24,7 +24,7 @@ from numbapos.sparse import SparseRows
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 AREAS = ["alibi", "arrays", "blocks", "dropout", "embedding", "init", "normalization", "optim",
-         "positional", "resize", "rotary"]
+         "positional", "quantized", "resize", "rotary"]
 
 
 def _close(got, want, dtype=np.float64):

@@ -101,10 +101,12 @@ def test_warmup_compiles_every_launched_kernel_for_both_float_dtypes():
     signatures = json.loads(run.stdout)
     missing = []
     for area in cpu.AREAS:
+        # Quantised tables are float32 by their format: their kernels never see float64.
+        dtypes = {"float32"} if area is cpu.quantized else {"float32", "float64"}
         for name in sorted(_launched(area)):
             sigs = signatures[area.__name__][name]
             floats = {dtype for dtype in ("float32", "float64") if any(dtype in s for s in sigs)}
-            if not sigs or (floats and floats != {"float32", "float64"}):
+            if not sigs or (floats and floats != dtypes):
                 missing.append(f"{area.__name__}.{name}: {sigs}")
     assert not missing, "kernels the warm-up does not compile (add them to CASES):\n" + \
         "\n".join(missing)

@@ -41,6 +41,7 @@ from .positional import (
     positions_from_padding,
     sinusoidal_pos_embedding,
 )
+from .quantized import dequantize_rowwise, quantize_rowwise, quantized_embedding, rowwise_width
 from .resize import resize_pos_table
 from .rope import rope_frequencies
 from .rotary import apply_rotary, apply_rotary_backward, rotary_qk
@@ -62,6 +63,7 @@ __all__ = [
     "bert_embeddings",
     "bert_embeddings_backward",
     "bert_embeddings_forward",
+    "dequantize_rowwise",
     "dropout",
     "dropout_backward",
     "dropout_mask",
@@ -79,10 +81,13 @@ __all__ = [
     "positional_mult_add_backward",
     "positions_from_attention_mask",
     "positions_from_padding",
+    "quantize_rowwise",
+    "quantized_embedding",
     "resize_pos_table",
     "rope_frequencies",
     "rotary_qk",
     "rowwise_adagrad_",
+    "rowwise_width",
     "sgd_",
     "sinusoidal_pos_embedding",
     "sparse_adagrad_",

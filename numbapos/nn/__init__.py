@@ -10,6 +10,7 @@ from .module import IncompatibleKeys, Module
 from .normalization import LayerNorm
 from .parameter import Parameter
 from .positional import LearnedPosEmbedding, PositionalEmbedding, SinusoidalPosEmbedding
+from .quantized import QuantizedEmbedding
 from .rotary import RotaryEmbedding
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "ModuleList",
     "Parameter",
     "PositionalEmbedding",
+    "QuantizedEmbedding",
     "RotaryEmbedding",
     "Sequential",
     "SinusoidalPosEmbedding",

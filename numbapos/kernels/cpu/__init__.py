@@ -18,6 +18,7 @@ from . import (
     optim,
     positional,
     prefetch,  # noqa: F401  (its setting: python -m numbapos info)
+    quantized,
     resize,
     rotary,
 )
@@ -30,11 +31,12 @@ from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
 from .positional import *  # noqa: F403
+from .quantized import *  # noqa: F403
 from .resize import *  # noqa: F403
 from .rotary import *  # noqa: F403
 
 AREAS = (alibi, arrays, blocks, dropout, embedding, init, normalization, optim, positional,
-         resize, rotary)
+         quantized, resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 

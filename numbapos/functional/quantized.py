@@ -1,0 +1,217 @@
+"""Int8 / int4 row-wise quantised tables for inference: quantise, dequantise, look up.
+
+The format is FBGEMM's fused row-wise one, byte for byte what PyTorch's
+``torch.ops.quantized.embedding_bag_byte_prepack`` and
+``embedding_bag_4bit_prepack`` produce, so packed tables move between
+numbapos, PyTorch and FBGEMM unchanged:
+
+- **8 bits**: each row is its D codes (uint8), then a float32 scale and a
+  float32 bias (little-endian): ``D + 8`` bytes. ``scale = (max - min) / 255``,
+  ``bias = min``, ``code = lrint((x - min) * 255 / (max - min + 1e-8))``.
+- **4 bits**: each row is ``ceil(D / 2)`` bytes of codes, two per byte (column
+  ``2j`` in the low nibble, ``2j + 1`` in the high one), then a float16 scale
+  and a float16 bias: ``ceil(D / 2) + 4`` bytes. The bias is the row's
+  minimum rounded to float16, ``scale = float16((max - bias) / 15)``,
+  ``code = clamp(lrint((x - bias) / scale), 0, 15)``.
+
+Element ``d`` of a row reads back as ``fma(scale, code, bias)`` in float32
+(one rounding), which is what PyTorch's (FBGEMM's) quantised lookups and
+unpack ops compute: lookups here are bit-identical to theirs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks, _device
+from ._common import backend_for, check_range, flatten, on_backend
+
+#: The table formats numbapos has: (name, bytes per row of D columns, use, error bound).
+#: ``python -m numbapos info`` prints them; the bounds are what tests/test_quantized.py
+#: checks, per row, on top of a float32 rounding allowance of ``2**-20 * max|x|``.
+TABLE_FORMATS = (
+    ("float32 / float64", "4 D / 8 D", "training and inference", "exact"),
+    ("int8 row-wise (quantize_rowwise(t, 8))", "D + 8", "inference only (QuantizedEmbedding)",
+     "|x - x'| <= (max - min) / 255 / 2: half a step"),
+    ("int4 row-wise (quantize_rowwise(t, 4))", "ceil(D / 2) + 4",
+     "inference only (QuantizedEmbedding)",
+     "|x - x'| <= max(scale / 2, |bias - min|): half a step of the float16 "
+     "scale = f16((max - bias) / 15), bias = f16(min)"),
+)
+
+_UINT8 = np.dtype(np.uint8)
+_FLOAT32 = np.dtype(np.float32)
+
+
+def rowwise_width(dim, bits=8):
+    """Bytes per row of a packed table: ``dim + 8`` (8 bits) or ``ceil(dim / 2) + 4`` (4 bits).
+
+    Parameters
+    ----------
+    dim : int
+        Columns D of the float table (>= 0).
+    bits : {8, 4}, default 8
+
+    Returns
+    -------
+    int
+    """
+    dim = _checks.check_int(dim, "dim", minimum=0)
+    return _checks.rowwise_width(dim, _checks.check_bits(bits))
+
+
+def quantize_rowwise(table, bits=8):
+    """Quantise a float table row by row into FBGEMM's fused row-wise format.
+
+    The result is byte for byte ``torch.ops.quantized.embedding_bag_byte_prepack``
+    (``bits=8``) or ``embedding_bag_4bit_prepack`` (``bits=4``) of the same
+    float32 table (PyTorch's 4-bit prepack refuses an odd D; numbapos packs it,
+    the last byte's high nibble zero).
+
+    Parameters
+    ----------
+    table : ndarray, shape (V, D), float32 or float64
+        The table (NumPy or CUDA). A float64 table is rounded to float32 first.
+    bits : {8, 4}, default 8
+        Bits per code.
+
+    Returns
+    -------
+    ndarray of uint8, shape ``(V, rowwise_width(D, bits))``
+        On ``table``'s device.
+
+    Raises
+    ------
+    TypeError
+        ``table`` not a float array, ``bits`` not an integer.
+    ValueError
+        ``table`` not 2-D, ``bits`` not 8 or 4, or a value that cannot be
+        quantised: NaN or infinite, or a row whose scale or bias would not be
+        finite (8 bits: ``max - min`` overflows float32; 4 bits: the minimum or
+        ``(max - min) / 15`` rounds beyond float16's 65504). The message names
+        the row.
+
+    Notes
+    -----
+    Error bounds (tested): with 8 bits every element reads back within half a
+    step of its float32 value, ``|x - x'| <= (max - min) / 255 / 2`` per row
+    (plus float32 rounding: the tests allow ``2**-20`` of the row's largest
+    magnitude); with 4 bits within half a step of the float16 scale,
+    ``|x - x'| <= scale / 2`` with ``scale = float16((max - float16(min)) / 15)``,
+    plus the float16 rounding of the minimum.
+    """
+    bits = _checks.check_bits(bits)
+    table = _checks.check_weight(table, "table")
+    K = backend_for((table,), ("table",))
+    table = K.contiguous(table, np.float32)
+    num_rows, dim = table.shape
+    out = K.empty((num_rows, _checks.rowwise_width(dim, bits)), _UINT8)
+    bad = K.quantize_rows(table, bits, out)
+    if bad >= 0:
+        row = _device.to_host(table[bad])
+        if not np.isfinite(row).all():
+            culprit = float(row[~np.isfinite(row)][0])
+            raise ValueError(f"table: row {bad} holds {culprit!r}; expected finite values for "
+                             f"a {bits}-bit table")
+        low, high = float(row.min()), float(row.max())
+        if bits == 8:
+            raise ValueError(f"table: row {bad} spans {low!r} to {high!r}: max - min overflows "
+                             "float32, so its 8-bit scale would be infinite")
+        raise ValueError(f"table: row {bad} spans {low!r} to {high!r}: its 4-bit bias (the "
+                         "minimum) or scale ((max - min) / 15) exceeds float16's range "
+                         "(65504), where the format keeps them")
+    return out
+
+
+def dequantize_rowwise(packed, bits, dim=None):
+    """The float32 table a packed one stands for (``torch.ops.quantized.embedding_bag_*_unpack``).
+
+    Element ``d`` of row ``r`` is ``fma(scale_r, code_rd, bias_r)`` in float32,
+    bit for bit PyTorch's ``embedding_bag_byte_unpack`` / ``embedding_bag_4bit_unpack``.
+
+    Parameters
+    ----------
+    packed : ndarray of uint8, shape (V, W)
+        A table from :func:`quantize_rowwise` (or PyTorch's prepack ops).
+    bits : {8, 4}
+        Bits per code of ``packed``.
+    dim : int, optional
+        Columns D; only needed for an odd D with 4 bits (default:
+        ``W - 8`` for 8 bits, ``2 * (W - 4)`` for 4 bits).
+
+    Returns
+    -------
+    ndarray of float32, shape (V, D)
+
+    Raises
+    ------
+    TypeError
+        ``packed`` not a 2-D uint8 array, ``bits`` not an integer.
+    ValueError
+        ``bits`` not 8 or 4, rows too short, or a ``dim`` that does not fit ``W``.
+    """
+    bits = _checks.check_bits(bits)
+    packed, dim = _checks.check_packed(packed, bits, dim)
+    K = backend_for((packed,), ("packed",))
+    packed = K.contiguous(packed)
+    out = K.empty((packed.shape[0], dim), _FLOAT32)
+    K.dequantize_rows(packed, bits, dim, out)
+    return out
+
+
+def quantized_embedding(indices, packed, bits, padding_idx=None, out=None, dim=None):
+    """Look up rows of a packed quantised table as float32 (inference only).
+
+    Bit-identical to ``torch.ops.quantized.embedding_bag_byte_rowwise_offsets``
+    / ``embedding_bag_4bit_rowwise_offsets`` with one index per bag
+    (``offsets = arange(N)``), the ops behind PyTorch's quantised
+    ``Embedding`` / ``EmbeddingBag``.
+
+    Parameters
+    ----------
+    indices : array_like of int
+        Row numbers, any shape (0-d included), int32 or int64 (other integer
+        dtypes are converted); each in ``[0, V)``.
+    packed : ndarray of uint8, shape (V, W)
+        A table from :func:`quantize_rowwise`. Not C-contiguous: copied first.
+    bits : {8, 4}
+        Bits per code of ``packed``.
+    padding_idx : int, optional
+        Row looked up as zeros (may be negative, wrapped by V): PyTorch's
+        quantised bags skip it, so a one-index bag of it sums to zero.
+    out : ndarray, optional
+        C-contiguous float32 buffer of shape ``indices.shape + (D,)``.
+    dim : int, optional
+        Columns D, only for an odd D with 4 bits (see :func:`dequantize_rowwise`).
+
+    Returns
+    -------
+    ndarray of float32, shape ``indices.shape + (D,)``
+
+    Raises
+    ------
+    TypeError
+        Non-integer indices, ``packed`` not a 2-D uint8 array, ``out`` not an array.
+    ValueError
+        ``bits`` not 8 or 4, ``padding_idx`` outside ``[-V, V)``, ``out`` of the
+        wrong shape or dtype.
+    IndexError
+        An index outside ``[0, V)``, named in the message; nothing is written.
+    """
+    bits = _checks.check_bits(bits)
+    packed, dim = _checks.check_packed(packed, bits, dim)
+    K = backend_for((packed, out), ("packed", "out"))
+    indices = on_backend(K, indices)
+    num_rows = packed.shape[0]
+    padding_idx = _checks.check_padding_idx(padding_idx, num_rows)
+    shape = tuple(indices.shape) + (dim,)
+    if out is not None:
+        out = _checks.check_out(out, shape, _FLOAT32, avoid=(packed, indices))
+    flat = flatten(K, indices)
+    check_range(K, flat, num_rows)
+    packed = K.contiguous(packed)
+    if out is None:
+        out = K.empty(shape, _FLOAT32)
+    K.gather_quantized_rows(flat, packed, bits, dim, -1 if padding_idx is None else padding_idx,
+                            out.reshape(flat.size, dim))
+    return out

@@ -1,0 +1,350 @@
+"""CPU launchers and kernels of the int8 / int4 row-wise quantised tables (inference).
+
+The format is FBGEMM's fused row-wise one, byte for byte what
+``torch.ops.quantized.embedding_bag_byte_prepack`` / ``embedding_bag_4bit_prepack``
+make: a row of the 8-bit table is its D codes, then its float32 scale and
+float32 bias (``D + 8`` bytes); a row of the 4-bit table is ``ceil(D / 2)``
+bytes of codes, two per byte, the even column in the low nibble, then a
+float16 scale and a float16 bias. Element ``d`` of a row reads back as
+``fma(scale, code, bias)`` in float32 (one rounding), as FBGEMM's lookup
+kernels compute it.
+
+Launchers (``__all__``, twinned in ``kernels/cuda/quantized.py``) take
+validated arrays and caller-owned outputs; the ``@njit`` bodies trust their
+inputs and never allocate. The scale and bias, at byte offsets that need not
+be aligned, are read and written byte by byte: float32 by a bit cast, float16
+by the shared :mod:`numbapos.kernels.rowwise` helpers.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..rowwise import (
+    code_4bit,
+    code_8bit,
+    f16_from_bits,
+    f16_to_bits,
+    row_overflows,
+    scale_bias_4bit,
+    scale_bias_8bit,
+    unquantizable,
+)
+from .arrays import pick
+from .jit import kernel
+from .prefetch import AHEAD, prefetch_listed
+
+__all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def quantize_rows(table, bits, out):
+    """Quantise the float32 ``(V, D)`` ``table`` into the packed uint8 ``(V, W)`` ``out``.
+
+    Returns -1, or the first row that cannot be quantised (NaN, an infinity,
+    or a scale or bias that would overflow): ``out`` is then partly written
+    (the caller's fresh buffer, dropped).
+    """
+    num_rows, dim = table.shape
+    if num_rows == 0:
+        return -1
+    bad = _first_bad_row(table, bits)
+    if bad >= 0:
+        return bad
+    if bits == 8:
+        pick(_quantize8, _quantize8_parallel, table.size)(table, out)
+    else:
+        pick(_quantize4, _quantize4_parallel, table.size)(table, out)
+    return -1
+
+
+def dequantize_rows(packed, bits, dim, out):
+    """``out[r] = decode(packed[r])``: the float32 ``(V, dim)`` table of a packed one."""
+    if out.size:
+        if bits == 8:
+            pick(_dequantize8, _dequantize8_parallel, out.size)(packed, out)
+        else:
+            pick(_dequantize4, _dequantize4_parallel, out.size)(packed, out)
+
+
+def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
+    """``out[i] = decode(packed[flat[i]])`` (zeros where ``flat[i] == padding_idx``).
+
+    ``flat`` is range-checked, ``out`` is ``(N, dim)`` float32 and
+    ``padding_idx`` is -1 for none.
+    """
+    if out.size:
+        if bits == 8:
+            kernel = pick(_gather8, _gather8_parallel, out.size)
+        else:
+            kernel = pick(_gather4, _gather4_parallel, out.size)
+        kernel(flat, packed, np.int64(padding_idx), out)
+
+
+# ---------------------------------------------------------------- fma
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """``a * b + c`` for float32 with one rounding (LLVM's ``llvm.fma.f32``)."""
+    if not all(x == types.float32 for x in (a, b, c)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(f32, [f32, f32, f32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.f32")
+        return builder.call(fn, args)
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def f32_from_u32(typingctx, u):
+    """The float32 whose IEEE bits are the integer ``u`` (a bit cast, no arithmetic)."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        bits = context.cast(builder, args[0], signature.args[0], types.uint32)
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(u), codegen
+
+
+@intrinsic
+def u32_from_f32(typingctx, x):
+    """The IEEE bits of the float32 ``x`` as a uint32 (a bit cast)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(x), codegen
+
+
+# ---------------------------------------------------------------- kernels
+
+
+# Scale and bias sit at byte offsets that need not be aligned: they are read and
+# written byte by byte (LLVM merges the bytes into one unaligned access).
+
+
+@kernel(inline="always")
+def _read_u32(packed, r, at):
+    return (np.uint32(packed[r, at]) | (np.uint32(packed[r, at + 1]) << np.uint32(8))
+            | (np.uint32(packed[r, at + 2]) << np.uint32(16))
+            | (np.uint32(packed[r, at + 3]) << np.uint32(24)))
+
+
+@kernel(inline="always")
+def _read_u16(packed, r, at):
+    return np.uint32(packed[r, at]) | (np.uint32(packed[r, at + 1]) << np.uint32(8))
+
+
+@kernel(inline="always")
+def _write_bytes(packed, r, at, value, count):
+    for k in range(count):
+        packed[r, at + k] = np.uint8((value >> (8 * k)) & 0xFF)
+
+
+@kernel()
+def _first_bad_row(table, bits):
+    """The first row holding NaN or an infinity, or whose scale or bias would overflow
+    (:func:`~..rowwise.row_overflows`), else -1."""
+    num_rows, dim = table.shape
+    for r in range(num_rows):
+        if dim == 0:
+            return -1
+        low = table[r, 0]
+        high = low
+        for d in range(dim):
+            x = table[r, d]
+            if unquantizable(x):
+                return r
+            low = min(low, x)
+            high = max(high, x)
+        if row_overflows(low, high, bits):
+            return r
+    return -1
+
+
+@kernel(inline="always")
+def _row_bounds(table, r):
+    low = table[r, 0]
+    high = low
+    for d in range(1, table.shape[1]):
+        x = table[r, d]
+        low = min(low, x)
+        high = max(high, x)
+    return low, high
+
+
+@kernel(inline="always")
+def _quantize8_row(table, out, r):
+    dim = table.shape[1]
+    if dim == 0:
+        _write_bytes(out, r, 0, 0, 8)
+        return
+    low, high = _row_bounds(table, r)
+    scale, bias, inverse = scale_bias_8bit(low, high)
+    _write_bytes(out, r, dim, np.int64(u32_from_f32(scale)), 4)
+    _write_bytes(out, r, dim + 4, np.int64(u32_from_f32(bias)), 4)
+    for d in range(dim):
+        out[r, d] = np.uint8(code_8bit(table[r, d], bias, inverse))
+
+
+@kernel(inline="always")
+def _quantize4_row(table, out, r):
+    dim = table.shape[1]
+    width = (dim + 1) // 2
+    if dim == 0:
+        _write_bytes(out, r, 0, f16_to_bits(np.float32(1.0)), 2)
+        _write_bytes(out, r, 2, 0, 2)
+        return
+    low, high = _row_bounds(table, r)
+    scale, bias, inverse = scale_bias_4bit(low, high)
+    _write_bytes(out, r, width, f16_to_bits(scale), 2)
+    _write_bytes(out, r, width + 2, f16_to_bits(bias), 2)
+    for j in range(width):
+        code = code_4bit(table[r, 2 * j], bias, inverse)
+        if 2 * j + 1 < dim:
+            code |= code_4bit(table[r, 2 * j + 1], bias, inverse) << 4
+        out[r, j] = np.uint8(code)
+
+
+@kernel()
+def _quantize8(table, out):
+    for r in range(table.shape[0]):
+        _quantize8_row(table, out, r)
+
+
+@kernel(parallel=True)
+def _quantize8_parallel(table, out):
+    for r in prange(table.shape[0]):
+        _quantize8_row(table, out, r)
+
+
+@kernel()
+def _quantize4(table, out):
+    for r in range(table.shape[0]):
+        _quantize4_row(table, out, r)
+
+
+@kernel(parallel=True)
+def _quantize4_parallel(table, out):
+    for r in prange(table.shape[0]):
+        _quantize4_row(table, out, r)
+
+
+@kernel(inline="always")
+def _decode8(packed, r, out, i):
+    """``out[i, d] = fma(scale, code, bias)`` for the 8-bit row ``r``."""
+    dim = out.shape[1]
+    scale = f32_from_u32(_read_u32(packed, r, dim))
+    bias = f32_from_u32(_read_u32(packed, r, dim + 4))
+    for d in range(dim):
+        out[i, d] = fma32(np.float32(packed[r, d]), scale, bias)
+
+
+@kernel(inline="always")
+def _decode4(packed, r, out, i):
+    """``out[i, d] = fma(scale, code, bias)`` for the 4-bit row ``r`` (low nibble first)."""
+    dim = out.shape[1]
+    width = (dim + 1) // 2
+    scale = f16_from_bits(_read_u16(packed, r, width))
+    bias = f16_from_bits(_read_u16(packed, r, width + 2))
+    half = dim // 2
+    # The nibbles split in float32 (exact: high = floor(byte / 16), low = byte - 16 * high),
+    # which LLVM vectorises from bytes; integer shifts and masks it widened to int64 first.
+    for j in range(half):
+        byte = np.float32(packed[r, j])
+        high = np.floor(byte * np.float32(0.0625))
+        low = byte - high * np.float32(16.0)
+        out[i, 2 * j] = fma32(low, scale, bias)
+        out[i, 2 * j + 1] = fma32(high, scale, bias)
+    if dim % 2:
+        out[i, dim - 1] = fma32(np.float32(packed[r, half] & 15), scale, bias)
+
+
+@kernel(inline="always")
+def _zero_row(out, i):
+    for d in range(out.shape[1]):
+        out[i, d] = np.float32(0.0)
+
+
+@kernel()
+def _dequantize8(packed, out):
+    for r in range(out.shape[0]):
+        _decode8(packed, r, out, r)
+
+
+@kernel(parallel=True)
+def _dequantize8_parallel(packed, out):
+    for r in prange(out.shape[0]):
+        _decode8(packed, r, out, r)
+
+
+@kernel()
+def _dequantize4(packed, out):
+    for r in range(out.shape[0]):
+        _decode4(packed, r, out, r)
+
+
+@kernel(parallel=True)
+def _dequantize4_parallel(packed, out):
+    for r in prange(out.shape[0]):
+        _decode4(packed, r, out, r)
+
+
+@kernel()
+def _gather8(flat_idx, packed, padding_idx, out):
+    """``out[i] = decode8(packed[flat_idx[i]])``, padding rows zero (serial)."""
+    for i in range(flat_idx.size):
+        prefetch_listed(packed, flat_idx, i + AHEAD)
+        r = flat_idx[i]
+        if r == padding_idx:
+            _zero_row(out, i)
+        else:
+            _decode8(packed, r, out, i)
+
+
+@kernel(parallel=True)
+def _gather8_parallel(flat_idx, packed, padding_idx, out):
+    """:func:`_gather8` with output rows split across threads."""
+    for i in prange(flat_idx.size):
+        prefetch_listed(packed, flat_idx, i + AHEAD)
+        r = flat_idx[i]
+        if r == padding_idx:
+            _zero_row(out, i)
+        else:
+            _decode8(packed, r, out, i)
+
+
+@kernel()
+def _gather4(flat_idx, packed, padding_idx, out):
+    """``out[i] = decode4(packed[flat_idx[i]])``, padding rows zero (serial)."""
+    for i in range(flat_idx.size):
+        prefetch_listed(packed, flat_idx, i + AHEAD)
+        r = flat_idx[i]
+        if r == padding_idx:
+            _zero_row(out, i)
+        else:
+            _decode4(packed, r, out, i)
+
+
+@kernel(parallel=True)
+def _gather4_parallel(flat_idx, packed, padding_idx, out):
+    """:func:`_gather4` with output rows split across threads."""
+    for i in prange(flat_idx.size):
+        prefetch_listed(packed, flat_idx, i + AHEAD)
+        r = flat_idx[i]
+        if r == padding_idx:
+            _zero_row(out, i)
+        else:
+            _decode4(packed, r, out, i)

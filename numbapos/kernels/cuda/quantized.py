@@ -1,0 +1,206 @@
+"""CUDA launchers and kernels of the int8 / int4 row-wise quantised tables (inference).
+
+The twin of ``kernels/cpu/quantized.py`` (same ``__all__``, same signatures,
+the same bits). Scale and bias sit at unaligned byte offsets of each packed
+row, so the kernels read and write them byte by byte and convert with the
+shared :mod:`numbapos.kernels.rowwise` helpers. A lookup runs one block per
+output row with the threads along D; quantising (an offline conversion) runs
+one thread per table row.
+
+Every element reads back as ``fma(scale, code, bias)`` in float32, one
+rounding, as on the CPU (``cuda.fma``; on the simulator, which would round
+twice, an exact emulation).
+"""
+
+import math
+
+import numpy as np
+from numba import config, cuda
+
+from ..rowwise import (
+    code_4bit,
+    code_8bit,
+    f16_from_bits,
+    f16_to_bits,
+    f32_from_bits,
+    f32_to_bits,
+    row_overflows,
+    scale_bias_4bit,
+    scale_bias_8bit,
+    unquantizable,
+)
+from . import arrays
+from .arrays import THREADS, grid
+
+__all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def quantize_rows(table, bits, out):
+    """Quantise the float32 ``(V, D)`` ``table`` into the packed uint8 ``(V, W)`` ``out``.
+
+    Returns -1, or the first row holding a value that cannot be quantised
+    (``out`` is then partly written: the caller's fresh buffer, dropped).
+    The row number comes back to the host in one small copy: quantising is a
+    conversion done once, not a step of a loop.
+    """
+    num_rows = table.shape[0]
+    if num_rows == 0:
+        return -1
+    bad = arrays.full((1,), num_rows, np.int64)
+    _quantize[grid(num_rows), THREADS](table, int(bits), out, bad)
+    first = int(bad.copy_to_host()[0])
+    return -1 if first == num_rows else first
+
+
+def dequantize_rows(packed, bits, dim, out):
+    """``out[r] = decode(packed[r])``: the float32 ``(V, dim)`` table of a packed one."""
+    if out.size:
+        _decode_rows[grid(out.shape[0], 1), _row_threads(dim)](
+            packed, int(bits), np.int64(-1), out)
+
+
+def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
+    """``out[i] = decode(packed[flat[i]])`` (zeros where ``flat[i] == padding_idx``).
+
+    ``flat`` is range-checked, ``out`` is ``(N, dim)`` float32 and
+    ``padding_idx`` is -1 for none.
+    """
+    if out.size:
+        _gather[grid(flat.size, 1), _row_threads(dim)](
+            flat, packed, int(bits), np.int64(padding_idx), out)
+
+
+def _row_threads(dim: int) -> int:
+    """Whole warps covering ``dim``, at most THREADS."""
+    return min(THREADS, -(-dim // 32) * 32)
+
+
+# ---------------------------------------------------------------- fma
+
+
+if config.ENABLE_CUDASIM:
+    def _fma_exact(a, b, c):
+        """``a * b + c`` rounded once to float32, for float32 ``a``, ``b``, ``c``.
+
+        The product is exact in float64; the sum is rounded to float64 *to
+        odd* (two-sum error term), after which one rounding to float32 is
+        the correctly rounded result (53 >= 24 + 2 bits).
+        """
+        p = float(a) * float(b)
+        c = float(c)
+        s = p + c
+        if math.isinf(s) or math.isnan(s):
+            return np.float32(s)
+        back = s - p
+        err = (p - (s - back)) + (c - back)
+        if err != 0.0 and not int(np.float64(s).view(np.int64)) & 1:
+            s = float(np.nextafter(s, math.inf if err > 0.0 else -math.inf))
+        return np.float32(s)
+
+    fma32 = cuda.jit(device=True)(_fma_exact)
+else:  # pragma: no cover - compiled for real GPUs only
+    @cuda.jit(device=True)
+    def fma32(a, b, c):
+        return cuda.fma(a, b, c)
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@cuda.jit(device=True)
+def _read_u32(packed, r, at):
+    return (int(packed[r, at]) | (int(packed[r, at + 1]) << 8)
+            | (int(packed[r, at + 2]) << 16) | (int(packed[r, at + 3]) << 24))
+
+
+@cuda.jit(device=True)
+def _read_u16(packed, r, at):
+    return int(packed[r, at]) | (int(packed[r, at + 1]) << 8)
+
+
+@cuda.jit(device=True)
+def _write_bytes(packed, r, at, value, count):
+    for k in range(count):
+        packed[r, at + k] = np.uint8((value >> (8 * k)) & 0xFF)
+
+
+@cuda.jit(device=True)
+def _decode(packed, bits, dim, r, d):
+    """Element ``d`` of the packed row ``r``: ``fma(scale, code, bias)`` in float32."""
+    if bits == 8:
+        scale = f32_from_bits(_read_u32(packed, r, dim))
+        bias = f32_from_bits(_read_u32(packed, r, dim + 4))
+        code = packed[r, d]
+    else:
+        width = (dim + 1) // 2
+        scale = f16_from_bits(_read_u16(packed, r, width))
+        bias = f16_from_bits(_read_u16(packed, r, width + 2))
+        code = (packed[r, d // 2] >> (4 * (d % 2))) & 15
+    return fma32(np.float32(code), scale, bias)
+
+
+@cuda.jit
+def _quantize(table, bits, out, bad):
+    """One thread per row: check it (first bad row into ``bad[0]``), then quantise it."""
+    dim = table.shape[1]
+    for r in range(cuda.grid(1), table.shape[0], cuda.gridsize(1)):
+        if dim == 0:
+            if bits == 4:
+                _write_bytes(out, r, 0, f16_to_bits(np.float32(1.0)), 2)
+                _write_bytes(out, r, 2, 0, 2)
+            else:
+                _write_bytes(out, r, 0, 0, 8)
+            continue
+        low = table[r, 0]
+        high = low
+        ok = True
+        for d in range(dim):
+            x = table[r, d]
+            if unquantizable(x):
+                ok = False
+            low = min(low, x)
+            high = max(high, x)
+        if not ok or row_overflows(low, high, bits):
+            cuda.atomic.min(bad, 0, r)
+            continue
+        if bits == 8:
+            scale, bias, inverse = scale_bias_8bit(low, high)
+            for d in range(dim):
+                out[r, d] = np.uint8(code_8bit(table[r, d], bias, inverse))
+            _write_bytes(out, r, dim, f32_to_bits(scale), 4)
+            _write_bytes(out, r, dim + 4, f32_to_bits(bias), 4)
+        else:
+            scale, bias, inverse = scale_bias_4bit(low, high)
+            width = (dim + 1) // 2
+            for j in range(width):
+                code = code_4bit(table[r, 2 * j], bias, inverse)
+                if 2 * j + 1 < dim:
+                    code |= code_4bit(table[r, 2 * j + 1], bias, inverse) << 4
+                out[r, j] = np.uint8(code)
+            _write_bytes(out, r, width, f16_to_bits(scale), 2)
+            _write_bytes(out, r, width + 2, f16_to_bits(bias), 2)
+
+
+@cuda.jit
+def _decode_rows(packed, bits, padding_idx, out):
+    """``out[r] = decode(packed[r])``: one block per row, threads along D."""
+    dim = out.shape[1]
+    for r in range(cuda.blockIdx.x, out.shape[0], cuda.gridDim.x):
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            out[r, d] = _decode(packed, bits, dim, r, d)
+
+
+@cuda.jit
+def _gather(flat_idx, packed, bits, padding_idx, out):
+    """``out[i] = decode(packed[flat_idx[i]])``, zeros for padding: a block per output row."""
+    dim = out.shape[1]
+    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+        r = flat_idx[i]
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            if r == padding_idx:
+                out[i, d] = np.float32(0.0)
+            else:
+                out[i, d] = _decode(packed, bits, dim, r, d)
