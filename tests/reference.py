@@ -402,6 +402,7 @@ def add_fractional_positions_backward(grad, positions, num_positions):
     out = np.zeros((num_positions, grad.shape[-1]))
     np.add.at(out, i0, (1 - w) * g)
     np.add.at(out, np.minimum(i0 + 1, num_positions - 1), w * g)
+    return out
 
 
 # ----------------------------------------------------------------- quantised tables
