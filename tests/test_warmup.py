@@ -32,10 +32,13 @@ misses = {d.py_func.__name__: d.stats.cache_misses.total() for d in _warmup.kern
 hits = sum(d.stats.cache_hits.total() for d in _warmup.kernel_dispatchers())
 print(json.dumps({"compiled": {k: v for k, v in misses.items() if v}, "loaded": hits}))
 """
-# Its lookup alone (forward + sparse backward, no optimiser): what the warm-up's
-# "embedding" group covers, at a fifth of the cold compile time of "embedding,sgd".
+# A lookup alone (forward + sparse backward, no optimiser) as the warm-up's
+# "embedding" group makes it, with a padding row: at a fifth of the cold compile
+# time of "embedding,sgd". (Without padding_idx a small lookup takes its own
+# kernel, gather_rows_checked, which the "sgd" and "optimisers" groups compile.)
 FIRST_LOOKUP = FIRST_STEP.replace(
-    "opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)\n", "").replace("opt.step()\n", "")
+    "opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)\n", "").replace(
+    "opt.step()\n", "").replace("sparse=True, seed=0", "sparse=True, padding_idx=0, seed=0")
 
 
 def _python(args, cache_dir, timeout=240):
@@ -125,7 +128,8 @@ def test_warmup_compiles_every_launched_kernel_for_each_float_dtype(dtypes, inde
         for name in sorted(_launched(area)):
             sigs = signatures[area.__name__][name]
             floats = {dtype for dtype in ("float32", "float64") if any(dtype in s for s in sigs)}
-            if not sigs or (floats and floats != wanted):
+            # (a kernel may take float64 arrays besides its data: every wanted dtype appears)
+            if not sigs or (floats and not wanted <= floats):
                 missing.append(f"{area.__name__}.{name}: {sigs}")
     assert not missing, "kernels the warm-up does not compile (add them to CASES):\n" + \
         "\n".join(missing)
