@@ -2,7 +2,8 @@
 
 The serial/parallel pairs of every launcher (``arrays.pick``) must compute the
 same bits, or a cold-cache first call would differ from later ones: checked
-here for every pair the warm-up drives. The background thread itself is tested
+here for every pair the warm-up drives (float32 by default, float64 too under
+the ``exhaustive`` marker). The background thread itself is tested
 in fresh processes with their own cold Numba cache.
 """
 
@@ -33,7 +34,14 @@ def _same(a, b, where):
             _same(x, y, where)
 
 
-def test_every_serial_parallel_pair_computes_the_same_bits(monkeypatch):
+# Each dtype compiles every parallel kernel once more (most of this file's time on a
+# cold cache): float32 in the default run, float64 with the exhaustive sweeps
+# (pytest -m exhaustive, which CI runs too). Every pair is reached with either.
+@pytest.mark.parametrize("dtype", [
+    "float32",
+    pytest.param("float64", marks=pytest.mark.exhaustive),
+])
+def test_every_serial_parallel_pair_computes_the_same_bits(monkeypatch, dtype):
     """Each pick runs both kernels on copies of its arguments and compares every array."""
     compared = set()
 
@@ -55,9 +63,8 @@ def test_every_serial_parallel_pair_computes_the_same_bits(monkeypatch):
             monkeypatch.setattr(area, "pick", both)
     monkeypatch.setattr(arrays, "pick", both)
     for case in _warmup.CASES:
-        for dtype in ("float32", "float64"):
-            with _warmup._parallel_bodies(True):
-                case.run(dtype, "int64")
+        with _warmup._parallel_bodies(True):
+            case.run(dtype, "int64")
     # Every pair written in the kernel modules was reached.
     sources = "".join(Path(area.__file__).read_text() for area in AREAS)
     written = {name for name in (line.split("pick(", 1)[1].split(",", 1)[0].strip()
