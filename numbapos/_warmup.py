@@ -61,15 +61,11 @@ def _embedding(dtype, index_dtype) -> None:
         emb(ids, out=np.empty(ids.shape + (_DIM,), dtype))
         F.embedding_backward(np.ones(ids.shape + (_DIM,), dtype), ids, _ROWS,
                              scale_grad_by_freq=True, sparse=sparse)
+    F.embedding(ids, emb.weight.data)  # small lookups without padding: one checked pass
     # Lookups whose output outgrows the cache write it with non-temporal stores
-    # (kernels.cpu.rowcopy.STREAM_MIN_BYTES): that variant too, on a tiny output.
-    cpu_embedding = _device.kernels_for("cpu").embedding
-    threshold = cpu_embedding.STREAM_MIN_BYTES
-    cpu_embedding.STREAM_MIN_BYTES = 0
-    try:
+    # (config's stream_min_bytes): that variant too, on a tiny output.
+    with config.override(stream_min_bytes=0):
         F.embedding(ids, emb.weight.data, out=np.empty(ids.shape + (_DIM,), dtype))
-    finally:
-        cpu_embedding.STREAM_MIN_BYTES = threshold
 
 
 def _renorm(dtype, index_dtype) -> None:
@@ -109,13 +105,8 @@ def _rotary(dtype, index_dtype) -> None:
     x = q.copy()
     F.apply_rotary(x, 0, inv_freq, out=x)  # in place
     # Outputs larger than the cache are written with non-temporal stores: that variant too.
-    cpu_rotary = _device.kernels_for("cpu").rotary
-    threshold = cpu_rotary.STREAM_MIN_BYTES
-    cpu_rotary.STREAM_MIN_BYTES = 0
-    try:
+    with config.override(stream_min_bytes=0):
         F.apply_rotary(_activation(dtype, (1, 1, 16, _DIM)), 0, inv_freq)  # 16-row tiles
-    finally:
-        cpu_rotary.STREAM_MIN_BYTES = threshold
 
 
 def _train_pair(module, q, k, **kwargs) -> None:

@@ -18,6 +18,8 @@ setting                       variable                            default
 ``prefetch_lines``            ``NUMBAPOS_PREFETCH_LINES``         by CPU (64 on AMD Zen, else 0)
 ``parallel_min_elements``     ``NUMBAPOS_PARALLEL_MIN_ELEMENTS``  ``32768``: smaller work runs
                                                                   the serial kernel
+``stream_min_bytes``          ``NUMBAPOS_STREAM_MIN_BYTES``       ``32 MiB``: larger outputs are
+                                                                  written with non-temporal stores
 ``max_pending_records``       ``NUMBAPOS_MAX_PENDING_RECORDS``    ``64``: unconsumed forward
                                                                   records a module keeps
 ``cuda_memory_pool``          ``NUMBAPOS_CUDA_MEMORY_POOL``       ``True``: numbapos's caching
@@ -129,6 +131,10 @@ SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
              "compiled into the CPU kernels", low=0, high=64, allow_none=True),
     _setting("parallel_min_elements", 1 << 15, "int",
              "elements of work from which a CPU launcher runs its parallel kernel",
+             low=0, high=None),
+    _setting("stream_min_bytes", 32 << 20, "int",
+             "outputs of at least this many bytes (larger than the last-level cache) are "
+             "written with non-temporal stores by the lookup and the rotation",
              low=0, high=None),
     _setting("max_pending_records", 64, "int",
              "forward records a module keeps for backwards not yet run; older ones are dropped "

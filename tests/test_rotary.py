@@ -9,6 +9,7 @@ import pytest
 import reference as ref
 from conftest import FLOAT_DTYPES, host, on
 
+import numbapos
 import numbapos.functional as F
 from numbapos import nn
 from numbapos.kernels.cpu import rotary as cpu_rotary
@@ -172,9 +173,9 @@ def test_streamed_output_has_the_same_bits(monkeypatch, shape, head_axis, layout
     ids = rng.integers(0, 5000, (shape[0], shape[3 - head_axis]))
     kwargs = dict(layout=layout, head_axis=head_axis)
     in_place = F.apply_rotary(x.copy(), ids, inv_freq, out=None, **kwargs)
-    monkeypatch.setattr(cpu_rotary, "STREAM_MIN_BYTES", 0)  # non-temporal stores, tiles
     monkeypatch.setattr(cpu_rotary, "MIN_STREAM_TILE", 2)
-    streamed = F.apply_rotary(x, ids, inv_freq, **kwargs)
+    with numbapos.config.override(stream_min_bytes=0):  # non-temporal stores, tiles
+        streamed = F.apply_rotary(x, ids, inv_freq, **kwargs)
     np.testing.assert_array_equal(streamed, in_place)
     y = x.copy()
     np.testing.assert_array_equal(F.apply_rotary(y, ids, inv_freq, out=y, **kwargs), in_place)

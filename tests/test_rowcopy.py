@@ -6,6 +6,7 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
+import numbapos
 import numbapos.functional as F
 from numbapos.kernels.cpu import embedding as cpu_embedding
 from numbapos.kernels.cpu import rowcopy
@@ -159,7 +160,7 @@ def test_gather_streams_large_outputs_only(monkeypatch):
     table = np.random.default_rng(2).normal(size=(50, 64)).astype(np.float32)
     ids = np.arange(5000) % 50  # past the small-lookup path, serial and parallel sizes
     F.embedding(ids, table)
-    monkeypatch.setattr(cpu_embedding, "STREAM_MIN_BYTES", ids.size * 64 * 4)
-    np.testing.assert_array_equal(F.embedding(ids, table), table[ids])
+    with numbapos.config.override(stream_min_bytes=ids.size * 64 * 4):
+        np.testing.assert_array_equal(F.embedding(ids, table), table[ids])
     assert seen == [None, True]
-    assert rowcopy.STREAM_MIN_BYTES == 32 << 20
+    assert numbapos.config.get("stream_min_bytes") == rowcopy.STREAM_MIN_BYTES == 32 << 20

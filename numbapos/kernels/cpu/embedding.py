@@ -16,7 +16,7 @@ from ..._args import RowGroups
 from .arrays import option, pick
 from .jit import kernel
 from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
-from .rowcopy import STREAM_MIN_BYTES, copy_row, put_row
+from .rowcopy import copy_row, put_row, streams
 
 __all__ = ["gather_rows", "gather_rows_checked", "group_rows", "index_bounds", "not_equal_mask",
            "renorm_used_rows_", "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
@@ -36,11 +36,11 @@ def index_bounds(flat):
 def gather_rows(flat, weight, out):
     """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``.
 
-    An ``out`` of :data:`~.rowcopy.STREAM_MIN_BYTES` or more (larger than the
+    An ``out`` of config's ``stream_min_bytes`` (32 MiB) or more (larger than the
     last-level cache) is written with non-temporal stores.
     """
     if flat.size:
-        stream = option(out.nbytes >= STREAM_MIN_BYTES)
+        stream = option(streams(out.nbytes))
         pick(_gather_rows, _gather_rows_parallel, out.size)(flat, weight, out, stream)
 
 

@@ -23,7 +23,7 @@ from numba import prange
 from ..sincos import sincos
 from .arrays import option, pick
 from .jit import kernel
-from .rowcopy import STREAM_MIN_BYTES, copy_row, put_row
+from .rowcopy import copy_row, put_row, streams
 
 __all__ = ["rotary_apply", "rotary_table"]
 
@@ -59,10 +59,10 @@ def rotary_apply(x, cos, sin, interleaved, head_axis, out):
         same = out.ctypes.data == x.ctypes.data  # out is x (partial overlaps were refused)
         batch, outer, inner, dim = x.shape
         # Large outputs: a tile of rows rotated in a scratch row (in cache), then written
-        # with non-temporal stores (see rowcopy.STREAM_MIN_BYTES): 2 memory passes, not 3.
+        # with non-temporal stores (see rowcopy.streams): 2 memory passes, not 3.
         # Tiles of fewer than MIN_STREAM_TILE rows (L prime, say) would fence too often.
         tile = _tile_rows(inner)
-        stream = option(not same and out.nbytes >= STREAM_MIN_BYTES
+        stream = option(not same and streams(out.nbytes)
                         and tile >= MIN_STREAM_TILE)
         tile = tile if stream else 1
         scratch = np.empty((batch * outer if stream else 1, tile * dim), x.dtype)

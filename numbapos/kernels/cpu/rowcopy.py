@@ -23,12 +23,14 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ... import config
 from .jit import kernel
 
-__all__ = ["STREAM_MIN_BYTES", "copy_row", "put_row"]
+__all__ = ["STREAM_MIN_BYTES", "copy_row", "put_row", "streams"]
 
 STREAM_MIN_BYTES = 32 << 20
-"""Outputs of at least this many bytes are written with non-temporal stores.
+"""The default of :mod:`numbapos.config`'s ``stream_min_bytes``: outputs of at least
+this many bytes are written with non-temporal stores (:func:`streams`).
 
 A store to a line not in the cache first reads that line from memory (to
 merge it), so an ordinary copy of N bytes moves 3N; a non-temporal store
@@ -158,3 +160,9 @@ def copy_row(dst, i, src, j):
     else:
         for d in range(dim):
             dst[i, d] = src[j, d]
+
+
+def streams(nbytes: int) -> bool:
+    """Whether an output of ``nbytes`` is written with non-temporal stores (config's
+    ``stream_min_bytes``, :data:`STREAM_MIN_BYTES` by default)."""
+    return nbytes >= config.get("stream_min_bytes")
