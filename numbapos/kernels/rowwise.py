@@ -45,33 +45,51 @@ def _sign_and_magnitude(x):
 
 
 @register_jitable
-def f32_to_bits(x):
-    """The IEEE-754 bits (as an int64 in ``[0, 2**32)``) of a finite float32 value."""
+def _to_bits(x, exponent_bits, fraction_bits):
+    """The IEEE-754 bits of ``x``, exactly representable in a binary format with
+    ``exponent_bits`` and ``fraction_bits`` (float32: 8, 23; float16: 5, 10)."""
+    bias = (1 << (exponent_bits - 1)) - 1
     negative, v = _sign_and_magnitude(x)
-    sign = 0x80000000 if negative else 0
+    sign = (1 << (exponent_bits + fraction_bits)) if negative else 0
     if v == 0.0:
         return sign
     m, e = math.frexp(v)  # v = m * 2**e, 0.5 <= m < 1
-    if e - 1 < -126:  # subnormal: v = k * 2**-149
-        return sign | int(math.ldexp(v, 149))
-    return sign | ((e - 1 + 127) << 23) | (int(math.ldexp(m, 24)) - 0x800000)
+    if e - 1 < 1 - bias:  # subnormal: v = k * 2**(1 - bias - fraction_bits)
+        return sign | int(math.ldexp(v, bias - 1 + fraction_bits))
+    return (sign | ((e - 1 + bias) << fraction_bits)
+            | (int(math.ldexp(m, fraction_bits + 1)) - (1 << fraction_bits)))
+
+
+@register_jitable
+def _from_bits(u, exponent_bits, fraction_bits):
+    """The value of IEEE-754 bits ``u`` of that binary format, as a float32 (exact for
+    float32 and float16)."""
+    bias = (1 << (exponent_bits - 1)) - 1
+    top = (1 << exponent_bits) - 1
+    u = int(u)
+    exponent = (u >> fraction_bits) & top
+    fraction = u & ((1 << fraction_bits) - 1)
+    if exponent == top:
+        v = math.inf if fraction == 0 else math.nan
+    elif exponent == 0:
+        v = math.ldexp(float(fraction), 1 - bias - fraction_bits)
+    else:
+        v = math.ldexp(float(fraction | (1 << fraction_bits)), exponent - bias - fraction_bits)
+    if (u >> (exponent_bits + fraction_bits)) & 1:
+        v = -v
+    return np.float32(v)
+
+
+@register_jitable
+def f32_to_bits(x):
+    """The IEEE-754 bits (as an int64 in ``[0, 2**32)``) of a finite float32 value."""
+    return _to_bits(x, 8, 23)
 
 
 @register_jitable
 def f32_from_bits(u):
     """The float32 value of IEEE-754 bits ``u`` (an integer in ``[0, 2**32)``)."""
-    u = int(u)
-    exponent = (u >> 23) & 0xFF
-    fraction = u & 0x7FFFFF
-    if exponent == 0xFF:
-        v = math.inf if fraction == 0 else math.nan
-    elif exponent == 0:
-        v = math.ldexp(float(fraction), -149)
-    else:
-        v = math.ldexp(float(fraction | 0x800000), exponent - 150)
-    if (u >> 31) & 1:
-        v = -v
-    return np.float32(v)
+    return _from_bits(u, 8, 23)
 
 
 @register_jitable
@@ -98,31 +116,13 @@ def f16_round(x):
 @register_jitable
 def f16_to_bits(q):
     """The float16 bits (an int in ``[0, 2**16)``) of a float32 value float16 holds exactly."""
-    negative, v = _sign_and_magnitude(q)
-    sign = 0x8000 if negative else 0
-    if v == 0.0:
-        return sign
-    m, e = math.frexp(v)
-    if e - 1 < -14:
-        return sign | int(math.ldexp(v, 24))
-    return sign | ((e - 1 + 15) << 10) | (int(math.ldexp(m, 11)) - 0x400)
+    return _to_bits(q, 5, 10)
 
 
 @register_jitable
 def f16_from_bits(h):
     """The value of float16 bits ``h`` as a float32 (exact: float32 holds every float16)."""
-    h = int(h)
-    exponent = (h >> 10) & 0x1F
-    fraction = h & 0x3FF
-    if exponent == 0x1F:
-        v = math.inf if fraction == 0 else math.nan
-    elif exponent == 0:
-        v = math.ldexp(float(fraction), -24)
-    else:
-        v = math.ldexp(float(fraction | 0x400), exponent - 25)
-    if (h >> 15) & 1:
-        v = -v
-    return np.float32(v)
+    return _from_bits(h, 5, 10)
 
 
 @register_jitable
