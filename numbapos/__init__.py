@@ -29,11 +29,21 @@ Every op runs where its arrays live: NumPy arrays on the CPU, CUDA arrays
 (Numba device arrays, CuPy, PyTorch CUDA tensors) on the GPU. Modules take
 ``device="cpu" | "cuda"``. :func:`cuda_available` says whether the GPU (or
 Numba's CUDA simulator) can be used; :func:`to_device` / :func:`to_host` move
-arrays. ``import numbapos`` never imports ``numba.cuda``.
+arrays. ``import numbapos`` never imports ``numba.cuda``. GPU ops are
+asynchronous: they queue their kernels and return; :func:`synchronize` waits
+for them and raises an index error they found (as the next numbapos call and
+every copy to the host also do).
 """
 
 from . import config, functional, io, nn, optim
-from ._device import cuda_available, cuda_empty_cache, device_of, to_device, to_host
+from ._device import (
+    cuda_available,
+    cuda_empty_cache,
+    device_of,
+    synchronize,
+    to_device,
+    to_host,
+)
 from ._grad_mode import is_grad_enabled, no_grad
 from ._pool import get_num_threads, set_num_threads
 from ._warmup import wait_for_compiles, warmup
@@ -43,4 +53,5 @@ __version__ = "0.1.0"
 
 __all__ = ["SparseRows", "__version__", "config", "cuda_available", "cuda_empty_cache", "device_of",
            "functional", "get_num_threads", "io", "is_grad_enabled", "nn", "no_grad", "optim",
-           "set_num_threads", "to_device", "to_host", "wait_for_compiles", "warmup"]
+           "set_num_threads", "synchronize", "to_device", "to_host", "wait_for_compiles",
+           "warmup"]

@@ -81,12 +81,19 @@ class RowGroups(NamedTuple):
     out); positions ``order[starts[j]:starts[j] + counts[j]]`` name ``rows[j]``,
     in increasing order. Made by the launcher ``group_rows``, consumed by
     ``sum_row_groups`` and the fused optimiser updates.
+
+    ``used`` says how many entries are real. On the CPU it is an int and the
+    arrays hold exactly that many rows. On the GPU the count depends on the
+    data and stays there: ``rows``, ``starts`` and ``counts`` are sized by
+    the upper bound (the number of positions) and ``used`` is a device array
+    ``[distinct rows, grouped positions]`` that kernels read.
     """
 
     rows: object
     starts: object
     counts: object
     order: object
+    used: object
 
 
 class BertIds(NamedTuple):

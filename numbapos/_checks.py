@@ -287,8 +287,13 @@ def check_index_range(flat, size: int, bounds, name: str = "indices",
         return
     host = _device.to_host(flat).reshape(-1)
     bad_mask = (host < 0) | (host >= size)
-    position = int(np.argmax(bad_mask))
-    bad = int(host[position])
+    raise_index_error(host, int(np.argmax(bad_mask)), size, name, size_name)
+
+
+def raise_index_error(flat, position: int, size: int, name: str = "indices",
+                      size_name: str = "num_embeddings"):
+    """Raise the IndexError for the bad index at ``position`` of the host array ``flat``."""
+    bad = int(flat.reshape(-1)[position])
     raise IndexError(
         f"{name}: index {bad} (at flat position {position}) is out of range for "
         f"{size_name}={size}; valid indices are 0 <= index < {size}"
@@ -504,9 +509,14 @@ def check_sparse_grad(grad, param, name: str = "grad", summed: bool = True):
     """A SparseRows gradient of the 2-D ``param``: its shape, rows unique, sorted, in range.
 
     The arrays of a SparseRows can be changed after it was made, so they are
-    checked again here, before a kernel writes the rows they name. With
-    ``summed=False`` the values of an unsummed gradient are left unsummed
-    (returned as None); its rows are checked all the same.
+    checked again here, before a kernel writes the rows they name, unless
+    they never left numbapos (a gradient numbapos grouped, whose arrays no
+    caller has read): those are used as they are, padded on the GPU, without
+    reading anything back. With ``summed=False`` the values of an unsummed
+    gradient are left unsummed (returned as None).
+
+    Returns ``(rows, values, used)``: ``used`` is the number of real rows, an
+    int or (GPU) a device array whose first entry is.
     """
     if param.ndim != 2:
         raise ValueError(f"{name}: a SparseRows gradient needs a 2-D parameter, got shape "
@@ -514,13 +524,16 @@ def check_sparse_grad(grad, param, name: str = "grad", summed: bool = True):
     if tuple(grad.shape) != tuple(param.shape):
         raise ValueError(f"{name}: SparseRows of shape {tuple(grad.shape)}, expected the "
                          f"parameter's shape {tuple(param.shape)}")
+    if grad._private:
+        rows, values, used = grad._padded()
+        return rows, values if summed else None, used
     rows = check_index_array(grad.indices, f"{name}.indices")
     values = check_float_array(grad.values, f"{name}.values", ndim=2) if summed else None
     if rows.ndim != 1 or (summed and rows.shape[0] != values.shape[0]):
         raise ValueError(f"{name}: {tuple(rows.shape)} indices for "
                          f"{values.shape[0] if summed else '?'} value rows")
     check_sorted_rows(rows, param.shape[0], f"{name}.indices")
-    return rows, values
+    return rows, values, int(rows.shape[0])
 
 
 # ---------------------------------------------------------------- quantised tables

@@ -177,8 +177,18 @@ _NAMESPACES: dict = {}
 
 def kernels_for(device: str):
     """The kernel namespace of ``device`` (``"cpu"`` or ``"cuda"``), imported and
-    started (its ``start()``: the CUDA allocator) on first use."""
+    started (its ``start()``: the CUDA allocator) on first use.
+
+    For ``"cuda"`` it first raises an index error that a kernel queued by an
+    earlier call recorded and the host can now see (a read of mapped host
+    memory, no synchronisation; see ``kernels/cuda/errors.py``): every op
+    reaches its kernels through here.
+    """
     namespace = _NAMESPACES.get(device)
+    if namespace is not None:
+        if device == "cuda":
+            namespace.errors.raise_pending()
+        return namespace
     if namespace is None:
         if device == "cuda":
             _require_cuda()  # which, the first time, starts the backend itself
@@ -251,12 +261,33 @@ def to_device(x, device: str):
 
 
 def to_host(x):
-    """``x`` as a NumPy array (a copy from the GPU; NumPy arrays are returned as they are)."""
+    """``x`` as a NumPy array (a copy from the GPU; NumPy arrays are returned as they are).
+
+    A copy from the GPU synchronises, so it first raises any index error
+    that queued kernels recorded (see :func:`synchronize`).
+    """
     if isinstance(x, np.ndarray):
         return x
     if is_cuda_array(x):
+        synchronize()
         return adopt(x).copy_to_host()
     return np.asarray(x)
+
+
+def synchronize() -> None:
+    """Wait for every kernel numbapos queued on the GPU; raise any index error they found.
+
+    GPU ops return as soon as their kernels are queued, and check indices
+    inside those kernels: a bad index is raised as the CPU's ``IndexError``
+    by the next numbapos call once the host can see it, and at the latest
+    here (and by every call that copies to the host: ``to_host``,
+    ``state_dict``, reading a parameter). Nothing was modified by the failing
+    op or any op queued after it, and the GPU stays usable. Does nothing when
+    CUDA was never used.
+    """
+    namespace = _NAMESPACES.get("cuda")
+    if namespace is not None:
+        namespace.errors.synchronize()
 
 
 # ---------------------------------------------------------------- array metadata

@@ -24,6 +24,8 @@ setting                       variable                            default
                                                                   records a module keeps
 ``cuda_memory_pool``          ``NUMBAPOS_CUDA_MEMORY_POOL``       ``True``: numbapos's caching
                                                                   device allocator
+``cuda_sync_checks``          ``NUMBAPOS_CUDA_SYNC_CHECKS``       ``False``: index errors on the
+                                                                  GPU raise at a later call
 ============================  ==================================  =============================
 
 When each is read: ``spin_count`` when the thread pool starts (the first
@@ -141,6 +143,9 @@ SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
              "(a backward that would need one raises RuntimeError)", low=1, high=None),
     _setting("cuda_memory_pool", True, "flag",
              "numbapos's caching allocator for CUDA device memory (0: Numba's own)"),
+    _setting("cuda_sync_checks", False, "flag",
+             "synchronise after every CUDA launcher that checks indices and raise a bad index "
+             "there (for debugging, as CUDA_LAUNCH_BLOCKING; 0: errors raise at a later call)"),
 )}
 
 _lock = threading.Lock()

@@ -40,9 +40,16 @@ class SparseRows:
     pass. :meth:`materialize` sums them; reading ``values`` before that raises
     ``RuntimeError`` (as PyTorch's ``values()`` of an uncoalesced sparse tensor
     asks for ``coalesce()``). Every other method works on either.
+
+    On the GPU, a gradient made by numbapos (``embedding_backward``, a
+    module's backward) keeps the number of its rows on the device, so that
+    making and applying it never waits for the GPU: its arrays are sized by
+    the number of looked-up positions and only their first rows are real.
+    Reading :attr:`indices` or :attr:`values` trims them, which reads that
+    number back (a synchronisation); optimisers never read them.
     """
 
-    __slots__ = ("_indices", "_values", "_num_rows", "_pending")
+    __slots__ = ("_indices", "_values", "_num_rows", "_pending", "_used", "_private")
 
     def __init__(self, indices, values, num_rows):
         # Optimisers write the listed rows with unchecked kernels: validate here.
@@ -61,7 +68,20 @@ class SparseRows:
         if _device.device_of(indices) != device:
             indices = _device.to_device(indices, device)
         self._indices, self._values, self._num_rows = indices, values, num_rows
+        self._pending = self._used = None
+        self._private = False
+
+    @classmethod
+    def _grouped(cls, groups, values, num_rows):
+        """The summed gradient of a lookup, from its :class:`~numbapos._args.RowGroups`
+        (rows validated by the grouping) and ``values`` with as many rows as
+        ``groups.rows``: nothing is checked or read back."""
+        self = cls.__new__(cls)
+        self._indices, self._values, self._num_rows = groups.rows, values, num_rows
         self._pending = None
+        self._used = None if isinstance(groups.used, int) else groups.used
+        self._private = True
+        return self
 
     @classmethod
     def _unsummed(cls, groups, grad, scale_grad_by_freq, num_rows):
@@ -71,14 +91,34 @@ class SparseRows:
         ``(N, D)`` ``grad`` live on one device; ``values`` will be row ``j``'s
         sum of ``grad`` over its positions.
         """
-        self = cls.__new__(cls)
-        self._indices, self._values, self._num_rows = groups.rows, None, num_rows
+        self = cls._grouped(groups, None, num_rows)
         self._pending = (groups, grad, bool(scale_grad_by_freq))
         return self
+
+    def _trim(self):
+        """Cut padded device arrays to their real rows (reads the count: a synchronisation)."""
+        if self._used is not None:
+            used = int(_device.to_host(self._used)[0])
+            self._indices = self._indices[:used]
+            if self._values is not None:
+                self._values = self._values[:used]
+            self._used = None
+
+    def _padded(self):
+        """``(rows, values, used)`` for kernels, without reading anything back.
+
+        ``used`` is the number of real rows: an int, or a device array whose
+        first entry is (rows past it are padding).
+        """
+        if self._used is None:
+            return self._indices, self._values, int(self._indices.shape[0])
+        return self._indices, self._values, self._used
 
     @property
     def indices(self):
         """Row numbers (int64 or int32), unique and ascending."""
+        self._trim()
+        self._private = False  # the caller may change them: check them again before a step
         return self._indices
 
     @property
@@ -96,6 +136,8 @@ class SparseRows:
                 "SparseRows.values: this gradient's rows are not summed yet (a lazy gradient "
                 "from embedding_backward(lazy=True) or a fused optimiser step): call "
                 ".materialize() first")
+        self._trim()
+        self._private = False
         return self._values
 
     def materialize(self) -> SparseRows:
@@ -103,7 +145,7 @@ class SparseRows:
         if self._pending is not None:
             groups, grad, scale = self._pending
             K = _device.backend(grad)
-            values = K.empty((groups.rows.size, grad.shape[1]), grad.dtype)
+            values = K.empty((groups.rows.shape[0], grad.shape[1]), grad.dtype)
             K.sum_row_groups(grad, groups, scale, values)
             self._values, self._pending = values, None
         return self
@@ -123,6 +165,7 @@ class SparseRows:
         return self._pending
 
     def __repr__(self) -> str:
+        self._trim()  # a synchronisation on the GPU: repr is for people
         return (f"SparseRows(rows={int(self._indices.shape[0])}, num_rows={self._num_rows}, "
                 f"dim={self.shape[1]}, dtype={self.dtype}, device={self.device!r}"
                 f"{'' if self.summed else ', summed=False'})")
@@ -171,8 +214,9 @@ class SparseRows:
     def add_to(self, dense):
         """Add these rows into ``dense`` (C-contiguous, same device and dtype) in place."""
         self.materialize()
-        K = _device.backend(dense, self.values)
-        K.add_rows_(dense, K.contiguous(self.indices, np.int64), K.contiguous(self.values))
+        rows, values, used = self._padded()
+        K = _device.backend(dense, values)
+        K.add_rows_(dense, K.contiguous(rows, np.int64), K.contiguous(values), used)
         return dense
 
     def __add__(self, other: SparseRows) -> SparseRows:

@@ -49,7 +49,17 @@ def flatten(K, indices):
     return K.contiguous(indices).reshape(indices.size)
 
 
-def check_range(K, flat, size: int, name: str = "indices", size_name: str = "num_embeddings"):
-    """IndexError unless every value of ``flat`` lies in ``[0, size)`` (min/max from K)."""
-    bounds = K.index_bounds(flat) if flat.size else None
-    _checks.check_index_range(flat, size, bounds, name, size_name)
+def check_range(K, flat, size: int, name: str = "indices", size_name: str = "num_embeddings",
+                checked_by_kernel: bool = False):
+    """IndexError unless every value of ``flat`` lies in ``[0, size)``.
+
+    On the CPU the check runs now and raises here. On the GPU it is deferred
+    (``K.DEFERRED_INDEX_ERRORS``): a kernel records a bad index and a later
+    call raises (``kernels/cuda/errors.py``); with ``checked_by_kernel`` the
+    op's own kernels check as they read, so no separate launch is needed.
+    """
+    if flat.size == 0 or (checked_by_kernel and K.DEFERRED_INDEX_ERRORS):
+        return
+    bad = K.check_indices(flat, size, name, size_name)
+    if bad >= 0:
+        _checks.raise_index_error(flat, bad, size, name, size_name)

@@ -71,7 +71,7 @@ def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
     max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
     _checks.check_writeable(weight, "weight", _RENORM_WRITES)
     flat = flatten(K, indices)
-    check_range(K, flat, weight.shape[0])
+    check_range(K, flat, weight.shape[0], checked_by_kernel=True)
     K.renorm_used_rows_(weight, flat, max_norm, norm_type)
     return weight
 
@@ -139,7 +139,7 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
     if out is not None:
         out = _checks.check_out(out, shape, weight.dtype, avoid=(weight, indices))
     flat = flatten(K, indices)
-    check_range(K, flat, num_rows)
+    check_range(K, flat, num_rows, checked_by_kernel=True)
 
     if max_norm is not None:
         K.renorm_used_rows_(weight, flat, max_norm, norm_type)
@@ -226,7 +226,7 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
                                                  grad_output.shape[-1], grad_output.dtype,
                                                  avoid=(grad_output, indices))
     flat = flatten(K, indices)
-    check_range(K, flat, num_rows)
+    check_range(K, flat, num_rows, checked_by_kernel=True)
     return _scatter(K, grad_output, flat, num_rows, padding_idx, bool(scale_grad_by_freq),
                     bool(sparse), lazy=bool(lazy), values_out=values_out)
 
@@ -236,16 +236,15 @@ def _scatter(K, grad_output, flat, num_rows, padding_idx, scale_grad_by_freq, sp
     """The table gradient of a lookup, on validated inputs (also used by the blocks)."""
     dim = grad_output.shape[grad_output.ndim - 1]
     grad = K.contiguous(grad_output).reshape(flat.size, dim)
-    if sparse and lazy:
-        return SparseRows._unsummed(K.group_rows(flat, padding_idx), grad, scale_grad_by_freq,
-                                    num_rows)
     if sparse:
-        groups = K.group_rows(flat, padding_idx)
-        used = groups.rows.size
-        values = (K.empty((used, dim), grad.dtype) if values_out is None
-                  else values_out[:used])
+        groups = K.group_rows(flat, padding_idx, num_rows)
+        if lazy:
+            return SparseRows._unsummed(groups, grad, scale_grad_by_freq, num_rows)
+        capacity = groups.rows.shape[0]  # the rows used (CPU) or their upper bound (GPU)
+        values = (K.empty((capacity, dim), grad.dtype) if values_out is None
+                  else values_out[:capacity])
         K.sum_row_groups(grad, groups, scale_grad_by_freq, values)
-        return SparseRows(groups.rows, values, num_rows)
+        return SparseRows._grouped(groups, values, num_rows)
     out = K.zeros((num_rows, dim), grad.dtype)
     K.scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out)
     return out

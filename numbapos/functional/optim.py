@@ -67,10 +67,15 @@ def _run_flat(K, param, grad, states, launch):
 
 
 class SummedRows(NamedTuple):
-    """A sparse update's gradient as rows and their summed values (C-contiguous, int64 rows)."""
+    """A sparse update's gradient as rows and their summed values (C-contiguous, int64 rows).
+
+    ``used`` rows are real: an int, or on the GPU a device array whose first
+    entry is (the arrays are then padded; kernels read the count).
+    """
 
     rows: object
     values: object
+    used: object
 
 
 class UnsummedRows(NamedTuple):
@@ -98,7 +103,7 @@ def _sparse_args(param, grad, states, names):
     if unsummed is not None and unsummed[1].dtype != param.dtype:
         unsummed = None  # sum first, then cast, as a summed gradient would be
         grad.materialize()
-    rows, values = _checks.check_sparse_grad(grad, param, summed=unsummed is None)
+    rows, values, used = _checks.check_sparse_grad(grad, param, summed=unsummed is None)
     source = values if unsummed is None else unsummed[1]
     K = backend_for((param, source, *states), ("param", "grad.values", *names))
     if not _device.is_c_contiguous(param) and K.DEVICE == "cuda":
@@ -107,17 +112,18 @@ def _sparse_args(param, grad, states, names):
         return K, param, UnsummedRows(*unsummed)
     if _device.device_of(rows) != K.DEVICE:
         rows = K.asarray(rows) if K.DEVICE == "cuda" else _device.to_host(rows)
-    return K, param, SummedRows(K.contiguous(rows, np.int64), K.contiguous(values, param.dtype))
+    return K, param, SummedRows(K.contiguous(rows, np.int64), K.contiguous(values, param.dtype),
+                                used)
 
 
 def _update_rows(update_rows, update_row_groups, param, rows, *rest):
     """Apply a sparse update to the rows ``_sparse_args`` returned: ``update_rows(param,
-    rows, values, *rest)`` for summed rows, the fused ``update_row_groups(param, grad,
+    rows, values, used, *rest)`` for summed rows, the fused ``update_row_groups(param, grad,
     groups, scale_grad_by_freq, *rest)`` (each row summed inside the update) otherwise."""
     if isinstance(rows, UnsummedRows):
         update_row_groups(param, rows.grad, rows.groups, rows.scale_grad_by_freq, *rest)
     else:
-        update_rows(param, rows.rows, rows.values, *rest)
+        update_rows(param, rows.rows, rows.values, rows.used, *rest)
 
 
 def _same_as_param(states, names, param, avoid=()):

@@ -7,11 +7,15 @@ import numpy as np
 from ... import _pool, config
 from . import background
 
-__all__ = ["DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty", "full", "to_host",
+__all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty",
+           "full", "to_host",
            "zeros"]
 # (option and pick are the launchers' helpers, not part of the twinned namespace.)
 
 DEVICE = "cpu"
+# Index errors are found before a kernel runs and raised by the op itself (the
+# CUDA twin records them on the device and raises them at a later call).
+DEFERRED_INDEX_ERRORS = False
 
 # Below config's ``parallel_min_elements`` (2**15) elements of work a parallel
 # launch costs more than it saves. The only serial/parallel threshold of the CPU
@@ -105,6 +109,7 @@ def add_(out, x):
     np.add(out, x, out=out)
 
 
-def add_rows_(dense, rows, values):
-    """``dense[rows[j]] += values[j]`` for unique ``rows`` (sparse rows into a dense array)."""
-    dense[rows] += values
+def add_rows_(dense, rows, values, used):
+    """``dense[rows[j]] += values[j]`` for unique ``rows[:used]`` (sparse rows into a dense
+    array)."""
+    dense[rows[:used]] += values[:used]

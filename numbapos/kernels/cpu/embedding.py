@@ -18,8 +18,8 @@ from .jit import kernel
 from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
 from .rowcopy import copy_row, put_row, streams
 
-__all__ = ["gather_rows", "gather_rows_checked", "group_rows", "index_bounds", "not_equal_mask",
-           "renorm_used_rows_", "scatter_rows", "scatter_rows_sparse", "sum_row_groups"]
+__all__ = ["check_indices", "gather_rows", "gather_rows_checked", "group_rows",
+           "not_equal_mask", "renorm_used_rows_", "scatter_rows", "sum_row_groups"]
 
 NO_PADDING = -1
 
@@ -31,6 +31,20 @@ def index_bounds(flat):
     """``(min, max)`` of a non-empty 1-D integer array, as Python ints."""
     low, high = _index_bounds(flat)
     return int(low), int(high)
+
+
+def check_indices(flat, size, name="indices", size_name="num_embeddings"):
+    """The first position of ``flat`` whose value lies outside ``[0, size)``, or -1.
+
+    ``name`` / ``size_name`` are for the CUDA twin, which records them with a
+    bad index for the error it raises later; here the caller raises.
+    """
+    if flat.size == 0:
+        return -1
+    low, high = index_bounds(flat)
+    if low >= 0 and high < size:
+        return -1
+    return int(np.flatnonzero((flat < 0) | (flat >= size))[0])
 
 
 def gather_rows(flat, weight, out):
@@ -112,25 +126,17 @@ def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
         _sum_segments(grad, order, starts, counts, rows, scale_grad_by_freq, out)
 
 
-def scatter_rows_sparse(grad, flat, num_rows, padding_idx, scale_grad_by_freq):
-    """Row-sparse gradient of a lookup: ``(rows, values)``.
+def group_rows(flat, padding_idx, num_rows):
+    """:class:`~numbapos._args.RowGroups` of ``flat`` (see :func:`group_by_row`).
 
-    ``rows`` (int64, unique, ascending) are the rows ``flat`` names, padding
-    left out; ``values[j]`` is the sum for ``rows[j]``, as in :func:`scatter_rows`.
-    Time and scratch are O(indices + rows used), independent of ``num_rows``.
+    ``flat`` is range-checked against ``num_rows`` already (the CUDA twin
+    checks it itself); ``used`` is the number of distinct rows.
     """
-    groups = group_rows(flat, padding_idx)
-    values = np.empty((groups.rows.size, grad.shape[1]), dtype=grad.dtype)
-    sum_row_groups(grad, groups, scale_grad_by_freq, values)
-    return groups.rows, values
-
-
-def group_rows(flat, padding_idx):
-    """:class:`~numbapos._args.RowGroups` of ``flat`` (see :func:`group_by_row`)."""
     if flat.size == 0:
         empty = np.empty(0, np.int64)
-        return RowGroups(empty, empty, empty, empty)
-    return RowGroups(*group_by_row(flat, padding_idx))
+        return RowGroups(empty, empty, empty, empty, 0)
+    rows, starts, counts, order = group_by_row(flat, padding_idx)
+    return RowGroups(rows, starts, counts, order, int(rows.size))
 
 
 def sum_row_groups(grad, groups, scale_grad_by_freq, out):

@@ -35,12 +35,13 @@ def sgd_dense_(param, grad, buf, first, hyper):
         pick(_sgd_dense, _sgd_dense_parallel, param.size)(param, grad, buf, first, hyper)
 
 
-def sgd_rows_(param, rows, values, buf, row_started, hyper):
+def sgd_rows_(param, rows, values, used, buf, row_started, hyper):
     """Lazy SGD on the listed (unique) rows of a 2-D ``param`` only.
 
     Row ``rows[j]`` gets gradient ``values[j]``; its momentum row starts fresh
     the first time it is touched (``row_started``, updated here).
     """
+    rows, values = rows[:used], values[:used]  # exact on the CPU: used == rows.size
     if rows.size:
         work = rows.size * param.shape[1]
         pick(_sgd_rows, _sgd_rows_parallel, work)(param, rows, values, *_sgd_variant(buf, hyper),
@@ -302,13 +303,14 @@ def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
             param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
 
 
-def adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper):
+def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper):
     """``torch.optim.SparseAdam``'s update of the listed (unique) rows of a 2-D ``param``.
 
     Row ``rows[j]`` gets gradient ``values[j]``; only those rows of ``param``
     and of the moments are read and written. ``hyper`` carries the sparse
     step size.
     """
+    rows, values = rows[:used], values[:used]  # exact on the CPU: used == rows.size
     if rows.size:
         pick(_adam_rows, _adam_rows_parallel, rows.size * param.shape[1])(
             param, rows, values, exp_avg, exp_avg_sq, hyper)
@@ -454,8 +456,9 @@ def adagrad_dense_(param, grad, state_sum, hyper):
         pick(_adagrad_dense, _adagrad_dense_parallel, param.size)(param, grad, state_sum, hyper)
 
 
-def adagrad_rows_(param, rows, values, state_sum, hyper):
+def adagrad_rows_(param, rows, values, used, state_sum, hyper):
     """``torch.optim.Adagrad``'s sparse update of the listed (unique) rows of a 2-D ``param``."""
+    rows, values = rows[:used], values[:used]  # exact on the CPU: used == rows.size
     if rows.size:
         pick(_adagrad_rows, _adagrad_rows_parallel, rows.size * param.shape[1])(
             param, rows, values, state_sum, hyper)
@@ -567,8 +570,9 @@ def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_s
                         accumulators=_ROWS_AT_ONCE)
 
 
-def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
+def rowwise_adagrad_rows_(param, rows, values, used, state_sum, hyper):
     """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only."""
+    rows, values = rows[:used], values[:used]  # exact on the CPU: used == rows.size
     if rows.size and param.shape[1]:
         pick(_rowwise_rows, _rowwise_rows_parallel, rows.size * param.shape[1])(
             param, rows, values, state_sum, _l2_variant(hyper), hyper)

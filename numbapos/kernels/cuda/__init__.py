@@ -15,6 +15,7 @@ from . import (
     blocks,
     dropout,
     embedding,
+    errors,
     init,
     memory,
     normalization,

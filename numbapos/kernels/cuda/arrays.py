@@ -9,10 +9,15 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-__all__ = ["DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty", "full", "to_host",
+from . import errors
+
+__all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty",
+           "full", "to_host",
            "zeros"]
 
 DEVICE = "cuda"
+# Index errors are recorded by kernels and raised by a later call (see errors.py).
+DEFERRED_INDEX_ERRORS = True
 
 # Threads per block of the elementwise and per-row kernels: a multiple of the
 # warp size, and a power of two for the shared-memory tree reductions.
@@ -48,11 +53,14 @@ def _add(out, x):
 
 
 @cuda.jit
-def _add_rows(dense, rows, values):
+def _add_rows(dense, rows, values, used, word):
     # One block per listed row (grid-stride over rows), threads along D. Rows are
-    # unique, so no two threads write one element.
+    # unique, so no two threads write one element. ``used[0]`` rows are real;
+    # nothing is written while an index error is pending.
+    if errors.is_pending(word):
+        return
     dim = dense.shape[1]
-    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
             dense[row, d] += values[j, d]
@@ -124,7 +132,11 @@ def add_(out, x):
         _add[grid(out.size), THREADS](out.reshape(out.size), x.reshape(x.size))
 
 
-def add_rows_(dense, rows, values):
-    """``dense[rows[j]] += values[j]`` for unique ``rows``."""
+def add_rows_(dense, rows, values, used):
+    """``dense[rows[j]] += values[j]`` for unique ``rows[:used]`` (``used``: an int, or a
+    device array whose first entry is the count)."""
     if rows.size:
-        _add_rows[grid(rows.size * THREADS), THREADS](dense, rows, values)
+        if isinstance(used, int):
+            used = asarray(np.array([used, 0], np.int64))
+        _add_rows[grid(rows.size * THREADS), THREADS](dense, rows, values, used,
+                                                      errors.device_word())

@@ -40,7 +40,7 @@ from ..._args import NO_DROPOUT, chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
 from . import arrays
 from .arrays import THREADS, full, grid
-from .embedding import first_out_of_range
+from .embedding import check_indices
 from .fpmath import mul_for, numba_float
 from .normalization import (
     add_partials,
@@ -138,9 +138,9 @@ def gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
     bad position. Here a bounds pass runs first and nothing is written on a
     bad id; positions are built on the host and copied up.
     """
-    bad = first_out_of_range(ids, wte.shape[0])
-    if bad >= 0 or ids.size == 0:
-        return bad
+    check_indices(ids, wte.shape[0], "input_ids", "vocab_size")  # deferred: -1
+    if ids.size == 0:
+        return -1
     positions = past_length + np.arange(ids.size, dtype=np.int64) % length
     gpt2_forward(ids, arrays.asarray(positions), wte, wpe, NO_DROPOUT, y)
     return -1

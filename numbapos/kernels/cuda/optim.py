@@ -8,6 +8,12 @@ in the parameter's dtype, so results are bit-identical to the CPU's for
 float32 and float64. With ``momentum == 0`` the buffer is never read or
 written and may be empty.
 
+Every kernel returns at once while an index error is pending (see
+:mod:`.errors`), so a step after a failed lookup changes nothing. The row
+updates read how many rows are real from the device (``used``, see
+:mod:`.grouping`): the grid is sized by the upper bound and nothing is read
+back.
+
 Bit-identity needs one GPU-specific care: NVVM contracts ``a * b + c`` into a
 fused multiply-add by default (one rounding instead of two), which the CPU
 never does. Every product that feeds an addition goes through
@@ -18,7 +24,10 @@ import math
 
 from numba import cuda
 
-from .arrays import THREADS, grid
+import numpy as np
+
+from . import arrays, errors
+from .arrays import MAX_BLOCKS, THREADS, grid
 from .embedding import segment_sum
 from .fpmath import cast_like, mul_rn
 
@@ -41,28 +50,31 @@ def sgd_dense_(param, grad, buf, first, hyper):
         return
     lr, momentum, one_minus_dampening, weight_decay, nesterov, maximize = _scalars(param, hyper)
     _sgd_dense[grid(param.size), THREADS](param, grad, buf, bool(first), lr, momentum,
-                                          one_minus_dampening, weight_decay, nesterov, maximize)
+                                          one_minus_dampening, weight_decay, nesterov, maximize,
+                                          errors.device_word())
 
 
-def sgd_rows_(param, rows, values, buf, row_started, hyper):
+def sgd_rows_(param, rows, values, used, buf, row_started, hyper):
     """Lazy SGD on the listed (unique) rows of a 2-D ``param`` only.
 
-    Row ``rows[j]`` gets gradient ``values[j]``; its momentum row starts fresh
-    the first time it is touched (``row_started``, updated here).
+    Row ``rows[j]`` gets gradient ``values[j]`` for ``j < used`` (an int, or a
+    device array whose first entry is); its momentum row starts fresh the
+    first time it is touched (``row_started``, updated here).
     """
     if rows.size == 0:
         return
     lr, momentum, one_minus_dampening, weight_decay, nesterov, maximize = _scalars(param, hyper)
+    used, word = _on_device(used), errors.device_word()
     dim = param.shape[1]
     if dim:
         threads = _row_threads(dim)
-        _sgd_rows[grid(rows.size, 1), threads](param, rows, values, buf, row_started, lr,
-                                               momentum, one_minus_dampening, weight_decay,
-                                               nesterov, maximize)
+        _sgd_rows[_row_blocks(rows), threads](param, rows, used, values, buf, row_started, lr,
+                                              momentum, one_minus_dampening, weight_decay,
+                                              nesterov, maximize, word)
     if momentum != 0:
         # A second launch, so no block can see a flag that another set this step
         # (rows are unique, but the flags are read above and set only here).
-        _mark_started[grid(rows.size), THREADS](rows, row_started)
+        _mark_started[grid(rows.size), THREADS](rows, used, row_started, word)
 
 
 def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, hyper):
@@ -74,18 +86,19 @@ def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, h
     gradient is never stored. Same bits as ``sum_row_groups`` then
     :func:`sgd_rows_`, and as the CPU.
     """
-    used = groups.rows.size
-    if used == 0:
+    if groups.rows.size == 0:
         return
     lr, momentum, one_minus_dampening, weight_decay, nesterov, maximize = _scalars(param, hyper)
+    word = errors.device_word()
     dim = param.shape[1]
     if dim:
-        _sgd_row_groups[grid(used, 1), _row_threads(dim)](
-            param, grad, groups.rows, groups.starts, groups.counts, groups.order,
+        _sgd_row_groups[_row_blocks(groups.rows), _row_threads(dim)](
+            param, grad, groups.rows, groups.used, groups.starts, groups.counts, groups.order,
             bool(scale_grad_by_freq), buf, row_started, lr, momentum, one_minus_dampening,
-            weight_decay, nesterov, maximize)
+            weight_decay, nesterov, maximize, word)
     if momentum != 0:
-        _mark_started[grid(used), THREADS](groups.rows, row_started)
+        _mark_started[grid(groups.rows.size), THREADS](groups.rows, groups.used, row_started,
+                                                       word)
 
 
 def _scalars(param, hyper):
@@ -93,6 +106,18 @@ def _scalars(param, hyper):
     cast = param.dtype.type
     return (cast(hyper.lr), cast(hyper.momentum), cast(hyper.one_minus_dampening),
             cast(hyper.weight_decay), bool(hyper.nesterov), bool(hyper.maximize))
+
+
+def _on_device(used):
+    """The count of real rows as a device array (``[used]``) for kernels to read."""
+    if isinstance(used, int):
+        return arrays.asarray(np.array([used, 0], np.int64))
+    return used
+
+
+def _row_blocks(rows) -> int:
+    """Blocks of a one-block-per-row kernel over at most ``rows.size`` rows."""
+    return max(1, min(int(rows.size), MAX_BLOCKS))
 
 
 def _row_threads(dim: int) -> int:
@@ -125,8 +150,10 @@ def _sgd_update(p, g, buf, first, lr, momentum, one_minus_dampening, weight_deca
 
 @cuda.jit
 def _sgd_dense(param, grad, buf, first, lr, momentum, one_minus_dampening, weight_decay,
-               nesterov, maximize):
+               nesterov, maximize, word):
     """Elementwise SGD over flat arrays (grid-stride)."""
+    if errors.is_pending(word):
+        return
     use_buf = momentum != 0
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
         b = buf[i] if use_buf else lr  # any value of the dtype: unused without momentum
@@ -151,12 +178,14 @@ def _sgd_row_element(param, buf, row, d, g, first, lr, momentum, one_minus_dampe
 
 
 @cuda.jit
-def _sgd_rows(param, rows, values, buf, row_started, lr, momentum, one_minus_dampening,
-              weight_decay, nesterov, maximize):
+def _sgd_rows(param, rows, used, values, buf, row_started, lr, momentum, one_minus_dampening,
+              weight_decay, nesterov, maximize, word):
     """SGD on rows ``rows[j]`` of a 2-D ``param``: one block per listed row, threads along D."""
+    if errors.is_pending(word):
+        return
     dim = param.shape[1]
     use_buf = momentum != 0
-    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
         first = use_buf and not row_started[row]
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
@@ -165,12 +194,15 @@ def _sgd_rows(param, rows, values, buf, row_started, lr, momentum, one_minus_dam
 
 
 @cuda.jit
-def _sgd_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, buf, row_started,
-                    lr, momentum, one_minus_dampening, weight_decay, nesterov, maximize):
+def _sgd_row_groups(param, grad, rows, used, starts, counts, order, scale_by_freq, buf,
+                    row_started,
+                    lr, momentum, one_minus_dampening, weight_decay, nesterov, maximize, word):
     """:func:`_sgd_rows` with each gradient element summed on the spot from its positions."""
+    if errors.is_pending(word):
+        return
     dim = param.shape[1]
     use_buf = momentum != 0
-    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
         first = use_buf and not row_started[row]
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
@@ -180,9 +212,11 @@ def _sgd_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, buf
 
 
 @cuda.jit
-def _mark_started(rows, row_started):
+def _mark_started(rows, used, row_started, word):
     """``row_started[rows[j]] = True`` (elementwise)."""
-    for j in range(cuda.grid(1), rows.size, cuda.gridsize(1)):
+    if errors.is_pending(word):
+        return
+    for j in range(cuda.grid(1), used[0], cuda.gridsize(1)):
         row_started[rows[j]] = True
 
 
@@ -197,28 +231,29 @@ def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
     """
     if param.size:
         _adam_dense[grid(param.size), THREADS](param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq,
-                                               *_cast_all(param, hyper))
+                                               *_cast_all(param, hyper), errors.device_word())
 
 
-def adam_rows_(param, rows, values, exp_avg, exp_avg_sq, hyper):
+def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper):
     """``torch.optim.SparseAdam``'s update of the listed (unique) rows of a 2-D ``param``.
 
     Row ``rows[j]`` gets gradient ``values[j]``; only those rows of ``param``
     and of the moments are read and written. ``hyper`` carries the sparse
-    step size.
+    step size. ``used`` rows are real (see :func:`sgd_rows_`).
     """
     if rows.size and param.shape[1]:
-        _adam_rows[grid(rows.size, 1), _row_threads(param.shape[1])](
-            param, rows, values, exp_avg, exp_avg_sq, *_cast_all(param, hyper))
+        _adam_rows[_row_blocks(rows), _row_threads(param.shape[1])](
+            param, rows, _on_device(used), values, exp_avg, exp_avg_sq,
+            *_cast_all(param, hyper), errors.device_word())
 
 
 def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper):
     """:func:`adam_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
-    used = groups.rows.size
-    if used and param.shape[1]:
-        _adam_row_groups[grid(used, 1), _row_threads(param.shape[1])](
-            param, grad, groups.rows, groups.starts, groups.counts, groups.order,
-            bool(scale_grad_by_freq), exp_avg, exp_avg_sq, *_cast_all(param, hyper))
+    if groups.rows.size and param.shape[1]:
+        _adam_row_groups[_row_blocks(groups.rows), _row_threads(param.shape[1])](
+            param, grad, groups.rows, groups.used, groups.starts, groups.counts, groups.order,
+            bool(scale_grad_by_freq), exp_avg, exp_avg_sq, *_cast_all(param, hyper),
+            errors.device_word())
 
 
 def _cast_all(param, hyper):
@@ -243,8 +278,10 @@ def _adam_prologue(p, g, weight_decay, decay, decoupled, maximize):
 @cuda.jit
 def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, one_minus_beta1, beta2,
                 one_minus_beta2, eps, weight_decay, decay, neg_step_size, bias_correction2_sqrt,
-                decoupled, amsgrad, maximize):
+                decoupled, amsgrad, maximize, word):
     """Elementwise Adam over flat arrays (grid-stride), torch.optim.Adam's operations."""
+    if errors.is_pending(word):
+        return
     one = cast_like(1, beta2)
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
         p, g = _adam_prologue(param[i], grad[i], weight_decay, decay, decoupled, maximize)
@@ -279,11 +316,13 @@ def _adam_row_element(param, exp_avg, exp_avg_sq, row, d, g, one_minus_beta1, on
 
 
 @cuda.jit
-def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, one_minus_beta1, beta2,
+def _adam_rows(param, rows, used, values, exp_avg, exp_avg_sq, one_minus_beta1, beta2,
                one_minus_beta2, eps, weight_decay, decay, neg_step_size, bias_correction2_sqrt,
-               decoupled, amsgrad, maximize):
+               decoupled, amsgrad, maximize, word):
     """SparseAdam on rows ``rows[j]``: one block per listed row, threads along D."""
-    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+    if errors.is_pending(word):
+        return
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
         for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
             _adam_row_element(param, exp_avg, exp_avg_sq, row, d, values[j, d], one_minus_beta1,
@@ -292,11 +331,14 @@ def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, one_minus_beta1, beta2,
 
 
 @cuda.jit
-def _adam_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, exp_avg,
+def _adam_row_groups(param, grad, rows, used, starts, counts, order, scale_by_freq, exp_avg,
                      exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay,
-                     decay, neg_step_size, bias_correction2_sqrt, decoupled, amsgrad, maximize):
+                     decay, neg_step_size, bias_correction2_sqrt, decoupled, amsgrad, maximize,
+                     word):
     """:func:`_adam_rows` with each gradient element summed on the spot from its positions."""
-    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+    if errors.is_pending(word):
+        return
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
         for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
             g = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
@@ -312,23 +354,24 @@ def adagrad_dense_(param, grad, state_sum, hyper):
     """One ``torch.optim.Adagrad`` step on flat arrays, in place (``hyper``: AdagradHyper)."""
     if param.size:
         _adagrad_dense[grid(param.size), THREADS](param, grad, state_sum,
-                                                  *_cast_all(param, hyper))
+                                                  *_cast_all(param, hyper), errors.device_word())
 
 
-def adagrad_rows_(param, rows, values, state_sum, hyper):
-    """``torch.optim.Adagrad``'s sparse update of the listed (unique) rows of a 2-D ``param``."""
+def adagrad_rows_(param, rows, values, used, state_sum, hyper):
+    """``torch.optim.Adagrad``'s sparse update of the listed (unique) rows of a 2-D ``param``
+    (``used`` rows are real, see :func:`sgd_rows_`)."""
     if rows.size and param.shape[1]:
-        _adagrad_rows[grid(rows.size, 1), _row_threads(param.shape[1])](
-            param, rows, values, state_sum, *_cast_all(param, hyper))
+        _adagrad_rows[_row_blocks(rows), _row_threads(param.shape[1])](
+            param, rows, _on_device(used), values, state_sum, *_cast_all(param, hyper),
+            errors.device_word())
 
 
 def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`adagrad_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
-    used = groups.rows.size
-    if used and param.shape[1]:
-        _adagrad_row_groups[grid(used, 1), _row_threads(param.shape[1])](
-            param, grad, groups.rows, groups.starts, groups.counts, groups.order,
-            bool(scale_grad_by_freq), state_sum, *_cast_all(param, hyper))
+    if groups.rows.size and param.shape[1]:
+        _adagrad_row_groups[_row_blocks(groups.rows), _row_threads(param.shape[1])](
+            param, grad, groups.rows, groups.used, groups.starts, groups.counts, groups.order,
+            bool(scale_grad_by_freq), state_sum, *_cast_all(param, hyper), errors.device_word())
 
 
 @cuda.jit(device=True)
@@ -343,8 +386,10 @@ def _adagrad_update(p, g, s, neg_clr, weight_decay, eps, maximize):
 
 
 @cuda.jit
-def _adagrad_dense(param, grad, state_sum, neg_clr, weight_decay, eps, maximize):
+def _adagrad_dense(param, grad, state_sum, neg_clr, weight_decay, eps, maximize, word):
     """Elementwise Adagrad over flat arrays (grid-stride)."""
+    if errors.is_pending(word):
+        return
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
         p, s = _adagrad_update(param[i], grad[i], state_sum[i], neg_clr, weight_decay, eps,
                                maximize)
@@ -353,9 +398,12 @@ def _adagrad_dense(param, grad, state_sum, neg_clr, weight_decay, eps, maximize)
 
 
 @cuda.jit
-def _adagrad_rows(param, rows, values, state_sum, neg_clr, weight_decay, eps, maximize):
+def _adagrad_rows(param, rows, used, values, state_sum, neg_clr, weight_decay, eps, maximize,
+                  word):
     """Adagrad on rows ``rows[j]``: one block per listed row, threads along D."""
-    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+    if errors.is_pending(word):
+        return
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
         for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
             p, s = _adagrad_update(param[row, d], values[j, d], state_sum[row, d], neg_clr,
@@ -365,10 +413,12 @@ def _adagrad_rows(param, rows, values, state_sum, neg_clr, weight_decay, eps, ma
 
 
 @cuda.jit
-def _adagrad_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, state_sum,
-                        neg_clr, weight_decay, eps, maximize):
+def _adagrad_row_groups(param, grad, rows, used, starts, counts, order, scale_by_freq, state_sum,
+                        neg_clr, weight_decay, eps, maximize, word):
     """:func:`_adagrad_rows` with each gradient element summed on the spot from its positions."""
-    for j in range(cuda.blockIdx.x, rows.size, cuda.gridDim.x):
+    if errors.is_pending(word):
+        return
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
         for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
             g = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
@@ -389,23 +439,26 @@ def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
     """
     if param.shape[0] and param.shape[1]:
         _rowwise_dense[grid(param.shape[0]), THREADS](param, grad, state_sum,
-                                                      *_rowwise_scalars(param, hyper))
+                                                      *_rowwise_scalars(param, hyper),
+                                                      errors.device_word())
 
 
-def rowwise_adagrad_rows_(param, rows, values, state_sum, hyper):
-    """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only."""
+def rowwise_adagrad_rows_(param, rows, values, used, state_sum, hyper):
+    """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only (``used`` rows are
+    real, see :func:`sgd_rows_`)."""
     if rows.size and param.shape[1]:
-        _rowwise_rows[grid(rows.size), THREADS](param, rows, values, state_sum,
-                                                *_rowwise_scalars(param, hyper))
+        _rowwise_rows[grid(rows.size), THREADS](param, rows, _on_device(used), values, state_sum,
+                                                *_rowwise_scalars(param, hyper),
+                                                errors.device_word())
 
 
 def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`rowwise_adagrad_rows_` fused with the gradient of a lookup (see sgd_row_groups_)."""
-    used = groups.rows.size
-    if used and param.shape[1]:
-        _rowwise_row_groups[grid(used), THREADS](
-            param, grad, groups.rows, groups.starts, groups.counts, groups.order,
-            bool(scale_grad_by_freq), state_sum, *_rowwise_scalars(param, hyper))
+    if groups.rows.size and param.shape[1]:
+        _rowwise_row_groups[grid(groups.rows.size), THREADS](
+            param, grad, groups.rows, groups.used, groups.starts, groups.counts, groups.order,
+            bool(scale_grad_by_freq), state_sum, *_rowwise_scalars(param, hyper),
+            errors.device_word())
 
 
 def _rowwise_scalars(param, hyper):
@@ -445,24 +498,31 @@ def _rowwise_factors(row, state_sum, square_sum, lr, eps, weight_decay, mode, di
 
 
 @cuda.jit
-def _rowwise_dense(param, grad, state_sum, lr, eps, weight_decay, mode, dim_f):
+def _rowwise_dense(param, grad, state_sum, lr, eps, weight_decay, mode, dim_f, word):
     """Row-wise Adagrad on every row: one thread per row (grid-stride)."""
+    if errors.is_pending(word):
+        return
     for r in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         _rowwise_row(r, r, param, grad, state_sum, lr, eps, weight_decay, mode, dim_f)
 
 
 @cuda.jit
-def _rowwise_rows(param, rows, values, state_sum, lr, eps, weight_decay, mode, dim_f):
+def _rowwise_rows(param, rows, used, values, state_sum, lr, eps, weight_decay, mode, dim_f,
+                  word):
     """Row-wise Adagrad on rows ``rows[j]``: one thread per listed row (grid-stride)."""
-    for j in range(cuda.grid(1), rows.size, cuda.gridsize(1)):
+    if errors.is_pending(word):
+        return
+    for j in range(cuda.grid(1), used[0], cuda.gridsize(1)):
         _rowwise_row(rows[j], j, param, values, state_sum, lr, eps, weight_decay, mode, dim_f)
 
 
 @cuda.jit
-def _rowwise_row_groups(param, grad, rows, starts, counts, order, scale_by_freq, state_sum, lr,
-                        eps, weight_decay, mode, dim_f):
+def _rowwise_row_groups(param, grad, rows, used, starts, counts, order, scale_by_freq, state_sum,
+                        lr, eps, weight_decay, mode, dim_f, word):
     """:func:`_rowwise_rows` with the gradient summed on the spot (squares, then update)."""
-    for j in range(cuda.grid(1), rows.size, cuda.gridsize(1)):
+    if errors.is_pending(word):
+        return
+    for j in range(cuda.grid(1), used[0], cuda.gridsize(1)):
         row = rows[j]
         square_sum = cast_like(0, lr)
         for d in range(param.shape[1]):

@@ -1,0 +1,175 @@
+"""Deferred index errors on the GPU: found by kernels, raised by the host later, never fatal.
+
+A kernel that reads indices cannot raise, and asking the host after every op
+would cost a synchronisation. So every such kernel records the first bad
+index it meets in a per-context **error word** and carries on without
+reading out of bounds; every kernel that modifies a table, a gradient or
+optimiser state returns at once while an error is pending. The host raises
+the CPU's ``IndexError`` when it sees the word: at the next numbapos call
+(:func:`raise_pending`, a plain read of mapped host memory, no
+synchronisation) once the failing kernel has run, and always at a
+synchronising call (:func:`synchronize`, ``to_host``, ``state_dict``). It then
+clears the word: nothing was modified, and the context lives on (PyTorch's
+device-side assert kills it instead).
+
+The word is five int64 in device memory: the bad position, its value, the
+valid size, a tag naming the argument (:func:`tag`), and a lock. The first
+four are mirrored to mapped (pinned, device-visible) host memory, written
+with a system fence, so the host sees a failure without waiting for the GPU.
+Writers take the lock (an integer compare-and-swap: errors are rare), so the
+four fields always describe one bad index: the first position of the first
+kernel that failed. ``NUMBAPOS_CUDA_SYNC_CHECKS=1`` synchronises after every
+launcher that records errors and raises there (for debugging, as
+``CUDA_LAUNCH_BLOCKING=1`` does).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from numba import cuda, int64
+
+from ... import config
+
+__all__ = []  # not launchers: imported by the launchers that record errors
+
+NONE = np.iinfo(np.int64).max  # the position field while no error is pending
+POSITION, VALUE, SIZE, TAG, LOCK = range(5)
+
+_TAGS: dict = {}  # (name, size_name) -> tag
+_NAMES: list = []  # tag -> (name, size_name)
+_state: dict = {}  # id(context) -> (context, device word, mapped host word)
+_lock = threading.Lock()
+
+
+def tag(name: str = "indices", size_name: str = "num_embeddings") -> int:
+    """The small integer kernels record for an index argument ``name`` checked against
+    ``size_name`` (the names of the CPU's IndexError)."""
+    key = (name, size_name)
+    found = _TAGS.get(key)
+    if found is None:
+        with _lock:
+            found = _TAGS.setdefault(key, len(_NAMES))
+            if found == len(_NAMES):
+                _NAMES.append(key)
+    return found
+
+
+def words():
+    """``(device word, mapped host word)`` of the current context, made on first use."""
+    context = cuda.current_context()
+    state = _state.get(id(context))
+    if state is None or state[0] is not context:
+        with _lock:
+            state = _state.get(id(context))
+            if state is None or state[0] is not context:
+                host = cuda.mapped_array(5, np.int64)
+                _host_view(host)[:] = (NONE, 0, 0, 0, 0)
+                device = cuda.to_device(np.array([NONE, 0, 0, 0, 0], np.int64))
+                state = _state[id(context)] = (context, device, host)
+    return state[1], state[2]
+
+
+def device_word():
+    """The device word alone, for kernels that only test whether an error is pending."""
+    return words()[0]
+
+
+def _host_view(host) -> np.ndarray:
+    # A mapped array is an ndarray on a GPU; the simulator wraps one in a FakeCUDAArray.
+    return host if isinstance(host, np.ndarray) else host._ary
+
+
+def pending() -> tuple | None:
+    """``(position, value, size, name, size_name)`` of a failure the host can see, or None.
+
+    A plain read of mapped host memory: no synchronisation.
+    """
+    if not _state:
+        return None
+    host = _host_view(words()[1])
+    position = int(host[POSITION])
+    if position == NONE:
+        return None
+    cuda.synchronize()  # the failing kernel and any after it have finished: the word is final
+    position, value, size, which = (int(v) for v in host[:4])
+    name, size_name = _NAMES[which] if 0 <= which < len(_NAMES) else ("indices", "size")
+    return position, value, size, name, size_name
+
+
+def raise_pending() -> None:
+    """Raise the CPU's IndexError for a failure the host can see, and clear the word."""
+    found = pending()
+    if found is None:
+        return
+    position, value, size, name, size_name = found
+    clear()
+    raise IndexError(
+        f"{name}: index {value} (at flat position {position}) is out of range for "
+        f"{size_name}={size}; valid indices are 0 <= index < {size} (found on the GPU by "
+        "a call queued earlier, raised at this one; no table, gradient or optimiser state "
+        "was modified by the failing call or any queued after it)")
+
+
+def clear() -> None:
+    """Reset the word of the current context (after a synchronisation)."""
+    device, host = words()
+    device.copy_to_device(np.array([NONE, 0, 0, 0, 0], np.int64))
+    _host_view(host)[:] = (NONE, 0, 0, 0, 0)
+
+
+def synchronize() -> None:
+    """Wait for every queued kernel, then raise any pending index error."""
+    if not _state:
+        return
+    cuda.synchronize()
+    raise_pending()
+
+
+def after_launch() -> None:
+    """With ``NUMBAPOS_CUDA_SYNC_CHECKS=1``, synchronise and raise now."""
+    if config.get("cuda_sync_checks"):
+        synchronize()
+
+
+# ---------------------------------------------------------------- device side
+
+
+@cuda.jit(device=True)
+def is_pending(word):
+    """Whether an error is pending: every state-modifying kernel returns when it is."""
+    return word[POSITION] != NONE
+
+
+@cuda.jit(device=True)
+def record(word, host, position, value, size, which):
+    """Record a bad index unless an earlier kernel's error or an earlier position of this
+    kernel is already there (under the word's lock; errors are rare)."""
+    if word[POSITION] <= position:
+        return
+    while cuda.atomic.cas(word, LOCK, 0, 1) != 0:
+        pass
+    cuda.threadfence()
+    if position < word[POSITION] and (word[POSITION] == NONE or word[TAG] == which):
+        word[POSITION] = position
+        word[VALUE] = value
+        word[SIZE] = size
+        word[TAG] = which
+        host[POSITION] = position
+        host[VALUE] = value
+        host[SIZE] = size
+        host[TAG] = which
+        cuda.threadfence_system()
+    cuda.threadfence()
+    cuda.atomic.exch(word, LOCK, 0)
+
+
+@cuda.jit(device=True)
+def checked(word, host, index, position, size, which):
+    """``index`` as a row of a table of ``size`` rows, or -1 after recording it as bad."""
+    value = int64(index)
+    if value < 0 or value >= size:
+        record(word, host, int64(position), value, int64(size), which)
+        return int64(-1)
+    return value

@@ -1,0 +1,261 @@
+"""Positions grouped by row on the GPU: a stable radix sort, then segments, no host round trip.
+
+The CUDA twin of the CPU's :func:`~numbapos.kernels.cpu.embedding.group_by_row`,
+done with device kernels and nothing read back (PyTorch's
+``embedding_dense_backward`` sorts on the device too). Positions are sorted
+by the row they name with a least-significant-digit radix sort of 8-bit
+digits over ``bit_length(V)`` bits only (FBGEMM also sorts only the bits a
+table needs); every pass is stable, so the positions of one row stay in
+input order and the sums made from them have the CPU's bits. Then the
+sorted keys are cut into segments, one per distinct row.
+
+Sizes that depend on the data stay on the device: the row list, starts and
+counts are sized by their upper bound N, and ``used`` (a 2-element device
+array: distinct rows, grouped positions) tells consumers where they end;
+their kernels read it and skip the rest.
+
+Index checking happens here too: a bad index is recorded in the deferred
+error word (:mod:`.errors`) and grouped nowhere, like padding (key ``V``,
+which sorts after every row).
+
+Launches: ``3 * ceil(bit_length(V) / 8)`` for the sort (histogram, scan,
+scatter per pass; 2 passes for V < 65536) and 4 for the segments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, int64
+
+from ..._args import RowGroups
+from . import arrays, errors
+
+__all__ = []  # helpers of the embedding and optimiser launchers
+
+TILE = 256  # positions per block of the sort and segment kernels (one per thread)
+RADIX_BITS = 8
+BINS = 1 << RADIX_BITS
+SCAN_THREADS = 1024
+
+
+def group_rows(flat, padding_idx, num_rows, which):
+    """:class:`~numbapos._args.RowGroups` of the flat indices ``flat`` (device arrays).
+
+    Rows ``rows[:used[0]]`` (ascending, padding ``padding_idx`` (-1 for none)
+    and bad indices left out) each own positions
+    ``order[starts[j]:starts[j] + counts[j]]`` in increasing order. Indices
+    outside ``[0, num_rows)`` are recorded as the deferred error tagged
+    ``which``.
+    """
+    n = int(flat.size)
+    used = arrays.zeros((2,), np.int64)
+    if n == 0:
+        empty = arrays.empty((0,), np.int64)
+        return RowGroups(empty, empty, empty, empty, used)
+    word, host = errors.words()
+    blocks = -(-n // TILE)
+    passes = max(1, -(-int(num_rows).bit_length() // RADIX_BITS))
+    keys = [arrays.empty((n,), np.int64), arrays.empty((n,), np.int64)]
+    positions = [arrays.empty((n,), np.int64), arrays.empty((n,), np.int64)]
+    hist = arrays.empty((BINS * blocks,), np.int64)
+    total = arrays.empty((1,), np.int64)
+    sentinel = int(num_rows)
+    pad = int(padding_idx) if padding_idx is not None and padding_idx >= 0 else -1
+    for p in range(passes):
+        src, dst = p % 2, (p + 1) % 2
+        shift = p * RADIX_BITS
+        if p == 0:
+            _first_histogram[blocks, TILE](flat, pad, sentinel, word, host, which,
+                                           keys[src], hist)
+        else:
+            _histogram[blocks, TILE](keys[src], shift, hist)
+        exclusive_scan(hist, hist, total)
+        _scatter_digit[blocks, TILE](keys[src], positions[src], p == 0, shift, hist,
+                                     keys[dst], positions[dst])
+    keys, order = keys[passes % 2], positions[passes % 2]
+    rows = arrays.empty((n,), np.int64)
+    starts = arrays.empty((n,), np.int64)
+    counts = arrays.empty((n,), np.int64)
+    heads = arrays.empty((blocks,), np.int64)
+    _count_heads[blocks, TILE](keys, sentinel, heads)
+    exclusive_scan(heads, heads, used)
+    _write_heads[blocks, TILE](keys, sentinel, heads, rows, starts, used)
+    _segment_counts[arrays.grid(n), arrays.THREADS](starts, used, counts)
+    return RowGroups(rows, starts, counts, order, used)
+
+
+def exclusive_scan(x, out, total):
+    """``out[i] = x[0] + ... + x[i - 1]`` (``out`` may be ``x``), ``total[0] = sum(x)``.
+
+    One block: each thread scans a contiguous chunk, a shared-memory scan
+    joins the chunks.
+    """
+    _exclusive_scan[1, SCAN_THREADS](x, out, total)
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@cuda.jit(device=True)
+def _digit(key, shift):
+    return (key >> shift) & (BINS - 1)
+
+
+@cuda.jit(device=True)
+def _block_histogram(key, valid, shift, hist):
+    """Add this block's digits to ``hist[digit * blocks + block]`` (shared counts first)."""
+    counts = cuda.shared.array(BINS, int64)
+    tid = cuda.threadIdx.x
+    for b in range(tid, BINS, cuda.blockDim.x):
+        counts[b] = 0
+    cuda.syncthreads()
+    if valid:
+        cuda.atomic.add(counts, _digit(key, shift), 1)
+    cuda.syncthreads()
+    for b in range(tid, BINS, cuda.blockDim.x):
+        hist[b * cuda.gridDim.x + cuda.blockIdx.x] = counts[b]
+
+
+@cuda.jit
+def _first_histogram(flat, pad, sentinel, word, host, which, keys, hist):
+    """Keys from the indices (bad ones recorded, they and padding become ``sentinel``),
+    written to ``keys``, and the histogram of their lowest digit."""
+    i = cuda.grid(1)
+    key = int64(0)
+    valid = i < flat.size
+    if valid:
+        key = errors.checked(word, host, flat[i], i, sentinel, which)
+        if key < 0 or key == pad:
+            key = sentinel
+        keys[i] = key
+    _block_histogram(key, valid, 0, hist)
+
+
+@cuda.jit
+def _histogram(keys, shift, hist):
+    i = cuda.grid(1)
+    key = int64(0)
+    valid = i < keys.size
+    if valid:
+        key = keys[i]
+    _block_histogram(key, valid, shift, hist)
+
+
+@cuda.jit
+def _scatter_digit(keys, positions, first, shift, offsets, keys_out, positions_out):
+    """Stable scatter of one digit: each key goes to its digit's offset for this block
+    plus its rank among the block's earlier keys of the same digit."""
+    tile = cuda.shared.array(TILE, int64)
+    tid = cuda.threadIdx.x
+    i = cuda.grid(1)
+    valid = i < keys.size
+    d = int64(-1)
+    if valid:
+        d = _digit(keys[i], shift)
+    tile[tid] = d
+    cuda.syncthreads()
+    if valid:
+        rank = 0
+        for t in range(tid):
+            if tile[t] == d:
+                rank += 1
+        dest = offsets[d * cuda.gridDim.x + cuda.blockIdx.x] + rank
+        keys_out[dest] = keys[i]
+        positions_out[dest] = i if first else positions[i]
+
+
+@cuda.jit(device=True)
+def block_exclusive_scan(values, tid, count):
+    """Exclusive prefix sums of shared ``values[:count]`` in place (one block, all threads
+    call it); returns the total. ``count`` is at most the block's threads."""
+    cuda.syncthreads()
+    total = int64(0)
+    offset = 1
+    while offset < count:
+        add = int64(0)
+        if tid < count and tid >= offset:
+            add = values[tid - offset]
+        cuda.syncthreads()
+        if tid < count:
+            values[tid] += add
+        cuda.syncthreads()
+        offset *= 2
+    total = values[count - 1]
+    mine = int64(0)
+    if 0 < tid < count:
+        mine = values[tid - 1]
+    cuda.syncthreads()
+    if tid < count:
+        values[tid] = mine
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit
+def _exclusive_scan(x, out, total):
+    sums = cuda.shared.array(SCAN_THREADS, int64)
+    tid = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    chunk = (x.size + threads - 1) // threads
+    begin = min(tid * chunk, x.size)
+    end = min(begin + chunk, x.size)
+    acc = int64(0)
+    for k in range(begin, end):
+        acc += x[k]
+    sums[tid] = acc
+    whole = block_exclusive_scan(sums, tid, threads)
+    acc = sums[tid]
+    for k in range(begin, end):
+        v = x[k]
+        out[k] = acc
+        acc += v
+    if tid == 0:
+        total[0] = whole
+
+
+@cuda.jit(device=True)
+def _is_head(keys, i, sentinel):
+    key = keys[i]
+    return key < sentinel and (i == 0 or keys[i - 1] != key)
+
+
+@cuda.jit
+def _count_heads(keys, sentinel, heads):
+    """Segments (distinct rows) starting in each block's tile."""
+    flags = cuda.shared.array(TILE, int64)
+    tid = cuda.threadIdx.x
+    i = cuda.grid(1)
+    flags[tid] = 1 if i < keys.size and _is_head(keys, i, sentinel) else 0
+    total = block_exclusive_scan(flags, tid, TILE)
+    if tid == 0:
+        heads[cuda.blockIdx.x] = total
+
+
+@cuda.jit
+def _write_heads(keys, sentinel, offsets, rows, starts, used):
+    """``rows[j]`` / ``starts[j]`` of segment ``j``, and ``used[1]``: the grouped positions."""
+    flags = cuda.shared.array(TILE, int64)
+    tid = cuda.threadIdx.x
+    i = cuda.grid(1)
+    n = keys.size
+    head = i < n and _is_head(keys, i, sentinel)
+    flags[tid] = 1 if head else 0
+    block_exclusive_scan(flags, tid, TILE)
+    if head:
+        j = offsets[cuda.blockIdx.x] + flags[tid]
+        rows[j] = keys[i]
+        starts[j] = i
+    if i < n:
+        key = keys[i]
+        if key < sentinel and (i + 1 == n or keys[i + 1] >= sentinel):
+            used[1] = i + 1
+        elif i == 0 and key >= sentinel:
+            used[1] = 0
+
+
+@cuda.jit
+def _segment_counts(starts, used, counts):
+    distinct = used[0]
+    for j in range(cuda.grid(1), distinct, cuda.gridsize(1)):
+        end = starts[j + 1] if j + 1 < distinct else used[1]
+        counts[j] = end - starts[j]
