@@ -15,7 +15,7 @@ from . import (
     blocks,
     dropout,
     embedding,
-    errors,
+    errors,  # noqa: F401 (``_device`` raises and synchronises through it)
     init,
     memory,
     normalization,
