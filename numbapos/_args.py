@@ -7,6 +7,7 @@ Python: importing it compiles nothing.
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
@@ -169,8 +170,17 @@ class AdagradHyper(NamedTuple):
     maximize: bool
 
 
-# RowWiseAdagrad's weight decay modes, FBGEMM's WeightDecayMode numbers.
-WEIGHT_DECAY_MODES = {"none": 0, "l2": 1, "decoupled": 2}
+class WeightDecayMode(IntEnum):
+    """Row-wise Adagrad's weight decay, FBGEMM's ``WeightDecayMode`` numbers."""
+
+    NONE = 0
+    L2 = 1
+    DECOUPLED = 2
+
+
+# The names RowWiseAdagrad takes.
+WEIGHT_DECAY_MODES = {"none": WeightDecayMode.NONE, "l2": WeightDecayMode.L2,
+                      "decoupled": WeightDecayMode.DECOUPLED}
 
 
 class RowWiseAdagradHyper(NamedTuple):

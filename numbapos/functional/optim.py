@@ -508,7 +508,7 @@ def _rowwise_hyper(dtype, lr, eps, weight_decay, weight_decay_mode) -> RowWiseAd
                                            weight_decay_mode=weight_decay_mode))
     cast = np.dtype(dtype).type
     return RowWiseAdagradHyper(cast(v["lr"]), cast(v["eps"]), cast(v["weight_decay"]),
-                               WEIGHT_DECAY_MODES[v["weight_decay_mode"]])
+                               int(WEIGHT_DECAY_MODES[v["weight_decay_mode"]]))
 
 
 def _rows_view(x):

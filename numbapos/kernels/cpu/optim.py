@@ -6,13 +6,16 @@ sparse) and FBGEMM's exact row-wise Adagrad. The arithmetic follows the
 reference operation for operation, in the parameter's dtype (scalars arrive
 already cast to it), so results match step for step. With ``momentum == 0``
 SGD's buffer is never read or written and may be empty; so is Adam's
-``max_exp_avg_sq`` without ``amsgrad``.
+``max_exp_avg_sq`` without ``amsgrad``. The element updates themselves are
+:mod:`numbapos.kernels.updates`, shared with the CUDA twins.
 """
 
 import numba
 import numpy as np
 from numba import prange
 
+from ..._args import WeightDecayMode
+from .. import updates
 from .arrays import option, pick, runs_parallel
 from .branchless import choose
 from .embedding import group_gradient
@@ -101,20 +104,8 @@ def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *
 # momentum buffer) gets a loop of its own. The dense updates stream whole arrays
 # at memory speed either way and keep one loop each (a loop per option doubled
 # their compile time for nothing).
-@kernel(inline="always")
-def _sgd_gradient(p, g, h, maximize, decay):
-    # maximize and L2 weight decay.
-    g = choose(maximize, -g, g)
-    return choose(decay, g + h.weight_decay * p, g)
-
-
-@kernel(inline="always")
-def _sgd_momentum_update(p, g, buf, h, first, nesterov, maximize, decay):
-    # One element with momentum: returns (new_p, new_buf).
-    g = _sgd_gradient(p, g, h, maximize, decay)
-    buf = choose(first, g, buf * h.momentum + h.one_minus_dampening * g)
-    g = choose(nesterov, g + h.momentum * buf, buf)
-    return p - h.lr * g, buf
+_sgd_plain_update = updates.sgd_plain_update
+_sgd_momentum_update = updates.sgd_momentum_update
 
 
 @kernel(inline="always")
@@ -123,7 +114,7 @@ def _sgd_dense_at(i, param, grad, buf, first, h, decay):
         param[i], buf[i] = _sgd_momentum_update(param[i], grad[i], buf[i], h, first, h.nesterov,
                                                 h.maximize, decay)
     else:
-        param[i] = param[i] - h.lr * _sgd_gradient(param[i], grad[i], h, h.maximize, decay)
+        param[i] = _sgd_plain_update(param[i], grad[i], h, h.maximize, decay)
 
 
 @kernel()
@@ -152,8 +143,7 @@ def _sgd_dense_parallel(param, grad, buf, first, hyper):
 def _sgd_plain_row(row, g, param, h, maximize, decay):
     # Row ``row`` of ``param`` with gradient row ``g`` (1-D), no momentum.
     for d in range(param.shape[1]):
-        param[row, d] = param[row, d] - h.lr * _sgd_gradient(param[row, d], g[d], h, maximize,
-                                                             decay)
+        param[row, d] = _sgd_plain_update(param[row, d], g[d], h, maximize, decay)
 
 
 @kernel(inline="always")
@@ -316,28 +306,9 @@ def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper):
             param, rows, values, exp_avg, exp_avg_sq, hyper)
 
 
-@kernel(inline="always")
-def _adam_prologue(p, g, h, maximize, l2, decoupled):
-    # maximize and weight decay (L2 into the gradient, or AdamW's decay of p): (p, g).
-    g = choose(maximize, -g, g)
-    p = choose(decoupled, p * h.decay, p)
-    return p, choose(l2, g + h.weight_decay * p, g)
-
-
-@kernel(inline="always")
-def _adam_decay_flags(h):
-    # (l2, decoupled): which weight decay applies, if any.
-    decay = h.weight_decay != 0
-    return decay and not h.decoupled, decay and h.decoupled
-
-
-@kernel(inline="always")
-def _adam_moments(g, m, v, h, low_weight, beta1):
-    # One element's new moments in dense Adam: (m, v). ``low_weight`` says
-    # ``1 - beta1 < 0.5``, which of torch.lerp's two forms applies.
-    w = h.one_minus_beta1
-    m = choose(low_weight, m + w * (g - m), g - (g - m) * beta1)
-    return m, v * h.beta2 + h.one_minus_beta2 * g * g
+_adam_prologue = updates.adam_prologue
+_adam_decay_flags = updates.adam_decay_flags
+_adam_moments = updates.adam_moments
 
 
 @kernel(inline="always")
@@ -350,7 +321,7 @@ def _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, l2, d
     if h.amsgrad:
         v = choose(max_exp_avg_sq[i] > v, max_exp_avg_sq[i], v)
         max_exp_avg_sq[i] = v
-    param[i] = p + h.neg_step_size * (m / (np.sqrt(v) / h.bias_correction2_sqrt + h.eps))
+    param[i] = updates.adam_dense_param(p, m, v, h)
 
 
 @kernel()
@@ -400,14 +371,8 @@ def _adam_row_from(row, g_row, param, exp_avg, exp_avg_sq, h):
     # Row ``row`` of ``param`` (and the moments) with gradient row ``g_row`` (1-D).
     l2, decoupled = _adam_decay_flags(h)
     for d in range(param.shape[1]):
-        p, g = _adam_prologue(param[row, d], g_row[d], h, h.maximize, l2, decoupled)
-        m = exp_avg[row, d]
-        m = m + (g - m) * h.one_minus_beta1
-        v = exp_avg_sq[row, d]
-        v = v + (g * g - v) * h.one_minus_beta2
-        exp_avg[row, d] = m
-        exp_avg_sq[row, d] = v
-        param[row, d] = p + h.neg_step_size * (m / (np.sqrt(v) + h.eps))
+        param[row, d], exp_avg[row, d], exp_avg_sq[row, d] = updates.sparse_adam_update(
+            param[row, d], g_row[d], exp_avg[row, d], exp_avg_sq[row, d], h, l2, decoupled)
 
 
 @kernel()
@@ -464,13 +429,7 @@ def adagrad_rows_(param, rows, values, used, state_sum, hyper):
             param, rows, values, state_sum, hyper)
 
 
-@kernel(inline="always")
-def _adagrad_update(p, g, s, h, decay):
-    # One element: (new_p, new_sum).
-    g = choose(h.maximize, -g, g)
-    g = choose(decay, g + h.weight_decay * p, g)
-    s = s + g * g
-    return p + h.neg_clr * (g / (np.sqrt(s) + h.eps)), s
+_adagrad_update = updates.adagrad_update
 
 
 @kernel()
@@ -581,7 +540,7 @@ def rowwise_adagrad_rows_(param, rows, values, used, state_sum, hyper):
 def _l2_variant(hyper):
     """True (see :func:`.arrays.option`) with L2 weight decay, whose square sums also
     read the parameter; None otherwise, and the kernel compiles without that read."""
-    return option(hyper.mode == 1)
+    return option(hyper.mode == _L2)
 
 
 # A row's mean square is summed in order, as FBGEMM's loop does: one chain of
@@ -592,14 +551,13 @@ def _l2_variant(hyper):
 # without L2 decay (LLVM then drops the parameter's read from the sums), else
 # ``h.mode == 1``.
 _ROWS_AT_ONCE = 4
+_L2 = int(WeightDecayMode.L2)
 
 
 @kernel(inline="always")
 def _rowwise_term(g_row, row, d, param, h, l2):
     # Element d's square in row ``row``'s mean square (L2 decay folded into g).
-    g = g_row[d]
-    g = choose(l2, g + h.weight_decay * param[row, d], g)
-    return g * g
+    return updates.rowwise_term(g_row[d], param[row, d], h, l2)
 
 
 @kernel(inline="always")
@@ -607,17 +565,11 @@ def _rowwise_apply(row, g_row, square_sum, param, state_sum, h):
     # Row ``row`` of param with gradient row ``g_row`` and its square sum
     # (FBGEMM's split_weight_update_cpu).
     dim = param.shape[1]
-    one = param.dtype.type(1)
-    acc = state_sum[row] + square_sum / param.dtype.type(dim)
+    acc, correction, multiplier = updates.rowwise_factors(
+        state_sum[row], square_sum, param.dtype.type(dim), param.dtype.type(1), h)
     state_sum[row] = acc
-    multiplier = h.lr / (np.sqrt(acc) + h.eps)
-    correction = one
-    if h.mode == 1:
-        correction = one - multiplier * h.weight_decay
-    elif h.mode == 2:
-        correction = one - h.lr * h.weight_decay
     for d in range(dim):
-        param[row, d] = correction * param[row, d] - multiplier * g_row[d]
+        param[row, d] = updates.rowwise_apply(param[row, d], g_row[d], correction, multiplier)
 
 
 @kernel(inline="always")
@@ -662,14 +614,14 @@ def _rowwise_dense_block(b, param, grad, state_sum, h, l2):
 
 @kernel()
 def _rowwise_dense(param, grad, state_sum, general, hyper):
-    l2 = False if general is None else hyper.mode == 1
+    l2 = False if general is None else hyper.mode == _L2
     for b in range(_blocks(param.shape[0])):
         _rowwise_dense_block(b, param, grad, state_sum, hyper, l2)
 
 
 @kernel(parallel=True)
 def _rowwise_dense_parallel(param, grad, state_sum, general, hyper):
-    l2 = False if general is None else hyper.mode == 1
+    l2 = False if general is None else hyper.mode == _L2
     for b in prange(_blocks(param.shape[0])):
         _rowwise_dense_block(b, param, grad, state_sum, hyper, l2)
 
@@ -690,14 +642,14 @@ def _rowwise_rows_block(b, param, rows, values, state_sum, h, l2):
 
 @kernel()
 def _rowwise_rows(param, rows, values, state_sum, general, hyper):
-    l2 = False if general is None else hyper.mode == 1
+    l2 = False if general is None else hyper.mode == _L2
     for b in range(_blocks(rows.size)):
         _rowwise_rows_block(b, param, rows, values, state_sum, hyper, l2)
 
 
 @kernel(parallel=True)
 def _rowwise_rows_parallel(param, rows, values, state_sum, general, hyper):
-    l2 = False if general is None else hyper.mode == 1
+    l2 = False if general is None else hyper.mode == _L2
     for b in prange(_blocks(rows.size)):
         _rowwise_rows_block(b, param, rows, values, state_sum, hyper, l2)
 
@@ -729,14 +681,14 @@ def _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, sta
 
 @kernel()
 def _rowwise_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, general, hyper):
-    l2 = False if general is None else hyper.mode == 1
+    l2 = False if general is None else hyper.mode == _L2
     _rowwise_group_chunk(0, param, grad, groups, scale_by_freq, scratch, state_sum, hyper, l2)
 
 
 @kernel(parallel=True)
 def _rowwise_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum,
                                  general, hyper):
-    l2 = False if general is None else hyper.mode == 1
+    l2 = False if general is None else hyper.mode == _L2
     for chunk in prange(scratch.shape[0]):
         _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, state_sum,
                              hyper, l2)

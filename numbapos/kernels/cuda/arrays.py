@@ -46,7 +46,10 @@ def _cast(src, out):
 
 
 @cuda.jit
-def _add(out, x):
+def _add(out, x, word):
+    # Gradient accumulation: nothing is added while an index error is pending.
+    if errors.is_pending(word):
+        return
     start, stride = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, out.size, stride):
         out[i] += x[i]
@@ -129,7 +132,8 @@ def contiguous(x, dtype=None):
 def add_(out, x):
     """``out += x`` elementwise (same shape and dtype, both C-contiguous)."""
     if out.size:
-        _add[grid(out.size), THREADS](out.reshape(out.size), x.reshape(x.size))
+        _add[grid(out.size), THREADS](out.reshape(out.size), x.reshape(x.size),
+                                      errors.device_word())
 
 
 def add_rows_(dense, rows, values, used):

@@ -9,8 +9,12 @@ per-dtype :func:`mul_f32` / :func:`mul_f64`), libdevice's ``__nv_fmul_rn`` /
 they are plain multiplies (NumPy scalars never fuse).
 """
 
+import math
+
 import numpy as np
 from numba import config, cuda, float32, float64
+
+from .. import scalar
 
 __all__ = []  # device helpers, not launchers
 
@@ -44,6 +48,20 @@ else:  # pragma: no cover - compiled for real GPUs only
             return lambda a, b: libdevice.fmul_rn(a, b)
         if a == types.float64 and b == types.float64:
             return lambda a, b: libdevice.dmul_rn(a, b)
+        return None
+
+    # The shared element updates' helpers (numbapos.kernels.scalar), on the GPU.
+    @overload(scalar.mul_rn, target="cuda", inline="always")
+    def _scalar_mul_rn_cuda(a, b):
+        return _mul_rn_cuda(a, b)
+
+    @overload(scalar.sqrt_rn, target="cuda", inline="always")
+    def _scalar_sqrt_rn_cuda(x):
+        # The float64 root of a float32 rounds as float32's own correctly rounded root.
+        if x == types.float32:
+            return lambda x: float32(math.sqrt(x))
+        if x == types.float64:
+            return lambda x: math.sqrt(x)
         return None
 
     @overload(cast_like, target="cuda", inline="always")
