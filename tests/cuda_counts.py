@@ -1,0 +1,133 @@
+"""Count what an op asks of the GPU, on Numba's CUDA simulator.
+
+The simulator runs everything synchronously on the host, so it cannot show a
+stall; but it can count the calls that would cost one on a GPU::
+
+    with count_cuda_traffic() as c:
+        numbapos.functional.embedding(ids, weight)
+    assert c.launches == 1 and c.device_to_host == 0 and c.synchronizations == 0
+
+- ``launches``: kernel launches (``kernel[grid, block](...)``; device
+  functions and calls made inside a running kernel are not launches);
+- ``device_to_host``: copies from the device to the host
+  (``DeviceNDArray.copy_to_host``, and reading one element of a device array
+  on the host, ``x[i]``, which on a GPU is a copy too);
+- ``synchronizations``: ``cuda.synchronize()`` and ``stream.synchronize()``;
+- ``host_to_device``: ``cuda.to_device`` and ``DeviceNDArray.copy_to_device``
+  (asynchronous for pageable memory only up to a small size, and each a
+  separate transfer: counted apart, tests keep them at zero where they can);
+- ``device_to_device``: ``DeviceNDArray.copy_to_device`` from another device
+  array (no transfer over the bus, no synchronisation).
+
+``c.kernels`` lists the launched kernels' names in order, for messages.
+Only the simulator is patched (``NUMBA_ENABLE_CUDASIM=1``), and only inside
+the ``with`` block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CudaTraffic:
+    """What the code inside one :func:`count_cuda_traffic` block asked of the GPU."""
+
+    launches: int = 0
+    device_to_host: int = 0
+    synchronizations: int = 0
+    host_to_device: int = 0
+    device_to_device: int = 0
+    kernels: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return (f"{self.launches} launches ({', '.join(self.kernels)}), "
+                f"{self.device_to_host} device-to-host copies, "
+                f"{self.synchronizations} synchronisations, "
+                f"{self.host_to_device} host-to-device copies, "
+                f"{self.device_to_device} device-to-device copies")
+
+
+@contextlib.contextmanager
+def count_cuda_traffic():
+    """Count launches, copies and synchronisations on the CUDA simulator (see the module)."""
+    from numba import config, cuda
+
+    if not config.ENABLE_CUDASIM:
+        raise RuntimeError("count_cuda_traffic needs Numba's CUDA simulator "
+                           "(NUMBA_ENABLE_CUDASIM=1)")
+    from numba.cuda import simulator
+    from numba.cuda.simulator import api
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator.cudadrv import devicearray
+
+    counts = CudaTraffic()
+    fake_kernel = sim_kernel.FakeCUDAKernel
+    fake_array = devicearray.FakeCUDAArray
+    saved = []
+
+    def patch(owner, name, make):
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        saved.append((owner, name, original))
+        setattr(owner, name, make(original))
+
+    def counted_call(original):
+        def __call__(self, *args):
+            if not self._device and not sim_kernel._kernel_context:
+                counts.launches += 1
+                counts.kernels.append(getattr(self.fn, "__name__", "?"))
+            return original(self, *args)
+        return __call__
+
+    def counted_copy_to_host(original):
+        def copy_to_host(self, *args, **kwargs):
+            counts.device_to_host += 1
+            return original(self, *args, **kwargs)
+        return copy_to_host
+
+    def counted_getitem(original):
+        def __getitem__(self, idx):
+            result = original(self, idx)
+            if not sim_kernel._kernel_context and not isinstance(result, fake_array):
+                counts.device_to_host += 1  # one element read on the host
+            return result
+        return __getitem__
+
+    def counted_copy_to_device(original):
+        def copy_to_device(self, ary, *args, **kwargs):
+            if isinstance(ary, fake_array):
+                counts.device_to_device += 1
+            elif not sim_kernel._kernel_context:
+                counts.host_to_device += 1
+            return original(self, ary, *args, **kwargs)
+        return copy_to_device
+
+    def counted_to_device(original):
+        def to_device(*args, **kwargs):
+            counts.host_to_device += 1
+            return original(*args, **kwargs)
+        return to_device
+
+    def counted_sync(original):
+        def synchronize(*args, **kwargs):
+            counts.synchronizations += 1
+            return original(*args, **kwargs)
+        return synchronize
+
+    patch(fake_kernel, "__call__", counted_call)
+    patch(fake_array, "copy_to_host", counted_copy_to_host)
+    patch(fake_array, "__getitem__", counted_getitem)
+    patch(fake_array, "copy_to_device", counted_copy_to_device)
+    for module in (simulator, cuda, devicearray):
+        if hasattr(module, "to_device"):
+            patch(module, "to_device", counted_to_device)
+    for module in (simulator, cuda, api):
+        if hasattr(module, "synchronize"):
+            patch(module, "synchronize", counted_sync)
+    patch(api.stream, "synchronize", counted_sync)
+    try:
+        yield counts
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
