@@ -166,8 +166,8 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
         (N, L) or (1, L). Each id must lie in ``[0, M)``. Float positions
         ``p`` in ``[0, M - 1]`` read ``(1 - w) * table[floor(p)] + w *
         table[floor(p) + 1]``, ``w = p - floor(p)`` (position interpolation of
-        an absolute table, on the fly; the blend is formed in float64; CUDA
-        float positions are checked on the host).
+        an absolute table, on the fly; the blend is formed in float64; on
+        CUDA they are checked on the device, deferred as index ids are).
     out : ndarray, optional
         C-contiguous buffer of ``x``'s shape and dtype (it may be ``x`` itself).
 
@@ -185,7 +185,9 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
         outside ``[0, M - L]``, both ``offset`` and ``position_ids`` given,
         ``position_ids`` of the wrong shape, ``out`` of the wrong shape or dtype.
     IndexError
-        A position id outside ``[0, M)``.
+        A position id outside ``[0, M)``. On CUDA it is found by the kernel
+        and raised by the next synchronising call (``numbapos.synchronize()``,
+        ``to_host``) or the next op that sees it; nothing is modified.
     """
     x = _check_activation(x)
     table = _checks.check_matching_table(x, table, "table")
