@@ -285,9 +285,9 @@ def synchronize() -> None:
     op or any op queued after it, and the GPU stays usable. Does nothing when
     CUDA was never used.
     """
-    namespace = _NAMESPACES.get("cuda")
-    if namespace is not None:
-        namespace.errors.synchronize()
+    errors = sys.modules.get("numbapos.kernels.cuda.errors")
+    if errors is not None:
+        errors.synchronize()
 
 
 # ---------------------------------------------------------------- array metadata

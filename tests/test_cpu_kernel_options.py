@@ -74,7 +74,8 @@ def test_the_variant_is_part_of_the_compiled_signature():
     for hyper, buf_kind, general_kind in ((usual, "array", "none"), (plain, "none", "none"),
                                           (nesterov, "array", "bool")):
         param = np.ones((6, 3))
-        sgd_rows_(param, rows, np.ones((2, 3)), np.zeros_like(param), np.zeros(6, bool), hyper)
+        sgd_rows_(param, rows, np.ones((2, 3)), 2, np.zeros_like(param), np.zeros(6, bool),
+                  hyper)
         np.testing.assert_allclose(param[[1, 4]], 0.9 if hyper is not nesterov else 1 - 0.1 * 1.9)
         assert any(str(sig[1]).startswith("array(int32") and str(sig[3]).startswith(buf_kind)
                    and str(sig[4]) == general_kind for sig in _sgd_rows.signatures)
@@ -83,7 +84,7 @@ def test_the_variant_is_part_of_the_compiled_signature():
 def test_scale_flag_sums_match_numpy():
     grad = np.arange(12, dtype=np.float32).reshape(4, 3)
     groups = RowGroups(np.array([2, 5]), np.array([0, 2]), np.array([2, 2]),
-                       np.array([0, 3, 1, 2]))
+                       np.array([0, 3, 1, 2]), 2)
     for scale, expected in ((False, [grad[0] + grad[3], grad[1] + grad[2]]),
                             (True, [grad[0] / 2 + grad[3] / 2, grad[1] / 2 + grad[2] / 2])):
         out = np.empty((2, 3), np.float32)

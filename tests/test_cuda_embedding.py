@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from conftest import FLOAT_DTYPES, INDEX_DTYPES, dev, nan_device
 
+from numbapos.kernels import cpu as cpu_arrays
+from numbapos.kernels import cuda as gpu_arrays
 from numbapos.kernels.cpu import embedding as cpu
 from numbapos.kernels.cuda import embedding as gpu
 
@@ -21,45 +23,104 @@ def test_same_launchers_and_signatures():
         assert inspect.signature(getattr(gpu, name)) == inspect.signature(getattr(cpu, name))
 
 
-# ---------------------------------------------------------------- index_bounds
+# ---------------------------------------------------------------- deferred index checks
+
+
+def _sparse_via_groups(backend, grad, flat, num, padding_idx, scale):
+    """``(rows, values)`` of the sparse gradient: group_rows then sum_row_groups, trimmed
+    to the rows used (on the GPU the count stays on the device: read it here)."""
+    groups = backend.group_rows(flat, padding_idx, num)
+    values = backend.empty((groups.rows.shape[0], grad.shape[1]), grad.dtype)
+    backend.sum_row_groups(grad, groups, scale, values)
+    if backend is cpu_arrays:
+        return groups.rows, values
+    used = int(groups.used.copy_to_host()[0])
+    return groups.rows.copy_to_host()[:used], values.copy_to_host()[:used]
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("values", [
-    [4],
-    [-3],
-    [5, 5, 5],
-    [2, 9, -1, 7, 0],
-])
-def test_index_bounds_small(index_dtype, values):
-    flat = np.array(values, dtype=index_dtype)
-    got = gpu.index_bounds(dev(flat))
-    assert got == (flat.min(), flat.max()) == cpu.index_bounds(flat)
-    assert all(type(v) is int for v in got)
+def test_check_indices_defers_on_the_gpu(index_dtype):
+    import numbapos
+
+    flat = np.array([2, 9, -1, 7, 0], dtype=index_dtype)
+    assert cpu.check_indices(flat, 5) == 1
+    assert cpu.check_indices(flat[[0, 4]], 5) == -1
+    assert gpu.check_indices(dev(flat), 5, "ids", "vocab") == -1  # queued, not waited for
+    with pytest.raises(IndexError, match=r"ids: index 9 \(at flat position 1\) is out of "
+                                         r"range for vocab=5; valid indices are 0 <= index < 5"):
+        numbapos.synchronize()
+    numbapos.synchronize()  # cleared: the context lives on
+    assert gpu.check_indices(dev(flat[[0, 4]]), 5) == -1
+    numbapos.synchronize()
 
 
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("where", ["first", "last", "middle"])
-def test_index_bounds_several_blocks(rng, index_dtype, where):
-    # 300 values: three blocks, the last one partly idle.
-    flat = rng.integers(10, 1000, size=300).astype(index_dtype)
-    low_at, high_at = {"first": (0, 1), "last": (299, 298), "middle": (150, 151)}[where]
-    flat[low_at], flat[high_at] = -7, 2**31 - 1
-    assert gpu.index_bounds(dev(flat)) == (-7, 2**31 - 1) == cpu.index_bounds(flat)
+def test_gather_records_the_first_bad_position_and_zero_fills_it(rng):
+    import numbapos
+
+    weight = rng.normal(size=(4, 3)).astype(np.float32)
+    flat = np.array([1, 3, 7, 0, -2, 2], np.int64)
+    out = nan_device((6, 3), np.float32)
+    gpu.gather_rows(dev(flat), dev(weight), out)
+    with pytest.raises(IndexError, match=r"index 7 \(at flat position 2\).*num_embeddings=4"):
+        numbapos.synchronize()
+    got = out.copy_to_host()
+    np.testing.assert_array_equal(got[[0, 1, 3, 5]], weight[[1, 3, 0, 2]])
+    np.testing.assert_array_equal(got[[2, 4]], 0)  # never read out of bounds
 
 
-def test_index_bounds_grid_stride(rng, monkeypatch):
-    # Fewer blocks than the data needs: each thread walks several elements.
-    monkeypatch.setattr(gpu, "BOUNDS_BLOCKS", 2)
-    flat = rng.integers(-50, 50, size=700).astype(np.int64)
-    flat[613] = -2**40
-    flat[677] = 2**40
-    assert gpu.index_bounds(dev(flat)) == (-2**40, 2**40)
+@pytest.mark.parametrize("num", [1, 5, 300, 70_000])  # one, two and three radix passes
+def test_group_rows_matches_the_cpu(rng, num):
+    n = 300  # two blocks of the sort
+    flat = rng.integers(0, num, size=n).astype(np.int64)
+    flat[:40] = flat[0]  # a hot row
+    padding_idx = int(flat[7]) if num > 1 else None
+    groups = gpu.group_rows(dev(flat), padding_idx, num)
+    expected = cpu.group_rows(flat, padding_idx, num)
+    used = groups.used.copy_to_host()
+    assert used[0] == expected.used
+    assert used[1] == expected.counts.sum()
+    m = expected.used
+    np.testing.assert_array_equal(groups.rows.copy_to_host()[:m], expected.rows)
+    np.testing.assert_array_equal(groups.counts.copy_to_host()[:m], expected.counts)
+    # Each row's positions, in increasing order (the CPU's order also holds the padding
+    # positions, so only the segments compare, not where they start).
+    starts, order = groups.starts.copy_to_host(), groups.order.copy_to_host()
+    for j in range(m):
+        got = order[starts[j]:starts[j] + expected.counts[j]]
+        want = expected.order[expected.starts[j]:expected.starts[j] + expected.counts[j]]
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, np.flatnonzero(flat == expected.rows[j]))
 
 
-def test_index_bounds_refuses_empty():
-    with pytest.raises(ValueError, match="non-empty"):
-        gpu.index_bounds(dev(np.zeros(0, np.int64)))
+def test_group_rows_leaves_bad_indices_out_and_records_them():
+    import numbapos
+
+    flat = np.array([3, 1, 8, 3, -1, 1], np.int64)
+    groups = gpu.group_rows(dev(flat), None, 4)
+    used = groups.used.copy_to_host()
+    assert tuple(used) == (2, 4)
+    np.testing.assert_array_equal(groups.rows.copy_to_host()[:2], [1, 3])
+    np.testing.assert_array_equal(groups.order.copy_to_host()[:4], [1, 5, 0, 3])
+    with pytest.raises(IndexError, match=r"index 8 \(at flat position 2\)"):
+        numbapos.synchronize()
+
+
+def test_state_writing_kernels_do_nothing_while_an_error_is_pending(rng):
+    import numbapos
+
+    weight = rng.normal(size=(5, 4))
+    grad = rng.normal(size=(3, 4))
+    out = dev(np.zeros((5, 4)))
+    table = dev(weight)
+    gpu.check_indices(dev(np.array([9])), 5)  # an error, not raised yet
+    gpu.scatter_rows(dev(grad), dev(np.array([0, 1, 1])), None, False, out)
+    gpu.renorm_used_rows_(table, dev(np.array([0, 1])), 1e-3, 2.0)
+    with pytest.raises(IndexError, match="index 9"):
+        numbapos.synchronize()
+    np.testing.assert_array_equal(out.copy_to_host(), 0)
+    np.testing.assert_array_equal(table.copy_to_host(), weight)
+    gpu.scatter_rows(dev(grad), dev(np.array([0, 1, 1])), None, False, out)  # usable again
+    assert out.copy_to_host()[1].any()
 
 
 # ---------------------------------------------------------------- gather_rows
@@ -211,9 +272,9 @@ def test_scatter_rows_sparse_bit_identical(rng, dtype, index_dtype, padding_idx,
                                            dim, n):
     flat = rng.integers(0, num, size=n).astype(index_dtype)
     grad = rng.normal(size=(n, dim)).astype(dtype)
-    rows_d, values_d = gpu.scatter_rows_sparse(dev(grad), dev(flat), num, padding_idx, scale)
-    rows, values = rows_d.copy_to_host(), values_d.copy_to_host()
-    expected_rows, expected_values = cpu.scatter_rows_sparse(grad, flat, num, padding_idx, scale)
+    rows, values = _sparse_via_groups(gpu_arrays, dev(grad), dev(flat), num, padding_idx, scale)
+    expected_rows, expected_values = _sparse_via_groups(cpu_arrays, grad, flat, num,
+                                                        padding_idx, scale)
     assert rows.dtype == np.int64 and values.dtype == dtype
     assert values.shape == (rows.size, dim)
     np.testing.assert_array_equal(rows, expected_rows)
@@ -232,9 +293,9 @@ def test_scatter_sums_in_input_order(sparse):
     grad = np.array([[1e8], [1.0], [-1e8], [2.0]], np.float32)
     flat = np.array([3, 3, 3, 1], np.int32)
     if sparse:
-        rows, values = gpu.scatter_rows_sparse(dev(grad), dev(flat), 4, None, False)
-        np.testing.assert_array_equal(rows.copy_to_host(), [1, 3])
-        np.testing.assert_array_equal(values.copy_to_host(), [[2.0], [0.0]])
+        rows, values = _sparse_via_groups(gpu_arrays, dev(grad), dev(flat), 4, None, False)
+        np.testing.assert_array_equal(rows, [1, 3])
+        np.testing.assert_array_equal(values, [[2.0], [0.0]])
     else:
         out = dev(np.zeros((4, 1), np.float32))
         gpu.scatter_rows(dev(grad), dev(flat), None, False, out)
@@ -255,7 +316,7 @@ def test_scatter_all_padding(rng, dtype):
     out = dev(np.zeros((5, 3), dtype))
     gpu.scatter_rows(dev(grad), dev(flat), 2, True, out)
     np.testing.assert_array_equal(out.copy_to_host(), np.zeros((5, 3), dtype))
-    rows, values = gpu.scatter_rows_sparse(dev(grad), dev(flat), 5, 2, False)
+    rows, values = _sparse_via_groups(gpu_arrays, dev(grad), dev(flat), 5, 2, False)
     assert rows.shape == (0,) and values.shape == (0, 3) and values.dtype == dtype
 
 

@@ -117,8 +117,8 @@ def test_sgd_rows_steps_bit_identical(rng, dtype, config, dim):
     for rows in STEPS:
         rows = np.array(rows, np.int64)
         values = rng.normal(size=(rows.size, dim)).astype(dtype)
-        gpu.sgd_rows_(param_d, dev(rows), dev(values), buf_d, started_d, h)
-        cpu.sgd_rows_(param, rows, values, buf, started, h)
+        gpu.sgd_rows_(param_d, dev(rows), dev(values), rows.size, buf_d, started_d, h)
+        cpu.sgd_rows_(param, rows, values, rows.size, buf, started, h)
         for r, v in zip(rows, values, strict=True):
             p, b = history[r]
             history[r] = oracle_step(p, v, b, b is None, h)
@@ -138,7 +138,7 @@ def test_sgd_rows_empty_rows_is_a_no_op(rng, dtype):
     h = hyper(dtype, momentum=0.9)
     param = rng.normal(size=(3, 2)).astype(dtype)
     param_d, started_d = dev(param), dev(np.zeros(3, np.bool_))
-    gpu.sgd_rows_(param_d, dev(np.zeros(0, np.int64)), dev(np.zeros((0, 2), dtype)),
+    gpu.sgd_rows_(param_d, dev(np.zeros(0, np.int64)), dev(np.zeros((0, 2), dtype)), 0,
                   dev(np.zeros((3, 2), dtype)), started_d, h)
     np.testing.assert_array_equal(param_d.copy_to_host(), param)
     assert not started_d.copy_to_host().any()
@@ -166,15 +166,15 @@ def test_sgd_row_groups_equals_sum_then_sgd_rows_on_both_devices(rng, dtype, con
                         np.zeros(num if momentum else 0, np.bool_)]
     p_d, b_d, s_d = (dev(a) for a in states["fused_gpu"])
     for _ in range(2):  # the second step continues the momentum the first started
-        groups = cpu_embedding.group_rows(flat, 6)
+        groups = cpu_embedding.group_rows(flat, 6, num)
         cpu.sgd_row_groups_(*states["fused_cpu"][:1], grad, groups, scale,
                             *states["fused_cpu"][1:], h)
-        gpu.sgd_row_groups_(p_d, dev(grad), gpu_embedding.group_rows(dev(flat), 6), scale,
+        gpu.sgd_row_groups_(p_d, dev(grad), gpu_embedding.group_rows(dev(flat), 6, num), scale,
                             b_d, s_d, h)
         values = np.empty((groups.rows.size, dim), dtype)
         cpu_embedding.sum_row_groups(grad, groups, scale, values)
         p, b, s = states["two_pass"]
-        cpu.sgd_rows_(p, groups.rows, values, b, s, h)
+        cpu.sgd_rows_(p, groups.rows, values, groups.used, b, s, h)
     np.testing.assert_array_equal(groups.rows, [1, 2, 5])  # padding row 6 left out
     for got in (states["fused_cpu"], [p_d.copy_to_host(), b_d.copy_to_host(),
                                       s_d.copy_to_host()]):
@@ -231,8 +231,9 @@ def test_adam_rows_bit_identical(rng, dtype, config, dim):
     device_arrays = [dev(a) for a in host_arrays]
     for step, (rows, values) in enumerate(_rows_steps(rng, num, dim, dtype), start=1):
         h = _adam_hyper(dtype, step, sparse=True, **config)
-        cpu.adam_rows_(host_arrays[0], rows, values, *host_arrays[1:], h)
-        gpu.adam_rows_(device_arrays[0], dev(rows), dev(values), *device_arrays[1:], h)
+        cpu.adam_rows_(host_arrays[0], rows, values, rows.size, *host_arrays[1:], h)
+        gpu.adam_rows_(device_arrays[0], dev(rows), dev(values), rows.size, *device_arrays[1:],
+                       h)
         for a, d in zip(host_arrays, device_arrays, strict=True):
             np.testing.assert_array_equal(d.copy_to_host(), a)
     np.testing.assert_array_equal(host_arrays[0][4], start[4])  # row 4 is never listed
@@ -258,8 +259,8 @@ def test_adagrad_dense_and_rows_bit_identical(rng, dtype, config):
             gpu.adagrad_dense_(param_d.reshape(num * dim), dev(grad), state_d.reshape(num * dim),
                                h)
         else:
-            cpu.adagrad_rows_(param, rows, values, state, h)
-            gpu.adagrad_rows_(param_d, dev(rows), dev(values), state_d, h)
+            cpu.adagrad_rows_(param, rows, values, rows.size, state, h)
+            gpu.adagrad_rows_(param_d, dev(rows), dev(values), rows.size, state_d, h)
         np.testing.assert_array_equal(param_d.copy_to_host(), param)
         np.testing.assert_array_equal(state_d.copy_to_host(), state)
 
@@ -286,8 +287,8 @@ def test_rowwise_adagrad_bit_identical_and_matches_reference(rng, dtype, mode, d
             gpu.rowwise_adagrad_dense_(param_d, dev(grad), state_d, h)
             expected, acc = ref.rowwise_adagrad_step(expected, grad, acc, **options)
         else:
-            cpu.rowwise_adagrad_rows_(param, rows, values, state, h)
-            gpu.rowwise_adagrad_rows_(param_d, dev(rows), dev(values), state_d, h)
+            cpu.rowwise_adagrad_rows_(param, rows, values, rows.size, state, h)
+            gpu.rowwise_adagrad_rows_(param_d, dev(rows), dev(values), rows.size, state_d, h)
             expected, acc = ref.rowwise_adagrad_step(expected, values, acc, rows=rows,
                                                      **options)
         np.testing.assert_array_equal(param_d.copy_to_host(), param)
@@ -303,11 +304,11 @@ def test_new_launchers_with_nothing_to_do_are_no_ops():
     param_d = dev(np.ones((3, 2), f32))
     no_rows, no_values = dev(np.zeros(0, np.int64)), dev(np.zeros((0, 2), f32))
     state = dev(np.zeros((3, 2), f32))
-    gpu.adam_rows_(param_d, no_rows, no_values, state, state, _adam_hyper(
+    gpu.adam_rows_(param_d, no_rows, no_values, 0, state, state, _adam_hyper(
         f32, 1, 0.1, (0.9, 0.99), 1e-8, 0.0, False, False, sparse=True))
-    gpu.adagrad_rows_(param_d, no_rows, no_values, state, _adagrad_hyper(
+    gpu.adagrad_rows_(param_d, no_rows, no_values, 0, state, _adagrad_hyper(
         f32, 1, 0.1, 0.0, 0.0, 1e-10, False))
-    gpu.rowwise_adagrad_rows_(param_d, no_rows, no_values, dev(np.zeros(3, f32)),
+    gpu.rowwise_adagrad_rows_(param_d, no_rows, no_values, 0, dev(np.zeros(3, f32)),
                               _rowwise_hyper(f32, 0.1, 1e-8, 0.0, "none"))
     empty = dev(np.zeros(0, f32))
     gpu.adam_dense_(empty, empty, empty, empty, empty, _adam_hyper(

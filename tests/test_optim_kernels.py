@@ -216,7 +216,7 @@ def both_ways(launch, generic, arrays, *scalars):
 
 def rows_both_ways(launcher, generic, param, rows, values, states, hyper):
     """:func:`both_ways` for a row update ``f(param, rows, values, *states, hyper)``."""
-    both_ways(lambda param, *states: launcher(param, rows, values, *states, hyper),
+    both_ways(lambda param, *states: launcher(param, rows, values, rows.size, *states, hyper),
               lambda param, *states: generic(param, rows, values, *states, hyper),
               [param, *states])
 
@@ -348,7 +348,7 @@ def test_rowwise_adagrad_row_groups_in_blocks_of_four(rng, tokens, scale, option
     param = rng.normal(size=(num_rows, dim)).astype(np.float32)
     state = np.abs(rng.normal(size=num_rows)).astype(np.float32)
     h = rowwise_hyper(np.float32, **options)
-    groups = cpu_embedding.group_rows(flat, num_rows - 1)
+    groups = cpu_embedding.group_rows(flat, num_rows - 1, num_rows)
     summed = np.empty((groups.rows.size, dim), np.float32)
     cpu_embedding.sum_row_groups(grad, groups, scale, summed)
     both_ways(lambda p, s: kernels.rowwise_adagrad_row_groups_(p, grad, groups, scale, s, h),

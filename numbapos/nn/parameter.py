@@ -297,7 +297,8 @@ class Parameter(NDArrayOperatorsMixin):
         if grad.dtype != self.data.dtype:
             raise TypeError(f"grad: expected dtype {self.data.dtype} (the parameter's), "
                             f"got {grad.dtype}")
-        check_same_device((self.data, grad.indices if isinstance(grad, SparseRows) else grad),
+        check_same_device((self.data, grad._padded()[0] if isinstance(grad, SparseRows)
+                           else grad),
                           ("data", "grad"))
         if self.grad is None:
             self.grad = grad if fresh or isinstance(grad, SparseRows) else _device.copy(grad)

@@ -299,8 +299,8 @@ class Optimizer:
         else:
             grad = _checks.check_float_array(grad, "param.grad")
             _checks.check_same_shape(grad, data.shape, "param.grad", "the parameter's shape")
-        _checks.check_same_device((data, grad.indices if isinstance(grad, SparseRows) else grad),
-                                  ("param.data", "param.grad"))
+        where = grad._padded()[0] if isinstance(grad, SparseRows) else grad  # nothing read back
+        _checks.check_same_device((data, where), ("param.data", "param.grad"))
 
     def _check_sparse(self, group: dict) -> None:
         """ValueError where the group's options refuse a SparseRows gradient (none here)."""

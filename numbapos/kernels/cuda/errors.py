@@ -28,9 +28,12 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+from numba import config as numba_config
 from numba import cuda, int64
 
 from ... import config
+
+_SIMULATED = bool(numba_config.ENABLE_CUDASIM)
 
 __all__ = []  # not launchers: imported by the launchers that record errors
 
@@ -58,7 +61,8 @@ def tag(name: str = "indices", size_name: str = "num_embeddings") -> int:
 
 def words():
     """``(device word, mapped host word)`` of the current context, made on first use."""
-    context = cuda.current_context()
+    # The simulator makes a new context object at every call: it has one word.
+    context = None if _SIMULATED else cuda.current_context()
     state = _state.get(id(context))
     if state is None or state[0] is not context:
         with _lock:

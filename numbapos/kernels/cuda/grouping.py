@@ -25,6 +25,7 @@ scatter per pass; 2 passes for V < 65536) and 4 for the segments.
 from __future__ import annotations
 
 import numpy as np
+from numba import config as numba_config
 from numba import cuda, int64
 
 from ..._args import RowGroups
@@ -32,10 +33,15 @@ from . import arrays, errors
 
 __all__ = []  # helpers of the embedding and optimiser launchers
 
-TILE = 256  # positions per block of the sort and segment kernels (one per thread)
+# Positions per block of the sort and segment kernels (one per thread) and threads
+# of the one-block scan. Numba's simulator runs every thread as a Python thread:
+# there, small blocks keep the tests fast and still make several blocks of small
+# inputs, so the cross-block paths are tested.
+_SIMULATED = bool(numba_config.ENABLE_CUDASIM)
+TILE = 32 if _SIMULATED else 256
+SCAN_THREADS = 32 if _SIMULATED else 1024
 RADIX_BITS = 8
 BINS = 1 << RADIX_BITS
-SCAN_THREADS = 1024
 
 
 def group_rows(flat, padding_idx, num_rows, which):
