@@ -131,3 +131,40 @@ def count_cuda_traffic():
     finally:
         for owner, name, original in reversed(saved):
             setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def deferred_raises(device, exc, match=None, *, within=False):
+    """``pytest.raises(exc, match=match)`` for the code in the block, where the error is
+    raised on ``device``.
+
+    On CUDA an ``IndexError`` is found by a kernel and deferred: the block itself must
+    NOT raise it, and the next ``numbapos.synchronize()`` must (with the same message).
+    With ``within`` (a block of several numbapos calls, e.g. a module's backward) a later
+    call of the block may raise it instead, once the host sees the error word. Any other
+    error, or any error on the CPU, must be raised by the block.
+    """
+    import re
+
+    import pytest
+
+    import numbapos
+
+    if device == "cuda" and exc is IndexError:
+        raised = None
+        try:
+            yield
+        except IndexError as err:
+            if not within:
+                raise AssertionError(f"IndexError raised by the op itself, not deferred to "
+                                     f"the next synchronising call: {err}") from err
+            raised = err
+        if raised is None:
+            with pytest.raises(exc, match=match):
+                numbapos.synchronize()
+        elif match is not None:
+            assert re.search(match, str(raised)), f"{match!r} not found in {raised}"
+        numbapos.synchronize()  # cleared: nothing more is pending
+    else:
+        with pytest.raises(exc, match=match):
+            yield

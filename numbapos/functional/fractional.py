@@ -35,8 +35,11 @@ def is_fractional(position_ids) -> bool:
 
 
 def positions_copy(position_ids):
-    """A host float64 copy of fractional ``position_ids`` (what a module records)."""
-    return np.array(_device.to_host(position_ids), dtype=np.float64)
+    """A copy of fractional ``position_ids`` (what a module records): a device copy of
+    CUDA positions (nothing read back), a host float64 copy of anything else."""
+    if _device.is_cuda_array(position_ids):
+        return _device.copy(position_ids)
+    return np.array(position_ids, dtype=np.float64)
 
 
 def _plan(position_ids, x_shape, num_positions):
