@@ -10,8 +10,9 @@ stall; but it can count the calls that would cost one on a GPU::
 - ``launches``: kernel launches (``kernel[grid, block](...)``; device
   functions and calls made inside a running kernel are not launches);
 - ``device_to_host``: copies from the device to the host
-  (``DeviceNDArray.copy_to_host``, and reading one element of a device array
-  on the host, ``x[i]``, which on a GPU is a copy too);
+  (``DeviceNDArray.copy_to_host``, reading one element of a device array on
+  the host, ``x[i]``, and NumPy reading one, ``np.asarray(x)``: each a copy
+  on a GPU);
 - ``synchronizations``: ``cuda.synchronize()`` and ``stream.synchronize()``;
 - ``host_to_device``: ``cuda.to_device`` and ``DeviceNDArray.copy_to_device``
   (asynchronous for pageable memory only up to a small size, and each a
@@ -28,6 +29,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+
+_ABSENT = object()
+# NumPy methods that FakeCUDAArray forwards to its wrapped array and that read the data
+# (a DeviceNDArray has none of them: on a GPU each needs a copy to the host).
+_HOST_READS = frozenset({
+    "all", "any", "argmax", "argmin", "argsort", "astype", "clip", "copy", "cumsum", "dot",
+    "flatten", "item", "max", "mean", "min", "nonzero", "prod", "round", "sort", "std", "sum",
+    "tobytes", "tolist", "var",
+})
 
 
 @dataclass
@@ -115,9 +125,28 @@ def count_cuda_traffic():
             return original(*args, **kwargs)
         return synchronize
 
+    def host_view(name):
+        def read(self):
+            if not sim_kernel._kernel_context:
+                counts.device_to_host += 1  # NumPy reading a device array: a copy on a GPU
+            return getattr(self._ary, name)
+        return property(read)
+
     patch(fake_kernel, "__call__", counted_call)
     patch(fake_array, "copy_to_host", counted_copy_to_host)
     patch(fake_array, "__getitem__", counted_getitem)
+    def counted_getattr(original):
+        def __getattr__(self, name):
+            if name in _HOST_READS and not sim_kernel._kernel_context:
+                counts.device_to_host += 1  # a NumPy method on the data: a copy on a GPU
+            return original(self, name)
+        return __getattr__
+
+    patch(fake_array, "__getattr__", counted_getattr)
+    # FakeCUDAArray hands NumPy its wrapped array through __getattr__; properties count it.
+    for name in ("__array_struct__", "__array_interface__"):
+        saved.append((fake_array, name, _ABSENT))
+        setattr(fake_array, name, host_view(name))
     patch(fake_array, "copy_to_device", counted_copy_to_device)
     for module in (simulator, cuda, devicearray):
         if hasattr(module, "to_device"):
@@ -130,7 +159,10 @@ def count_cuda_traffic():
         yield counts
     finally:
         for owner, name, original in reversed(saved):
-            setattr(owner, name, original)
+            if original is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 @contextlib.contextmanager

@@ -146,6 +146,51 @@ OPS = {
 }
 
 
+# A device attention mask is still read on the host: its values (0 / 1, and the largest
+# position it gives) are validated there, as ValueErrors that the deferred error word
+# (IndexErrors only) cannot carry yet.
+MASK_OPS = {
+    "alibi_bloom_device_mask": lambda d: F.add_alibi_(d["scores"], d["slopes"], mode="bloom",
+                                                      attention_mask=d["mask"]),
+    "gpt2_forward_device_mask": lambda d: F.gpt2_embeddings(d["ids"], d["word"], d["pos"],
+                                                            attention_mask=d["mask"]),
+}
+
+
+@pytest.mark.skipif(not _simulated(), reason="counts are taken on the CUDA simulator")
+def test_counter_sees_launches_copies_and_synchronisations(data):
+    from numba import cuda
+
+    x = data["ids"]
+    F.embedding(x, data["word"])  # makes the error word: to_host then synchronises
+    with count_cuda_traffic() as counts:
+        numbapos.to_host(x)  # a synchronisation and a copy
+        int(x[0, 1])
+        np.asarray(x)
+        x.sum()
+        cuda.synchronize()
+        F.embedding(x, data["word"])
+        dev(np.zeros(3))
+    assert counts.device_to_host == 4
+    assert counts.synchronizations == 2
+    assert counts.launches == 1 and counts.kernels == ["_gather_rows"]
+    assert counts.host_to_device == 1
+
+
+@pytest.mark.skipif(not _simulated(), reason="counts are taken on the CUDA simulator")
+@pytest.mark.xfail(strict=True, reason="a CUDA attention_mask is validated on the host (values "
+                   "0 / 1, largest position): deferring it needs a ValueError kind in the "
+                   "error word (kernels/cuda/errors.py)")
+@pytest.mark.parametrize("name", list(MASK_OPS))
+def test_device_attention_mask_is_read_on_the_host(data, name):
+    data = dict(data, mask=dev(np.array([[0, 1, 1], [1, 1, 1]])))
+    MASK_OPS[name](data)
+    numbapos.synchronize()
+    with count_cuda_traffic() as counts:
+        MASK_OPS[name](data)
+    assert counts.device_to_host == 0, f"{name}: {counts}"
+
+
 @pytest.mark.skipif(not _simulated(), reason="counts are taken on the CUDA simulator")
 @pytest.mark.parametrize("name", list(OPS))
 def test_op_makes_no_host_round_trip(data, name):
