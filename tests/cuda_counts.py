@@ -76,46 +76,86 @@ def count_cuda_traffic():
     fake_kernel = sim_kernel.FakeCUDAKernel
     fake_array = devicearray.FakeCUDAArray
     saved = []
+    # Depth of the simulator's own copies and launches, whose NumPy work on the wrapped
+    # arrays is no extra traffic: only the host program's reads are counted.
+    inside = [0]
+
+    def host_side() -> bool:
+        return inside[0] == 0 and not sim_kernel._kernel_context
 
     def patch(owner, name, make):
         original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
         saved.append((owner, name, original))
         setattr(owner, name, make(original))
 
+    def internal(original):
+        def run(*args, **kwargs):
+            inside[0] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+        return run
+
     def counted_call(original):
+        original = internal(original)
+
         def __call__(self, *args):
-            if not self._device and not sim_kernel._kernel_context:
+            if not self._device and host_side():
                 counts.launches += 1
                 counts.kernels.append(getattr(self.fn, "__name__", "?"))
             return original(self, *args)
         return __call__
 
     def counted_copy_to_host(original):
+        original = internal(original)
+
         def copy_to_host(self, *args, **kwargs):
-            counts.device_to_host += 1
+            if host_side():
+                counts.device_to_host += 1
             return original(self, *args, **kwargs)
         return copy_to_host
 
     def counted_getitem(original):
         def __getitem__(self, idx):
             result = original(self, idx)
-            if not sim_kernel._kernel_context and not isinstance(result, fake_array):
+            if host_side() and not isinstance(result, fake_array):
                 counts.device_to_host += 1  # one element read on the host
             return result
         return __getitem__
 
+    def counted_getattr(original):
+        def __getattr__(self, name):
+            if name in _HOST_READS and host_side():
+                counts.device_to_host += 1  # a NumPy method on the data: a copy on a GPU
+            return original(self, name)
+        return __getattr__
+
+    def host_view(name):
+        def read(self):
+            if host_side():
+                counts.device_to_host += 1  # NumPy reading a device array: a copy on a GPU
+            return getattr(self._ary, name)
+        return property(read)
+
     def counted_copy_to_device(original):
+        original = internal(original)
+
         def copy_to_device(self, ary, *args, **kwargs):
-            if isinstance(ary, fake_array):
-                counts.device_to_device += 1
-            elif not sim_kernel._kernel_context:
-                counts.host_to_device += 1
+            if host_side():
+                if isinstance(ary, fake_array):
+                    counts.device_to_device += 1
+                else:
+                    counts.host_to_device += 1
             return original(self, ary, *args, **kwargs)
         return copy_to_device
 
     def counted_to_device(original):
+        original = internal(original)
+
         def to_device(*args, **kwargs):
-            counts.host_to_device += 1
+            if host_side():
+                counts.host_to_device += 1
             return original(*args, **kwargs)
         return to_device
 
@@ -125,29 +165,15 @@ def count_cuda_traffic():
             return original(*args, **kwargs)
         return synchronize
 
-    def host_view(name):
-        def read(self):
-            if not sim_kernel._kernel_context:
-                counts.device_to_host += 1  # NumPy reading a device array: a copy on a GPU
-            return getattr(self._ary, name)
-        return property(read)
-
     patch(fake_kernel, "__call__", counted_call)
     patch(fake_array, "copy_to_host", counted_copy_to_host)
     patch(fake_array, "__getitem__", counted_getitem)
-    def counted_getattr(original):
-        def __getattr__(self, name):
-            if name in _HOST_READS and not sim_kernel._kernel_context:
-                counts.device_to_host += 1  # a NumPy method on the data: a copy on a GPU
-            return original(self, name)
-        return __getattr__
-
     patch(fake_array, "__getattr__", counted_getattr)
+    patch(fake_array, "copy_to_device", counted_copy_to_device)
     # FakeCUDAArray hands NumPy its wrapped array through __getattr__; properties count it.
     for name in ("__array_struct__", "__array_interface__"):
         saved.append((fake_array, name, _ABSENT))
         setattr(fake_array, name, host_view(name))
-    patch(fake_array, "copy_to_device", counted_copy_to_device)
     for module in (simulator, cuda, devicearray):
         if hasattr(module, "to_device"):
             patch(module, "to_device", counted_to_device)

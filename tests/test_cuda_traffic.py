@@ -66,6 +66,8 @@ def data():
         scores=rng.standard_normal((N, 2, L, L)).astype(f32),
     )
     device = {name: dev(value) for name, value in host.items()}
+    device["ids32"] = dev(host["ids"].astype(np.int32))
+    device["pids32"] = dev(host["pids"].astype(np.int32))
     device["mean"], device["rstd"] = (dev(a) for a in F.bert_embeddings_forward(
         host["ids"], host["word"], host["pos"], host["types"], host["gamma"], host["beta"])[1:])
     device["ln_mean"], device["ln_rstd"] = (dev(a) for a in F.layer_norm_forward(
@@ -95,6 +97,8 @@ OPS = {
         d["ids"], d["word"], d["pos"], d["types"], d["gamma"], d["beta"],
         token_type_ids=d["tids"], position_ids=d["pids"]), 1),
     "bert_forward_past_dropout": (_bert_fwd(past_length=2, p=0.5, seed=3), 1),
+    "bert_forward_int32_ids": (lambda d: F.bert_embeddings_forward(
+        d["ids32"], d["word"], d["pos"], d["types"], position_ids=d["pids32"]), 1),
     "bert_backward": (_bert_bwd(), None),
     "bert_backward_dropout_sparse": (_bert_bwd(p=0.5, seed=3, sparse=True), None),
     "bert_backward_types_positions": (lambda d: F.bert_embeddings_backward(
@@ -105,6 +109,8 @@ OPS = {
         d["ids"], d["word"], d["pos"], past_length=3, p=0.5, seed=1), 1),
     "gpt2_forward_positions": (lambda d: F.gpt2_embeddings(
         d["ids"], d["word"], d["pos"], position_ids=d["pids"]), 1),
+    "gpt2_forward_int32_ids": (lambda d: F.gpt2_embeddings(
+        d["ids32"], d["word"], d["pos"], position_ids=d["pids32"]), 1),
     "gpt2_backward": (lambda d: F.gpt2_embeddings_backward(d["g"], d["ids"], V, P), None),
     "gpt2_backward_dropout_positions": (lambda d: F.gpt2_embeddings_backward(
         d["g"], d["ids"], V, P, position_ids=d["pids"], p=0.5, seed=1, sparse=True), None),

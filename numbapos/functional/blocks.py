@@ -148,9 +148,15 @@ def _flat_ids(K, input_ids, size, name="input_ids", size_name="vocab_size", inli
     ids = on_backend(K, input_ids, name)
     if ids.ndim not in (1, 2):
         raise ValueError(f"{name}: expected shape (N, L) or (L,), got {tuple(ids.shape)}")
-    flat = K.contiguous(flatten(K, ids), np.int64)
+    flat = _as_ids(K, flatten(K, ids), inline)
     check_range(K, flat, size, name, size_name, checked_by_kernel=inline)
     return tuple(ids.shape), flat
+
+
+def _as_ids(K, flat, inline):
+    """Flat int64 ids; on the GPU, ids that only the forward kernel reads keep int32 (the
+    kernel widens them: no cast launch)."""
+    return flat if inline and K.DEVICE != "cpu" else K.contiguous(flat, np.int64)
 
 
 def _check_ids(K, ids, size, name, size_name, inline=False):
@@ -178,7 +184,7 @@ def _ids_array(ids):
     return ids.values if isinstance(ids, TiledIds) else ids
 
 
-def _broadcast_ids(K, values, name, shape):
+def _broadcast_ids(K, values, name, shape, inline=False):
     """Flat int64 ids of ``shape``, from ``shape`` or (L,) / (1, L) broadcast over the batch.
 
     On the GPU broadcast ids stay ``(L,)``, as a :class:`TiledIds` that the
@@ -191,9 +197,9 @@ def _broadcast_ids(K, values, name, shape):
         raise ValueError(f"{name}: expected shape {want} (matching input_ids), got "
                          f"{tuple(arr.shape)}")
     if tuple(arr.shape) == tuple(shape):
-        return K.contiguous(flatten(K, arr), np.int64)
+        return _as_ids(K, flatten(K, arr), inline)
     if K.DEVICE != "cpu":
-        return TiledIds(K.contiguous(flatten(K, arr), np.int64), 0, length)
+        return TiledIds(_as_ids(K, flatten(K, arr), inline), 0, length)
     full = np.broadcast_to(K.to_host(arr).reshape(length), shape)  # host ids: no copy
     return K.asarray(np.ascontiguousarray(full, dtype=np.int64).reshape(-1))
 
@@ -231,7 +237,7 @@ _last_default_positions = None
 
 
 def _explicit_positions(K, position_ids, shape, max_positions, size_name, inline=False):
-    flat = _broadcast_ids(K, position_ids, "position_ids", shape)
+    flat = _broadcast_ids(K, position_ids, "position_ids", shape, inline)
     _check_ids(K, flat, max_positions, "position_ids", size_name, inline)
     return flat
 
@@ -335,7 +341,7 @@ def _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables, i
         types = (K.zeros((word.size,), np.int64) if K.DEVICE == "cpu"
                  else TiledIds(None, 0, 1))
     else:
-        types = _broadcast_ids(K, token_type_ids, "token_type_ids", shape)
+        types = _broadcast_ids(K, token_type_ids, "token_type_ids", shape, inline)
         _check_ids(K, types, type_rows, "token_type_ids", "type_vocab_size", inline)
     rows = tables.position.shape[0]
     if position_ids is None:

@@ -1,7 +1,8 @@
 """CUDA launchers and kernels for the fused BERT and GPT-2 embedding blocks.
 
 Twin of :mod:`numbapos.kernels.cpu.blocks` (same ``__all__``, signatures and
-results). Flat views: ids are ``(T,)`` int64 device arrays, activations
+results). Flat views: ids are ``(T,)`` int64 (int32 in the forward kernels,
+which widen them) device arrays, activations
 ``(T, D)`` C-contiguous; the dropout index of element ``(t, d)`` is
 ``t * D + d`` and its mask bit comes from the shared
 :mod:`numbapos.kernels.hash` code, so the mask equals the CPU's bit for bit.
