@@ -52,6 +52,7 @@ def test_defaults(environment):
     ("NUMBAPOS_PARALLEL_MIN_ELEMENTS", "1000", "parallel_min_elements", 1000),
     ("NUMBAPOS_MAX_PENDING_RECORDS", "3", "max_pending_records", 3),
     ("NUMBAPOS_CUDA_MEMORY_POOL", "0", "cuda_memory_pool", False),
+    ("NUMBAPOS_CUDA_SYNC_CHECKS", "1", "cuda_sync_checks", True),
 ])
 def test_variables_are_parsed(environment, variable, text, name, value):
     environment(**{variable: text})

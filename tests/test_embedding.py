@@ -11,6 +11,7 @@ import pytest
 import reference as ref
 from conftest import FLOAT_DTYPES, INDEX_DTYPES, device_cases, host, on
 
+import numbapos
 import numbapos.functional as F
 
 # The submodule, not the function of the same name that numbapos.functional exports.
@@ -187,6 +188,7 @@ def test_out_of_range_index_raises_and_changes_nothing(rng, device, bad):
     indices = np.array([[1, 2], [bad, 3]])
     with pytest.raises(IndexError, match=rf"index {bad} .*num_embeddings=10.*0 <= index < 10"):
         F.embedding(on(device, indices), weight, max_norm=1.0)
+        numbapos.synchronize()  # GPU index errors are deferred
     np.testing.assert_array_equal(host(weight), before)  # the renorm had not started
 
 
@@ -194,6 +196,7 @@ def test_first_bad_index_is_named(rng, device):
     weight = on(device, rng.normal(size=(5, 2)))
     with pytest.raises(IndexError, match=r"index 7 \(at flat position 1\)"):
         F.embedding(on(device, np.array([0, 7, -3, 9])), weight)
+        numbapos.synchronize()  # GPU index errors are deferred
 
 
 @pytest.mark.parametrize("indices", [np.array([1.0, 2.0]), np.array([True, False]), [0.5], True])
@@ -298,6 +301,7 @@ def test_renorm_errors_leave_weight_unchanged(device):
     weight = on(device, np.full((3, 2), 5.0))
     with pytest.raises(IndexError):
         F.embedding_renorm_(weight, [0, 3], 1.0)
+        numbapos.synchronize()  # GPU index errors are deferred
     with pytest.raises(TypeError, match="max_norm"):
         F.embedding_renorm_(weight, [0], None)
     np.testing.assert_array_equal(host(weight), np.full((3, 2), 5.0))

@@ -15,7 +15,7 @@ from . import (
     blocks,
     dropout,
     embedding,
-    errors,  # noqa: F401 (the deferred index errors: _device reaches them as K.errors)
+    errors,  # noqa: F401 (``_device`` raises and synchronises through it)
     init,
     memory,
     normalization,

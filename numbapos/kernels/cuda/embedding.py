@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import cuda, float64, int64
 
-from . import arrays, errors, grouping
+from . import errors, grouping
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .fpmath import cast_like, mul_rn
 

@@ -54,10 +54,10 @@ def group_rows(flat, padding_idx, num_rows, which):
     ``which``.
     """
     n = int(flat.size)
-    used = arrays.zeros((2,), np.int64)
     if n == 0:
         empty = arrays.empty((0,), np.int64)
-        return RowGroups(empty, empty, empty, empty, used)
+        return RowGroups(empty, empty, empty, empty, arrays.zeros((2,), np.int64))
+    used = arrays.empty((2,), np.int64)  # both entries are written below
     word, host = errors.words()
     blocks = -(-n // TILE)
     passes = max(1, -(-int(num_rows).bit_length() // RADIX_BITS))

@@ -22,9 +22,8 @@ never does. Every product that feeds an addition goes through
 
 import math
 
-from numba import cuda
-
 import numpy as np
+from numba import cuda
 
 from . import arrays, errors
 from .arrays import MAX_BLOCKS, THREADS, grid
