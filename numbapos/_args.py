@@ -97,8 +97,26 @@ class RowGroups(NamedTuple):
     used: object
 
 
+class TiledIds(NamedTuple):
+    """Ids of T tokens without a ``(T,)`` array (what the GPU launchers take, so that
+    default and broadcast ids cost no host work and no copy).
+
+    Token ``t`` has id ``values[t % length]``, or ``start + t % length`` when
+    ``values`` is None: default positions are ``TiledIds(None, past_length, L)``,
+    positions of shape ``(L,)`` broadcast over the batch ``TiledIds(ids, 0, L)``,
+    all-zero token types ``TiledIds(None, 0, 1)``. ``length`` divides T (>= 1).
+    """
+
+    values: object
+    start: int
+    length: int
+
+
 class BertIds(NamedTuple):
-    """Flat int64 ids of the BERT block, one entry per token (length T each)."""
+    """Flat int64 ids of the BERT block, one entry per token (length T each).
+
+    On the GPU ``position`` and ``token_type`` may also be :class:`TiledIds`.
+    """
 
     word: object
     position: object

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import reference as ref
 from conftest import FLOAT_DTYPES, device_cases, host, on, tolerance, two_threads
+from cuda_counts import deferred_raises
 
 import numbapos
 import numbapos.functional as F
@@ -324,7 +325,7 @@ def test_add_positional_errors(device, rng, change, exc, match):
     args_x, args_t, kwargs = change(x, table)
     sources = [args_x, args_t, *kwargs.values()]
     placed = [_placed(device, value) for value in sources]
-    with pytest.raises(exc, match=match):
+    with deferred_raises(device, exc, match):  # on CUDA an IndexError at the next sync
         F.add_positional(placed[0], placed[1], **dict(zip(kwargs, placed[2:], strict=True)))
     np.testing.assert_array_equal(x, x0)
     np.testing.assert_array_equal(table, t0)
@@ -375,9 +376,9 @@ def test_add_positional_backward_errors(device, rng):
     grad = on(device, g)
     with pytest.raises(ValueError, match=r"offset=3 .*L=4.*max_len=6"):
         F.add_positional_backward(grad, 6, offset=3)
-    with pytest.raises(IndexError, match="position_ids: index 6"):
+    with deferred_raises(device, IndexError, "position_ids: index 6"):
         F.add_positional_backward(grad, 6, position_ids=[0, 6, 1, 1])
-    with pytest.raises(IndexError, match="position_ids: index -1"):
+    with deferred_raises(device, IndexError, "position_ids: index -1"):
         F.add_positional_backward(grad, 6, position_ids=on(device, np.array([0, -1, 1, 1])))
     with pytest.raises(ValueError, match="num_positions"):
         F.add_positional_backward(grad, 0)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _checks, _device
-from .._args import BertIds, BertTables, DropoutArgs
+from .._args import BertIds, BertTables, DropoutArgs, TiledIds
 from ._common import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -139,18 +139,56 @@ def _check_dropout(p, seed, training, counter) -> DropoutArgs:
     return DropoutArgs.make(p, seed, counter, active=bool(training))
 
 
-def _flat_ids(K, input_ids, size, name="input_ids", size_name="vocab_size"):
-    """``input_ids`` of shape (N, L) or (L,), each in ``[0, size)``: (shape, flat int64)."""
+def _flat_ids(K, input_ids, size, name="input_ids", size_name="vocab_size", inline=False):
+    """``input_ids`` of shape (N, L) or (L,), each in ``[0, size)``: (shape, flat int64).
+
+    With ``inline`` a GPU kernel of the op checks them as it reads them (no
+    separate check launch); the CPU always checks here.
+    """
     ids = on_backend(K, input_ids, name)
     if ids.ndim not in (1, 2):
         raise ValueError(f"{name}: expected shape (N, L) or (L,), got {tuple(ids.shape)}")
-    flat = K.contiguous(flatten(K, ids), np.int64)
-    check_range(K, flat, size, name, size_name)
+    flat = _as_ids(K, flatten(K, ids), inline)
+    check_range(K, flat, size, name, size_name, checked_by_kernel=inline)
     return tuple(ids.shape), flat
 
 
-def _broadcast_ids(K, values, name, shape):
-    """Flat int64 ids of ``shape``, from ``shape`` or (L,) / (1, L) broadcast over the batch."""
+def _as_ids(K, flat, inline):
+    """Flat int64 ids; on the GPU, ids that only the forward kernel reads keep int32 (the
+    kernel widens them: no cast launch)."""
+    return flat if inline and K.DEVICE != "cpu" else K.contiguous(flat, np.int64)
+
+
+def _check_ids(K, ids, size, name, size_name, inline=False):
+    """Range-check flat ids or a :class:`TiledIds` (only its values can be wrong: tiled
+    values are the first ``length`` ids, so the first bad position is the CPU's)."""
+    if isinstance(ids, TiledIds):
+        if ids.values is not None:
+            check_range(K, ids.values, size, name, size_name, checked_by_kernel=inline)
+        return
+    check_range(K, ids, size, name, size_name, checked_by_kernel=inline)
+
+
+def _full(K, ids, num_tokens):
+    """Flat ``(T,)`` int64 ids from flat ids (returned as they are) or a :class:`TiledIds`
+    (expanded on the ids' device: one launch on the GPU, no copy)."""
+    if not isinstance(ids, TiledIds):
+        return ids
+    out = K.empty((num_tokens,), np.int64)
+    K.tile_ids(ids.values, ids.start, ids.length, out)
+    return out
+
+
+def _ids_array(ids):
+    """The array behind flat ids or a :class:`TiledIds` (None for computed ids)."""
+    return ids.values if isinstance(ids, TiledIds) else ids
+
+
+def _broadcast_ids(K, values, name, shape, inline=False):
+    """Flat int64 ids of ``shape``, from ``shape`` or (L,) / (1, L) broadcast over the batch.
+
+    On the GPU broadcast ids stay ``(L,)``, as a :class:`TiledIds` that the
+    kernels expand (no host round trip)."""
     arr = on_backend(K, values, name)
     length = shape[-1]
     allowed = {tuple(shape), (length,)} | ({(1, length)} if len(shape) == 2 else set())
@@ -159,19 +197,24 @@ def _broadcast_ids(K, values, name, shape):
         raise ValueError(f"{name}: expected shape {want} (matching input_ids), got "
                          f"{tuple(arr.shape)}")
     if tuple(arr.shape) == tuple(shape):
-        return K.contiguous(flatten(K, arr), np.int64)
-    full = np.broadcast_to(K.to_host(arr).reshape(length), shape)  # ids are small
+        return _as_ids(K, flatten(K, arr), inline)
+    if K.DEVICE != "cpu":
+        return TiledIds(_as_ids(K, flatten(K, arr), inline), 0, length)
+    full = np.broadcast_to(K.to_host(arr).reshape(length), shape)  # host ids: no copy
     return K.asarray(np.ascontiguousarray(full, dtype=np.int64).reshape(-1))
 
 
 def _default_positions(K, shape, past_length, max_positions, size_name):
-    """Flat positions ``past_length .. past_length + L - 1`` repeated over the batch."""
+    """Flat positions ``past_length .. past_length + L - 1`` repeated over the batch (on the
+    GPU a :class:`TiledIds` that the kernels compute: nothing is built or copied)."""
     length = shape[-1]
     if past_length + length > max_positions:
         raise ValueError(
             f"past_length + L = {past_length} + {length} = {past_length + length} exceeds "
             f"{size_name}={max_positions}: positions must stay below {max_positions}"
         )
+    if K.DEVICE != "cpu":
+        return TiledIds(None, past_length, length)
     global _last_default_positions
     batch = shape[0] if len(shape) == 2 else 1
     key = (past_length, length, batch)
@@ -193,9 +236,9 @@ def _default_positions(K, shape, past_length, max_positions, size_name):
 _last_default_positions = None
 
 
-def _explicit_positions(K, position_ids, shape, max_positions, size_name):
-    flat = _broadcast_ids(K, position_ids, "position_ids", shape)
-    check_range(K, flat, max_positions, "position_ids", size_name)
+def _explicit_positions(K, position_ids, shape, max_positions, size_name, inline=False):
+    flat = _broadcast_ids(K, position_ids, "position_ids", shape, inline)
+    _check_ids(K, flat, max_positions, "position_ids", size_name, inline)
     return flat
 
 
@@ -279,10 +322,15 @@ def _mask_positions(K, attention_mask, shape, past_length, max_positions, size_n
     return K.asarray(positions)
 
 
-def _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables):
-    """Validated flat ids of the BERT block: (shape, BertIds)."""
+def _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables, inline=False):
+    """Validated flat ids of the BERT block: (shape, BertIds).
+
+    On the GPU default and broadcast positions / token types are
+    :class:`TiledIds`, and with ``inline`` the ids are range-checked by the
+    forward kernel itself (deferred), not by separate launches.
+    """
     past_length = _checks.check_int(past_length, "past_length", minimum=0)
-    shape, word = _flat_ids(K, input_ids, tables.word.shape[0])
+    shape, word = _flat_ids(K, input_ids, tables.word.shape[0], inline=inline)
     type_rows = tables.token_type.shape[0]
     if token_type_ids is None:
         if type_rows == 0 and word.size:
@@ -290,25 +338,27 @@ def _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables):
                 "token_type_ids: the default token type 0 is out of range for "
                 "type_vocab_size=0; the token-type table needs at least one row"
             )
-        types = K.zeros((word.size,), np.int64)
+        types = (K.zeros((word.size,), np.int64) if K.DEVICE == "cpu"
+                 else TiledIds(None, 0, 1))
     else:
-        types = _broadcast_ids(K, token_type_ids, "token_type_ids", shape)
-        check_range(K, types, type_rows, "token_type_ids", "type_vocab_size")
+        types = _broadcast_ids(K, token_type_ids, "token_type_ids", shape, inline)
+        _check_ids(K, types, type_rows, "token_type_ids", "type_vocab_size", inline)
     rows = tables.position.shape[0]
     if position_ids is None:
         pos = _default_positions(K, shape, past_length, rows, "max_position_embeddings")
     else:
-        pos = _explicit_positions(K, position_ids, shape, rows, "max_position_embeddings")
+        pos = _explicit_positions(K, position_ids, shape, rows, "max_position_embeddings",
+                                  inline)
     return shape, BertIds(word, pos, types)
 
 
 def _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask, vocab_size,
-              n_positions):
-    """Validated flat ids of the GPT-2 block: (shape, ids, positions)."""
+              n_positions, inline=False):
+    """Validated flat ids of the GPT-2 block: (shape, ids, positions); as :func:`_bert_ids`."""
     past_length = _checks.check_int(past_length, "past_length", minimum=0)
-    shape, flat = _flat_ids(K, input_ids, vocab_size)
+    shape, flat = _flat_ids(K, input_ids, vocab_size, inline=inline)
     if position_ids is not None:
-        pos = _explicit_positions(K, position_ids, shape, n_positions, "n_positions")
+        pos = _explicit_positions(K, position_ids, shape, n_positions, "n_positions", inline)
     elif attention_mask is not None:
         pos = _mask_positions(K, attention_mask, shape, past_length, n_positions, "n_positions")
     else:
@@ -322,15 +372,22 @@ def _check_grad(grad_output, shape, dtype, name="grad_output"):
     return _checks.check_float_like(grad_output, name, shape, dtype, what, "that of the tables")
 
 
-def _clip_tables(K, tables, flats, options, names):
+def _clip_tables(K, tables, flats, options, names, num_tokens):
     """Clip the looked-up rows of every table with ``max_norm``, after checking that each
     such table is writeable (so nothing is clipped when one is not)."""
     for table, opts, name in zip(tables, options, names, strict=True):
         if opts.max_norm is not None:
             _checks.check_writeable(table, name, "its max_norm clips looked-up rows in place")
     for table, flat, opts in zip(tables, flats, options, strict=True):
-        if opts.max_norm is not None and flat.size:
-            K.renorm_used_rows_(table, flat, opts.max_norm, opts.norm_type)
+        if opts.max_norm is not None and num_tokens:
+            K.renorm_used_rows_(table, _full(K, flat, num_tokens), opts.max_norm,
+                                opts.norm_type)
+
+
+def _inline_checks(options):
+    """Whether the forward kernel alone checks the ids: not when a table clips rows with
+    ``max_norm`` (the clipping reads them first, so they are checked before, with names)."""
+    return all(opts.max_norm is None for opts in options)
 
 
 def _result(K, out, shape, dtype, avoid):
@@ -417,10 +474,12 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
     eps = _checks.check_eps(eps)
     drop = _check_dropout(p, seed, training, counter)
     options = _check_options(table_options, [t.shape[0] for t in tables[:3]], _BERT_NAMES)
-    shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables)
+    shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables,
+                           inline=_inline_checks(options))
     dim, dtype = tables.word.shape[1], tables.word.dtype
-    y = _result(K, out, shape + (dim,), dtype, avoid=tuple(tables) + tuple(ids))
-    _clip_tables(K, tables[:3], ids, options, _BERT_NAMES)
+    y = _result(K, out, shape + (dim,), dtype,
+                avoid=tuple(tables) + tuple(_ids_array(i) for i in ids))
+    _clip_tables(K, tables[:3], ids, options, _BERT_NAMES, ids.word.size)
     mean = K.empty(shape, dtype)
     rstd = K.empty(shape, dtype)
     kernel_tables = BertTables(*(None if t is None else K.contiguous(t) for t in tables))
@@ -527,8 +586,8 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
                     drop, grad_sum, grad_w, grad_b, grad_type)
 
     def scatter(flat, table, opts):
-        return _scatter(K, grad_sum, flat, table.shape[0], opts.padding_idx,
-                        opts.scale_grad_by_freq, opts.sparse)
+        return _scatter(K, grad_sum, _full(K, flat, num_tokens), table.shape[0],
+                        opts.padding_idx, opts.scale_grad_by_freq, opts.sparse)
 
     grad_word = scatter(ids.word, tables.word, options[0]) if mask[0] else None
     grad_pos = scatter(ids.position, tables.position, options[1]) if mask[1] else None
@@ -601,10 +660,10 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
     drop = _check_dropout(p, seed, training, counter)
     options = _check_options(table_options, (wte.shape[0], wpe.shape[0]), _GPT2_NAMES)
     shape, ids, pos = _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask,
-                                wte.shape[0], wpe.shape[0])
+                                wte.shape[0], wpe.shape[0], inline=_inline_checks(options))
     dim = wte.shape[1]
-    y = _result(K, out, shape + (dim,), wte.dtype, avoid=(wte, wpe, ids, pos))
-    _clip_tables(K, (wte, wpe), (ids, pos), options, _GPT2_NAMES)
+    y = _result(K, out, shape + (dim,), wte.dtype, avoid=(wte, wpe, ids, _ids_array(pos)))
+    _clip_tables(K, (wte, wpe), (ids, pos), options, _GPT2_NAMES, ids.size)
     K.gpt2_forward(ids, pos, K.contiguous(wte), K.contiguous(wpe), drop,
                    y.reshape(ids.size, dim))
     return y
@@ -691,8 +750,8 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
         masked = K.empty((ids.size, dim), grad.dtype)
         K.dropout_apply(grad.reshape(grad.size), drop, masked.reshape(grad.size))
         grad = masked
-    grads = [_scatter(K, grad, flat, rows, opts.padding_idx, opts.scale_grad_by_freq,
-                      opts.sparse) if want else None
+    grads = [_scatter(K, grad, _full(K, flat, ids.size), rows, opts.padding_idx,
+                      opts.scale_grad_by_freq, opts.sparse) if want else None
              for flat, rows, opts, want in zip((ids, pos), (vocab_size, n_positions), options,
                                                mask, strict=True)]
     return GPT2EmbeddingsGrads(*grads)

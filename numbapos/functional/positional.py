@@ -120,8 +120,11 @@ def _check_offset(offset, seq_len: int, num_positions: int) -> int:
     return offset
 
 
-def _check_position_ids(K, position_ids, x_shape: tuple, num_positions: int):
-    """Position ids of shape (L,), or (N, L) / (1, L) for 3-D x, as a 2-D (P, L) array."""
+def _check_position_ids(K, position_ids, x_shape: tuple, num_positions: int, inline=False):
+    """Position ids of shape (L,), or (N, L) / (1, L) for 3-D x, as a 2-D (P, L) array.
+
+    With ``inline`` the GPU kernel that reads them checks them (deferred, no
+    separate launch); the CPU checks here."""
     ids = on_backend(K, position_ids, "position_ids")
     x_shape = tuple(x_shape)
     seq_len = x_shape[-2]
@@ -135,7 +138,7 @@ def _check_position_ids(K, position_ids, x_shape: tuple, num_positions: int):
             f"{tuple(ids.shape)}"
         )
     flat = flatten(K, ids)
-    check_range(K, flat, num_positions, "position_ids", "max_len")
+    check_range(K, flat, num_positions, "position_ids", "max_len", checked_by_kernel=inline)
     return flat.reshape(ids.shape[0] if ids.ndim == 2 else 1, seq_len)
 
 
@@ -163,8 +166,8 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
         (N, L) or (1, L). Each id must lie in ``[0, M)``. Float positions
         ``p`` in ``[0, M - 1]`` read ``(1 - w) * table[floor(p)] + w *
         table[floor(p) + 1]``, ``w = p - floor(p)`` (position interpolation of
-        an absolute table, on the fly; the blend is formed in float64; CUDA
-        float positions are checked on the host).
+        an absolute table, on the fly; the blend is formed in float64; on
+        CUDA they are checked on the device, deferred as index ids are).
     out : ndarray, optional
         C-contiguous buffer of ``x``'s shape and dtype (it may be ``x`` itself).
 
@@ -182,7 +185,9 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
         outside ``[0, M - L]``, both ``offset`` and ``position_ids`` given,
         ``position_ids`` of the wrong shape, ``out`` of the wrong shape or dtype.
     IndexError
-        A position id outside ``[0, M)``.
+        A position id outside ``[0, M)``. On CUDA it is found by the kernel
+        and raised by the next synchronising call (``numbapos.synchronize()``,
+        ``to_host``) or the next op that sees it; nothing is modified.
     """
     x = _check_activation(x)
     table = _checks.check_matching_table(x, table, "table")
@@ -200,7 +205,7 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
         offset = _check_offset(offset, seq_len, num_positions)
     else:
         _checks.check_offset_only(offset, position_ids)
-        ids = _check_position_ids(K, position_ids, x.shape, num_positions)
+        ids = _check_position_ids(K, position_ids, x.shape, num_positions, inline=True)
     out = _inplace_out(K, x, out, (table, ids))
     x3 = _as_3d(K, x)
     out3 = _as_3d(K, out)
@@ -263,8 +268,10 @@ def add_positional_backward(grad_output, num_positions, offset=0, position_ids=N
         ids = _check_position_ids(K, position_ids, grad_output.shape, num_positions)
         grad3 = _as_3d(K, grad_output)
         batch = grad3.shape[0]
-        if ids.shape[0] != batch:  # one row of ids shared by the batch
-            ids = K.asarray(np.tile(K.to_host(ids), (batch, 1)))
+        if ids.shape[0] != batch:  # one row of ids shared by the batch: tiled on its device
+            tiled = K.empty((batch * seq_len,), np.int64)
+            K.tile_ids(K.contiguous(ids, np.int64).reshape(seq_len), 0, seq_len, tiled)
+            ids = tiled.reshape(batch, seq_len)
         return _scatter(K, grad3, ids.reshape(batch * seq_len), num_positions, None, False,
                         False)
     offset = _check_offset(offset, seq_len, num_positions)
@@ -430,7 +437,13 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
     rows_shape = ids.shape[:-1]
     # The last position, past_length + L - 1, must fit in the int64 result.
     max_past = _checks.INT64_MAX - max(ids.shape[ids.ndim - 1] - 1, 0)
-    if (isinstance(past_length, (list, tuple)) or _checks.is_array(past_length)
+    if _device.is_cuda_array(past_length) and K.DEVICE == "cuda":
+        # Values are checked by the kernel (deferred: an IndexError naming past_length
+        # at the next synchronising call), not read back here.
+        past = _checks.check_index_array(past_length, "past_length")
+        _checks.check_same_shape(past, rows_shape, "past_length", "input_ids.shape[:-1]")
+        past = K.contiguous(past, np.int64).reshape(past.size)
+    elif (isinstance(past_length, (list, tuple)) or _checks.is_array(past_length)
             or hasattr(past_length, "__array__") and not isinstance(past_length, np.generic)):
         past = _device.to_host(_checks.check_index_array(past_length, "past_length"))
         _checks.check_same_shape(past, rows_shape, "past_length", "input_ids.shape[:-1]")
@@ -445,10 +458,13 @@ def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0
     else:
         past_length = _checks.check_int(past_length, "past_length", minimum=0,
                                         maximum=max_past)
-        past = np.full(int(np.prod(rows_shape)), past_length, dtype=np.int64)
-    flat_shape = (past.size, ids.shape[ids.ndim - 1])
+        past = (past_length if K.DEVICE == "cuda"  # one int: no array to copy up
+                else np.full(int(np.prod(rows_shape)), past_length, dtype=np.int64))
+    flat_shape = (int(np.prod(rows_shape)), ids.shape[ids.ndim - 1])
     out = K.empty(ids.shape, np.int64)
     if ids.size:
-        K.positions_from_padding(K.contiguous(ids).reshape(flat_shape), padding_idx,
-                                 K.asarray(past), pad_position, out.reshape(flat_shape))
+        if not isinstance(past, int) and not _device.is_cuda_array(past):
+            past = K.asarray(past)
+        K.positions_from_padding(K.contiguous(ids).reshape(flat_shape), padding_idx, past,
+                                 pad_position, out.reshape(flat_shape))
     return out

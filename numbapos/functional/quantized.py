@@ -197,6 +197,8 @@ def quantized_embedding(indices, packed, bits, padding_idx=None, out=None, dim=N
         wrong shape or dtype.
     IndexError
         An index outside ``[0, V)``, named in the message; nothing is written.
+        On the GPU it is raised by the next synchronising call (deferred, as
+        for every CUDA lookup).
     """
     bits = _checks.check_bits(bits)
     packed, dim = _checks.check_packed(packed, bits, dim)
@@ -208,7 +210,7 @@ def quantized_embedding(indices, packed, bits, padding_idx=None, out=None, dim=N
     if out is not None:
         out = _checks.check_out(out, shape, _FLOAT32, avoid=(packed, indices))
     flat = flatten(K, indices)
-    check_range(K, flat, num_rows)
+    check_range(K, flat, num_rows, checked_by_kernel=True)  # on the GPU: in the gather
     packed = K.contiguous(packed)
     if out is None:
         out = K.empty(shape, _FLOAT32)

@@ -104,8 +104,7 @@ class ALiBi(Module):
         if self.slopes.requires_grad:
             grad = F.alibi_slopes_grad(grad_output, mode=self.mode, attention_mask=mask)
             if grad.dtype != self.slopes.dtype:
-                grad = _device.to_device(_device.to_host(grad).astype(self.slopes.dtype),
-                                         _device.device_of(grad))
+                grad = _device.backend(grad).contiguous(grad, self.slopes.dtype)  # on its device
         self._release()
         if grad is not None:
             self.slopes.accumulate_grad(grad, fresh=True)

@@ -37,7 +37,7 @@ from .jit import kernel
 from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum, zero_rows
 from .prefetch import AHEAD, prefetch_listed
 
-__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked"]
+__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked", "tile_ids"]
 
 
 def _with_affine(tables, dim, dtype):
@@ -111,6 +111,21 @@ def gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
     partly written). Positions must already be known to fit ``wpe``.
     """
     return int(_gpt2_forward_checked(ids, past_length, length, wte, wpe, y))
+
+
+def tile_ids(values, start, length, out):
+    """``out[t] = values[t % length]``, or ``start + t % length`` when ``values`` is None.
+
+    Expands a :class:`~numbapos._args.TiledIds` into a flat int64 ``out``.
+    """
+    if out.size:
+        length = max(int(length), 1)
+        repeats = -(-out.size // length)
+        if values is None:
+            one = np.arange(start, start + length, dtype=np.int64)
+        else:
+            one = np.asarray(values, dtype=np.int64).reshape(-1)[:length]
+        out[:] = np.tile(one, repeats)[:out.size]
 
 
 # ---------------------------------------------------------------- kernels

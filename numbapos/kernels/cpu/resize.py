@@ -15,7 +15,7 @@ from numba import prange
 from .arrays import pick
 from .jit import kernel
 
-__all__ = ["blend_rows", "scale_rows"]
+__all__ = ["blend_rows", "fractional_rows", "scale_rows"]
 
 
 def blend_rows(table, index0, index1, weight0, weight1, out):
@@ -26,6 +26,29 @@ def blend_rows(table, index0, index1, weight0, weight1, out):
     """
     if out.size:
         pick(_blend, _blend_parallel, out.size)(table, index0, index1, weight0, weight1, out)
+
+
+def fractional_rows(positions, num_positions, index0, index1, weight0, weight1):
+    """The two rows and weights of float ``positions`` in a table of ``num_positions`` rows.
+
+    Entry ``n`` of the outputs is for ``p = positions[n % positions.size]``:
+    ``index0 = min(floor(p), M - 1)``, ``index1 = min(index0 + 1, M - 1)``,
+    ``weight1 = p - index0``, ``weight0 = 1 - weight1``. Returns -1, or the first
+    position (of ``positions``) outside ``[0, M - 1]`` (NaN included); the outputs
+    are then not written.
+    """
+    flat = np.asarray(positions, dtype=np.float64).reshape(-1)
+    bad = ~((flat >= 0) & (flat <= num_positions - 1))
+    if bad.any():
+        return int(np.argmax(bad))
+    if index0.size:
+        p = np.resize(flat, index0.size)
+        i0 = np.minimum(np.floor(p).astype(np.int64), num_positions - 1)
+        index0[:] = i0
+        index1[:] = np.minimum(i0 + 1, num_positions - 1)
+        weight1[:] = p - i0
+        weight0[:] = 1.0 - (p - i0)
+    return -1
 
 
 def scale_rows(values, weights, out):

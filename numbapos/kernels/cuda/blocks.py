@@ -1,7 +1,8 @@
 """CUDA launchers and kernels for the fused BERT and GPT-2 embedding blocks.
 
 Twin of :mod:`numbapos.kernels.cpu.blocks` (same ``__all__``, signatures and
-results). Flat views: ids are ``(T,)`` int64 device arrays, activations
+results). Flat views: ids are ``(T,)`` int64 (int32 in the forward kernels,
+which widen them) device arrays, activations
 ``(T, D)`` C-contiguous; the dropout index of element ``(t, d)`` is
 ``t * D + d`` and its mask bit comes from the shared
 :mod:`numbapos.kernels.hash` code, so the mask equals the CPU's bit for bit.
@@ -26,21 +27,31 @@ the CPU's (same terms, same order, products rounded with ``mul.rn``); the
 token-type gradient is an ordered sum of ``grad_sum``, which itself agrees with
 the CPU to a few ulp.
 
-GPT-2 forward: elementwise, ``y[t, d] = (wte[ids[t], d] + wpe[pos[t], d]) * mask``,
-bit-identical to the CPU.
+GPT-2 forward: one block per token, ``y[t, d] = (wte[ids[t], d] + wpe[pos[t], d]) *
+mask``, bit-identical to the CPU.
+
+Nothing here reads data back to the host, and each forward is ONE launch.
+Ids are checked inside the kernels that read them: a bad word id, token type
+or position is recorded in the deferred error word (:mod:`.errors`, with the
+CPU's argument names) and its token's output row is zero-filled, no table row
+being read. Positions and token types need no ``(T,)`` array: a
+:class:`~numbapos._args.TiledIds` (default positions ``past_length + t % L``,
+ids of shape ``(L,)`` broadcast over the batch, all-zero token types) is
+expanded inside the kernel. The backward kernels write gradients, so they
+return at once while an index error is pending (and skip any token whose ids
+are out of range).
 """
 
 import math
 from functools import cache
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int64
 
-from ..._args import NO_DROPOUT, chunk_rows, num_chunks
+from ..._args import NO_DROPOUT, TiledIds, chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
-from . import arrays
-from .arrays import THREADS, full, grid
-from .embedding import check_indices
+from . import errors
+from .arrays import THREADS, grid
 from .fpmath import mul_for, numba_float
 from .normalization import (
     add_partials,
@@ -51,14 +62,35 @@ from .normalization import (
     row_blocks,
 )
 
-__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked"]
+__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked", "tile_ids"]
+
+# The CPU's names of the BERT / GPT-2 ids (those of its IndexError).
+_WORD_TAG = ("input_ids", "vocab_size")
+_BERT_POSITION_TAG = ("position_ids", "max_position_embeddings")
+_TYPE_TAG = ("token_type_ids", "type_vocab_size")
+_GPT2_POSITION_TAG = ("position_ids", "n_positions")
 
 
-def _affine(tables, dim, dtype):
-    """``(gamma, beta)`` with None replaced by ones / zeros."""
-    gamma = full((dim,), 1, dtype) if tables.gamma is None else tables.gamma
-    beta = full((dim,), 0, dtype) if tables.beta is None else tables.beta
-    return gamma, beta
+def _placeholder(dtype):
+    """A one-element device array standing for an absent argument (never read)."""
+    return cuda.device_array(1, dtype=np.dtype(dtype))
+
+
+def _ids_args(ids, num_tokens):
+    """``(values, has_values, start, length)``: the kernel arguments of a flat ``(T,)`` id
+    array or a :class:`~numbapos._args.TiledIds` (see :func:`_id_at`)."""
+    if isinstance(ids, TiledIds):
+        if ids.values is None:
+            return _placeholder(np.int64), False, int64(ids.start), int64(max(ids.length, 1))
+        return ids.values, True, int64(0), int64(max(ids.values.size, 1))
+    return ids, True, int64(0), int64(max(num_tokens, 1))
+
+
+def _affine_args(tables, dtype):
+    """``(gamma, beta, has_gamma, has_beta)``: absent ones as unread placeholders (no fill)."""
+    gamma = _placeholder(dtype) if tables.gamma is None else tables.gamma
+    beta = _placeholder(dtype) if tables.beta is None else tables.beta
+    return gamma, beta, tables.gamma is not None, tables.beta is not None
 
 
 def _drop_scalars(drop, dtype):
@@ -70,21 +102,26 @@ def _drop_scalars(drop, dtype):
 
 
 def bert_forward(ids, tables, eps, drop, y, mean, rstd):
-    """Fused gather + sum + LayerNorm (+ dropout) of every token.
+    """Fused gather + sum + LayerNorm (+ dropout) of every token: one launch.
 
-    ``ids`` / ``tables`` / ``drop`` are :class:`~numbapos._args.BertIds`,
+    ``ids`` / ``tables`` / ``drop`` are :class:`~numbapos._args.BertIds` (its
+    position and token-type entries may be :class:`~numbapos._args.TiledIds`),
     :class:`~numbapos._args.BertTables` and :class:`~numbapos._args.DropoutArgs`;
-    ``y`` is ``(T, D)``, ``mean`` and ``rstd`` ``(T,)``.
+    ``y`` is ``(T, D)``, ``mean`` and ``rstd`` ``(T,)``. Ids are range-checked
+    in the kernel (deferred errors; a bad token's ``y`` row, mean and rstd
+    are zeros).
     """
-    num_tokens = ids.word.size
+    num_tokens = y.shape[0]
     if num_tokens == 0:
         return
     dtype = y.dtype
-    gamma, beta = _affine(tables, y.shape[1], dtype)
+    word, host = errors.words()
     _bert_forward_kernel(dtype)[row_blocks(num_tokens), THREADS](
-        ids.word, ids.position, ids.token_type, tables.word, tables.position,
-        tables.token_type, gamma, beta, dtype.type(eps), *_drop_scalars(drop, dtype),
-        y, mean, rstd)
+        ids.word, *_ids_args(ids.position, num_tokens), *_ids_args(ids.token_type, num_tokens),
+        tables.word, tables.position, tables.token_type, *_affine_args(tables, dtype),
+        dtype.type(eps), *_drop_scalars(drop, dtype), y, mean, rstd, word, host,
+        errors.tag(*_WORD_TAG), errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
+    errors.after_launch()
 
 
 def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, grad_beta,
@@ -94,7 +131,8 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     ``grad_gamma`` / ``grad_beta`` (``(D,)``) and ``grad_type`` (the token-type
     table's gradient, ``(type_vocab, D)``) are outputs, or None when not
     wanted; each is summed per fixed chunk of tokens and the chunks added in
-    order (no atomics; the same order as the CPU).
+    order (no atomics; the same order as the CPU). Nothing is written while
+    an index error is pending.
     """
     num_tokens, dim = grad_y.shape
     dtype = grad_y.dtype
@@ -103,11 +141,14 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
         for out in wanted:
             fill_zero(out)
         return
-    gamma, _ = _affine(tables, dim, dtype)
+    gamma, _, has_gamma, _ = _affine_args(tables, dtype)
     drop_args = _drop_scalars(drop, dtype)
+    id_args = (ids.word, *_ids_args(ids.position, num_tokens),
+               *_ids_args(ids.token_type, num_tokens))
+    word = errors.device_word()
     _bert_backward_kernel(dtype)[row_blocks(num_tokens), THREADS](
-        grad_y, ids.word, ids.position, ids.token_type, tables.word, tables.position,
-        tables.token_type, gamma, mean, rstd, *drop_args, grad_sum)
+        grad_y, *id_args, tables.word, tables.position, tables.token_type, gamma, has_gamma,
+        mean, rstd, *drop_args, grad_sum, word)
     if not wanted:
         return
     want_w = grad_gamma is not None
@@ -120,9 +161,9 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     part_b = cuda.device_array((chunks, dim) if want_b else (1, 1), dtype=dtype)
     part_t = cuda.device_array((chunks, types, dim) if want_t else (1, 1, 1), dtype=dtype)
     _bert_partials_kernel(dtype)[grid(chunks * dim), THREADS](
-        grad_y, ids.word, ids.position, ids.token_type, tables.word, tables.position,
-        tables.token_type, mean, rstd, *drop_args, grad_sum, chunks, chunk_rows(num_tokens),
-        want_w, want_b, want_t, part_w, part_b, part_t)
+        grad_y, *id_args, tables.word, tables.position, tables.token_type, mean, rstd,
+        *drop_args, grad_sum, chunks, chunk_rows(num_tokens), want_w, want_b, want_t, part_w,
+        part_b, part_t, word)
     if want_w:
         add_partials(part_w, grad_gamma)
     if want_b:
@@ -134,26 +175,63 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
 def gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
     """``y[t] = wte[ids[t]] + wpe[past_length + t % length]``, ids not range-checked yet.
 
-    The CPU twin's contract: -1 when every id is in ``[0, V)``, else the first
-    bad position. Here a bounds pass runs first and nothing is written on a
-    bad id; positions are built on the host and copied up.
+    The CPU twin returns -1 or the first bad position; here the ids are
+    checked in the one launch (deferred error, the bad token's row zeroed)
+    and -1 is returned without waiting. Positions are computed in the kernel.
     """
-    check_indices(ids, wte.shape[0], "input_ids", "vocab_size")  # deferred: -1
-    if ids.size == 0:
-        return -1
-    positions = past_length + np.arange(ids.size, dtype=np.int64) % length
-    gpt2_forward(ids, arrays.asarray(positions), wte, wpe, NO_DROPOUT, y)
+    gpt2_forward(ids, TiledIds(None, past_length, length), wte, wpe, NO_DROPOUT, y)
     return -1
 
 
 def gpt2_forward(ids, pos, wte, wpe, drop, y):
-    """``y[t] = (wte[ids[t]] + wpe[pos[t]]) * dropout mask`` for ``(T, D)`` ``y``."""
-    if ids.size:
-        _gpt2_forward[grid(y.size), THREADS](ids, pos, wte, wpe, *_drop_scalars(drop, y.dtype),
-                                             y.dtype.type(0), y)
+    """``y[t] = (wte[ids[t]] + wpe[pos[t]]) * dropout mask`` for ``(T, D)`` ``y``: one launch.
+
+    ``pos`` is a flat ``(T,)`` array or a :class:`~numbapos._args.TiledIds`.
+    Ids and positions are range-checked in the kernel (deferred errors; a
+    bad token's row is zeros).
+    """
+    num_tokens, dim = y.shape
+    if num_tokens == 0 or dim == 0:
+        return
+    word, host = errors.words()
+    _gpt2_forward[row_blocks(num_tokens), _row_threads(dim)](
+        ids, *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
+        y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG), errors.tag(*_GPT2_POSITION_TAG))
+    errors.after_launch()
+
+
+def tile_ids(values, start, length, out):
+    """``out[t] = values[t % length]``, or ``start + t % length`` when ``values`` is None.
+
+    Expands a :class:`~numbapos._args.TiledIds` into a flat int64 ``out`` on
+    the device (for the gradient scatter, which needs one id per token).
+    """
+    if out.size:
+        has = values is not None
+        vals = values if has else _placeholder(np.int64)
+        _tile_ids[grid(out.size), THREADS](vals, has, int64(start), int64(max(length, 1)), out)
+
+
+def _row_threads(dim: int) -> int:
+    """Whole warps covering ``dim``, at most THREADS."""
+    return min(THREADS, -(-dim // 32) * 32)
 
 
 # ---------------------------------------------------------------- kernels
+
+
+@cuda.jit(device=True)
+def _id_at(values, has, start, length, t):
+    """Id of token ``t``: ``values[t % length]``, or ``start + t % length``."""
+    j = t % length
+    if has:
+        return int64(values[j])
+    return start + j
+
+
+@cuda.jit(device=True)
+def _outside(value, size):
+    return value < 0 or value >= size
 
 
 @cache
@@ -161,9 +239,13 @@ def _bert_forward_kernel(dtype):
     nbt = numba_float(dtype)
 
     @cuda.jit
-    def bert_forward_tokens(word_ids, pos_ids, type_ids, word, position, token_type, gamma,
-                            beta, eps, seed, counter, threshold, scale, active, y, mean, rstd):
-        """One block per token: ``s`` into ``y[t]``, moments, then normalise (+ dropout)."""
+    def bert_forward_tokens(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals,
+                            type_has, type_start, type_len, word, position, token_type, gamma,
+                            beta, has_gamma, has_beta, eps, seed, counter, threshold, scale,
+                            active, y, mean, rstd, err, err_host, word_tag, pos_tag, type_tag):
+        """One block per token: check its ids, ``s`` into ``y[t]``, moments, then normalise
+        (+ dropout). A token with a bad id records it (thread 0: word, token type, then
+        position, the CPU's order) and gets zeros."""
         sh_a = cuda.shared.array(THREADS, nbt)
         sh_b = cuda.shared.array(THREADS, nbt)
         tid = cuda.threadIdx.x
@@ -174,9 +256,28 @@ def _bert_forward_kernel(dtype):
         n = nbt(dim)
         key = dropout_key(seed, counter)
         for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-            w = word_ids[t]
-            p = pos_ids[t]
-            k = type_ids[t]
+            w = int64(word_ids[t])
+            k = _id_at(type_vals, type_has, type_start, type_len, t)
+            p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
+            bad_w = _outside(w, word.shape[0])
+            bad_k = _outside(k, token_type.shape[0])
+            bad_p = _outside(p, position.shape[0])
+            if bad_w or bad_k or bad_p:  # the same for every thread of the block
+                if tid == 0:
+                    if bad_w:
+                        errors.record(err, err_host, int64(t), w, int64(word.shape[0]),
+                                      word_tag)
+                    if bad_k:
+                        errors.record(err, err_host, int64(t), k,
+                                      int64(token_type.shape[0]), type_tag)
+                    if bad_p:
+                        errors.record(err, err_host, int64(t), p, int64(position.shape[0]),
+                                      pos_tag)
+                    mean[t] = zero
+                    rstd[t] = zero
+                for d in range(tid, dim, THREADS):
+                    y[t, d] = zero
+                continue
             acc = zero
             for d in range(tid, dim, THREADS):
                 s = (word[w, d] + token_type[k, d]) + position[p, d]
@@ -193,7 +294,15 @@ def _bert_forward_kernel(dtype):
             m, r = moments(first, c, q, n, eps, zero, one, inf)
             base = t * dim
             for d in range(tid, dim, THREADS):
-                v = (y[t, d] - m) * r * gamma[d] + beta[d]
+                v = (y[t, d] - m) * r
+                if has_gamma:
+                    v = v * gamma[d]
+                else:
+                    v = v * one
+                if has_beta:
+                    v = v + beta[d]
+                else:
+                    v = v + zero
                 if active:
                     v = v * (scale if keeps(key, base + d, threshold) else zero)
                 y[t, d] = v
@@ -209,25 +318,34 @@ def _bert_backward_kernel(dtype):
     nbt = numba_float(dtype)
 
     @cuda.jit
-    def bert_backward_tokens(grad_y, word_ids, pos_ids, type_ids, word, position, token_type,
-                             gamma, mean, rstd, seed, counter, threshold, scale, active,
-                             grad_sum):
+    def bert_backward_tokens(grad_y, word_ids, pos_vals, pos_has, pos_start, pos_len,
+                             type_vals, type_has, type_start, type_len, word, position,
+                             token_type, gamma, has_gamma, mean, rstd, seed, counter,
+                             threshold, scale, active, grad_sum, err):
         """One block per token: masked ``grad_y``, then the LayerNorm row backward.
 
         ``grad_sum[t]`` first holds ``g = (grad_y * mask) * gamma`` (each thread
         its own elements), then ``rstd * (g - mean(g) - xhat * mean(g * xhat))``.
+        Returns at once while an index error is pending; a token with an id
+        out of range (always also recorded by then) is skipped.
         """
+        if errors.is_pending(err):
+            return
         sh_a = cuda.shared.array(THREADS, nbt)
         sh_b = cuda.shared.array(THREADS, nbt)
         tid = cuda.threadIdx.x
         num_tokens, dim = grad_y.shape
         zero = nbt(0)
+        one = nbt(1)
         n = nbt(dim)
         key = dropout_key(seed, counter)
         for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-            w = word_ids[t]
-            p = pos_ids[t]
-            k = type_ids[t]
+            w = int64(word_ids[t])
+            k = _id_at(type_vals, type_has, type_start, type_len, t)
+            p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
+            if (_outside(w, word.shape[0]) or _outside(k, token_type.shape[0])
+                    or _outside(p, position.shape[0])):
+                continue  # the same for every thread of the block
             m = mean[t]
             r = rstd[t]
             base = t * dim
@@ -238,7 +356,7 @@ def _bert_backward_kernel(dtype):
                 gy = grad_y[t, d]
                 if active:
                     gy = gy * (scale if keeps(key, base + d, threshold) else zero)
-                g = gy * gamma[d]
+                g = gy * (gamma[d] if has_gamma else one)
                 grad_sum[t, d] = g
                 sg += g
                 sgx += g * ((s - m) * r)
@@ -259,10 +377,17 @@ def _bert_partials_kernel(dtype):
     mul = mul_for(dtype)
 
     @cuda.jit
-    def bert_partials(grad_y, word_ids, pos_ids, type_ids, word, position, token_type, mean,
-                      rstd, seed, counter, threshold, scale, active, grad_sum, chunks, chunk,
-                      want_w, want_b, want_t, part_w, part_b, part_t):
-        """One thread per ``(chunk, d)``: its chunk's gamma / beta / token-type terms in order."""
+    def bert_partials(grad_y, word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals,
+                      type_has, type_start, type_len, word, position, token_type, mean, rstd,
+                      seed, counter, threshold, scale, active, grad_sum, chunks, chunk,
+                      want_w, want_b, want_t, part_w, part_b, part_t, err):
+        """One thread per ``(chunk, d)``: its chunk's gamma / beta / token-type terms in order.
+
+        Returns at once while an index error is pending (tokens with ids out of
+        range, always recorded by then, are skipped).
+        """
+        if errors.is_pending(err):
+            return
         num_tokens, dim = grad_y.shape
         types = token_type.shape[0]
         zero = nbt(0)
@@ -278,18 +403,23 @@ def _bert_partials_kernel(dtype):
             pw = zero
             pb = zero
             for t in range(start, stop):
+                w = int64(word_ids[t])
+                k = _id_at(type_vals, type_has, type_start, type_len, t)
+                p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
+                if (_outside(w, word.shape[0]) or _outside(k, types)
+                        or _outside(p, position.shape[0])):
+                    continue
                 if want_w or want_b:
                     gy = grad_y[t, d]
                     if active:
                         gy = mul(gy, scale if keeps(key, t * dim + d, threshold) else zero)
                     if want_w:
-                        s = (word[word_ids[t], d] + token_type[type_ids[t], d]) \
-                            + position[pos_ids[t], d]
+                        s = (word[w, d] + token_type[k, d]) + position[p, d]
                         pw += mul(gy, (s - mean[t]) * rstd[t])
                     if want_b:
                         pb += gy
                 if want_t:
-                    part_t[c, type_ids[t], d] += grad_sum[t, d]
+                    part_t[c, k, d] += grad_sum[t, d]
             if want_w:
                 part_w[c, d] = pw
             if want_b:
@@ -299,17 +429,39 @@ def _bert_partials_kernel(dtype):
 
 
 @cuda.jit
-def _gpt2_forward(ids, pos, wte, wpe, seed, counter, threshold, scale, active, zero, y):
-    """Elementwise ``y[t, d] = (wte[ids[t], d] + wpe[pos[t], d])`` (times the mask).
-
-    ``scale`` / ``zero`` are of ``y``'s dtype.
-    """
+def _gpt2_forward(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, seed, counter,
+                  threshold, scale, active, zero, y, err, err_host, word_tag, pos_tag):
+    """One block per token, threads along D: ``y[t, d] = wte[ids[t], d] + wpe[pos[t], d]``
+    (times the mask). The id and position are read and checked once per token; a bad
+    one is recorded (thread 0) and the row is zeros. ``scale`` / ``zero`` are of
+    ``y``'s dtype."""
     num_tokens, dim = y.shape
     key = dropout_key(seed, counter)
-    for i in range(cuda.grid(1), num_tokens * dim, cuda.gridsize(1)):
-        t = i // dim
-        d = i - t * dim
-        v = wte[ids[t], d] + wpe[pos[t], d]
-        if active:
-            v = v * (scale if keeps(key, i, threshold) else zero)
-        y[t, d] = v
+    tid = cuda.threadIdx.x
+    for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
+        w = int64(ids[t])
+        p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
+        bad_w = _outside(w, wte.shape[0])
+        bad_p = _outside(p, wpe.shape[0])
+        if bad_w or bad_p:
+            if tid == 0:
+                if bad_w:
+                    errors.record(err, err_host, int64(t), w, int64(wte.shape[0]), word_tag)
+                if bad_p:
+                    errors.record(err, err_host, int64(t), p, int64(wpe.shape[0]), pos_tag)
+            for d in range(tid, dim, cuda.blockDim.x):
+                y[t, d] = zero
+            continue
+        base = t * dim
+        for d in range(tid, dim, cuda.blockDim.x):
+            v = wte[w, d] + wpe[p, d]
+            if active:
+                v = v * (scale if keeps(key, base + d, threshold) else zero)
+            y[t, d] = v
+
+
+@cuda.jit
+def _tile_ids(values, has, start, length, out):
+    """``out[t]`` = the id of token ``t`` (:func:`_id_at`), elementwise."""
+    for t in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[t] = _id_at(values, has, start, length, t)

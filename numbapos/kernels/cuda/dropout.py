@@ -4,12 +4,14 @@ Twin of :mod:`numbapos.kernels.cpu.dropout`. The mask bit of element ``i`` is
 :func:`numbapos.kernels.hash.keeps` of ``(key(seed, counter), i)``, the same
 ``register_jitable`` SplitMix64 code the CPU compiles, so both devices draw the
 same mask bit for bit. Each element is one multiply (``x * scale`` or ``x * 0``
-in the data's dtype), so the output is bit-identical to the CPU's as well.
+in the data's dtype), so the output is bit-identical to the CPU's as well. Nothing is read back to
+the host.
 """
 
 from numba import cuda
 
 from ..hash import dropout_key, keeps
+from . import errors
 from .arrays import THREADS, grid
 
 __all__ = ["dropout_apply", "dropout_keep_mask"]
@@ -22,13 +24,15 @@ def dropout_apply(x, drop, out):
     Dropped elements are multiplied by zero, so NaN and inf propagate as in
     PyTorch; ``out`` may be ``x`` itself. ``drop`` is a
     :class:`~numbapos._args.DropoutArgs`; an inactive one (threshold 0, scale
-    1) copies ``x``, as on the CPU.
+    1) copies ``x``, as on the CPU. The backward writes a gradient, so nothing
+    is written while an index error is pending (:mod:`.errors`).
     """
     if x.size:
         dtype = out.dtype.type
         # The scale is cast on the host exactly as the CPU kernel casts it.
         _dropout_apply[grid(x.size), THREADS](x, drop.seed, drop.counter, drop.threshold,
-                                              dtype(drop.scale), dtype(0), out)
+                                              dtype(drop.scale), dtype(0), out,
+                                              errors.device_word())
 
 
 def dropout_keep_mask(drop, out):
@@ -38,8 +42,12 @@ def dropout_keep_mask(drop, out):
 
 
 @cuda.jit
-def _dropout_apply(x, seed, counter, threshold, scale, zero, out):
-    """``out[i] = x[i] * (scale or zero)``; ``scale`` / ``zero`` are of ``out``'s dtype."""
+def _dropout_apply(x, seed, counter, threshold, scale, zero, out, err):
+    """``out[i] = x[i] * (scale or zero)``; ``scale`` / ``zero`` are of ``out``'s dtype.
+
+    Returns at once while an index error is pending."""
+    if errors.is_pending(err):
+        return
     key = dropout_key(seed, counter)
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         out[i] = x[i] * (scale if keeps(key, i, threshold) else zero)

@@ -6,7 +6,9 @@ and results). Rows are ``(R, D)`` C-contiguous device arrays.
 Per-row work (the forward pass, the input gradient) takes one block of
 :data:`~numbapos.kernels.cuda.arrays.THREADS` threads per row (blocks stride over
 the rows); the threads walk along D, so a warp reads consecutive elements, and
-the row sums are shared-memory tree reductions. The statistics are those of the
+the row sums are shared-memory tree reductions. Nothing is read back to the host;
+the gradient kernels return at once while an index error is pending
+(:mod:`.errors`). The statistics are those of the
 CPU (corrected two-pass: a first mean, then the sum and the sum of squares of
 the deviations from it) in the input's dtype; only the order of the additions
 inside a row differs, so float32 results agree with the CPU's to a few ulp.
@@ -33,6 +35,7 @@ from functools import cache
 from numba import cuda
 
 from ..._args import chunk_rows, num_chunks
+from . import errors
 from .arrays import MAX_BLOCKS, THREADS, full, grid
 from .fpmath import mul_for, numba_float
 
@@ -109,8 +112,12 @@ def moments(first, c, q, n, eps, zero, one, inf):
 
 
 @cuda.jit
-def sum_partials(part, out):
-    """``out[m] = part[0, m] + part[1, m] + ...`` added in chunk order, one thread per m."""
+def sum_partials(part, out, err):
+    """``out[m] = part[0, m] + part[1, m] + ...`` added in chunk order, one thread per m.
+
+    A gradient: nothing is written while an index error is pending."""
+    if errors.is_pending(err):
+        return
     chunks = part.shape[0]
     for m in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         s = part[0, m]
@@ -137,7 +144,8 @@ def add_partials(part, out):
     """``out`` (any shape) = the sum over the first axis of ``part`` (``(C,) + out.shape``)."""
     if out.size:
         flat = out.reshape(out.size)
-        sum_partials[grid(flat.size), THREADS](part.reshape(part.shape[0], flat.size), flat)
+        sum_partials[grid(flat.size), THREADS](part.reshape(part.shape[0], flat.size), flat,
+                                               errors.device_word())
 
 
 # ---------------------------------------------------------------- launchers
@@ -171,8 +179,9 @@ def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight,
                 fill_zero(out)
         return
     weight = full((dim,), 1, x.dtype) if weight is None else weight
+    word = errors.device_word()
     _backward_x_kernel(x.dtype)[row_blocks(rows), THREADS](grad_y, x, mean, rstd, weight,
-                                                            grad_x)
+                                                            grad_x, word)
     want_w = grad_weight is not None
     want_b = grad_bias is not None
     if not (want_w or want_b):
@@ -182,7 +191,7 @@ def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight,
     part_w = cuda.device_array((chunks, dim) if want_w else (1, 1), dtype=x.dtype)
     part_b = cuda.device_array((chunks, dim) if want_b else (1, 1), dtype=x.dtype)
     _partials_kernel(x.dtype)[grid(chunks * dim), THREADS](
-        grad_y, x, mean, rstd, chunks, chunk_rows(rows), want_w, want_b, part_w, part_b)
+        grad_y, x, mean, rstd, chunks, chunk_rows(rows), want_w, want_b, part_w, part_b, word)
     if want_w:
         add_partials(part_w, grad_weight)
     if want_b:
@@ -234,8 +243,12 @@ def _backward_x_kernel(dtype):
     nbt = numba_float(dtype)
 
     @cuda.jit
-    def layer_norm_backward_x(grad_y, x, mean, rstd, weight, grad_x):
-        """One block per row: ``grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat))``."""
+    def layer_norm_backward_x(grad_y, x, mean, rstd, weight, grad_x, err):
+        """One block per row: ``grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat))``.
+
+        A gradient: returns at once while an index error is pending."""
+        if errors.is_pending(err):
+            return
         sh_a = cuda.shared.array(THREADS, nbt)
         sh_b = cuda.shared.array(THREADS, nbt)
         tid = cuda.threadIdx.x
@@ -269,8 +282,11 @@ def _partials_kernel(dtype):
 
     @cuda.jit
     def layer_norm_partials(grad_y, x, mean, rstd, chunks, chunk, want_w, want_b,
-                            part_w, part_b):
-        """One thread per ``(chunk, d)``: its chunk's ``gy * xhat`` / ``gy`` in row order."""
+                            part_w, part_b, err):
+        """One thread per ``(chunk, d)``: its chunk's ``gy * xhat`` / ``gy`` in row order
+        (nothing while an index error is pending)."""
+        if errors.is_pending(err):
+            return
         rows, dim = x.shape
         zero = nbt(0)
         for k in range(cuda.grid(1), chunks * dim, cuda.gridsize(1)):

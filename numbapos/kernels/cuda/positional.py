@@ -15,13 +15,18 @@ kernels round the product and the sum separately. The products that feed a sum
 ``__nv_fmul_rn`` / ``__nv_dmul_rn`` (PTX ``mul.rn``, which is never
 contracted), so the GPU rounds as the CPU does. On the simulator they are plain
 multiplies (NumPy scalars never fuse).
+
+Nothing here reads data back to the host. Kernels that read position ids check
+them as they go and record a bad one in the deferred error word
+(:mod:`.errors`) instead of reading out of bounds.
 """
 
 import math
 
 import numpy as np
-from numba import cuda, float64
+from numba import cuda, float64, int64
 
+from . import errors
 from .arrays import THREADS, asarray, grid
 from .fpmath import mul_f32, mul_f64
 
@@ -51,10 +56,18 @@ def add_rows(x, table, start, out):
 
 
 def add_gathered_rows(x, table, positions, out):
-    """``out[n, l] = x[n, l] + table[positions[n, l]]``; ``positions`` (N, L) or (1, L)."""
+    """``out[n, l] = x[n, l] + table[positions[n, l]]``; ``positions`` (N, L) or (1, L).
+
+    Positions are range-checked as they are read: a bad one is recorded as the
+    deferred error (``position_ids`` / ``max_len``, its flat position in
+    ``positions``) and its row of ``out`` is ``x`` unchanged (the table is not read).
+    """
     if x.size:
         shared = positions.shape[0] == 1
-        _add_gathered_rows[grid(x.size), THREADS](x, table, positions, shared, out)
+        word, host = errors.words()
+        _add_gathered_rows[grid(x.size), THREADS](x, table, positions, shared, out, word, host,
+                                                  errors.tag("position_ids", "max_len"))
+        errors.after_launch()
 
 
 def sum_over_batch(grad, start, out):
@@ -86,13 +99,25 @@ def positions_from_padding(ids, padding_idx, past, pad_position, out):
     """Per row ``r`` of ``ids`` (R, L): real tokens numbered from ``past[r]``, padding
     ``pad_position``.
 
-    ``past`` is an ``(R,)`` int64 device array and ``out`` ``(R, L)`` int64. The
-    numbering is a sequential scan along the row, so one thread takes a row.
+    ``past`` is an ``(R,)`` int64 device array (or a host int: the same for every
+    row) and ``out`` ``(R, L)`` int64. The numbering is a sequential scan along the
+    row, so one thread takes a row. A ``past[r]`` outside ``[0, 2**63 - L]``
+    (the host checks host values; device values are checked here) is recorded as
+    the deferred error (``past_length``) and its row is all ``pad_position``.
     """
     if ids.size:
-        rows = ids.shape[0]
-        _positions_from_padding[grid(rows), THREADS](ids, np.int64(padding_idx), past,
-                                                     np.int64(pad_position), out)
+        rows, seq = ids.shape
+        top = np.iinfo(np.int64).max
+        max_past = top - max(seq - 1, 0)  # past_length + L - 1 must fit in int64
+        has_past = not isinstance(past, (int, np.integer))
+        start = np.int64(0 if has_past else past)
+        past_arr = past if has_past else cuda.device_array(1, np.int64)
+        word, host = errors.words()
+        _positions_from_padding[grid(rows), THREADS](
+            ids, np.int64(padding_idx), past_arr, has_past, start, np.int64(pad_position),
+            np.int64(max_past), np.int64(min(max_past, top - 1) + 1), out, word, host,
+            errors.tag("past_length", "past_length_bound"))
+        errors.after_launch()
 
 
 # ---------------------------------------------------------------- sinusoid table
@@ -136,13 +161,20 @@ def _add_rows(x, table, start, out):
 
 
 @cuda.jit
-def _add_gathered_rows(x, table, positions, shared, out):
+def _add_gathered_rows(x, table, positions, shared, out, err, err_host, which):
     dim = x.shape[2]
     seq = x.shape[1]
     for k in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         n, l, d = _unravel(k, seq, dim)
         pn = 0 if shared else n
-        out[n, l, d] = x[n, l, d] + table[positions[pn, l], d]
+        row = int64(positions[pn, l])
+        if row < 0 or row >= table.shape[0]:
+            if d == 0:
+                errors.record(err, err_host, int64(pn * seq + l), row, int64(table.shape[0]),
+                              which)
+            out[n, l, d] = x[n, l, d]
+        else:
+            out[n, l, d] = x[n, l, d] + table[row, d]
 
 
 @cuda.jit
@@ -213,12 +245,18 @@ _MULT_ADD_BACKWARD = {np.dtype(np.float32): _make_mult_add_backward(mul_f32),
 
 
 @cuda.jit
-def _positions_from_padding(ids, padding_idx, past, pad_position, out):
+def _positions_from_padding(ids, padding_idx, past, has_past, start, pad_position, max_past,
+                            bound, out, err, err_host, which):
     """One thread per row: a sequential scan along L (rows are short, and the scan's
     running count makes the row one thread's work)."""
     seq = ids.shape[1]
     for r in range(cuda.grid(1), ids.shape[0], cuda.gridsize(1)):
-        next_position = past[r]
+        next_position = int64(past[r]) if has_past else start
+        if next_position < 0 or next_position > max_past:
+            errors.record(err, err_host, int64(r), next_position, bound, which)
+            for l in range(seq):
+                out[r, l] = pad_position
+            continue
         for l in range(seq):
             if ids[r, l] == padding_idx:
                 out[r, l] = pad_position

@@ -7,6 +7,11 @@ shared :mod:`numbapos.kernels.rowwise` helpers. A lookup runs one block per
 output row with the threads along D; quantising (an offline conversion) runs
 one thread per table row.
 
+A lookup reads nothing back to the host: its indices are checked in the
+gather kernel and a bad one raised later (:mod:`.errors`). Quantising keeps
+one documented read (:func:`quantize_rows`, the first row that cannot be
+quantised): it is a one-time conversion, not a step of a loop.
+
 Every element reads back as ``fma(scale, code, bias)`` in float32, one
 rounding, as on the CPU (``cuda.fma``; on the simulator, which would round
 twice, an exact emulation).
@@ -15,7 +20,7 @@ twice, an exact emulation).
 import math
 
 import numpy as np
-from numba import config, cuda
+from numba import config, cuda, int64
 
 from ..rowwise import (
     code_4bit,
@@ -29,7 +34,7 @@ from ..rowwise import (
     scale_bias_8bit,
     unquantizable,
 )
-from . import arrays
+from . import arrays, errors
 from .arrays import THREADS, grid
 
 __all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
@@ -65,12 +70,16 @@ def dequantize_rows(packed, bits, dim, out):
 def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
     """``out[i] = decode(packed[flat[i]])`` (zeros where ``flat[i] == padding_idx``).
 
-    ``flat`` is range-checked, ``out`` is ``(N, dim)`` float32 and
-    ``padding_idx`` is -1 for none.
+    ``out`` is ``(N, dim)`` float32 and ``padding_idx`` is -1 for none.
+    ``flat`` is range-checked as it is read (one launch): a bad index is
+    recorded as the deferred error (:mod:`.errors`, the CPU's ``indices`` /
+    ``num_embeddings``) and its output row is zeros, the table not read.
     """
     if out.size:
+        word, host = errors.words()
         _gather[grid(flat.size, 1), _row_threads(dim)](
-            flat, packed, int(bits), np.int64(padding_idx), out)
+            flat, packed, int(bits), np.int64(padding_idx), out, word, host, errors.tag())
+        errors.after_launch()
 
 
 def _row_threads(dim: int) -> int:
@@ -194,13 +203,19 @@ def _decode_rows(packed, bits, padding_idx, out):
 
 
 @cuda.jit
-def _gather(flat_idx, packed, bits, padding_idx, out):
-    """``out[i] = decode(packed[flat_idx[i]])``, zeros for padding: a block per output row."""
+def _gather(flat_idx, packed, bits, padding_idx, out, err, err_host, which):
+    """``out[i] = decode(packed[flat_idx[i]])``, zeros for padding: a block per output row.
+
+    The index is read and checked once per row (thread 0 records a bad one;
+    its row is zeros)."""
     dim = out.shape[1]
     for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
-        r = flat_idx[i]
+        r = int64(flat_idx[i])
+        bad = r < 0 or r >= packed.shape[0]
+        if bad and cuda.threadIdx.x == 0:
+            errors.record(err, err_host, int64(i), r, int64(packed.shape[0]), which)
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            if r == padding_idx:
+            if bad or r == padding_idx:
                 out[i, d] = np.float32(0.0)
             else:
                 out[i, d] = _decode(packed, bits, dim, r, d)
