@@ -17,11 +17,27 @@ implementation per target.
 """
 
 import numpy as np
-from numba.extending import overload
-
-from .cpu.branchless import choose as _select
+from numba import types
+from numba.extending import intrinsic, overload
 
 __all__ = []  # device helpers, not launchers
+
+
+@intrinsic
+def select(typingctx, flag, if_true, if_false):
+    """``if_true if flag else if_false`` as one LLVM ``select`` (both already computed).
+
+    ``flag`` is a boolean; the two values have the same numeric type. Jitted
+    code only (see :func:`choose` for the version that also runs in Python).
+    """
+    if not (isinstance(flag, types.Boolean) and isinstance(if_true, types.Number)
+            and if_true == if_false):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.select(args[0], args[1], args[2])
+
+    return if_true(flag, if_true, if_false), codegen
 
 
 def choose(flag, if_true, if_false):
@@ -41,7 +57,7 @@ def sqrt_rn(x):
 
 @overload(choose, target="generic", inline="always")
 def _choose(flag, if_true, if_false):
-    return lambda flag, if_true, if_false: _select(flag, if_true, if_false)
+    return lambda flag, if_true, if_false: select(flag, if_true, if_false)
 
 
 @overload(mul_rn, target="cpu", inline="always")

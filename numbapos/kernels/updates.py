@@ -31,20 +31,20 @@ _DECOUPLED = int(WeightDecayMode.DECOUPLED)
 # ---------------------------------------------------------------- SGD
 
 
-@register_jitable(inline="always")
+@register_jitable
 def sgd_gradient(p, g, h, maximize, decay):
     """The gradient SGD applies: negated with ``maximize``, plus L2 decay with ``decay``."""
     g = choose(maximize, -g, g)
     return choose(decay, g + mul_rn(h.weight_decay, p), g)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def sgd_plain_update(p, g, h, maximize, decay):
     """One element without momentum: the new ``p``."""
     return p - mul_rn(h.lr, sgd_gradient(p, g, h, maximize, decay))
 
 
-@register_jitable(inline="always")
+@register_jitable
 def sgd_momentum_update(p, g, buf, h, first, nesterov, maximize, decay):
     """One element with momentum (``first``: the buffer starts as the gradient):
     ``(new_p, new_buf)``."""
@@ -57,14 +57,14 @@ def sgd_momentum_update(p, g, buf, h, first, nesterov, maximize, decay):
 # ---------------------------------------------------------------- Adam / AdamW
 
 
-@register_jitable(inline="always")
+@register_jitable
 def adam_decay_flags(h):
     """``(l2, decoupled)``: which weight decay applies, if any."""
     decay = h.weight_decay != 0
     return decay and not h.decoupled, decay and h.decoupled
 
 
-@register_jitable(inline="always")
+@register_jitable
 def adam_prologue(p, g, h, maximize, l2, decoupled):
     """``maximize`` and weight decay (L2 into the gradient, or AdamW's decay of p): ``(p, g)``."""
     g = choose(maximize, -g, g)
@@ -72,7 +72,7 @@ def adam_prologue(p, g, h, maximize, l2, decoupled):
     return p, choose(l2, g + mul_rn(h.weight_decay, p), g)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def adam_moments(g, m, v, h, low_weight, beta1):
     """Dense Adam's new moments ``(m, v)``. ``low_weight`` says ``1 - beta1 < 0.5``:
     which of ``torch.lerp``'s two forms applies."""
@@ -81,13 +81,13 @@ def adam_moments(g, m, v, h, low_weight, beta1):
     return m, mul_rn(v, h.beta2) + mul_rn(mul_rn(h.one_minus_beta2, g), g)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def adam_dense_param(p, m, v, h):
     """Dense Adam's new parameter from the (amsgrad-maxed) moments."""
     return p + mul_rn(h.neg_step_size, m / (sqrt_rn(v) / h.bias_correction2_sqrt + h.eps))
 
 
-@register_jitable(inline="always")
+@register_jitable
 def sparse_adam_update(p, g, m, v, h, l2, decoupled):
     """One element of ``torch.optim.SparseAdam``'s update: ``(p, m, v)``."""
     p, g = adam_prologue(p, g, h, h.maximize, l2, decoupled)
@@ -99,7 +99,7 @@ def sparse_adam_update(p, g, m, v, h, l2, decoupled):
 # ---------------------------------------------------------------- Adagrad
 
 
-@register_jitable(inline="always")
+@register_jitable
 def adagrad_update(p, g, s, h, decay):
     """One element of ``torch.optim.Adagrad``: ``(new_p, new_sum)``."""
     g = choose(h.maximize, -g, g)
@@ -111,14 +111,14 @@ def adagrad_update(p, g, s, h, decay):
 # ---------------------------------------------------------------- row-wise Adagrad
 
 
-@register_jitable(inline="always")
+@register_jitable
 def rowwise_term(g, p, h, l2):
     """Element ``(g, p)``'s square in its row's mean square (L2 decay folded into g)."""
     g = choose(l2, g + mul_rn(h.weight_decay, p), g)
     return mul_rn(g, g)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def rowwise_factors(state, square_sum, dim, one, h):
     """A row's new accumulator and its update's factors, from its square sum
     (FBGEMM's ``split_weight_update_cpu``): ``(state, correction, multiplier)``;
@@ -131,7 +131,7 @@ def rowwise_factors(state, square_sum, dim, one, h):
     return acc, correction, multiplier
 
 
-@register_jitable(inline="always")
+@register_jitable
 def rowwise_apply(p, g, correction, multiplier):
     """One element of a row-wise Adagrad row update."""
     return mul_rn(correction, p) - mul_rn(multiplier, g)

@@ -10,23 +10,6 @@ plain arithmetic (no loads that could be out of bounds, no side effects); the
 picked value is exactly the one the ``if`` would give, so results keep their bits.
 """
 
-from numba import types
-from numba.extending import intrinsic
+from ..scalar import select as choose
 
 __all__ = ["choose"]
-
-
-@intrinsic
-def choose(typingctx, flag, if_true, if_false):
-    """``if_true if flag else if_false`` as one ``select`` (both already computed).
-
-    ``flag`` is a boolean; the two values have the same numeric type.
-    """
-    if not (isinstance(flag, types.Boolean) and isinstance(if_true, types.Number)
-            and if_true == if_false):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.select(args[0], args[1], args[2])
-
-    return if_true(flag, if_true, if_false), codegen
