@@ -187,11 +187,12 @@ def _gpt2(dtype, index_dtype) -> None:
         block(np.array([[3]], index_dtype), past_length=3)  # one token of generation
 
 
-def _sgd(dtype, index_dtype) -> None:
+def _sgd(dtype, index_dtype, variants=None) -> None:
     rows = np.array([1, 3], index_dtype)
     # The sparse kernels are compiled per variant (with or without momentum, the
-    # usual options or any others): each of the four is reached here.
-    for options in _SGD_VARIANTS:
+    # usual options or any others): each of the four is reached by this group and
+    # the next (with weight decay, compiled as long as the first two together).
+    for options in _SGD_VARIANTS[:2] if variants is None else variants:
         dense = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
         sparse = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
         opt = optim.SGD([dense, sparse], lr=0.1, **options)
@@ -207,6 +208,10 @@ def _sgd(dtype, index_dtype) -> None:
 
 _SGD_VARIANTS = ({}, {"momentum": 0.9}, {"weight_decay": 0.01},
                  {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01})
+
+
+def _sgd_weight_decay(dtype, index_dtype) -> None:
+    _sgd(dtype, index_dtype, _SGD_VARIANTS[2:])
 
 
 # The optimisers besides SGD, with the options that reach other kernels, and whether
@@ -264,6 +269,8 @@ class Case(NamedTuple):
 
     ``indexed`` False: the kernels do not see the index dtype (run once per dtype).
     ``default`` False: an opt-in group, run only when named (or with ``ops="all"``).
+    ``seconds``: about how long it compiles (float32, int64, one process, the
+    development VM); worker processes take the longest groups first.
     """
 
     name: str
@@ -271,36 +278,41 @@ class Case(NamedTuple):
     run: Callable[[str, str], None]
     indexed: bool = True
     default: bool = True
+    seconds: float = 1.0
 
 
 #: What :func:`warmup` drives, in order. Add a line here for each new op.
 CASES: tuple[Case, ...] = (
-    Case("embedding", "lookup (allocating, out=), dense and sparse backward", _embedding),
-    Case("renorm", "max_norm clipping for norm_type 2, 1 and inf", _renorm),
-    Case("padding", "padding_mask, positions_from_padding / _attention_mask", _padding),
+    Case("embedding", "lookup (allocating, out=), dense and sparse backward", _embedding,
+         seconds=4.6),
+    Case("renorm", "max_norm clipping for norm_type 2, 1 and inf", _renorm, seconds=0.7),
+    Case("padding", "padding_mask, positions_from_padding / _attention_mask", _padding,
+         seconds=0.2),
     Case("positional", "learned, sinusoidal and NeoML positional modules, fwd + bwd",
-         _positional),
-    Case("sinusoid", "sinusoidal_pos_embedding", _sinusoid, indexed=False),
+         _positional, seconds=5.4),
+    Case("sinusoid", "sinusoidal_pos_embedding", _sinusoid, indexed=False, seconds=0.1),
     Case("rotary", "RotaryEmbedding fwd + bwd (offset, position ids, both layouts), "
-         "apply_rotary in place and streamed", _rotary),
+         "apply_rotary in place and streamed", _rotary, seconds=11.2),
     Case("alibi", "ALiBi fwd + bwd with trained slopes, alibi_bias, every mode", _alibi,
-         indexed=False),
+         indexed=False, seconds=6.5),
     Case("resize", "resize_pos_table in every mode, fractional positions fwd + bwd", _resize,
-         indexed=False),
-    Case("init", "keyed_normal_ (the keyed initialiser of sharded tables)", _init),
-    Case("dropout", "Dropout fwd + bwd, dropout_mask", _dropout, indexed=False),
+         indexed=False, seconds=1.2),
+    Case("init", "keyed_normal_ (the keyed initialiser of sharded tables)", _init, seconds=0.4),
+    Case("dropout", "Dropout fwd + bwd, dropout_mask", _dropout, indexed=False, seconds=0.3),
     Case("layer_norm", "LayerNorm fwd + bwd, with and without affine", _layer_norm,
-         indexed=False),
-    Case("bert", "BertEmbeddings fwd + bwd (train), fwd (eval)", _bert),
-    Case("gpt2", "GPT2Embeddings fwd + bwd, attention mask, 1-token fwd", _gpt2),
-    Case("sgd", "SGD dense and sparse, without and with (Nesterov) momentum, fused with "
-         "the sparse backward", _sgd),
+         indexed=False, seconds=2.8),
+    Case("bert", "BertEmbeddings fwd + bwd (train), fwd (eval)", _bert, seconds=4.9),
+    Case("gpt2", "GPT2Embeddings fwd + bwd, attention mask, 1-token fwd", _gpt2, seconds=1.0),
+    Case("sgd", "SGD dense and sparse, without and with momentum, fused with the sparse "
+         "backward", _sgd, seconds=10.5),
+    Case("sgd_weight_decay", "SGD with weight decay, without and with Nesterov momentum, "
+         "dense, sparse and fused", _sgd_weight_decay, seconds=20.0),
     Case("optimisers", "Adam (also AMSGrad), AdamW, Adagrad where numbapos has them, dense "
-         "and sparse", _optimisers),
+         "and sparse", _optimisers, seconds=10.0),
     Case("quantized", "int8 / int4 row-wise tables: quantise, look up (with padding), "
-         "dequantise", _quantized),
+         "dequantise", _quantized, seconds=7.6),
     Case("rowwise_adagrad", "RowWiseAdagrad dense and sparse, with and without L2 weight "
-         "decay (opt-in)", _rowwise_adagrad, default=False),
+         "decay (opt-in)", _rowwise_adagrad, default=False, seconds=59.0),
 )
 CASE_NAMES = tuple(case.name for case in CASES)
 
@@ -353,10 +365,12 @@ def cache_location() -> str | None:
 def _parallel_bodies(parallel: bool) -> Iterator[None]:
     """Make the CPU launchers pick their parallel bodies (or, unchanged, the serial ones).
 
-    ``parallel_min_elements`` is overridden to 0, and kernels compile in this
-    thread (:func:`~numbapos.kernels.cpu.background.foreground`).
+    ``parallel_min_elements`` is overridden to 0 and ``adaptive_threads`` off
+    (on a busy machine the launchers would pick the serial kernels), and
+    kernels compile in this thread
+    (:func:`~numbapos.kernels.cpu.background.foreground`).
     """
-    threshold = {"parallel_min_elements": 0} if parallel else {}
+    threshold = {"parallel_min_elements": 0, "adaptive_threads": False} if parallel else {}
     # the parallel bodies themselves, compiled here, not their serial twins meanwhile
     with config.override(**threshold), _device.kernels_for("cpu").background.foreground():
         yield
@@ -524,8 +538,9 @@ def _run_in_processes(tasks, count: int, report) -> list:
     from queue import Empty, Queue
 
     todo: Queue = Queue()
-    for number, task in enumerate(tasks):
-        todo.put((number, task))
+    # the longest groups first, so that no worker is left with one long group at the end
+    for number in sorted(range(len(tasks)), key=lambda n: -tasks[n][0].seconds):
+        todo.put((number, tasks[number]))
     done: Queue = Queue()
     stop = threading.Event()
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -612,8 +627,8 @@ def warmup(dtypes=DEFAULT_DTYPES, index_dtypes=DEFAULT_INDEX_DTYPES, ops=None, v
         ``"embedding"``, ``"renorm"``,
         ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"rotary"``, ``"alibi"``,
         ``"resize"``, ``"init"``, ``"dropout"``,
-        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"optimisers"``,
-        ``"quantized"``. Opt-in, run when named or with ``"all"``:
+        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"sgd_weight_decay"``,
+        ``"optimisers"``, ``"quantized"``. Opt-in, run when named or with ``"all"``:
         ``"rowwise_adagrad"``.
     verbose : bool, default True
         Print a line per group as it ends (time, signatures compiled and

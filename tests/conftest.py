@@ -220,6 +220,7 @@ def parallel_threshold(foreground_compile):
 
     with contextlib.ExitStack() as stack:
         def set_threshold(n):
-            stack.enter_context(numbapos.config.override(parallel_min_elements=n))
+            stack.enter_context(numbapos.config.override(parallel_min_elements=n,
+                                                         adaptive_threads=False))
 
         yield set_threshold

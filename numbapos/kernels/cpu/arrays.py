@@ -25,12 +25,15 @@ def runs_parallel(work: int) -> bool:
 
     The thread pool starts here, at the first launch that needs it (with
     numbapos's wait policy, :func:`numbapos._pool.start_pool`), not at import.
+    When other processes leave this one a single free core (config's
+    ``adaptive_threads``, :func:`numbapos._pool.usable_threads`), the serial
+    kernel runs: a parallel one would wait for its thread sharing a busy core.
     """
     if work < config.get("parallel_min_elements"):
         return False
     if not _pool.started:
         _pool.start_pool()
-    return True
+    return _pool.usable_threads() > 1
 
 
 def pick(serial, parallel, work: int):
