@@ -2,13 +2,16 @@
 
 A busy neighbour is one process spinning in a Python loop (``while True:
 pass``), optionally pinned to the last core. It is started once and
-switched on and off with SIGCONT / SIGSTOP, so the three conditions of each
-op are timed in the same seconds, round by round, the order rotating:
+switched on and off with SIGCONT / SIGSTOP, so the conditions of each op
+are timed in the same seconds, round by round, the order rotating, each
+after 0.3 s in its state (numbapos looks at the other processes' load over
+the last 0.1 s):
 
 - ``quiet``: the neighbour stopped; numbapos as configured;
 - ``busy``: the neighbour running; numbapos as configured;
 - ``busy_serial``: the neighbour running; every launcher forced to its serial
-  kernel (``parallel_min_elements`` above any size).
+  kernel (``parallel_min_elements`` above any size);
+- ``quiet_serial``: the neighbour stopped, the serial kernels.
 
 Prints a table and, with ``--json PATH``, writes the medians (ms) and the
 ratios ``busy / quiet`` (target <= 2.2) and ``busy / busy_serial`` (target <=
@@ -34,7 +37,7 @@ from numbapos.bench import cases
 from numbapos.bench.data import QUICK, inputs
 
 SERIAL = 1 << 62  # parallel_min_elements above any work: every launcher serial
-CONDITIONS = ("quiet", "busy", "busy_serial")
+CONDITIONS = ("quiet", "busy", "busy_serial", "quiet_serial")
 
 
 def _neighbour(pin: bool) -> subprocess.Popen:
@@ -57,7 +60,7 @@ def _per_call(fn, min_s: float) -> float:
 
 
 def measure(rounds: int = 7, pin: bool = False, only: str | None = None,
-            min_s: float = 0.02, settle_s: float = 0.02) -> dict:
+            min_s: float = 0.05, settle_s: float = 0.3) -> dict:
     """``{case: {condition: median ms, ...}}`` for the numbapos side of each case."""
     neighbour = _neighbour(pin)
     results = {}
@@ -76,9 +79,9 @@ def measure(rounds: int = 7, pin: bool = False, only: str | None = None,
                 for i in range(len(CONDITIONS)):
                     condition = CONDITIONS[(r + i) % len(CONDITIONS)]
                     os.kill(neighbour.pid,
-                            signal.SIGSTOP if condition == "quiet" else signal.SIGCONT)
+                            signal.SIGSTOP if condition.startswith("quiet") else signal.SIGCONT)
                     time.sleep(settle_s)
-                    threshold = SERIAL if condition == "busy_serial" else \
+                    threshold = SERIAL if condition.endswith("serial") else \
                         config.get("parallel_min_elements")
                     with config.override(parallel_min_elements=threshold):
                         fn()  # one call unmeasured: the first after the switch
@@ -113,11 +116,14 @@ def main(argv=None) -> int:
     print(f"numbapos {numbapos.__version__}, {numbapos.get_num_threads()} threads, neighbour "
           f"{'pinned' if args.pin else 'not pinned'}, load {' '.join(load_before)} -> "
           f"{' '.join(load_after)}; adaptive threads: {_adaptive()}")
-    print(f"{'case':<52} {'quiet':>8} {'busy':>8} {'serial':>8} {'busy/quiet':>10} "
-          f"{'busy/serial':>11}")
+    print("median ms per call; serial: every launcher's serial kernel")
+    print(f"{'case':<44} {'quiet':>8} {'busy':>8} {'serial':>8} {'serial':>8} {'busy/':>6} "
+          f"{'busy/':>7}")
+    print(f"{'':<44} {'':>8} {'':>8} {'busy':>8} {'quiet':>8} {'quiet':>6} {'serial':>7}")
     for name, row in results.items():
-        print(f"{name:<52} {row['quiet']:8.3f} {row['busy']:8.3f} {row['busy_serial']:8.3f} "
-              f"{row['busy_over_quiet']:10.2f} {row['busy_over_serial']:11.2f}")
+        print(f"{name[:44]:<44} {row['quiet']:8.3f} {row['busy']:8.3f} "
+              f"{row['busy_serial']:8.3f} {row['quiet_serial']:8.3f} "
+              f"{row['busy_over_quiet']:6.2f} {row['busy_over_serial']:7.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"load": [load_before, load_after], "pinned": args.pin,

@@ -695,7 +695,7 @@ def warmup(dtypes=DEFAULT_DTYPES, index_dtypes=DEFAULT_INDEX_DTYPES, ops=None, v
     def report(result):
         nonlocal finished
         finished += 1
-        say(f"  [{finished:{len(str(len(tasks)))}d}/{len(tasks)}] {result.case:<15} "
+        say(f"  [{finished:{len(str(len(tasks)))}d}/{len(tasks)}] {result.case:<16} "
             f"{result.dtype:<8} {result.index_dtype:<6} {result.seconds:7.2f} s  "
             f"{result.compiled:3d} compiled, {result.loaded:3d} from the cache")
 
