@@ -100,10 +100,10 @@ def _add_warmup(sub) -> None:
     opt_in = [case.name for case in _warmup.CASES if not case.default]
     warm.add_argument("--ops", type=_choices(_warmup.CASE_NAMES, "op groups"), default=None,
                       help=f"only these op groups (default: all but the opt-in "
-                           f"{','.join(opt_in)}; all: {','.join(_warmup.CASE_NAMES)})")
+                           f"{','.join(opt_in)}; the groups: {','.join(_warmup.CASE_NAMES)})")
     warm.add_argument("--all", action="store_true",
                       help="every op group (opt-in ones too) for float32,float64 x int32,int64 "
-                           "(several times as long)")
+                           "(several times as long; not with --dtypes, --index-dtypes, --ops)")
     warm.add_argument("-j", "--processes", type=_int_at_least(1, "an integer >= 1"),
                       default=None, metavar="N",
                       help="worker processes (default: one per core, at most "
@@ -169,6 +169,12 @@ def warmup(args) -> int:
     """Run :func:`numbapos.warmup`; 1 with the error on stderr when an op fails."""
     from numbapos import _warmup
 
+    chosen = (args.ops is not None or args.dtypes != _warmup.DEFAULT_DTYPES
+              or args.index_dtypes != _warmup.DEFAULT_INDEX_DTYPES)
+    if args.all and chosen:
+        print("warmup: --all compiles every group for every dtype; leave out --dtypes, "
+              "--index-dtypes and --ops", file=sys.stderr)
+        return 2
     try:
         if args.all:
             _warmup.warmup(_warmup.DTYPES, _warmup.INDEX_DTYPES, "all", verbose=not args.quiet,

@@ -249,6 +249,13 @@ def test_cli_refuses_bad_lists(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--all", "--ops", "sgd"], ["--all", "--dtypes", "float64"],
+                                  ["--all", "--index-dtypes", "int32"]])
+def test_all_refuses_a_narrower_choice(capsys, argv):
+    assert main(["warmup", *argv]) == 2
+    assert "--all compiles every group for every dtype" in capsys.readouterr().err
+
+
 def test_a_failing_op_names_its_case_exits_1_and_restores_the_threshold(monkeypatch, capsys):
     seen = []
 
