@@ -37,7 +37,8 @@ def runs_parallel(work: int) -> bool:
 
 
 def pick(serial, parallel, work: int):
-    """The serial kernel for small work, the parallel one from ``parallel_min_elements`` on.
+    """The serial kernel for small work, the parallel one from ``parallel_min_elements`` on
+    (unless other processes leave this one a single free core: :func:`runs_parallel`).
 
     The two must take the same arguments and compute the same bits: while the
     parallel one is not compiled yet (cold cache), its calls run the serial one
