@@ -549,17 +549,23 @@ def _run_in_processes(tasks, count: int, report) -> list:
                    PYTHONPATH=os.pathsep.join(
                        [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]))
 
+        procs = []
+
         def work():
             proc = subprocess.Popen([sys.executable, "-c", _WORKER], env=env, text=True,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            procs.append(proc)
             try:
                 while not stop.is_set():
                     try:
                         number, (case, dtype, index_dtype) = todo.get_nowait()
                     except Empty:
                         break
-                    proc.stdin.write(json.dumps([case.name, dtype, index_dtype]) + "\n")
-                    proc.stdin.flush()
+                    try:
+                        proc.stdin.write(json.dumps([case.name, dtype, index_dtype]) + "\n")
+                        proc.stdin.flush()
+                    except BrokenPipeError:  # killed (another group failed) or crashed
+                        pass
                     for line in proc.stdout:
                         if line.startswith(_MARK):
                             reply = json.loads(line[len(_MARK):])
@@ -571,7 +577,10 @@ def _run_in_processes(tasks, count: int, report) -> list:
                     if "error" in reply:
                         break
             finally:
-                proc.stdin.close()
+                try:
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass
                 if stop.is_set():
                     proc.kill()
                 proc.wait()
@@ -590,12 +599,14 @@ def _run_in_processes(tasks, count: int, report) -> list:
                 number, reply = item
                 if "error" in reply:
                     error = error or reply["error"]
-                    stop.set()
-                    continue
+                    break
                 results[number] = WarmupResult(*reply["result"])
                 report(results[number])
         finally:
             stop.set()
+            if running:  # an error or an interrupt: the other groups are not waited for
+                for proc in list(procs):
+                    proc.kill()
             for thread in threads:
                 thread.join()
     if error is not None:
