@@ -1,11 +1,15 @@
-"""Steady beside other processes: the BERT block training step alone and with a twin.
+"""Steady beside other processes: the BERT block training step alone and with a twin,
+and every op of ``bench --quick`` beside a busy process.
 
 Two processes on the same cores, each running the BERT block forward +
 backward in a loop, should each take about twice their solo time (the cores
 are shared), not several times it (idle OpenMP threads spinning on cores the
 other process needs). A second group times a mid-sized lookup that follows a
 pause (the pool has gone idle): what waking the threads costs under each wait
-policy. Each configuration runs in fresh interpreters; the
+policy. A third runs ``busy_neighbour.py``: each op of ``python -m numbapos
+bench --quick`` with a spinning process switched on and off (its quiet time,
+its busy time, its serial kernel's), with numbapos's adaptive threads and
+without. Each configuration runs in fresh interpreters; the
 medians and their ratios land in ``extra_info`` of one benchmark row per
 configuration (the row's own time is that of the whole experiment)::
 
@@ -66,6 +70,7 @@ AFTER_PAUSE = textwrap.dedent("""
 
 CONFIGS = {
     "numbapos default": {},
+    "NUMBAPOS_ADAPTIVE_THREADS=0 (every thread, always)": {"NUMBAPOS_ADAPTIVE_THREADS": "0"},
     "GOMP_SPINCOUNT=1000": {"GOMP_SPINCOUNT": "1000"},
     "GOMP_SPINCOUNT=0 (passive)": {"GOMP_SPINCOUNT": "0"},
     "OpenMP's own spin (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
@@ -116,3 +121,38 @@ def test_a_call_after_a_gap_finds_the_pool_quickly(benchmark, config):
     benchmark.extra_info.update({k + "_ms": round(v, 4) for k, v in medians.items()})
     print(f"\n{config}: 512-token lookup after 100 us of work {medians['busy_100us'] * 1e3:.0f} us,"
           f" after a 2 ms sleep {medians['sleep_2ms'] * 1e3:.0f} us")
+
+
+# Adaptive threads (the default) against every thread always (the static split).
+NEIGHBOUR_CONFIGS = {
+    "adaptive threads (default)": {},
+    "NUMBAPOS_ADAPTIVE_THREADS=0": {"NUMBAPOS_ADAPTIVE_THREADS": "0"},
+}
+
+
+@pytest.mark.benchmark(group="contention_busy_neighbour")
+@pytest.mark.parametrize("pinned", [False, True], ids=["neighbour_free", "neighbour_pinned"])
+@pytest.mark.parametrize("config", list(NEIGHBOUR_CONFIGS))
+def test_every_quick_op_beside_a_busy_process(benchmark, config, pinned, tmp_path):
+    """busy / quiet (target <= 2.2) and busy / serial kernel (target <= 1) of every op."""
+    script = os.path.join(os.path.dirname(__file__), "busy_neighbour.py")
+    path = tmp_path / "result.json"
+    env = {k: v for k, v in os.environ.items() if k != "NUMBAPOS_ADAPTIVE_THREADS"}
+    env.update(NEIGHBOUR_CONFIGS[config])
+
+    def experiment():
+        args = [sys.executable, script, "--rounds", "5", "--json", str(path)]
+        done = subprocess.run(args + (["--pin"] if pinned else []), env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr
+        print("\n" + done.stdout)
+        return json.loads(path.read_text())
+
+    report = benchmark.pedantic(experiment, rounds=1, iterations=1)
+    rows = report["results"]
+    benchmark.extra_info.update({
+        "load": report["load"],
+        "worst_busy_over_quiet": round(max(r["busy_over_quiet"] for r in rows.values()), 2),
+        "worst_busy_over_serial": round(max(r["busy_over_serial"] for r in rows.values()), 2),
+        "cases": {name: {k: round(v, 3) for k, v in row.items()} for name, row in rows.items()},
+    })

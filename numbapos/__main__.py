@@ -88,16 +88,26 @@ def _add_warmup(sub) -> None:
 
     warm = sub.add_parser(
         "warmup", help="compile the CPU kernels into Numba's on-disk cache",
-        description="Compile every CPU kernel for the common signatures (serial and parallel "
-                    "bodies) into Numba's on-disk cache, so later processes start without "
-                    "compiling: for Docker images and CI caches. The cache is NUMBA_CACHE_DIR "
-                    "when set, else the __pycache__ folders of the installed package.")
+        description="Compile the CPU kernels (serial and parallel bodies) for float32 data "
+                    "and int64 indices into Numba's on-disk cache, so later processes start "
+                    "without compiling: for Docker images and CI caches. Op groups are shared "
+                    "among worker processes, one per core. The cache is NUMBA_CACHE_DIR when "
+                    "set, else the __pycache__ folders of the installed package.")
     warm.add_argument("--dtypes", type=_choices(_warmup.DTYPES, "data dtypes"),
-                      default=_warmup.DTYPES, help="default: float32,float64")
+                      default=_warmup.DEFAULT_DTYPES, help="default: float32; or float32,float64")
     warm.add_argument("--index-dtypes", type=_choices(_warmup.INDEX_DTYPES, "index dtypes"),
-                      default=_warmup.INDEX_DTYPES, help="default: int32,int64")
+                      default=_warmup.DEFAULT_INDEX_DTYPES, help="default: int64; or int32,int64")
+    opt_in = [case.name for case in _warmup.CASES if not case.default]
     warm.add_argument("--ops", type=_choices(_warmup.CASE_NAMES, "op groups"), default=None,
-                      help=f"only these op groups (default: all: {','.join(_warmup.CASE_NAMES)})")
+                      help=f"only these op groups (default: all but the opt-in "
+                           f"{','.join(opt_in)}; the groups: {','.join(_warmup.CASE_NAMES)})")
+    warm.add_argument("--all", action="store_true",
+                      help="every op group (opt-in ones too) for float32,float64 x int32,int64 "
+                           "(several times as long; not with --dtypes, --index-dtypes, --ops)")
+    warm.add_argument("-j", "--processes", type=_int_at_least(1, "an integer >= 1"),
+                      default=None, metavar="N",
+                      help="worker processes (default: one per core, at most "
+                           f"{_warmup.MAX_PROCESSES}); 1 compiles in this process")
     warm.add_argument("--quiet", action="store_true", help="print nothing unless it fails")
 
 
@@ -159,9 +169,20 @@ def warmup(args) -> int:
     """Run :func:`numbapos.warmup`; 1 with the error on stderr when an op fails."""
     from numbapos import _warmup
 
+    chosen = (args.ops is not None or args.dtypes != _warmup.DEFAULT_DTYPES
+              or args.index_dtypes != _warmup.DEFAULT_INDEX_DTYPES)
+    if args.all and chosen:
+        print("warmup: --all compiles every group for every dtype; leave out --dtypes, "
+              "--index-dtypes and --ops", file=sys.stderr)
+        return 2
     try:
-        _warmup.warmup(args.dtypes, args.index_dtypes, args.ops, verbose=not args.quiet)
-    except RuntimeError as exc:
+        if args.all:
+            _warmup.warmup(_warmup.DTYPES, _warmup.INDEX_DTYPES, "all", verbose=not args.quiet,
+                           processes=args.processes)
+        else:
+            _warmup.warmup(args.dtypes, args.index_dtypes, args.ops, verbose=not args.quiet,
+                           processes=args.processes)
+    except (RuntimeError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1
     return 0

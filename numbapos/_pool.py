@@ -31,19 +31,34 @@ idled for milliseconds waits 0.3-0.6 ms for it (the hypervisor gives an idle
 virtual CPU away); latency-bound services set ``NUMBAPOS_SPIN_COUNT=0``.
 Results never depend on any of this: every kernel is deterministic for any
 thread count and layer.
+
+Busy cores. Numba splits a parallel loop into one equal share per thread
+(OpenMP's static schedule; ``numba.set_parallel_chunksize`` only makes the
+shares smaller, still assigned in advance), so a kernel ends when its
+slowest thread does: with another process busy on one of two cores, the
+thread sharing that core finishes its half a time slice late, and a 0.7 ms
+lookup took 2.3 ms, slower than its serial kernel. So
+:func:`usable_threads` (config's ``adaptive_threads``, on by default; Linux)
+looks, at most every :data:`LOAD_WINDOW_S`, at how much CPU time the other
+processes used on this process's cores (``/proc/stat`` less this process's
+own ``getrusage``), and the launchers use only the cores they leave free:
+the serial kernel when one is left, fewer threads than the pool's
+otherwise (never more than :func:`set_num_threads` asked for).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numba
 import numpy as np
 
 from . import config
 
-__all__ = ["SPIN_COUNT", "get_num_threads", "pool_settings", "set_num_threads", "start_pool"]
+__all__ = ["LOAD_WINDOW_S", "SPIN_COUNT", "get_num_threads", "pool_settings", "set_num_threads",
+           "start_pool", "usable_threads"]
 
 SPIN_COUNT = config.SETTINGS["spin_count"].default
 
@@ -116,6 +131,8 @@ def set_num_threads(n: int) -> None:
                          f"got {int(n)}")
     start_pool()
     numba.set_num_threads(int(n))
+    _local.cap = _local.applied = int(n)
+    _local.window = None  # the next launch looks at the free cores again
 
 
 def get_num_threads() -> int:
@@ -146,3 +163,113 @@ def pool_settings() -> dict:
         wait = "the threading layer's default"
     return {"layer": layer, "threads": numba.get_num_threads(),
             "pool_size": numba.config.NUMBA_NUM_THREADS, "wait": wait}
+
+
+# --- Busy cores ----------------------------------------------------------------------
+
+#: Seconds over which the other processes' use of this process's cores is measured
+#: (and how often, at most, the launchers look at it).
+LOAD_WINDOW_S = 0.1
+# Threads a launcher may use when the others use ``busy`` cores of ``cores``: the free
+# cores, rounded down unless nearly whole (a neighbour using a third of a core already
+# holds a thread of a static schedule back by a time slice now and then).
+_SPARE = 0.25
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_local = threading.local()  # per calling thread: cap (its own thread count), applied, window
+_load_lock = threading.Lock()
+_last: tuple | None = None  # (monotonic s, busy s on our cores, own CPU s) of the last look
+_free: int | None = None  # threads the others leave us (None: not known yet)
+_window = 0  # counts the looks, so each calling thread applies a new answer once
+
+
+def _cores() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def _sample() -> tuple | None:
+    """(now, CPU seconds all processes used on our cores, CPU seconds this process used)."""
+    import resource
+
+    cores = _cores()
+    busy = 0
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if not line.startswith(b"cpu"):
+                    break
+                fields = line.split()
+                if fields[0] == b"cpu" or int(fields[0][3:]) not in cores:
+                    continue
+                # user nice system idle iowait irq softirq: all but idle and iowait
+                busy += sum(int(v) for v in fields[1:4]) + int(fields[6]) + int(fields[7])
+    except (OSError, ValueError, IndexError):
+        return None
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return time.monotonic(), busy / _TICK, own.ru_utime + own.ru_stime
+
+
+def _free_threads(previous: tuple, now: tuple, cores: int) -> int:
+    """Threads the other processes left free between two samples (at least 1)."""
+    seconds = now[0] - previous[0]
+    others = max(0.0, (now[1] - previous[1]) - (now[2] - previous[2])) / seconds
+    return max(1, min(cores, int(cores - others + _SPARE)))
+
+
+def _look() -> None:
+    """Measure the other processes' load if the window has passed (one thread at a time)."""
+    global _last, _free, _window
+    if not _load_lock.acquire(blocking=False):
+        return
+    try:
+        if _last is not None and time.monotonic() - _last[0] < LOAD_WINDOW_S:
+            return
+        now = _sample()
+        if now is None:  # no /proc/stat: the pool's count; look no more often than this
+            _free, now = None, (time.monotonic(), None, None)
+        elif _last is not None and _last[1] is not None and now[0] > _last[0]:
+            _free = _free_threads(_last, now, len(_cores()))
+        _last = now
+        _window += 1
+    finally:
+        _load_lock.release()
+
+
+def usable_threads() -> int:
+    """Threads the calling thread's next parallel kernel should use (1: run the serial one).
+
+    With config's ``adaptive_threads`` on (the default), the cores of this
+    process that the other processes left free over the last
+    :data:`LOAD_WINDOW_S`, at most the calling thread's own count
+    (:func:`set_num_threads`); Numba's count for the calling thread is set to
+    it when above 1. Off, or where ``/proc/stat`` is missing, the calling
+    thread's own count. Call after :func:`start_pool`.
+    """
+    if not config.get("adaptive_threads"):
+        return _restore()
+    if _last is None or time.monotonic() - _last[0] >= LOAD_WINDOW_S:
+        _look()
+    if getattr(_local, "window", None) == _window:
+        return _local.want
+    current = numba.get_num_threads()
+    if getattr(_local, "applied", None) != current:  # first look, or numba's count was set
+        _local.cap = current
+    want = _local.cap if _free is None else max(1, min(_local.cap, _free))
+    if want > 1 and want != current:  # (1: the launcher runs the serial kernel instead)
+        numba.set_num_threads(want)
+        current = want
+    _local.applied, _local.want, _local.window = current, want, _window
+    return want
+
+
+def _restore() -> int:
+    """Adaptive threads off: the calling thread's own count again."""
+    if getattr(_local, "window", None) is not None:
+        _local.window = None
+        if numba.get_num_threads() != _local.cap:
+            numba.set_num_threads(_local.cap)
+        _local.applied = _local.cap
+    return numba.get_num_threads()

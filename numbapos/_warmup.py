@@ -18,6 +18,8 @@ results, at another speed).
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +28,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # Windows: warm-ups run in one process
+    fcntl = None
+
 from . import _checks, _device, config, nn, optim
 from . import functional as F
 from ._grad_mode import no_grad
@@ -33,6 +40,12 @@ from .sparse import SparseRows
 
 DTYPES = ("float32", "float64")
 INDEX_DTYPES = ("int32", "int64")
+# What a warm-up compiles unless told otherwise: the dtypes most programs run
+# (float32 tables, NumPy's and PyTorch's int64 ids); the others are opt-in.
+DEFAULT_DTYPES = ("float32",)
+DEFAULT_INDEX_DTYPES = ("int64",)
+#: Worker processes a warm-up starts at most by default (each up to 1 GB while compiling).
+MAX_PROCESSES = 4
 
 # Tiny shapes: a batch of 2 sequences of 4 tokens, tables of 8 rows of 4 features.
 _IDS = [[1, 2, 2, 0], [3, 1, 0, 0]]
@@ -174,11 +187,12 @@ def _gpt2(dtype, index_dtype) -> None:
         block(np.array([[3]], index_dtype), past_length=3)  # one token of generation
 
 
-def _sgd(dtype, index_dtype) -> None:
+def _sgd(dtype, index_dtype, variants=None) -> None:
     rows = np.array([1, 3], index_dtype)
     # The sparse kernels are compiled per variant (with or without momentum, the
-    # usual options or any others): each of the four is reached here.
-    for options in _SGD_VARIANTS:
+    # usual options or any others): each of the four is reached by this group and
+    # the next (with weight decay, compiled as long as the first two together).
+    for options in _SGD_VARIANTS[:2] if variants is None else variants:
         dense = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
         sparse = nn.Parameter(np.zeros((_ROWS, _DIM), dtype))
         opt = optim.SGD([dense, sparse], lr=0.1, **options)
@@ -196,6 +210,10 @@ _SGD_VARIANTS = ({}, {"momentum": 0.9}, {"weight_decay": 0.01},
                  {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01})
 
 
+def _sgd_weight_decay(dtype, index_dtype) -> None:
+    _sgd(dtype, index_dtype, _SGD_VARIANTS[2:])
+
+
 # The optimisers besides SGD, with the options that reach other kernels, and whether
 # they take SparseRows gradients too. A numbapos without one skips it.
 _OPTIMISERS = (
@@ -203,14 +221,18 @@ _OPTIMISERS = (
     ("Adam", {"amsgrad": True, "weight_decay": 0.01}, False),
     ("AdamW", {}, True),
     ("Adagrad", {}, True),
+)
+# FBGEMM's row-wise Adagrad: its four-row kernels take 40 % of a float32 warm-up's
+# compilation (about 60 of 146 s), for an optimiser few users run: opt-in.
+_ROWWISE = (
     ("RowWiseAdagrad", {}, True),
     ("RowWiseAdagrad", {"weight_decay": 0.01, "weight_decay_mode": "l2"}, True),
 )
 
 
-def _optimisers(dtype, index_dtype) -> None:
+def _optimisers(dtype, index_dtype, optimisers=_OPTIMISERS) -> None:
     rows = np.array([1, 3], index_dtype)
-    for name, options, takes_sparse in _OPTIMISERS:
+    for name, options, takes_sparse in optimisers:
         kind = getattr(optim, name, None)
         if kind is None:
             continue
@@ -228,6 +250,10 @@ def _optimisers(dtype, index_dtype) -> None:
                 _train(emb, _ids(index_dtype))
 
 
+def _rowwise_adagrad(dtype, index_dtype) -> None:
+    _optimisers(dtype, index_dtype, _ROWWISE)
+
+
 def _quantized(dtype, index_dtype) -> None:
     ids = _ids(index_dtype)
     table = _activation(dtype, (_ROWS, _DIM + 1))  # an odd D: the 4-bit tail column too
@@ -242,40 +268,51 @@ class Case(NamedTuple):
     """One entry of the warm-up: ``run(dtype, index_dtype)`` calls the ops on tiny inputs.
 
     ``indexed`` False: the kernels do not see the index dtype (run once per dtype).
+    ``default`` False: an opt-in group, run only when named (or with ``ops="all"``).
+    ``seconds``: about how long it compiles (float32, int64, one process, the
+    development VM); worker processes take the longest groups first.
     """
 
     name: str
     what: str
     run: Callable[[str, str], None]
     indexed: bool = True
+    default: bool = True
+    seconds: float = 1.0
 
 
 #: What :func:`warmup` drives, in order. Add a line here for each new op.
 CASES: tuple[Case, ...] = (
-    Case("embedding", "lookup (allocating, out=), dense and sparse backward", _embedding),
-    Case("renorm", "max_norm clipping for norm_type 2, 1 and inf", _renorm),
-    Case("padding", "padding_mask, positions_from_padding / _attention_mask", _padding),
+    Case("embedding", "lookup (allocating, out=), dense and sparse backward", _embedding,
+         seconds=4.6),
+    Case("renorm", "max_norm clipping for norm_type 2, 1 and inf", _renorm, seconds=0.7),
+    Case("padding", "padding_mask, positions_from_padding / _attention_mask", _padding,
+         seconds=0.2),
     Case("positional", "learned, sinusoidal and NeoML positional modules, fwd + bwd",
-         _positional),
-    Case("sinusoid", "sinusoidal_pos_embedding", _sinusoid, indexed=False),
+         _positional, seconds=5.4),
+    Case("sinusoid", "sinusoidal_pos_embedding", _sinusoid, indexed=False, seconds=0.1),
     Case("rotary", "RotaryEmbedding fwd + bwd (offset, position ids, both layouts), "
-         "apply_rotary in place and streamed", _rotary),
+         "apply_rotary in place and streamed", _rotary, seconds=11.2),
     Case("alibi", "ALiBi fwd + bwd with trained slopes, alibi_bias, every mode", _alibi,
-         indexed=False),
+         indexed=False, seconds=6.5),
     Case("resize", "resize_pos_table in every mode, fractional positions fwd + bwd", _resize,
-         indexed=False),
-    Case("init", "keyed_normal_ (the keyed initialiser of sharded tables)", _init),
-    Case("dropout", "Dropout fwd + bwd, dropout_mask", _dropout, indexed=False),
+         indexed=False, seconds=1.2),
+    Case("init", "keyed_normal_ (the keyed initialiser of sharded tables)", _init, seconds=0.4),
+    Case("dropout", "Dropout fwd + bwd, dropout_mask", _dropout, indexed=False, seconds=0.3),
     Case("layer_norm", "LayerNorm fwd + bwd, with and without affine", _layer_norm,
-         indexed=False),
-    Case("bert", "BertEmbeddings fwd + bwd (train), fwd (eval)", _bert),
-    Case("gpt2", "GPT2Embeddings fwd + bwd, attention mask, 1-token fwd", _gpt2),
-    Case("sgd", "SGD dense and sparse, without and with (Nesterov) momentum, fused with "
-         "the sparse backward", _sgd),
-    Case("optimisers", "Adam, AdamW, Adagrad, RowWiseAdagrad where numbapos has them, dense "
-         "and sparse", _optimisers),
+         indexed=False, seconds=2.8),
+    Case("bert", "BertEmbeddings fwd + bwd (train), fwd (eval)", _bert, seconds=4.9),
+    Case("gpt2", "GPT2Embeddings fwd + bwd, attention mask, 1-token fwd", _gpt2, seconds=1.0),
+    Case("sgd", "SGD dense and sparse, without and with momentum, fused with the sparse "
+         "backward", _sgd, seconds=10.5),
+    Case("sgd_weight_decay", "SGD with weight decay, without and with Nesterov momentum, "
+         "dense, sparse and fused", _sgd_weight_decay, seconds=20.0),
+    Case("optimisers", "Adam (also AMSGrad), AdamW, Adagrad where numbapos has them, dense "
+         "and sparse", _optimisers, seconds=10.0),
     Case("quantized", "int8 / int4 row-wise tables: quantise, look up (with padding), "
-         "dequantise", _quantized),
+         "dequantise", _quantized, seconds=7.6),
+    Case("rowwise_adagrad", "RowWiseAdagrad dense and sparse, with and without L2 weight "
+         "decay (opt-in)", _rowwise_adagrad, default=False, seconds=59.0),
 )
 CASE_NAMES = tuple(case.name for case in CASES)
 
@@ -328,10 +365,12 @@ def cache_location() -> str | None:
 def _parallel_bodies(parallel: bool) -> Iterator[None]:
     """Make the CPU launchers pick their parallel bodies (or, unchanged, the serial ones).
 
-    ``parallel_min_elements`` is overridden to 0, and kernels compile in this
-    thread (:func:`~numbapos.kernels.cpu.background.foreground`).
+    ``parallel_min_elements`` is overridden to 0 and ``adaptive_threads`` off
+    (on a busy machine the launchers would pick the serial kernels), and
+    kernels compile in this thread
+    (:func:`~numbapos.kernels.cpu.background.foreground`).
     """
-    threshold = {"parallel_min_elements": 0} if parallel else {}
+    threshold = {"parallel_min_elements": 0, "adaptive_threads": False} if parallel else {}
     # the parallel bodies themselves, compiled here, not their serial twins meanwhile
     with config.override(**threshold), _device.kernels_for("cpu").background.foreground():
         yield
@@ -410,46 +449,224 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
     return _device.kernels_for("cpu").background.wait(timeout)
 
 
-def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, file=None):
+def _cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def _processes(processes, tasks: int) -> int:
+    """How many processes compile ``tasks`` tasks (``processes`` checked; None: by cores)."""
+    if processes is None:
+        if fcntl is None:  # no file lock to keep the workers' cache writes apart
+            return 1
+        return max(1, min(_cores(), MAX_PROCESSES, tasks))
+    if isinstance(processes, bool) or not isinstance(processes, int | np.integer):
+        raise TypeError(f"processes: expected None or an integer, got "
+                        f"{type(processes).__name__}")
+    if processes < 1:
+        raise ValueError(f"processes: expected an integer >= 1, got {int(processes)}")
+    if processes > 1 and fcntl is None:
+        raise ValueError("processes: more than 1 needs POSIX file locks (fcntl), which this "
+                         "platform lacks; use processes=1")
+    return max(1, min(int(processes), tasks))
+
+
+# --- Worker processes --------------------------------------------------------------
+#
+# Numba saves a cache entry by reading the kernel's index file, adding the entry and
+# writing the index back, then its machine code under the first free number: two
+# processes saving signatures of one kernel at once can lose an index entry, or
+# write one signature's code under the other's entry. The workers therefore take an
+# exclusive lock on one file (from the parent) around each save, and a shared one
+# around each load. The workers are plain subprocesses (``python -c``), not
+# multiprocessing's: a script calling numbapos.warmup() without a ``__main__``
+# guard is not imported again.
+
+_MARK = "numbapos-warmup-result "
+_WORKER = "import numbapos._warmup as w; w._serve()"
+
+
+def _lock_cache_files(lock_path: str) -> None:
+    """Make this process's Numba cache loads and saves take ``lock_path``'s lock."""
+    from numba.core import caching
+
+    handle = open(lock_path, "a+b")  # noqa: SIM115 - kept open for the process's life
+
+    def locked(method, mode):
+        def wrapper(self, *args, **kwargs):
+            fcntl.flock(handle, mode)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return wrapper
+
+    cache_file = caching.IndexDataCacheFile
+    cache_file.save = locked(cache_file.save, fcntl.LOCK_EX)
+    cache_file.load = locked(cache_file.load, fcntl.LOCK_SH)
+
+
+def _serve() -> None:
+    """A worker: run the tasks read from stdin (a JSON line each), one result line each."""
+    _lock_cache_files(os.environ["NUMBAPOS_WARMUP_LOCK"])
+    cases = {case.name: case for case in CASES}
+    dispatchers = kernel_dispatchers()
+    out = sys.stdout
+    sys.stdout = sys.stderr  # anything the ops print stays out of the results
+    for line in sys.stdin:
+        name, dtype, index_dtype = json.loads(line)
+        try:
+            reply = {"result": _run_case(cases[name], dtype, index_dtype, dispatchers)}
+        except RuntimeError as exc:
+            reply = {"error": str(exc)}
+        out.write(_MARK + json.dumps(reply) + "\n")
+        out.flush()
+
+
+def _run_in_processes(tasks, count: int, report) -> list:
+    """Run ``tasks`` ((case, dtype, index_dtype) each) in ``count`` worker processes.
+
+    Each worker takes the next task when done with its last; ``report(result)``
+    is called in this thread as each ends. Returns the results in task order.
+    """
+    import subprocess
+    import tempfile
+    import threading
+    from queue import Empty, Queue
+
+    todo: Queue = Queue()
+    # the longest groups first, so that no worker is left with one long group at the end
+    for number in sorted(range(len(tasks)), key=lambda n: -tasks[n][0].seconds):
+        todo.put((number, tasks[number]))
+    done: Queue = Queue()
+    stop = threading.Event()
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory(prefix="numbapos-warmup-") as folder:
+        env = dict(os.environ, NUMBAPOS_WARMUP_LOCK=os.path.join(folder, "cache.lock"),
+                   PYTHONPATH=os.pathsep.join(
+                       [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+        procs = []
+
+        def work():
+            proc = subprocess.Popen([sys.executable, "-c", _WORKER], env=env, text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            procs.append(proc)
+            try:
+                while not stop.is_set():
+                    try:
+                        number, (case, dtype, index_dtype) = todo.get_nowait()
+                    except Empty:
+                        break
+                    try:
+                        proc.stdin.write(json.dumps([case.name, dtype, index_dtype]) + "\n")
+                        proc.stdin.flush()
+                    except BrokenPipeError:  # killed (another group failed) or crashed
+                        pass
+                    for line in proc.stdout:
+                        if line.startswith(_MARK):
+                            reply = json.loads(line[len(_MARK):])
+                            break
+                    else:
+                        reply = {"error": f"warmup: {case.name} ({dtype}, {index_dtype}): the "
+                                          f"worker process ended (status {proc.wait()})"}
+                    done.put((number, reply))
+                    if "error" in reply:
+                        break
+            finally:
+                try:
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass
+                if stop.is_set():
+                    proc.kill()
+                proc.wait()
+                done.put(None)
+
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        results, running, error = {}, count, None
+        try:
+            while running:
+                item = done.get()
+                if item is None:
+                    running -= 1
+                    continue
+                number, reply = item
+                if "error" in reply:
+                    error = error or reply["error"]
+                    break
+                results[number] = WarmupResult(*reply["result"])
+                report(results[number])
+        finally:
+            stop.set()
+            if running:  # an error or an interrupt: the other groups are not waited for
+                for proc in list(procs):
+                    proc.kill()
+            for thread in threads:
+                thread.join()
+    if error is not None:
+        raise RuntimeError(error)
+    return [results[number] for number in range(len(tasks))]
+
+
+def warmup(dtypes=DEFAULT_DTYPES, index_dtypes=DEFAULT_INDEX_DTYPES, ops=None, verbose=True,
+           file=None, processes=None):
     """Compile numbapos's CPU kernels into Numba's on-disk cache.
 
     Runs each op group of the table ``numbapos._warmup.CASES`` on tiny inputs
     for every pair of data and index dtypes, through its serial and its
-    parallel kernel, so that later
-    processes load the machine code from the cache instead of compiling it
-    (``python -m numbapos warmup`` from the command line). Kernels already in
-    the cache are loaded, not compiled again, so a second warm-up is quick.
+    parallel kernel, so that later processes load the machine code from the
+    cache instead of compiling it (``python -m numbapos warmup`` from the
+    command line). The groups are shared among ``processes`` worker processes
+    (one per core by default), which compile into the same cache. Kernels
+    already in the cache are loaded, not compiled again, so a second warm-up
+    is quick.
 
     Parameters
     ----------
-    dtypes : sequence of {"float32", "float64"}, default both
+    dtypes : sequence of {"float32", "float64"}, default ("float32",)
         Data dtypes to compile for.
-    index_dtypes : sequence of {"int32", "int64"}, default both
-        Index dtypes to compile for.
-    ops : sequence of str, optional
-        Op groups to run (default: all): ``"embedding"``, ``"renorm"``,
+    index_dtypes : sequence of {"int32", "int64"}, default ("int64",)
+        Index dtypes to compile for (NumPy's and PyTorch's default integer is int64).
+    ops : sequence of str or "all", optional
+        Op groups to run. Default: every group but the opt-in ones:
+        ``"embedding"``, ``"renorm"``,
         ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"rotary"``, ``"alibi"``,
         ``"resize"``, ``"init"``, ``"dropout"``,
-        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"optimisers"``,
-        ``"quantized"``.
+        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"sgd_weight_decay"``,
+        ``"optimisers"``, ``"quantized"``. Opt-in, run when named or with ``"all"``:
+        ``"rowwise_adagrad"``.
     verbose : bool, default True
-        Print a line per case (time, signatures compiled and loaded) and a total.
+        Print a line per group as it ends (time, signatures compiled and
+        loaded) and a total.
     file : file object, optional
         Where to print (default ``sys.stdout``).
+    processes : int, optional
+        Worker processes compiling in parallel (default: one per core, at most
+        :data:`MAX_PROCESSES` and one per group; 1: in this process). Each
+        needs up to 1 GB of memory while it compiles.
 
     Returns
     -------
     list of WarmupResult
-        One per case and pair of dtypes: ``case``, ``dtype``, ``index_dtype``,
+        One per group and pair of dtypes: ``case``, ``dtype``, ``index_dtype``,
         ``seconds``, ``compiled`` and ``loaded`` (kernel signatures compiled,
         or loaded from the cache, counting kernels called by other kernels).
 
     Raises
     ------
+    TypeError
+        ``processes`` is not an integer.
     ValueError
-        A dtype or op name not listed above.
+        A dtype or op name not listed above; ``processes`` < 1.
     RuntimeError
-        An op failed; the message names the case and dtypes, the cause is chained.
+        An op failed; the message names the group and dtypes (in this process,
+        the cause is chained).
 
     Notes
     -----
@@ -461,8 +678,16 @@ def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, fil
     """
     dtypes = _names(dtypes, "dtypes", DTYPES, _dtype_name)
     index_dtypes = _names(index_dtypes, "index_dtypes", INDEX_DTYPES, _dtype_name)
-    names = tuple(case.name for case in CASES)
-    wanted = names if ops is None else _names(ops, "ops", names)
+    if ops is None:
+        wanted = tuple(case.name for case in CASES if case.default)
+    elif isinstance(ops, str) and ops == "all":
+        wanted = CASE_NAMES
+    else:
+        wanted = _names(ops, "ops", CASE_NAMES)
+    tasks = [(case, dtype, index_dtype) for dtype in dtypes for index_dtype in index_dtypes
+             for case in CASES
+             if case.name in wanted and (case.indexed or index_dtype == index_dtypes[0])]
+    count = _processes(processes, len(tasks))
     out = sys.stdout if file is None else file
 
     def say(text):
@@ -471,19 +696,27 @@ def warmup(dtypes=DTYPES, index_dtypes=INDEX_DTYPES, ops=None, verbose=True, fil
 
     dispatchers = kernel_dispatchers()
     location = cache_location()
-    say(f"numbapos warmup: {', '.join(dtypes)} x {', '.join(index_dtypes)}, serial and "
-        f"parallel kernels, into {location or 'no cache (not writable): nothing is kept'}")
-    results = []
+    workers = f", {count} processes" if count > 1 else ""
+    say(f"numbapos warmup: {', '.join(dtypes)} x {', '.join(index_dtypes)}, "
+        f"{len(tasks)} groups{workers}, serial and parallel kernels, into "
+        f"{location or 'no cache (not writable): nothing is kept'}")
     start = time.perf_counter()
-    for dtype in dtypes:
-        for index_dtype in index_dtypes:
-            for case in CASES:
-                if case.name in wanted and (case.indexed or index_dtype == index_dtypes[0]):
-                    result = _run_case(case, dtype, index_dtype, dispatchers)
-                    results.append(result)
-                    say(f"  {case.name:<11} {dtype:<8} {result.index_dtype:<6} "
-                        f"{result.seconds:7.2f} s  {result.compiled:3d} compiled, "
-                        f"{result.loaded:3d} from the cache")
+    finished = 0
+
+    def report(result):
+        nonlocal finished
+        finished += 1
+        say(f"  [{finished:{len(str(len(tasks)))}d}/{len(tasks)}] {result.case:<16} "
+            f"{result.dtype:<8} {result.index_dtype:<6} {result.seconds:7.2f} s  "
+            f"{result.compiled:3d} compiled, {result.loaded:3d} from the cache")
+
+    if count > 1:
+        results = _run_in_processes(tasks, count, report)
+    else:
+        results = []
+        for case, dtype, index_dtype in tasks:
+            results.append(_run_case(case, dtype, index_dtype, dispatchers))
+            report(results[-1])
     compiled = sum(r.compiled for r in results)
     loaded = sum(r.loaded for r in results)
     say(f"done in {time.perf_counter() - start:.1f} s: {compiled} kernel signatures compiled, "

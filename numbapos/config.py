@@ -18,6 +18,9 @@ setting                       variable                            default
 ``prefetch_lines``            ``NUMBAPOS_PREFETCH_LINES``         by CPU (64 on AMD Zen, else 0)
 ``parallel_min_elements``     ``NUMBAPOS_PARALLEL_MIN_ELEMENTS``  ``32768``: smaller work runs
                                                                   the serial kernel
+``adaptive_threads``          ``NUMBAPOS_ADAPTIVE_THREADS``       ``True``: parallel kernels use
+                                                                  the cores other processes
+                                                                  leave free
 ``stream_min_bytes``          ``NUMBAPOS_STREAM_MIN_BYTES``       ``32 MiB``: larger outputs are
                                                                   written with non-temporal stores
 ``max_pending_records``       ``NUMBAPOS_MAX_PENDING_RECORDS``    ``64``: unconsumed forward
@@ -134,6 +137,9 @@ SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
     _setting("parallel_min_elements", 1 << 15, "int",
              "elements of work from which a CPU launcher runs its parallel kernel",
              low=0, high=None),
+    _setting("adaptive_threads", True, "flag",
+             "parallel kernels use only the cores that other processes left free over the "
+             "last 0.1 s (/proc/stat; one: the serial kernel) instead of every thread"),
     _setting("stream_min_bytes", 32 << 20, "int",
              "outputs of at least this many bytes (larger than the last-level cache) are "
              "written with non-temporal stores by the lookup and the rotation",

@@ -5,10 +5,12 @@ import sys
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 # The tests run with the settings users get (numbapos.config's defaults: the
-# background compiler on). A test that compares parallel kernels with their
-# serial twins or across thread counts asks for the `foreground_compile`
-# fixture (`parallel_threshold` implies it), so that on a cold cache it runs
-# the parallel kernel itself, not its serial twin while the kernel compiles.
+# background compiler on, adaptive threads on). A test that compares parallel
+# kernels with their serial twins or across thread counts asks for the
+# `foreground_compile` fixture (`parallel_threshold` implies it), so that on a
+# cold cache it runs the parallel kernel itself, not its serial twin while the
+# kernel compiles; `parallel_threshold` also switches adaptive threads off, so
+# that on a busy machine the launchers do not fall back to the serial kernels.
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -220,6 +222,7 @@ def parallel_threshold(foreground_compile):
 
     with contextlib.ExitStack() as stack:
         def set_threshold(n):
-            stack.enter_context(numbapos.config.override(parallel_min_elements=n))
+            stack.enter_context(numbapos.config.override(parallel_min_elements=n,
+                                                         adaptive_threads=False))
 
         yield set_threshold

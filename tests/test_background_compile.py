@@ -168,8 +168,9 @@ _STEP = textwrap.dedent("""
 
 
 def _run(mode, cache, tmp_path, background_compile="1"):
+    # (adaptive threads off: on a busy machine the step would run only serial kernels)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT),
-               NUMBAPOS_BACKGROUND_COMPILE=background_compile)
+               NUMBAPOS_BACKGROUND_COMPILE=background_compile, NUMBAPOS_ADAPTIVE_THREADS="0")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     done = subprocess.run([sys.executable, "-c", _STEP, mode, str(tmp_path / f"{mode}.npz")],
                           env=env, capture_output=True, text=True, timeout=300)

@@ -103,3 +103,135 @@ def test_set_num_threads_validates_and_is_per_thread():
         numbapos.set_num_threads(before)
     assert numbapos.get_num_threads() == before
 
+
+
+# --- Busy cores: the launchers use the cores other processes leave free ----------------
+
+
+class _FakeNumba:
+    """numba's per-thread count, as _pool sees it: get/set recorded."""
+
+    def __init__(self, count):
+        self.count, self.sets = count, []
+
+    def get_num_threads(self):
+        return self.count
+
+    def set_num_threads(self, n):
+        self.count = n
+        self.sets.append(n)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def monotonic(self):
+        return self.now
+
+
+@pytest.fixture
+def load(monkeypatch):
+    """Scripted load: ``load.step(others, own)`` moves time on by a window in which the
+    other processes used ``others`` cores and this one ``own``; 4 cores, numba at 4."""
+    import threading
+    import types
+
+    from numbapos import _pool
+
+    clock, fake = _Clock(), _FakeNumba(4)
+    state = types.SimpleNamespace(busy=0.0, own=0.0, fake=fake, clock=clock, available=True)
+
+    def sample():
+        return (clock.now, state.busy, state.own) if state.available else None
+
+    def step(others, own=1.0):
+        seconds = 1.5 * _pool.LOAD_WINDOW_S
+        clock.now += seconds
+        state.busy += (others + own) * seconds
+        state.own += own * seconds
+
+    state.step = step
+    monkeypatch.setattr(_pool, "numba", fake)
+    monkeypatch.setattr(_pool, "time", clock)
+    monkeypatch.setattr(_pool, "_sample", sample)
+    monkeypatch.setattr(_pool, "_cores", lambda: {0, 1, 2, 3})
+    monkeypatch.setattr(_pool, "_local", threading.local())
+    monkeypatch.setattr(_pool, "_last", None)
+    monkeypatch.setattr(_pool, "_free", None)
+    monkeypatch.setattr(_pool, "_window", 0)
+    with numbapos.config.override(adaptive_threads=True):
+        yield state
+
+
+def test_a_busy_neighbour_takes_threads_away_and_gives_them_back(load):
+    from numbapos import _pool
+
+    assert _pool.usable_threads() == 4  # nothing measured yet: every thread
+    load.step(others=1.0)
+    assert _pool.usable_threads() == 3 and load.fake.sets == [3]
+    assert _pool.usable_threads() == 3 and load.fake.sets == [3]  # same window: no new look
+    load.step(others=3.0)
+    assert _pool.usable_threads() == 1  # one free core: the serial kernel
+    assert load.fake.sets == [3] and load.fake.count == 3  # (numba's count left alone)
+    load.step(others=0.2)  # a light neighbour does not count
+    assert _pool.usable_threads() == 4 and load.fake.sets == [3, 4]
+    load.step(others=0.5)  # half a core busy does
+    assert _pool.usable_threads() == 3
+
+
+def test_the_free_cores_never_exceed_the_threads_asked_for(load):
+    from numbapos import _pool
+
+    _pool.usable_threads()
+    load.fake.set_num_threads(2)  # the user's own count (numba's or numbapos's function)
+    load.fake.sets.clear()
+    load.step(others=0.0)
+    assert _pool.usable_threads() == 2 and load.fake.sets == []
+    load.step(others=2.6)
+    assert _pool.usable_threads() == 1
+    load.step(others=0.0)
+    assert _pool.usable_threads() == 2 and load.fake.sets == []
+
+
+def test_switched_off_or_unmeasurable_every_thread_runs(load):
+    from numbapos import _pool
+
+    _pool.usable_threads()
+    load.step(others=1.0)
+    assert _pool.usable_threads() == 3
+    with numbapos.config.override(adaptive_threads=False):
+        assert _pool.usable_threads() == 4 and load.fake.count == 4  # the thread's own count
+    load.available = False  # no /proc/stat
+    load.step(others=3.0)
+    assert _pool.usable_threads() == 4
+
+
+def test_one_free_core_sends_launchers_to_their_serial_kernels(monkeypatch):
+    from numbapos import _pool
+    from numbapos.kernels.cpu import arrays
+
+    free = [1]
+    monkeypatch.setattr(_pool, "usable_threads", lambda: free[0])
+    serial, parallel = object(), object()
+    monkeypatch.setattr(arrays.background, "installed", {id(parallel): None})
+    assert not arrays.runs_parallel(1 << 30)
+    assert arrays.pick(serial, parallel, 1 << 30) is serial
+    free[0] = 2
+    assert arrays.runs_parallel(1 << 30)
+    assert arrays.pick(serial, parallel, 1 << 30) is parallel
+    assert not arrays.runs_parallel(1)  # small work: serial whatever the load
+
+
+def test_the_other_processes_load_is_measured_here():
+    """On Linux the sample reads /proc/stat; the arithmetic gives whole free threads."""
+    from numbapos import _pool
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    first = _pool._sample()
+    assert first is not None and first[1] > 0 and first[2] > 0
+    assert _pool._free_threads((0.0, 10.0, 1.0), (0.1, 10.2, 1.1), 2) == 1  # others: 1 core
+    assert _pool._free_threads((0.0, 10.0, 1.0), (0.1, 10.12, 1.1), 2) == 2  # others: 0.2
+    assert _pool._free_threads((0.0, 10.0, 1.0), (0.1, 10.5, 1.1), 2) == 1  # never below 1
+    assert _pool._free_threads((0.0, 10.0, 1.0), (0.1, 10.3, 1.1), 8) == 6

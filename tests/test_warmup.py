@@ -95,38 +95,56 @@ def _launched(area) -> set:
     return found
 
 
+# A warm-up (worker processes, the project's cache), then the same warm-up again in
+# this process: everything loaded, nothing compiled, and the kernels it reached.
 COVERAGE = """
 import json, sys
 import numbapos
 from numbapos.kernels import cpu
-numbapos.warmup(dtypes=sys.argv[1].split(","), index_dtypes=sys.argv[2].split(","),
-                verbose=False)
-print(json.dumps({area.__name__: {name: [str(sig) for sig in d.signatures]
-                                  for name, d in vars(area).items() if hasattr(d, "signatures")}
-                  for area in cpu.AREAS}))
+dtypes, index_dtypes = sys.argv[1].split(","), sys.argv[2].split(",")
+ops = None if sys.argv[3] == "default" else sys.argv[3]
+numbapos.warmup(dtypes, index_dtypes, ops, verbose=False, processes=2)
+again = numbapos.warmup(dtypes, index_dtypes, ops, verbose=False, processes=1)
+print(json.dumps({"compiled": {f"{r.case} {r.dtype} {r.index_dtype}": r.compiled
+                               for r in again if r.compiled},
+                  "signatures": {area.__name__: {name: [str(sig) for sig in d.signatures]
+                                                 for name, d in vars(area).items()
+                                                 if hasattr(d, "signatures")}
+                                 for area in cpu.AREAS}}))
 """
 
+# Kernels that only opt-in groups reach (the default warm-up leaves them out):
+# area -> prefix of the kernels' names.
+OPT_IN_KERNELS = {"numbapos.kernels.cpu.optim": "_rowwise_"}
 
-# Every kernel for float32 (int64 indices: what the serial/parallel pair test has
-# already put in the project's cache) by default; for both float dtypes and both
-# index dtypes, compiling the rest, under the exhaustive marker.
+
+# The default warm-up (float32, int64 indices, the default groups: what the
+# serial/parallel pair test has already put in the project's cache) by default;
+# every group for both float dtypes and both index dtypes, compiling the rest,
+# under the exhaustive marker.
 @pytest.mark.slow
-@pytest.mark.parametrize("dtypes, index_dtypes", [
-    pytest.param("float32", "int64", id="float32"),
-    pytest.param("float32,float64", "int32,int64", id="all", marks=pytest.mark.exhaustive),
+@pytest.mark.parametrize("dtypes, index_dtypes, ops", [
+    pytest.param("float32", "int64", "default", id="default"),
+    pytest.param("float32,float64", "int32,int64", "all", id="all",
+                 marks=pytest.mark.exhaustive),
 ])
-def test_warmup_compiles_every_launched_kernel_for_each_float_dtype(dtypes, index_dtypes):
+def test_warmup_caches_every_launched_kernel_for_each_float_dtype(dtypes, index_dtypes, ops):
     # A fresh process (this one has compiled kernels for other tests), the project's cache.
-    run = subprocess.run([sys.executable, "-c", COVERAGE, dtypes, index_dtypes], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", COVERAGE, dtypes, index_dtypes, ops], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr
-    signatures = json.loads(run.stdout)
+    report = json.loads(run.stdout)
+    assert report["compiled"] == {}, "the workers left these to compile again: " + \
+        str(report["compiled"])
+    signatures = report["signatures"]
     wanted = set(dtypes.split(","))
     missing = []
     for area in cpu.AREAS:
         # Quantised tables are float32 by their format: their kernels never see float64.
         expected = wanted & {"float32"} if area is cpu.quantized else wanted
         for name in sorted(_launched(area)):
+            if ops == "default" and name.startswith(OPT_IN_KERNELS.get(area.__name__, "\0")):
+                continue
             sigs = signatures[area.__name__][name]
             floats = {dtype for dtype in ("float32", "float64") if any(dtype in s for s in sigs)}
             # (a kernel may take float64 arrays besides its data: every wanted dtype appears)
@@ -136,6 +154,59 @@ def test_warmup_compiles_every_launched_kernel_for_each_float_dtype(dtypes, inde
         "\n".join(missing)
     parallel = [name for area in cpu.AREAS for name in _launched(area) if "parallel" in name]
     assert parallel, "expected parallel kernel bodies among the launched kernels"
+    if ops == "default":  # the opt-in groups' kernels are left out
+        for area, prefix in OPT_IN_KERNELS.items():
+            assert any(n.startswith(prefix) for n in signatures[area])
+            assert not any(sigs for n, sigs in signatures[area].items() if n.startswith(prefix))
+
+
+# Worker processes compiling signatures of the same kernels at once (int32 and
+# int64 indices): Numba's index files must keep every entry.
+LOAD_AGAIN = """
+import json
+import numbapos
+again = numbapos.warmup(["float32"], ["int32", "int64"], ["padding", "init"], verbose=False,
+                        processes=1)
+print(json.dumps({"compiled": sum(r.compiled for r in again),
+                  "loaded": sum(r.loaded for r in again)}))
+"""
+
+
+def test_worker_processes_fill_one_cache_without_losing_entries(tmp_path):
+    cache = tmp_path / "cache"
+    run = _python(["-m", "numbapos", "warmup", "--index-dtypes", "int32,int64", "--ops",
+                   "padding,init", "-j", "2"], cache)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "4 groups, 2 processes" in lines[0]
+    assert sorted(line.split()[1] for line in lines[1:-1]) == ["init", "init", "padding",
+                                                               "padding"]
+    assert [line.split()[0] for line in lines[1:-1]] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    compiled = int(lines[-1].split(": ")[1].split()[0])
+    assert compiled > 0
+    again = _python(["-c", LOAD_AGAIN], cache)
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    # (two workers may both compile a kernel both groups call: counted twice above)
+    assert report["compiled"] == 0 and 0 < report["loaded"] <= compiled, report
+
+
+def test_a_failing_group_in_a_worker_process_names_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    cases = {case.name: case for case in _warmup.CASES}
+    reported = []
+    # float16 data: init refuses it in its worker, which reports the group and takes no
+    # other; the parent raises once the workers are done (padding never sees the dtype).
+    tasks = [(cases["init"], "float16", "int64"), (cases["padding"], "float16", "int64")]
+    with pytest.raises(RuntimeError, match=r"warmup: init \(float16, int64, serial "
+                                           r"kernels\) failed: (TypeError|ValueError): "):
+        _warmup._run_in_processes(tasks, 2, reported.append)
+    assert [r.case for r in reported] in ([], ["padding"])
+    # A worker that dies (here: a group it does not know) is reported too.
+    unknown = _warmup.Case("unknown", "", lambda d, i: None)
+    with pytest.raises(RuntimeError, match=r"warmup: unknown \(float32, int64\): the worker "
+                                           r"process ended \(status 1\)"):
+        _warmup._run_in_processes([(unknown, "float32", "int64")], 1, reported.append)
 
 
 def test_bad_names_are_refused_naming_the_argument():
@@ -147,6 +218,23 @@ def test_bad_names_are_refused_naming_the_argument():
         numbapos.warmup(ops=["embedding", "nope"], verbose=False)
     with pytest.raises(ValueError, match="dtypes: "):
         numbapos.warmup(dtypes=[], verbose=False)
+    with pytest.raises(ValueError, match="processes: .* >= 1, got 0"):
+        numbapos.warmup(processes=0, verbose=False)
+    with pytest.raises(TypeError, match="processes: .*str"):
+        numbapos.warmup(processes="2", verbose=False)
+
+
+def test_opt_in_groups_run_only_when_named_or_with_all(monkeypatch):
+    calls = []
+    cases = (_warmup.Case("usual", "", lambda d, i: calls.append("usual")),
+             _warmup.Case("rare", "", lambda d, i: calls.append("rare"), default=False))
+    monkeypatch.setattr(_warmup, "CASES", cases)
+    monkeypatch.setattr(_warmup, "CASE_NAMES", ("usual", "rare"))
+    assert [r.case for r in numbapos.warmup(verbose=False)] == ["usual"]
+    assert [r.case for r in numbapos.warmup(ops=["rare"], verbose=False)] == ["rare"]
+    assert [r.case for r in numbapos.warmup(ops="all", verbose=False, processes=1)] == [
+        "usual", "rare"]
+    assert calls == ["usual"] * 2 + ["rare"] * 2 + ["usual", "usual", "rare", "rare"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -161,6 +249,13 @@ def test_cli_refuses_bad_lists(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--all", "--ops", "sgd"], ["--all", "--dtypes", "float64"],
+                                  ["--all", "--index-dtypes", "int32"]])
+def test_all_refuses_a_narrower_choice(capsys, argv):
+    assert main(["warmup", *argv]) == 2
+    assert "--all compiles every group for every dtype" in capsys.readouterr().err
+
+
 def test_a_failing_op_names_its_case_exits_1_and_restores_the_threshold(monkeypatch, capsys):
     seen = []
 
@@ -171,7 +266,7 @@ def test_a_failing_op_names_its_case_exits_1_and_restores_the_threshold(monkeypa
 
     threshold = numbapos.config.get("parallel_min_elements")
     monkeypatch.setattr(_warmup, "CASES", (_warmup.Case("broken", "fails", broken, False),))
-    with pytest.raises(RuntimeError, match=r"broken \(float64, int32, parallel kernels\).*boom"):
+    with pytest.raises(RuntimeError, match=r"broken \(float64, int64, parallel kernels\).*boom"):
         numbapos.warmup(dtypes="float64", verbose=False)
     assert seen == [threshold, 0]  # serial bodies first, then every launcher picks parallel
     assert numbapos.config.get("parallel_min_elements") == threshold
@@ -179,7 +274,7 @@ def test_a_failing_op_names_its_case_exits_1_and_restores_the_threshold(monkeypa
     seen.clear()
     assert main(["warmup", "--quiet"]) == 1
     captured = capsys.readouterr()
-    assert captured.out == "" and "broken (float32, int32, parallel kernels)" in captured.err
+    assert captured.out == "" and "broken (float32, int64, parallel kernels)" in captured.err
     assert numbapos.config.get("parallel_min_elements") == threshold
 
 
@@ -188,7 +283,7 @@ def test_report_lists_each_case_once_per_dtype_pair(monkeypatch, capsys):
     cases = (_warmup.Case("indexed", "", lambda d, i: calls.append((d, i))),
              _warmup.Case("plain", "", lambda d, i: calls.append((d, "-")), indexed=False))
     monkeypatch.setattr(_warmup, "CASES", cases)
-    results = numbapos.warmup(["float32", "float64"], ["int32", "int64"])
+    results = numbapos.warmup(["float32", "float64"], ["int32", "int64"], processes=1)
     assert [(r.case, r.dtype, r.index_dtype) for r in results] == [
         ("indexed", "float32", "int32"), ("plain", "float32", "-"),
         ("indexed", "float32", "int64"),

@@ -29,16 +29,20 @@ def runs_parallel(work: int) -> bool:
 
     The thread pool starts here, at the first launch that needs it (with
     numbapos's wait policy, :func:`numbapos._pool.start_pool`), not at import.
+    When other processes leave this one a single free core (config's
+    ``adaptive_threads``, :func:`numbapos._pool.usable_threads`), the serial
+    kernel runs: a parallel one would wait for its thread sharing a busy core.
     """
     if work < config.get("parallel_min_elements"):
         return False
     if not _pool.started:
         _pool.start_pool()
-    return True
+    return _pool.usable_threads() > 1
 
 
 def pick(serial, parallel, work: int):
-    """The serial kernel for small work, the parallel one from ``parallel_min_elements`` on.
+    """The serial kernel for small work, the parallel one from ``parallel_min_elements`` on
+    (unless other processes leave this one a single free core: :func:`runs_parallel`).
 
     The two must take the same arguments and compute the same bits: while the
     parallel one is not compiled yet (cold cache), its calls run the serial one
