@@ -1,0 +1,86 @@
+"""bfloat16 / float16 tables: lookups into float32 or the table's own dtype, max-norm.
+
+A 16-bit table takes half the memory of a float32 one, and a lookup from it
+reads half the bytes. NumPy's bfloat16 is ``ml_dtypes.bfloat16`` (the type
+safetensors and JAX use); float16 is NumPy's own. Numba reads neither, so the
+launchers get the tables' ``uint16`` bits (``table.view(np.uint16)``) and a
+format code, and convert with the exact integer operations of
+:mod:`numbapos.kernels.halfbits`:
+
+- to float32 (the default result): exact (bfloat16 is a 16-bit shift);
+- to the table's dtype (``out_dtype=``): a plain row copy;
+- back from float32 (max-norm's clipped rows, a table made from float32):
+  round to nearest even, bit for bit ``ml_dtypes`` / NumPy's casts.
+
+:func:`numbapos.functional.embedding` calls :func:`half_embedding` for such
+tables; the backward of a lookup is the float32 one (gradients of a 16-bit
+table are float32, summed in float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks
+from ..kernels.halfbits import BF16, F16
+from ._common import check_range, flatten, on_backend
+
+_FLOAT32 = np.dtype(np.float32)
+_UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
+_RENORM_WRITES = "max_norm clips the rows it looks up in place"
+
+
+def half_format(dtype) -> int:
+    """The launchers' format code of a 16-bit dtype: BF16 or F16."""
+    return F16 if dtype == _checks.FLOAT16 else BF16
+
+
+def to_table_dtype(values, dtype):
+    """``values`` (a float array on the host) as a C-contiguous table of ``dtype``.
+
+    16-bit dtypes round to nearest even (``ml_dtypes`` / NumPy casts, which the
+    kernels' conversions match bit for bit).
+    """
+    return np.ascontiguousarray(np.asarray(values).astype(dtype))
+
+
+def half_embedding(K, indices, weight, padding_idx, max_norm, norm_type, out, out_dtype):
+    """:func:`~numbapos.functional.embedding` on a validated bfloat16 / float16 ``weight``."""
+    indices = on_backend(K, indices)
+    num_rows, dim = weight.shape
+    _checks.check_padding_idx(padding_idx, num_rows)
+    max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
+    out_dtype = _FLOAT32 if out_dtype is None else _checks.check_table_dtype(out_dtype,
+                                                                             "out_dtype")
+    if out_dtype != _FLOAT32 and out_dtype != weight.dtype:
+        raise TypeError(f"out_dtype: a {weight.dtype} table looks up into float32 or "
+                        f"{weight.dtype}, got {out_dtype}")
+    if max_norm is not None:
+        _checks.check_writeable(weight, "weight", _RENORM_WRITES)
+    shape = tuple(indices.shape) + (dim,)
+    if out is not None:
+        out = _checks.check_out(out, shape, out_dtype, avoid=(weight, indices))
+    flat = flatten(K, indices)
+    check_range(K, flat, num_rows, checked_by_kernel=True)
+    fmt = half_format(weight.dtype)
+    bits = K.contiguous(weight).view(_UINT16)
+    if max_norm is not None:
+        if not _is_contiguous(weight):
+            raise ValueError("weight: max_norm clips rows in place and needs a C-contiguous "
+                             "16-bit table")
+        K.renorm_half_rows_(bits, flat, max_norm, norm_type, fmt)
+    if out is None:
+        out = K.empty(shape, out_dtype)
+    rows = out.reshape(flat.size, dim)
+    if out_dtype == _FLOAT32:
+        K.gather_half_rows(flat, bits, fmt, rows.view(_UINT32))
+    else:
+        K.copy_half_rows(flat, bits, rows.view(_UINT16))
+    return out
+
+
+def _is_contiguous(x) -> bool:
+    flags = getattr(x, "flags", None)
+    if flags is None:
+        return True  # CUDA arrays reach here C-contiguous (checked on adoption)
+    return bool(flags["C_CONTIGUOUS"] if isinstance(flags, dict) else flags.c_contiguous)
