@@ -382,6 +382,19 @@ def check_table_dtype(dtype, name: str = "dtype") -> np.dtype:
         raise TypeError(str(err).replace("float32 or float64", _TABLE_EXPECTED)) from None
 
 
+def grad_dtype(dtype) -> np.dtype:
+    """The dtype of a gradient of a ``dtype`` parameter: float32 for 16-bit ones, else its own."""
+    return np.dtype(np.float32) if is_half_dtype(dtype) else dtype
+
+
+def check_parameter_data(data, name: str = "data"):
+    """A parameter's array: float32 / float64 of any shape, or a 2-D bfloat16 / float16 table."""
+    dtype = getattr(data, "dtype", None)
+    if dtype is not None and is_half_dtype(dtype) and getattr(data, "ndim", 0) == 2:
+        return check_table(data, name)
+    return check_float_array(data, name)
+
+
 def check_table(weight, name: str = "weight"):
     """An embedding table of any format lookups take: a 2-D float32 / float64 array, or a
     2-D bfloat16 / float16 one (NumPy; float16 also as a CUDA array)."""
@@ -575,6 +588,11 @@ def check_offset_only(offset, position_ids) -> int:
 
 def check_update_target(param, name: str = "param"):
     """A parameter an optimiser writes in place: a float array that is writeable."""
+    dtype = getattr(param, "dtype", None)
+    if dtype is not None and is_half_dtype(dtype):
+        raise TypeError(f"{name}: numbapos's optimisers do not update {dtype} tables yet "
+                        "(float32 updates with stochastic rounding are planned); train a "
+                        "float32 table and cast it for inference")
     param = check_float_array(param, name)
     if not _device.is_writeable(param):
         raise ValueError(f"{name}: the parameter of shape {tuple(param.shape)} is read-only")

@@ -15,8 +15,8 @@ from . import (
     blocks,
     dropout,
     embedding,
-    half,
     errors,  # noqa: F401 (``_device`` raises and synchronises through it)
+    half,
     init,
     memory,
     normalization,

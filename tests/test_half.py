@@ -1,0 +1,364 @@
+"""bfloat16 / float16 tables: the exact bit conversions (against ml_dtypes, NumPy and
+PyTorch where installed), lookups into float32 or the table's dtype, padding, max-norm,
+float32 gradients, on the CPU and on CUDA (the simulator without a GPU)."""
+
+import warnings
+
+import numpy as np
+import pytest
+import reference as ref
+from conftest import host, on
+
+import numbapos
+from numbapos import functional as F
+from numbapos import nn
+from numbapos.kernels import halfbits
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+HALVES = [BF16, F16]
+FORMAT = {BF16: halfbits.BF16, F16: halfbits.F16}
+
+
+def _cpu():
+    return numbapos._device.kernels_for("cpu")
+
+
+def _cuda():
+    if not numbapos.cuda_available():
+        pytest.skip("CUDA is not available (no GPU and the simulator is off)")
+    return numbapos._device.kernels_for("cuda")
+
+
+def _bits(x):
+    return np.ascontiguousarray(x).view(np.uint16)
+
+
+def _special_f32_bits(rng):
+    """float32 bit patterns that reach every branch of the casts: ties (exactly half a
+    16-bit step) on both parities, just above and below them, NaNs with payloads, both
+    infinities, overflow, bfloat16 and float16 subnormals and underflow, random bits."""
+    top = np.arange(1 << 16, dtype=np.uint32) << 16
+    f16_grid = np.arange(1 << 19, dtype=np.uint32) << 13
+    parts = [rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32),
+             top, top | 0x8000, top | 0x7FFF, top | 0x8001, top | 0xFFFF,
+             f16_grid, f16_grid | 0x1000, f16_grid | 0x0FFF, f16_grid | 0x1001,
+             np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0xFFC12345, 0x7F812345,
+                       0x7F800000, 0xFF800000, 0x7F7FFFFF, 0x477FF000, 0x477FEFFF,
+                       0x33000000, 0x33000001, 0x32FFFFFF, 0x00000001, 0x80000000],
+                      dtype=np.uint32)]
+    return np.concatenate(parts)
+
+
+# ------------------------------------------------------------------ bit conversions
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_widening_is_exact_for_every_16_bit_pattern(dtype):
+    patterns = np.arange(1 << 16).astype(np.uint16)
+    expected = patterns.view(dtype).astype(np.float32).view(np.uint32)
+    got = np.empty((1, 1 << 16), np.uint32)
+    _cpu().gather_half_rows(np.zeros(1, np.int64), patterns.reshape(1, -1), FORMAT[dtype],
+                            got)
+    # NaN payloads are kept: the bits themselves are compared, NaNs included.
+    np.testing.assert_array_equal(got[0], expected)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_rounding_matches_ml_dtypes_and_numpy_bit_for_bit(dtype, rng):
+    bits = _special_f32_bits(rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = bits.view(np.float32).astype(dtype).view(np.uint16)
+    got = _round_bits(bits, FORMAT[dtype])
+    nan = np.isnan(bits.view(np.float32))
+    np.testing.assert_array_equal(got[~nan], expected[~nan])
+    assert np.isnan(got[nan].view(dtype).astype(np.float32)).all()
+    if dtype == BF16:  # NaN: the quiet NaN 0x7fc0 with the sign, as ml_dtypes
+        np.testing.assert_array_equal(got[nan], expected[nan])
+
+
+def test_ties_round_to_even():
+    # 1 + 2**-8 lies halfway between the bfloat16s 1 and 1 + 2**-7: down to the even 1;
+    # 1 + 3 * 2**-8 halfway between 1 + 2**-7 and 1 + 2**-6: up to the even one.
+    values = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 1 + 2**-11, 1 + 3 * 2**-11],
+                      np.float32)
+    got = _round_bits(values.view(np.uint32), halfbits.BF16)
+    np.testing.assert_array_equal(got[:3].view(BF16).astype(np.float32),
+                                  [1.0, 1 + 2**-6, -1.0])
+    got = _round_bits(values.view(np.uint32), halfbits.F16)
+    np.testing.assert_array_equal(got[3:].view(F16).astype(np.float32), [1.0, 1 + 2**-9])
+
+
+def _round_bits(bits, fmt):
+    """The kernels' float32 -> 16-bit rounding of ``bits``, through a compiled helper."""
+    from numba import njit
+
+    @njit
+    def run(bits, fmt, out):
+        for i in range(bits.size):
+            out[i] = halfbits.half_from_f32_bits(bits[i], fmt)
+
+    out = np.empty(bits.size, np.uint16)
+    run(bits, np.int64(fmt), out)
+    return out
+
+
+def test_the_python_helpers_equal_the_compiled_ones(rng):
+    """The simulator runs the helpers as Python (``register_jitable`` keeps the function):
+    the same bits as compiled."""
+    bits = _special_f32_bits(rng)[:: 997]
+    for fmt in (halfbits.BF16, halfbits.F16):
+        compiled = _round_bits(bits, fmt)
+        python = np.array([halfbits.half_from_f32_bits(int(b), fmt) for b in bits], np.uint16)
+        np.testing.assert_array_equal(python, compiled)
+        widened = np.array([halfbits.half_to_f32_bits(int(h), fmt) for h in compiled],
+                           np.uint32)
+        expected = np.empty((1, compiled.size), np.uint32)
+        _cpu().gather_half_rows(np.zeros(1, np.int64), compiled.reshape(1, -1), fmt, expected)
+        np.testing.assert_array_equal(widened, expected[0])
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_casts_match_pytorch(name, rng):
+    torch = pytest.importorskip("torch")
+    dtype = BF16 if name == "bfloat16" else F16
+    bits = _special_f32_bits(rng)
+    values = bits.view(np.float32)
+    got = _round_bits(bits, FORMAT[dtype])
+    expected = torch.from_numpy(values.copy()).to(getattr(torch, name)).view(torch.int16)
+    expected = expected.numpy().view(np.uint16)
+    nan = np.isnan(values)
+    np.testing.assert_array_equal(got[~nan], expected[~nan])
+    # PyTorch's NaN patterns differ between its scalar and vector paths: any NaN will do.
+    assert np.isnan(got[nan].view(dtype).astype(np.float32)).all()
+    patterns = np.arange(1 << 16).astype(np.uint16)
+    wide = torch.from_numpy(patterns.view(np.int16).copy()).view(getattr(torch, name))
+    table = patterns.reshape(1, -1).view(dtype)
+    got = F.embedding(np.zeros(1, np.int64), table)[0]
+    np.testing.assert_array_equal(got, wide.float().numpy())
+
+
+# ------------------------------------------------------------------ lookups
+
+
+def _table(rng, shape, dtype):
+    table = rng.normal(size=shape).astype(np.float32)
+    table[0, :2] = [np.inf, -0.0]  # special values travel unchanged
+    return table.astype(dtype)
+
+
+def _device_table(device, table):
+    """``table`` on ``device``: float16 tables are CUDA arrays, bfloat16 stays on the host."""
+    if device == "cuda" and table.dtype == BF16:
+        pytest.skip("bfloat16 tables stay on the CPU (the launchers are tested below)")
+    return on(device, table)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("shape", [(), (5,), (3, 4)], ids=str)
+def test_lookup_into_float32_and_into_the_table_dtype(device, dtype, shape, rng):
+    table = _table(rng, (11, 9), dtype)
+    weight = _device_table(device, table)
+    indices = rng.integers(0, 11, size=shape)
+    got = F.embedding(on(device, indices), weight)
+    assert got.dtype == np.float32 and got.shape == shape + (9,)
+    np.testing.assert_array_equal(host(got), ref.half_embedding(indices, table))
+    same = F.embedding(on(device, indices), weight, out_dtype=dtype)
+    assert same.dtype == dtype
+    np.testing.assert_array_equal(_bits(host(same)), _bits(table[indices]))
+    out = on(device, np.full(shape + (9,), np.nan, np.float32))
+    assert F.embedding(on(device, indices), weight, out=out) is out
+    np.testing.assert_array_equal(host(out), ref.half_embedding(indices, table))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("threshold", [1 << 40, 1], ids=["serial", "parallel"])
+def test_serial_and_parallel_lookups_agree(dtype, threshold, parallel_threshold, rng):
+    parallel_threshold(threshold)
+    table = _table(rng, (300, 70), dtype)
+    indices = rng.integers(0, 300, size=2000)
+    np.testing.assert_array_equal(F.embedding(indices, table),
+                                  ref.half_embedding(indices, table))
+    np.testing.assert_array_equal(_bits(F.embedding(indices, table, out_dtype=dtype)),
+                                  _bits(table[indices]))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_padding_idx_returns_the_row_as_stored(device, dtype, rng):
+    table = _table(rng, (6, 4), dtype)
+    weight = _device_table(device, table)
+    got = F.embedding(on(device, np.array([5, 1, 5])), weight, padding_idx=-1)
+    np.testing.assert_array_equal(host(got), table[[5, 1, 5]].astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, np.inf, 3.0])
+def test_max_norm_clips_in_float32_and_rounds_to_nearest_even(device, dtype, norm_type, rng):
+    table = (rng.normal(size=(20, 13)) * 2).astype(np.float32).astype(dtype)
+    indices = rng.integers(0, 20, size=(4, 6))
+    expected_table = table.copy()
+    expected = ref.half_embedding(indices, expected_table, max_norm=1.5, norm_type=norm_type)
+    weight = _device_table(device, table.copy())
+    got = F.embedding(on(device, indices), weight, max_norm=1.5, norm_type=norm_type)
+    np.testing.assert_array_equal(host(got), expected)
+    np.testing.assert_array_equal(_bits(host(weight)), _bits(expected_table))
+    assert not np.array_equal(_bits(expected_table), _bits(table))  # something was clipped
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_the_cuda_launchers_give_the_cpu_bits(dtype, rng):
+    """bfloat16 included: the twins take the tables' bits, whatever their host dtype."""
+    from conftest import dev
+
+    K = _cuda()
+    table = _bits((rng.normal(size=(30, 37)) * 3).astype(np.float32).astype(dtype))
+    indices = rng.integers(0, 30, size=50)
+    fmt = FORMAT[dtype]
+    wide = np.empty((50, 37), np.uint32)
+    _cpu().gather_half_rows(indices, table, fmt, wide)
+    wide_gpu = dev(np.zeros((50, 37), np.uint32))
+    K.gather_half_rows(dev(indices), dev(table), fmt, wide_gpu)
+    np.testing.assert_array_equal(host(wide_gpu), wide)
+    same = dev(np.zeros((50, 37), np.uint16))
+    K.copy_half_rows(dev(indices), dev(table), same)
+    np.testing.assert_array_equal(host(same), table[indices])
+    for norm_type in (2.0, 1.0, np.inf, 3.0):
+        cpu_table, gpu_table = table.copy(), dev(table)
+        _cpu().renorm_half_rows_(cpu_table, indices, 2.0, norm_type, fmt)
+        K.renorm_half_rows_(gpu_table, dev(indices), 2.0, norm_type, fmt)
+        np.testing.assert_array_equal(host(gpu_table), cpu_table)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_bad_indices_raise_and_modify_nothing(device, dtype, rng):
+    table = _table(rng, (5, 3), dtype)
+    weight = _device_table(device, table.copy())
+    with pytest.raises(IndexError, match="index 5"):
+        F.embedding(on(device, np.array([1, 5])), weight, max_norm=0.1)
+        numbapos.synchronize()
+    np.testing.assert_array_equal(_bits(host(weight)), _bits(table))
+
+
+def test_bad_out_dtypes_and_buffers_are_refused(rng):
+    table = _table(rng, (5, 3), BF16)
+    with pytest.raises(TypeError, match="out_dtype: a bfloat16 table looks up into float32 or"):
+        F.embedding(np.array([1]), table, out_dtype=np.float16)
+    with pytest.raises(TypeError, match="out_dtype: a float32 table looks up into float32"):
+        F.embedding(np.array([1]), table.astype(np.float32), out_dtype="bfloat16")
+    with pytest.raises(ValueError, match="dtype float32"):
+        F.embedding(np.array([1]), table, out=np.empty((1, 3), BF16))
+    with pytest.raises(ValueError, match="read-only"):
+        frozen = table.copy()
+        frozen.flags.writeable = False
+        F.embedding(np.array([1]), frozen, max_norm=1.0)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        F.embedding(np.array([1]), np.asfortranarray(table), max_norm=1.0)
+    # A strided table is looked up as it is (read as a copy).
+    strided = _table(rng, (5, 6), BF16)[:, ::2]
+    np.testing.assert_array_equal(F.embedding(np.array([4, 0]), strided),
+                                  strided[[4, 0]].astype(np.float32))
+    assert F.embedding(np.array([1]), table.astype(np.float32), out_dtype="float32").dtype \
+        == np.float32
+
+
+# ------------------------------------------------------------------ the module
+
+
+@pytest.mark.parametrize("spelling", ["bfloat16", "bf16", BF16, ml_dtypes.bfloat16, "float16",
+                                      "half", np.float16, F16], ids=str)
+def test_embedding_dtype_spellings(spelling):
+    module = nn.Embedding(7, 3, dtype=spelling, seed=5, padding_idx=2)
+    expected = BF16 if "b" in str(np.dtype(module.weight.dtype)) else F16
+    assert module.weight.dtype == expected
+    # Drawn in float32 (the keyed initialiser), rounded to nearest even, padding row zero.
+    full = nn.Embedding(7, 3, seed=5, padding_idx=2).weight.data
+    np.testing.assert_array_equal(_bits(module.weight.data), _bits(full.astype(expected)))
+
+
+def test_torch_dtype_spellings():
+    torch = pytest.importorskip("torch")
+    assert nn.Embedding(2, 2, dtype=torch.bfloat16).weight.dtype == BF16
+    assert nn.Embedding(2, 2, dtype=torch.float16).weight.dtype == F16
+
+
+def test_torch_like_dtype_objects_without_torch():
+    """torch dtypes are recognised by their type's module and name, torch never imported."""
+    kind = type("dtype", (), {"__module__": "torch", "__str__": lambda self: self.text})
+
+    def fake(text):
+        obj = kind()
+        obj.text = text
+        return obj
+
+    assert nn.Embedding(2, 2, dtype=fake("torch.bfloat16")).weight.dtype == BF16
+    assert nn.Embedding(2, 2, dtype=fake("torch.float16")).weight.dtype == F16
+    with pytest.raises(TypeError, match="bfloat16 or float16, got torch.int8"):
+        nn.Embedding(2, 2, dtype=fake("torch.int8"))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_module_lookup_and_float32_gradients(device, dtype, sparse, rng):
+    table = _table(rng, (9, 5), dtype)
+    module = nn.Embedding.from_pretrained(_device_table(device, table), freeze=False,
+                                          padding_idx=3, sparse=sparse)
+    assert module.weight.dtype == dtype
+    indices = np.array([[1, 3, 1], [8, 1, 0]])
+    y = module(on(device, indices))
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(host(y), ref.half_embedding(indices, table))
+    grad_y = rng.normal(size=y.shape).astype(np.float32)
+    assert module.backward(on(device, grad_y)) is None
+    grad = module.weight.grad
+    dense = host(grad.to_dense()) if sparse else host(grad)
+    assert dense.dtype == np.float32
+    np.testing.assert_allclose(dense, ref.embedding_backward(grad_y, indices, 9, padding_idx=3),
+                               rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="float32"):
+        module(on(device, indices))
+        module.backward(on(device, grad_y.astype(np.float64)))
+
+
+def test_gradients_of_a_repeated_id_are_summed_in_float32():
+    """PyTorch's bfloat16 table sums 4,096 gradients of 1.0 to 256; numbapos to 4,096."""
+    for sparse in (False, True):
+        module = nn.Embedding(3, 2, dtype="bfloat16", sparse=sparse, seed=0)
+        y = module(np.ones(4096, np.int64))
+        module.backward(np.ones_like(y))
+        grad = module.weight.grad.to_dense() if sparse else module.weight.grad
+        np.testing.assert_array_equal(grad[1], [4096.0, 4096.0])
+
+
+def test_module_out_dtype_and_max_norm(rng):
+    table = (rng.normal(size=(6, 4)) * 3).astype(BF16)
+    module = nn.Embedding.from_pretrained(table.copy(), out_dtype="bfloat16", max_norm=1.0,
+                                          freeze=False)
+    indices = np.array([0, 5, 5])
+    y = module(indices)
+    expected_table = table.copy()
+    expected = ref.half_embedding(indices, expected_table, max_norm=1.0, out_dtype=BF16)
+    assert y.dtype == BF16
+    np.testing.assert_array_equal(_bits(y), _bits(expected))
+    np.testing.assert_array_equal(_bits(module.weight.data), _bits(expected_table))
+    module.backward(rng.normal(size=y.shape).astype(np.float32))  # float32 gradients
+    assert module.weight.grad.dtype == np.float32
+    assert "dtype=bfloat16, out_dtype=bfloat16" in repr(module)
+    with pytest.raises(TypeError, match="out_dtype"):
+        nn.Embedding(3, 3, out_dtype="bfloat16")
+
+
+def test_optimisers_refuse_16_bit_tables_clearly():
+    module = nn.Embedding(4, 2, dtype="bfloat16", seed=1)
+    y = module(np.array([1]))
+    module.backward(np.ones_like(y))
+    opt = numbapos.optim.SGD(module.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="do not update bfloat16 tables yet"):
+        opt.step()
+
+
+def test_bfloat16_tables_stay_on_the_cpu():
+    _cuda()
+    with pytest.raises(TypeError, match="bfloat16 arrays stay on the CPU"):
+        nn.Embedding(3, 2, dtype="bfloat16", device="cuda")
