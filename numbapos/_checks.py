@@ -398,6 +398,17 @@ def check_parameter_data(data, name: str = "data"):
 def check_table(weight, name: str = "weight"):
     """An embedding table of any format lookups take: a 2-D float32 / float64 array, or a
     2-D bfloat16 / float16 one (NumPy; float16 also as a CUDA array)."""
+    if not isinstance(weight, np.ndarray) and not _device.is_cuda_array(weight):
+        if (str(getattr(weight, "dtype", "")) == "torch.bfloat16"
+                and not getattr(weight, "requires_grad", False)
+                and str(getattr(weight, "device", "")) == "cpu"):
+            # NumPy cannot view a bfloat16 tensor; its int16 view can be, without a copy.
+            import torch
+
+            return check_table(weight.view(torch.int16).numpy().view(bfloat16_dtype()), name)
+        view = host_view(weight, name)
+        if view is not None:
+            weight = view
     dtype = getattr(weight, "dtype", None)
     if dtype is not None and is_half_dtype(dtype) and (
             isinstance(weight, np.ndarray) or _device.is_cuda_array(weight)):

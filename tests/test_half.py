@@ -362,3 +362,55 @@ def test_bfloat16_tables_stay_on_the_cpu():
     _cuda()
     with pytest.raises(TypeError, match="bfloat16 arrays stay on the CPU"):
         nn.Embedding(3, 2, dtype="bfloat16", device="cuda")
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def test_checkpoints_keep_16_bit_dtypes(tmp_path, rng):
+    pytest.importorskip("safetensors")
+    from numbapos import io
+
+    module = nn.Embedding(50, 6, dtype="bfloat16", seed=3)
+    state = {"weight": module.weight.data, "f16": rng.normal(size=(3, 2)).astype(F16),
+             "f32": np.ones(2, np.float32)}
+    path = tmp_path / "half.safetensors"
+    io.save_state(state, path)
+    kept = io.load_state(path, keep_dtype=True)
+    assert kept["weight"].dtype == BF16 and kept["f16"].dtype == F16
+    assert kept["f32"].dtype == np.float32
+    for name in state:
+        np.testing.assert_array_equal(_bits(kept[name]) if name != "f32" else kept[name],
+                                      _bits(state[name]) if name != "f32" else state[name])
+    widened = io.load_state(path)  # the default: bfloat16 as float32, exact
+    assert widened["weight"].dtype == np.float32
+    np.testing.assert_array_equal(widened["weight"], state["weight"].astype(np.float32))
+    # A bfloat16 module loads the bits at half the memory of float32; a module saves BF16.
+    other = nn.Embedding(50, 6, dtype="bfloat16", seed=4)
+    other.load_state_dict({"weight": kept["weight"]})
+    np.testing.assert_array_equal(_bits(other.weight.data), _bits(module.weight.data))
+    assert other.weight.data.nbytes == 50 * 6 * 2
+    io.save_state(other, tmp_path / "module.safetensors")
+    again = io.load_state(tmp_path / "module.safetensors", keep_dtype=True)["weight"]
+    np.testing.assert_array_equal(_bits(again), _bits(module.weight.data))
+    pretrained = nn.Embedding.from_pretrained(kept["weight"])
+    assert pretrained.weight.data is kept["weight"]
+    # float32 values into a bfloat16 table: rounded to nearest even.
+    values = rng.normal(size=(50, 6)).astype(np.float32)
+    other.load_state_dict({"weight": values})
+    np.testing.assert_array_equal(_bits(other.weight.data), _bits(values.astype(BF16)))
+
+
+def test_pytorch_16_bit_tables_are_viewed_without_a_copy():
+    torch = pytest.importorskip("torch")
+    for name in ("bfloat16", "float16"):
+        table = torch.randn(6, 3).to(getattr(torch, name))
+        module = nn.Embedding.from_pretrained(table)
+        assert module.weight.dtype == (BF16 if name == "bfloat16" else F16)
+        assert np.shares_memory(module.weight.data.view(np.uint16),
+                                table.view(torch.int16).numpy())
+        ids = torch.tensor([5, 0, 2])
+        np.testing.assert_array_equal(module(ids.numpy()),
+                                      torch.nn.functional.embedding(ids, table).float().numpy())
+    with pytest.raises(TypeError, match="requires grad"):
+        nn.Embedding.from_pretrained(torch.ones(2, 2, dtype=torch.bfloat16, requires_grad=True))
