@@ -21,6 +21,12 @@ HALVES = [BF16, F16]
 FORMAT = {BF16: halfbits.BF16, F16: halfbits.F16}
 
 
+def test_format_codes_agree():
+    from numbapos.functional import half
+
+    assert (half.BF16, half.F16) == (halfbits.BF16, halfbits.F16)
+
+
 def _cpu():
     return numbapos._device.kernels_for("cpu")
 

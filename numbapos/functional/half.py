@@ -22,8 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks
-from ..kernels.halfbits import BF16, F16
 from ._common import check_range, flatten, on_backend
+
+# The launchers' format codes (numbapos.kernels.halfbits.BF16 / F16; kernels are
+# imported by _device only).
+BF16, F16 = 0, 1
 
 _FLOAT32 = np.dtype(np.float32)
 _UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
