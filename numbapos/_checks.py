@@ -601,9 +601,10 @@ def check_update_target(param, name: str = "param"):
     """A parameter an optimiser writes in place: a float array that is writeable."""
     dtype = getattr(param, "dtype", None)
     if dtype is not None and is_half_dtype(dtype):
-        raise TypeError(f"{name}: numbapos's optimisers do not update {dtype} tables yet "
-                        "(float32 updates with stochastic rounding are planned); train a "
-                        "float32 table and cast it for inference")
+        raise TypeError(f"{name}: the functional optimiser ops update float32 / float64 "
+                        f"arrays; a {dtype} table is updated by the numbapos.optim "
+                        "optimisers (in float32, stored back with stochastic rounding), or "
+                        "through functional.widen_table / store_rounded_")
     param = check_float_array(param, name)
     if not _device.is_writeable(param):
         raise ValueError(f"{name}: the parameter of shape {tuple(param.shape)} is read-only")

@@ -355,13 +355,10 @@ def test_module_out_dtype_and_max_norm(rng):
         nn.Embedding(3, 3, out_dtype="bfloat16")
 
 
-def test_optimisers_refuse_16_bit_tables_clearly():
-    module = nn.Embedding(4, 2, dtype="bfloat16", seed=1)
-    y = module(np.array([1]))
-    module.backward(np.ones_like(y))
-    opt = numbapos.optim.SGD(module.parameters(), lr=0.1)
-    with pytest.raises(TypeError, match="do not update bfloat16 tables yet"):
-        opt.step()
+def test_functional_optimiser_ops_point_to_the_optimisers():
+    table = nn.Embedding(4, 2, dtype="bfloat16", seed=1).weight.data
+    with pytest.raises(TypeError, match="updated by the numbapos.optim optimisers"):
+        F.sgd_(table, np.ones((4, 2), np.float32), lr=0.1)
 
 
 def test_bfloat16_tables_stay_on_the_cpu():
@@ -420,3 +417,180 @@ def test_pytorch_16_bit_tables_are_viewed_without_a_copy():
                                       torch.nn.functional.embedding(ids, table).float().numpy())
     with pytest.raises(TypeError, match="requires grad"):
         nn.Embedding.from_pretrained(torch.ones(2, 2, dtype=torch.bfloat16, requires_grad=True))
+
+
+# ------------------------------------------------------------------ training
+
+
+OPTIMISERS = [
+    ("SGD", dict(lr=0.1)),
+    ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+    ("Adam", dict(lr=0.01)),
+    ("AdamW", dict(lr=0.01)),
+    ("Adagrad", dict(lr=0.1)),
+    ("RowWiseAdagrad", dict(lr=0.1)),
+]
+
+
+def _train(module, optimiser, steps, rng_seed=0, fused=False):
+    rng = np.random.default_rng(rng_seed)
+    handles = optimiser.fuse_with_backward() if fused else None
+    for _ in range(steps):
+        ids = rng.integers(0, module.num_embeddings, size=(3, 5))
+        device = numbapos.device_of(module.weight.data)
+        y = module(on(device, ids))
+        module.backward(on(device, rng.normal(size=tuple(y.shape)).astype(np.float32)))
+        if not fused:
+            optimiser.step()
+        module.zero_grad()
+    if handles is not None:
+        handles.remove()
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("name, options", OPTIMISERS, ids=lambda v: v if isinstance(v, str)
+                         else ",".join(f"{k}={w}" for k, w in v.items()))
+def test_every_optimiser_updates_in_float32_and_rounds_to_nearest(dtype, sparse, name, options):
+    """stochastic_rounding=False: each step is the float32 update of the widened table
+    (float32 state), stored rounded to nearest even: a float32 run rounded after each step."""
+    cls = getattr(numbapos.optim, name)
+    table = nn.Embedding(20, 6, seed=3).weight.data.astype(dtype)
+    half = nn.Embedding.from_pretrained(table.copy(), freeze=False, sparse=sparse)
+    opt = cls(half.parameters(), stochastic_rounding=False, **options)
+    full = nn.Embedding.from_pretrained(table.astype(np.float32), freeze=False, sparse=sparse)
+    reference = cls(full.parameters(), **options)
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        ids = rng.integers(0, 20, size=(3, 5))
+        grad = rng.normal(size=(3, 5, 6)).astype(np.float32)
+        for module, optimiser in ((half, opt), (full, reference)):
+            module(ids)
+            module.backward(grad)
+            optimiser.step()
+            module.zero_grad()
+        full.weight.data[...] = full.weight.data.astype(dtype).astype(np.float32)
+    np.testing.assert_array_equal(_bits(half.weight.data), _bits(full.weight.data.astype(dtype)))
+    state = opt.state_dict()["state"][0]
+    assert state["rounding_step"] == 4
+    assert all(v.dtype == np.float32 for v in state.values()
+               if isinstance(v, np.ndarray) and v.dtype.kind == "f")
+
+
+def test_round_to_nearest_stalls_and_stochastic_rounding_does_not():
+    """1,000 steps of -1e-5 from 0.02: bfloat16's step there is 2**-13 (1.2e-4), so each
+    update is under half a step and round-to-nearest never moves; stochastic rounding
+    reaches 0.01 on average."""
+    results = {}
+    for stochastic in (False, True):
+        table = np.full((2, 256), 0.02, np.float32).astype(BF16)
+        module = nn.Embedding.from_pretrained(table, freeze=False, sparse=True)
+        opt = numbapos.optim.SGD(module.parameters(), lr=1.0, stochastic_rounding=stochastic,
+                                 seed=11)
+        for _ in range(1000):
+            y = module(np.array([0]))
+            module.backward(np.full(y.shape, 1e-5, np.float32))
+            opt.step()
+            module.zero_grad()
+        results[stochastic] = module.weight.data.astype(np.float64)
+    np.testing.assert_array_equal(results[False][0], np.float32(0.02).astype(BF16))  # 0.02002
+    assert results[False][0, 0] == pytest.approx(0.02002, abs=1e-5)
+    trained = results[True][0]
+    # 256 values, each a sum of 1,000 unbiased roundings: the mean within 1e-4 of 0.01.
+    assert abs(trained.mean() - 0.01) < 1e-4
+    np.testing.assert_array_equal(results[True][1], np.float32(0.02).astype(BF16))  # unused
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_stochastic_rounding_is_unbiased(dtype, rng):
+    """The mean of many stochastic roundings of one float32 value lies within a few
+    standard errors (and the 2**-16-step granularity) of the value."""
+    values = np.concatenate([rng.normal(size=40), rng.uniform(-1, 1, 10) * 1e-6,
+                             [0.02 - 1e-5, 1 / 3, -1e-3]]).astype(np.float32)
+    if dtype == F16:
+        values[40:50] *= 1e-1  # float16 subnormals
+    copies = 2000
+    table = np.zeros((copies, values.size), dtype)
+    F.store_rounded_(table, np.tile(values, (copies, 1)), seed=5, step=0)
+    stored = table.astype(np.float64)
+    low = np.minimum.reduce(stored, axis=0)
+    high = np.maximum.reduce(stored, axis=0)
+    assert ((low <= values) & (values <= high)).all()
+    spacing = np.abs(np.spacing(values.astype(dtype)).astype(np.float64))
+    assert (high - low <= 2 * spacing + 1e-30).all()  # the two neighbours, or the value
+    step = np.maximum(high - low, 1e-45)
+    error = np.abs(stored.mean(axis=0) - values)
+    # Bernoulli: standard error <= step / (2 sqrt(copies)); 6 of them, plus the 2**-16 grid.
+    assert (error <= step * (6 * 0.5 / np.sqrt(copies) + 2.0 ** -16)).all()
+
+
+def test_stochastic_rounding_is_deterministic_across_threads_and_keyed(parallel_threshold, rng):
+    from conftest import two_threads
+
+    values = rng.normal(size=(300, 200)).astype(np.float32)
+    results = []
+    before = numbapos.get_num_threads()
+    try:
+        for threads, threshold in ((1, 1 << 40), (two_threads(), 1)):
+            parallel_threshold(threshold)
+            numbapos.set_num_threads(threads)
+            table = np.zeros((300, 200), BF16)
+            F.store_rounded_(table, values, seed=9, step=4)
+            results.append(_bits(table).copy())
+    finally:
+        numbapos.set_num_threads(before)
+    np.testing.assert_array_equal(results[0], results[1])
+    other = np.zeros((300, 200), BF16)
+    F.store_rounded_(other, values, seed=9, step=5)  # another step: other bits
+    assert not np.array_equal(_bits(other), results[0])
+    nearest = np.zeros((300, 200), BF16)
+    F.store_rounded_(nearest, values, stochastic_rounding=False)
+    np.testing.assert_array_equal(_bits(nearest), _bits(values.astype(BF16)))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_stochastic_rounding_on_cuda_gives_the_cpu_bits(dtype, rng):
+    from conftest import dev
+
+    K = _cuda()
+    values = (rng.normal(size=(40, 33)) * 10).astype(np.float32)
+    values[0, :3] = [np.inf, np.nan, 1e-30]
+    fmt = FORMAT[dtype]
+    for stochastic in (True, False):
+        cpu = np.zeros((40, 33), np.uint16)
+        _cpu().store_half_(cpu, values.view(np.uint32), 7, 3, stochastic, fmt)
+        gpu = dev(np.zeros((40, 33), np.uint16))
+        K.store_half_(gpu, dev(values.view(np.uint32)), 7, 3, stochastic, fmt)
+        np.testing.assert_array_equal(host(gpu), cpu)
+
+
+def test_training_a_float16_table_on_cuda_matches_the_cpu(rng):
+    _cuda()
+    results = []
+    for device in ("cpu", "cuda"):
+        module = nn.Embedding(30, 8, dtype="float16", seed=2, sparse=True, device=device)
+        opt = numbapos.optim.Adam(module.parameters(), lr=0.01, seed=4)
+        _train(module, opt, 3)
+        results.append(_bits(host(module.weight.data)))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("name, options", [OPTIMISERS[1], OPTIMISERS[2]], ids=["SGD", "Adam"])
+def test_fused_steps_and_checkpoints_of_16_bit_tables(name, options):
+    cls = getattr(numbapos.optim, name)
+    runs = []
+    for fused in (False, True):
+        module = nn.Embedding(25, 4, dtype="bfloat16", seed=6, sparse=True)
+        opt = cls(module.parameters(), seed=3, **options)
+        _train(module, opt, 3, fused=fused)
+        runs.append((module, opt))
+    np.testing.assert_array_equal(_bits(runs[0][0].weight.data), _bits(runs[1][0].weight.data))
+    # A resumed run continues bit for bit (the rounding step is part of the state).
+    module, opt = runs[0]
+    saved_table, saved = module.weight.data.copy(), opt.state_dict()
+    _train(module, opt, 2, rng_seed=8)
+    resumed = nn.Embedding.from_pretrained(saved_table, freeze=False, sparse=True)
+    again = cls(resumed.parameters(), seed=3, **options)
+    again.load_state_dict(saved)
+    _train(resumed, again, 2, rng_seed=8)
+    np.testing.assert_array_equal(_bits(resumed.weight.data), _bits(module.weight.data))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks
-from ._common import check_range, flatten, on_backend
+from ._common import backend_for, check_range, flatten, on_backend
 
 # The launchers' format codes (numbapos.kernels.halfbits.BF16 / F16; kernels are
 # imported by _device only).
@@ -87,3 +87,60 @@ def _is_contiguous(x) -> bool:
     if flags is None:
         return True  # CUDA arrays reach here C-contiguous (checked on adoption)
     return bool(flags["C_CONTIGUOUS"] if isinstance(flags, dict) else flags.c_contiguous)
+
+
+def widen_table(table):
+    """A float32 copy of the 16-bit ``table`` (exact), on its device: the values an
+    optimiser updates in float32."""
+    table = _checks.check_table(table, "table")
+    if not _checks.is_half_dtype(table.dtype):
+        raise TypeError(f"table: expected a bfloat16 or float16 table, got {table.dtype}")
+    K = backend_for((table,), ("table",))
+    rows, dim = table.shape
+    out = K.empty((rows, dim), _FLOAT32)
+    if table.size:
+        flat = K.asarray(np.arange(rows, dtype=np.int64))
+        K.gather_half_rows(flat, K.contiguous(table).view(_UINT16), half_format(table.dtype),
+                           out.view(_UINT32))
+    return out
+
+
+def store_rounded_(table, values, *, seed=0, step=0, stochastic_rounding=True):
+    """Store the float32 ``values`` into the 16-bit ``table`` in place, rounded.
+
+    With ``stochastic_rounding`` (the default) each element rounds up or down
+    at random, with probability given by its distance to the two 16-bit
+    neighbours (to 2**-16 of a step), so the stored value's expectation is the
+    float32 value and small updates are not lost: the random bits are the
+    keyed hash (:mod:`numbapos.kernels.hash`) of ``(seed, step, r * D + d)``,
+    the same for any thread count and on the GPU. Otherwise to nearest even.
+
+    Parameters
+    ----------
+    table : ndarray, shape (V, D), bfloat16 or float16
+        Modified in place; C-contiguous and writeable.
+    values : ndarray, shape (V, D), float32
+        On ``table``'s device.
+    seed, step : int
+        The hash's key (0 <= each < 2**64).
+    stochastic_rounding : bool, default True
+
+    Returns
+    -------
+    ndarray
+        ``table``.
+    """
+    table = _checks.check_table(table, "table")
+    if not _checks.is_half_dtype(table.dtype):
+        raise TypeError(f"table: expected a bfloat16 or float16 table, got {table.dtype}")
+    _checks.check_writeable(table, "table", "the rounded values are stored into it")
+    if not _is_contiguous(table):
+        raise ValueError("table: expected a C-contiguous table (it is written in place)")
+    values = _checks.check_float_like(values, "values", tuple(table.shape), _FLOAT32,
+                                      "the table's shape", "float32")
+    seed = _checks.check_uint64(seed, "seed")
+    step = _checks.check_uint64(step, "step")
+    K = backend_for((table, values), ("table", "values"))
+    K.store_half_(table.view(_UINT16), K.contiguous(values).view(_UINT32), seed, step,
+                  bool(stochastic_rounding), half_format(table.dtype))
+    return table

@@ -16,6 +16,11 @@ device stores the same bits.
   ``npy_floatbits_to_halfbits`` (round to nearest even, overflow to
   infinity, float16 subnormals exact; a NaN keeps the top of its payload).
 
+- :func:`half_from_f32_bits_stochastic` rounds with 16 random bits instead
+  (stochastic rounding, for optimiser updates): away from zero with
+  probability (distance from the 16-bit value below) / (its step), to within
+  2**-16 of a step, so the rounded value's expectation is the float32 value.
+
 Kernels that need the value (max-norm, optimiser updates) use
 :func:`half_value` / :func:`f32_value_bits`, exact conversions through
 ``math.ldexp`` / ``math.frexp`` that need no bit cast.
@@ -111,6 +116,44 @@ def half_from_f32_bits(u, fmt):
     if fmt == BF16:
         return f32_bits_to_bf16(u)
     return f32_bits_to_f16(u)
+
+
+@register_jitable
+def half_from_f32_bits_stochastic(u, fmt, random16):
+    """The float32 with bits ``u`` rounded stochastically to format ``fmt``.
+
+    ``random16`` (an integer in ``[0, 2**16)``) decides: a value between the
+    16-bit neighbours ``lo`` and ``hi`` (magnitudes, ``lo`` nearer zero) goes
+    to ``hi`` iff ``random16 * (hi - lo) < (|x| - lo) * 2**16``, so with
+    uniform random bits it goes there with probability ``(|x| - lo) / (hi -
+    lo)`` rounded up to a multiple of 2**-16. All in float64, exactly (the
+    values are float32 and 16-bit numbers of one binade). Values that are
+    exact stay; infinities and NaN round as :func:`half_from_f32_bits`; above
+    the largest finite 16-bit value the step up is to infinity (as if the
+    next binade existed), so a finite value never becomes infinite unless it
+    lies beyond that value.
+    """
+    u = np.int64(u)
+    nearest = np.int64(half_from_f32_bits(u, fmt))
+    if (u & 0x7FFFFFFF) >= 0x7F800000:
+        return np.uint16(nearest)
+    x = abs(np.float64(_from_bits(u & 0x7FFFFFFF, 8, 23)))
+    magnitude = nearest & 0x7FFF
+    near = np.float64(half_value(magnitude, fmt))
+    if near == x:
+        return np.uint16(nearest)
+    if near > x:
+        low = magnitude - 1
+    else:
+        low = magnitude
+    high = low + 1
+    low_value = np.float64(half_value(low, fmt))
+    high_value = np.float64(half_value(high, fmt))
+    if math.isinf(high_value):  # the step past the largest finite value
+        high_value = 2.0 ** 128 if fmt == BF16 else 65536.0
+    up = np.float64(random16) * (high_value - low_value) < (x - low_value) * 65536.0
+    sign = (u >> 16) & 0x8000
+    return np.uint16(sign | (high if up else low))
 
 
 @register_jitable

@@ -17,14 +17,22 @@ import numpy as np
 from numba import prange
 
 from .. import halfbits
-from ..halfbits import BF16, f16_to_f32_bits, f32_value_bits, half_from_f32_bits, half_value
+from ..halfbits import (
+    BF16,
+    f16_to_f32_bits,
+    f32_value_bits,
+    half_from_f32_bits,
+    half_from_f32_bits_stochastic,
+    half_value,
+)
+from ..hash import dropout_bits
 from .arrays import option, pick
 from .embedding import unique_rows
 from .jit import kernel
 from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
 from .rowcopy import put_row, streams
 
-__all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_"]
+__all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_"]
 
 assert halfbits.F16 == 1
 
@@ -65,7 +73,59 @@ def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
             table, rows, float(max_norm), float(norm_type), np.int64(fmt))
 
 
+def store_half_(table, values, seed, step, stochastic, fmt):
+    """``table[r, d] = round(values[r, d])``: the float32 ``(V, D)`` values (as uint32 bits)
+    stored into the 16-bit ``table`` (uint16 bits of format ``fmt``), in place.
+
+    With ``stochastic`` each element rounds stochastically
+    (:func:`~numbapos.kernels.halfbits.half_from_f32_bits_stochastic`) with the top 16
+    of the keyed hash's 32 bits for ``(seed, step, r * D + d)``: the same bits for any
+    thread count and on the GPU. Otherwise to nearest even.
+    """
+    if table.size == 0:
+        return
+    if stochastic:
+        pick(_store_stochastic, _store_stochastic_parallel, table.size)(
+            table, values, np.uint64(seed), np.uint64(step), np.int64(fmt))
+    else:
+        pick(_store_nearest, _store_nearest_parallel, table.size)(table, values, np.int64(fmt))
+
+
 # ---------------------------------------------------------------- kernels
+
+
+@kernel(inline="always")
+def _store_row_stochastic(table, values, seed, step, fmt, r):
+    dim = table.shape[1]
+    for d in range(dim):
+        random16 = dropout_bits(seed, step, np.uint64(r * dim + d)) >> np.uint64(16)
+        table[r, d] = half_from_f32_bits_stochastic(values[r, d], fmt, random16)
+
+
+@kernel()
+def _store_stochastic(table, values, seed, step, fmt):
+    for r in range(table.shape[0]):
+        _store_row_stochastic(table, values, seed, step, fmt, r)
+
+
+@kernel(parallel=True)
+def _store_stochastic_parallel(table, values, seed, step, fmt):
+    for r in prange(table.shape[0]):
+        _store_row_stochastic(table, values, seed, step, fmt, r)
+
+
+@kernel()
+def _store_nearest(table, values, fmt):
+    for r in range(table.shape[0]):
+        for d in range(table.shape[1]):
+            table[r, d] = half_from_f32_bits(values[r, d], fmt)
+
+
+@kernel(parallel=True)
+def _store_nearest_parallel(table, values, fmt):
+    for r in prange(table.shape[0]):
+        for d in range(table.shape[1]):
+            table[r, d] = half_from_f32_bits(values[r, d], fmt)
 
 
 @kernel(inline="always")

@@ -15,13 +15,20 @@ import math
 import numpy as np
 from numba import cuda, float64, int64
 
-from ..halfbits import f32_value_bits, half_from_f32_bits, half_to_f32_bits, half_value
+from ..halfbits import (
+    f32_value_bits,
+    half_from_f32_bits,
+    half_from_f32_bits_stochastic,
+    half_to_f32_bits,
+    half_value,
+)
+from ..hash import dropout_bits
 from . import errors
-from .arrays import MAX_BLOCKS, THREADS
+from .arrays import MAX_BLOCKS, THREADS, grid
 from .embedding import group_rows
 from .fpmath import mul_rn
 
-__all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_"]
+__all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_"]
 
 _NORM_INF, _NORM_2, _NORM_1, _NORM_P = 0, 1, 2, 3
 
@@ -71,6 +78,15 @@ def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
     _renorm_rows[min(flat.size, MAX_BLOCKS), _row_threads(table.shape[1])](
         table, groups.rows, groups.used, float(max_norm), kind, norm_type, int64(fmt),
         errors.device_word())
+
+
+def store_half_(table, values, seed, step, stochastic, fmt):
+    """``table[r, d] = round(values[r, d])`` (float32 bits into 16-bit ones), in place: the
+    CPU's bits (stochastic rounding keyed by ``(seed, step, r * D + d)``, or to nearest
+    even). Nothing is stored while an index error is pending."""
+    if table.size:
+        _store[grid(table.size), THREADS](table, values, np.uint64(seed), np.uint64(step),
+                                          bool(stochastic), int64(fmt), errors.device_word())
 
 
 def _row_threads(dim: int) -> int:
@@ -139,3 +155,19 @@ def _renorm_rows(table, rows, used, max_norm, kind, norm_type, fmt, word):
                 value = np.float32(half_value(table[row, d], fmt) * scale)
                 table[row, d] = half_from_f32_bits(f32_value_bits(value), fmt)
         cuda.syncthreads()
+
+
+@cuda.jit
+def _store(table, values, seed, step, stochastic, fmt, word):
+    """Elementwise :func:`store_half_`."""
+    if errors.is_pending(word):
+        return
+    dim = table.shape[1]
+    for k in range(cuda.grid(1), table.size, cuda.gridsize(1)):
+        r = k // dim
+        d = k - r * dim
+        if stochastic:
+            random16 = dropout_bits(seed, step, np.uint64(k)) >> np.uint64(16)
+            table[r, d] = half_from_f32_bits_stochastic(values[r, d], fmt, random16)
+        else:
+            table[r, d] = half_from_f32_bits(values[r, d], fmt)
