@@ -594,3 +594,51 @@ def test_fused_steps_and_checkpoints_of_16_bit_tables(name, options):
     again.load_state_dict(saved)
     _train(resumed, again, 2, rng_seed=8)
     np.testing.assert_array_equal(_bits(resumed.weight.data), _bits(module.weight.data))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_row_stores_give_the_full_stores_bits(device, dtype, rng):
+    """A sparse step stores only its rows: the same bits as a full store there, the other
+    rows untouched; widen_table(rows) widens exactly those rows."""
+    table = _table(rng, (12, 7), dtype)
+    values = (rng.normal(size=(12, 7)) * 3).astype(np.float32)
+    rows = np.array([0, 4, 5, 11])
+    if device == "cuda":
+        if dtype == BF16:
+            pytest.skip("bfloat16 tables stay on the CPU (the launchers are tested above)")
+    full = on(device, table.copy())
+    F.store_rounded_(full, on(device, values), seed=3, step=2)
+    part = on(device, table.copy())
+    F.store_rounded_(part, on(device, values), rows=rows, seed=3, step=2)
+    expected = table.copy()
+    expected[rows] = host(full)[rows]
+    np.testing.assert_array_equal(_bits(host(part)), _bits(expected))
+    wide = host(F.widen_table(on(device, table), rows=rows))
+    np.testing.assert_array_equal(wide[rows], table[rows].astype(np.float32))
+    np.testing.assert_array_equal(host(F.widen_table(on(device, table))),
+                                  table.astype(np.float32))
+    with pytest.raises(ValueError, match="unique and sorted"):
+        F.store_rounded_(part, on(device, values), rows=np.array([4, 0]))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_the_cuda_row_launchers_give_the_cpu_bits(dtype, rng):
+    from conftest import dev
+
+    K = _cuda()
+    table = _bits(_table(rng, (20, 9), dtype))
+    values = (rng.normal(size=(20, 9)) * 5).astype(np.float32).view(np.uint32)
+    rows = np.array([1, 3, 4, 19], np.int64)
+    fmt = FORMAT[dtype]
+    for stochastic in (True, False):
+        cpu = table.copy()
+        _cpu().store_half_rows_(cpu, values, rows, 3, 5, 6, stochastic, fmt)
+        gpu = dev(table)
+        K.store_half_rows_(gpu, dev(values), dev(rows), dev(np.array([3])), 5, 6, stochastic,
+                           fmt)
+        np.testing.assert_array_equal(host(gpu), cpu)
+    cpu = np.zeros((20, 9), np.uint32)
+    _cpu().widen_half_rows(table, rows, 4, fmt, cpu)
+    gpu = dev(np.zeros((20, 9), np.uint32))
+    K.widen_half_rows(dev(table), dev(rows), 4, fmt, gpu)
+    np.testing.assert_array_equal(host(gpu), cpu)

@@ -89,23 +89,31 @@ def _is_contiguous(x) -> bool:
     return bool(flags["C_CONTIGUOUS"] if isinstance(flags, dict) else flags.c_contiguous)
 
 
-def widen_table(table):
+def widen_table(table, rows=None):
     """A float32 copy of the 16-bit ``table`` (exact), on its device: the values an
-    optimiser updates in float32."""
-    table = _checks.check_table(table, "table")
-    if not _checks.is_half_dtype(table.dtype):
-        raise TypeError(f"table: expected a bfloat16 or float16 table, got {table.dtype}")
+    optimiser updates in float32.
+
+    Parameters
+    ----------
+    table : ndarray, shape (V, D), bfloat16 or float16
+    rows : array of int, optional
+        Unique rows to widen; the other rows of the result are left
+        uninitialised (a sparse update reads only its rows; on the CPU the
+        untouched pages of the ``(V, D)`` result are never even mapped).
+
+    Returns
+    -------
+    ndarray of float32, shape (V, D)
+    """
+    table = _check_half(table)
     K = backend_for((table,), ("table",))
-    rows, dim = table.shape
-    out = K.empty((rows, dim), _FLOAT32)
-    if table.size:
-        flat = K.asarray(np.arange(rows, dtype=np.int64))
-        K.gather_half_rows(flat, K.contiguous(table).view(_UINT16), half_format(table.dtype),
-                           out.view(_UINT32))
-    return out
+    if rows is None:
+        return _widen(K, table, None, 0)
+    rows = _rows(K, rows, table.shape[0])
+    return _widen(K, table, rows, int(rows.shape[0]))
 
 
-def store_rounded_(table, values, *, seed=0, step=0, stochastic_rounding=True):
+def store_rounded_(table, values, *, rows=None, seed=0, step=0, stochastic_rounding=True):
     """Store the float32 ``values`` into the 16-bit ``table`` in place, rounded.
 
     With ``stochastic_rounding`` (the default) each element rounds up or down
@@ -113,7 +121,8 @@ def store_rounded_(table, values, *, seed=0, step=0, stochastic_rounding=True):
     neighbours (to 2**-16 of a step), so the stored value's expectation is the
     float32 value and small updates are not lost: the random bits are the
     keyed hash (:mod:`numbapos.kernels.hash`) of ``(seed, step, r * D + d)``,
-    the same for any thread count and on the GPU. Otherwise to nearest even.
+    the same for any thread count, with or without ``rows``, and on the GPU.
+    Otherwise to nearest even.
 
     Parameters
     ----------
@@ -121,6 +130,8 @@ def store_rounded_(table, values, *, seed=0, step=0, stochastic_rounding=True):
         Modified in place; C-contiguous and writeable.
     values : ndarray, shape (V, D), float32
         On ``table``'s device.
+    rows : array of int, optional
+        Unique rows to store (default: all).
     seed, step : int
         The hash's key (0 <= each < 2**64).
     stochastic_rounding : bool, default True
@@ -130,9 +141,7 @@ def store_rounded_(table, values, *, seed=0, step=0, stochastic_rounding=True):
     ndarray
         ``table``.
     """
-    table = _checks.check_table(table, "table")
-    if not _checks.is_half_dtype(table.dtype):
-        raise TypeError(f"table: expected a bfloat16 or float16 table, got {table.dtype}")
+    table = _check_half(table)
     _checks.check_writeable(table, "table", "the rounded values are stored into it")
     if not _is_contiguous(table):
         raise ValueError("table: expected a C-contiguous table (it is written in place)")
@@ -141,6 +150,48 @@ def store_rounded_(table, values, *, seed=0, step=0, stochastic_rounding=True):
     seed = _checks.check_uint64(seed, "seed")
     step = _checks.check_uint64(step, "step")
     K = backend_for((table, values), ("table", "values"))
-    K.store_half_(table.view(_UINT16), K.contiguous(values).view(_UINT32), seed, step,
-                  bool(stochastic_rounding), half_format(table.dtype))
+    if rows is not None:
+        rows = _rows(K, rows, table.shape[0])
+    _store(K, table, values, rows, None if rows is None else int(rows.shape[0]), seed, step,
+           bool(stochastic_rounding))
     return table
+
+
+def _check_half(table):
+    table = _checks.check_table(table, "table")
+    if not _checks.is_half_dtype(table.dtype):
+        raise TypeError(f"table: expected a bfloat16 or float16 table, got {table.dtype}")
+    return table
+
+
+def _rows(K, rows, num_rows):
+    rows = on_backend(K, rows, "rows")
+    flat = K.contiguous(flatten(K, rows))
+    if flat.size:
+        _checks.check_sorted_rows(flat, num_rows, "rows")
+    return flat
+
+
+def _widen(K, table, rows, used):
+    """The float32 copy of ``table`` (rows ``rows[:used]`` only, when given; ``used`` an int or
+    a device count): the optimisers' step, on validated arrays."""
+    num_rows, dim = table.shape
+    out = K.empty((num_rows, dim), _FLOAT32)
+    bits = K.contiguous(table).view(_UINT16)
+    if rows is None:
+        if table.size:
+            K.gather_half_rows(K.asarray(np.arange(num_rows, dtype=np.int64)), bits,
+                               half_format(table.dtype), out.view(_UINT32))
+    else:
+        K.widen_half_rows(bits, rows, used, half_format(table.dtype), out.view(_UINT32))
+    return out
+
+
+def _store(K, table, values, rows, used, seed, step, stochastic):
+    """:func:`store_rounded_` on validated arrays (``rows[:used]`` only, when given)."""
+    bits, wide = table.view(_UINT16), K.contiguous(values).view(_UINT32)
+    fmt = half_format(table.dtype)
+    if rows is None:
+        K.store_half_(bits, wide, seed, step, stochastic, fmt)
+    else:
+        K.store_half_rows_(bits, wide, rows, used, seed, step, stochastic, fmt)

@@ -134,6 +134,13 @@ def half_from_f32_bits_stochastic(u, fmt, random16):
     lies beyond that value.
     """
     u = np.int64(u)
+    if fmt == BF16:
+        # The rule below in bfloat16's bits, where the step is 2**16 float32 units: up
+        # (away from zero) iff random16 < the 16 dropped bits. NaN as to nearest.
+        if (u & 0x7FFFFFFF) > 0x7F800000:
+            return f32_bits_to_bf16(u)
+        up = 1 if (np.int64(random16) & 0xFFFF) < (u & 0xFFFF) else 0
+        return np.uint16(((u >> 16) + up) & 0xFFFF)
     nearest = np.int64(half_from_f32_bits(u, fmt))
     if (u & 0x7FFFFFFF) >= 0x7F800000:
         return np.uint16(nearest)

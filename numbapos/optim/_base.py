@@ -329,10 +329,10 @@ class Optimizer:
         if _checks.is_half_dtype(getattr(table, "dtype", None)):
             table = _checks.check_table(table, "param.data")
             _checks.check_writeable(table, "param.data", "the optimiser updates it in place")
-            shadow = self._shadows.get(id(param))
-            if shadow is None:
-                shadow = self._shadows[id(param)] = F.widen_table(table)
-            param.data = shadow
+            entry = self._shadows.get(id(param))
+            if entry is None:
+                entry = self._shadows[id(param)] = self._widen(table, param.grad)
+            param.data = entry[0]
             try:
                 self._check_float(param, group)
             finally:
@@ -342,10 +342,11 @@ class Optimizer:
 
     def _apply(self, param: Parameter, group: dict) -> None:
         """:meth:`_update`, through the float32 copy of a 16-bit table."""
-        shadow = self._shadows.pop(id(param), None)
-        if shadow is None:
+        entry = self._shadows.pop(id(param), None)
+        if entry is None:
             self._update(param, group)
             return
+        shadow, rows, used = entry
         table = param.data
         state = self._state(param, group)  # float32 arrays, the rounding step
         param.data = shadow
@@ -355,8 +356,21 @@ class Optimizer:
             param.data = table
         step = state["rounding_step"]
         state["rounding_step"] = step + 1
-        F.store_rounded_(table, shadow, seed=getattr(self, "seed", 0), step=step,
-                         stochastic_rounding=getattr(self, "stochastic_rounding", True))
+        F._store(_device.backend(table), table, shadow, rows, used, getattr(self, "seed", 0),
+                 step, getattr(self, "stochastic_rounding", True))
+
+    @staticmethod
+    def _widen(table, grad):
+        """``(float32 copy, rows, used)`` of a 16-bit table for an update by ``grad``: only the
+        rows of a SparseRows gradient (every sparse update reads and writes only those),
+        else all (rows None)."""
+        K = _device.backend(table)
+        # (A SparseRows of another shape widens everything: the checks then refuse it.)
+        if isinstance(grad, SparseRows) and tuple(grad.shape) == tuple(table.shape):
+            rows, _, used = grad._padded()
+            rows = K.contiguous(rows, np.int64)
+            return F._widen(K, table, rows, used), rows, used
+        return F._widen(K, table, None, 0), None, None
 
     def _check_float(self, param: Parameter, group: dict) -> None:
         data = _checks.check_update_target(param.data, "param.data")

@@ -25,14 +25,15 @@ from ..halfbits import (
     half_from_f32_bits_stochastic,
     half_value,
 )
-from ..hash import dropout_bits
+from ..hash import dropout_bits_keyed, dropout_key
 from .arrays import option, pick
 from .embedding import unique_rows
 from .jit import kernel
 from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
 from .rowcopy import put_row, streams
 
-__all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_"]
+__all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_",
+           "store_half_rows_", "widen_half_rows"]
 
 assert halfbits.F16 == 1
 
@@ -82,50 +83,32 @@ def store_half_(table, values, seed, step, stochastic, fmt):
     of the keyed hash's 32 bits for ``(seed, step, r * D + d)``: the same bits for any
     thread count and on the GPU. Otherwise to nearest even.
     """
-    if table.size == 0:
-        return
-    if stochastic:
-        pick(_store_stochastic, _store_stochastic_parallel, table.size)(
-            table, values, np.uint64(seed), np.uint64(step), np.int64(fmt))
-    else:
-        pick(_store_nearest, _store_nearest_parallel, table.size)(table, values, np.int64(fmt))
+    if table.size:
+        rows = np.arange(table.shape[0], dtype=np.int64)
+        store_half_rows_(table, values, rows, rows.size, seed, step, stochastic, fmt)
+
+
+def store_half_rows_(table, values, rows, used, seed, step, stochastic, fmt):
+    """:func:`store_half_` for the rows ``rows[:used]`` only (unique; ``used`` an int here, a
+    one-element device array or an int on the GPU); the same bits for those rows."""
+    if used and table.shape[1]:
+        kernel = pick(_store_rows, _store_rows_parallel, int(used) * table.shape[1])
+        kernel(table, values, rows, np.int64(used), np.uint64(seed), np.uint64(step),
+               option(stochastic), np.int64(fmt))
+
+
+def widen_half_rows(table, rows, used, fmt, out):
+    """``out[rows[j]] = float32(table[rows[j]])`` as bits for ``j < used`` (``out`` ``(V, D)``
+    uint32; its other rows are left as they are)."""
+    if used and table.shape[1]:
+        if fmt == BF16:
+            kernel = pick(_widen_bf16_at, _widen_bf16_at_parallel, int(used) * table.shape[1])
+        else:
+            kernel = pick(_widen_f16_at, _widen_f16_at_parallel, int(used) * table.shape[1])
+        kernel(rows, np.int64(used), table, out)
 
 
 # ---------------------------------------------------------------- kernels
-
-
-@kernel(inline="always")
-def _store_row_stochastic(table, values, seed, step, fmt, r):
-    dim = table.shape[1]
-    for d in range(dim):
-        random16 = dropout_bits(seed, step, np.uint64(r * dim + d)) >> np.uint64(16)
-        table[r, d] = half_from_f32_bits_stochastic(values[r, d], fmt, random16)
-
-
-@kernel()
-def _store_stochastic(table, values, seed, step, fmt):
-    for r in range(table.shape[0]):
-        _store_row_stochastic(table, values, seed, step, fmt, r)
-
-
-@kernel(parallel=True)
-def _store_stochastic_parallel(table, values, seed, step, fmt):
-    for r in prange(table.shape[0]):
-        _store_row_stochastic(table, values, seed, step, fmt, r)
-
-
-@kernel()
-def _store_nearest(table, values, fmt):
-    for r in range(table.shape[0]):
-        for d in range(table.shape[1]):
-            table[r, d] = half_from_f32_bits(values[r, d], fmt)
-
-
-@kernel(parallel=True)
-def _store_nearest_parallel(table, values, fmt):
-    for r in prange(table.shape[0]):
-        for d in range(table.shape[1]):
-            table[r, d] = half_from_f32_bits(values[r, d], fmt)
 
 
 @kernel(inline="always")
@@ -221,3 +204,53 @@ def _renorm_parallel(table, rows, max_norm, norm_type, fmt):
     for j in prange(rows.size):
         prefetch_listed_for_write(table, rows, j + AHEAD)
         _renorm_row(table, rows[j], max_norm, norm_type, fmt)
+
+
+@kernel(inline="always")
+def _store_row(table, values, r, key, stochastic, fmt):
+    dim = table.shape[1]
+    if stochastic is None:
+        for d in range(dim):
+            table[r, d] = half_from_f32_bits(values[r, d], fmt)
+    else:
+        for d in range(dim):
+            random16 = dropout_bits_keyed(key, np.uint64(r * dim + d)) >> np.uint64(16)
+            table[r, d] = half_from_f32_bits_stochastic(values[r, d], fmt, random16)
+
+
+@kernel()
+def _store_rows(table, values, rows, used, seed, step, stochastic, fmt):
+    key = dropout_key(seed, step)
+    for j in range(used):
+        _store_row(table, values, rows[j], key, stochastic, fmt)
+
+
+@kernel(parallel=True)
+def _store_rows_parallel(table, values, rows, used, seed, step, stochastic, fmt):
+    key = dropout_key(seed, step)
+    for j in prange(used):
+        _store_row(table, values, rows[j], key, stochastic, fmt)
+
+
+@kernel()
+def _widen_bf16_at(rows, used, table, out):
+    for j in range(used):
+        _widen_bf16_row(table, rows[j], out, rows[j])
+
+
+@kernel(parallel=True)
+def _widen_bf16_at_parallel(rows, used, table, out):
+    for j in prange(used):
+        _widen_bf16_row(table, rows[j], out, rows[j])
+
+
+@kernel()
+def _widen_f16_at(rows, used, table, out):
+    for j in range(used):
+        _widen_f16_row(table, rows[j], out, rows[j])
+
+
+@kernel(parallel=True)
+def _widen_f16_at_parallel(rows, used, table, out):
+    for j in prange(used):
+        _widen_f16_row(table, rows[j], out, rows[j])

@@ -22,13 +22,14 @@ from ..halfbits import (
     half_to_f32_bits,
     half_value,
 )
-from ..hash import dropout_bits
-from . import errors
+from ..hash import dropout_bits_keyed, dropout_key
+from . import arrays, errors
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .embedding import group_rows
 from .fpmath import mul_rn
 
-__all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_"]
+__all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_",
+           "store_half_rows_", "widen_half_rows"]
 
 _NORM_INF, _NORM_2, _NORM_1, _NORM_P = 0, 1, 2, 3
 
@@ -87,6 +88,29 @@ def store_half_(table, values, seed, step, stochastic, fmt):
     if table.size:
         _store[grid(table.size), THREADS](table, values, np.uint64(seed), np.uint64(step),
                                           bool(stochastic), int64(fmt), errors.device_word())
+
+
+def store_half_rows_(table, values, rows, used, seed, step, stochastic, fmt):
+    """:func:`store_half_` for the rows ``rows[:used]`` only (``used`` an int or a
+    one-element device array: the count stays on the device)."""
+    if rows.shape[0] and table.shape[1]:
+        _store_rows[min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1])](
+            table, values, rows, _count(used), np.uint64(seed), np.uint64(step), bool(stochastic),
+            int64(fmt), errors.device_word())
+
+
+def widen_half_rows(table, rows, used, fmt, out):
+    """``out[rows[j]] = float32(table[rows[j]])`` as bits for ``j < used``."""
+    if rows.shape[0] and table.shape[1]:
+        _widen_at[min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1])](
+            rows, _count(used), table, int64(fmt), out)
+
+
+def _count(used):
+    """A row count as a one-element device array (ints are copied there)."""
+    if isinstance(used, (int, np.integer)):
+        return arrays.full((1,), int(used), np.int64)
+    return used
 
 
 def _row_threads(dim: int) -> int:
@@ -162,12 +186,40 @@ def _store(table, values, seed, step, stochastic, fmt, word):
     """Elementwise :func:`store_half_`."""
     if errors.is_pending(word):
         return
+    key = dropout_key(seed, step)
     dim = table.shape[1]
     for k in range(cuda.grid(1), table.size, cuda.gridsize(1)):
         r = k // dim
         d = k - r * dim
-        if stochastic:
-            random16 = dropout_bits(seed, step, np.uint64(k)) >> np.uint64(16)
-            table[r, d] = half_from_f32_bits_stochastic(values[r, d], fmt, random16)
-        else:
-            table[r, d] = half_from_f32_bits(values[r, d], fmt)
+        table[r, d] = _rounded(values[r, d], key, k, stochastic, fmt)
+
+
+@cuda.jit(device=True)
+def _rounded(u, key, k, stochastic, fmt):
+    if stochastic:
+        random16 = dropout_bits_keyed(key, np.uint64(k)) >> np.uint64(16)
+        return half_from_f32_bits_stochastic(u, fmt, random16)
+    return half_from_f32_bits(u, fmt)
+
+
+@cuda.jit
+def _store_rows(table, values, rows, used, seed, step, stochastic, fmt, word):
+    """:func:`store_half_rows_`: a block per listed row, threads along D."""
+    if errors.is_pending(word):
+        return
+    key = dropout_key(seed, step)
+    dim = table.shape[1]
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
+        r = rows[j]
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            table[r, d] = _rounded(values[r, d], key, r * dim + d, stochastic, fmt)
+
+
+@cuda.jit
+def _widen_at(rows, used, table, fmt, out):
+    """:func:`widen_half_rows`: a block per listed row, threads along D."""
+    dim = table.shape[1]
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
+        r = rows[j]
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            out[r, d] = half_to_f32_bits(table[r, d], fmt)
