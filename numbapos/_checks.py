@@ -324,6 +324,106 @@ def check_weight(weight, name: str = "weight") -> np.ndarray:
     return check_float_array(weight, name, ndim=2)
 
 
+# ---------------------------------------------------------------- 16-bit tables
+
+FLOAT16 = np.dtype(np.float16)
+
+
+def is_half_dtype(dtype) -> bool:
+    """Whether ``dtype`` (a NumPy dtype) is bfloat16 (``ml_dtypes``) or float16.
+
+    bfloat16 is recognised by its name, so ``ml_dtypes`` is not imported here.
+    """
+    return dtype == FLOAT16 or getattr(dtype, "name", None) == "bfloat16"
+
+
+def bfloat16_dtype() -> np.dtype:
+    """NumPy's bfloat16, ``ml_dtypes.bfloat16`` (imported on first use)."""
+    try:
+        import ml_dtypes
+    except ImportError as err:  # pragma: no cover - a dependency of numbapos
+        raise TypeError("bfloat16 tables need the ml_dtypes package (pip install "
+                        "ml_dtypes)") from err
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+_TABLE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
+                "half": "float16", "f2": "float16", "float32": "float32",
+                "float64": "float64"}
+_TABLE_EXPECTED = "float32, float64, bfloat16 or float16"
+
+
+def check_table_dtype(dtype, name: str = "dtype") -> np.dtype:
+    """A table's dtype: float32 / float64 (see :func:`check_float_dtype`), or bfloat16 /
+    float16 spelt as a NumPy or ``ml_dtypes`` dtype, a name (``"bfloat16"``, ``"float16"``,
+    ``"half"``) or ``torch.bfloat16`` / ``torch.float16`` (recognised without importing torch).
+    """
+    if _device.torch_kind(dtype) == "dtype":
+        text = str(dtype)
+        if text in ("torch.bfloat16",):
+            return bfloat16_dtype()
+        if text in ("torch.float16", "torch.half"):
+            return FLOAT16
+        if text not in _TORCH_FLOATS:
+            raise TypeError(f"{name}: expected {_TABLE_EXPECTED}, got {dtype}")
+        return _TORCH_FLOATS[text]
+    if isinstance(dtype, str) and _TABLE_NAMES.get(dtype.strip().lower()) == "bfloat16":
+        return bfloat16_dtype()
+    if getattr(dtype, "__name__", None) == "bfloat16" or getattr(dtype, "name", None) == "bfloat16":
+        return np.dtype(dtype)
+    try:
+        if np.dtype(dtype) == FLOAT16 and not isinstance(dtype, bool):
+            return FLOAT16
+    except (TypeError, ValueError):
+        pass
+    try:
+        return check_float_dtype(dtype, name)
+    except TypeError as err:
+        raise TypeError(str(err).replace("float32 or float64", _TABLE_EXPECTED)) from None
+
+
+def grad_dtype(dtype) -> np.dtype:
+    """The dtype of a gradient of a ``dtype`` parameter: float32 for 16-bit ones, else its own."""
+    return np.dtype(np.float32) if is_half_dtype(dtype) else dtype
+
+
+def check_parameter_data(data, name: str = "data"):
+    """A parameter's array: float32 / float64 of any shape, or a 2-D bfloat16 / float16 table."""
+    dtype = getattr(data, "dtype", None)
+    if dtype is not None and is_half_dtype(dtype) and getattr(data, "ndim", 0) == 2:
+        return check_table(data, name)
+    return check_float_array(data, name)
+
+
+def check_table(weight, name: str = "weight"):
+    """An embedding table of any format lookups take: a 2-D float32 / float64 array, or a
+    2-D bfloat16 / float16 one (NumPy; float16 also as a CUDA array)."""
+    if not isinstance(weight, np.ndarray) and not _device.is_cuda_array(weight):
+        if (str(getattr(weight, "dtype", "")) == "torch.bfloat16"
+                and not getattr(weight, "requires_grad", False)
+                and str(getattr(weight, "device", "")) == "cpu"):
+            # NumPy cannot view a bfloat16 tensor; its int16 view can be, without a copy.
+            import torch
+
+            return check_table(weight.view(torch.int16).numpy().view(bfloat16_dtype()), name)
+        view = host_view(weight, name)
+        if view is not None:
+            weight = view
+    dtype = getattr(weight, "dtype", None)
+    if dtype is not None and is_half_dtype(dtype) and (
+            isinstance(weight, np.ndarray) or _device.is_cuda_array(weight)):
+        if _device.is_cuda_array(weight):
+            weight = _device.adopt(weight)
+            check_cuda_contiguous(weight, name)
+        if weight.ndim != 2:
+            raise ValueError(f"{name}: expected a 2-D array, got shape {tuple(weight.shape)}")
+        return weight
+    try:
+        return check_float_array(weight, name, ndim=2)
+    except TypeError as err:
+        raise TypeError(str(err).replace("float32 or float64", _TABLE_EXPECTED)) from None
+
+
 def check_writeable(x, name: str, why: str) -> None:
     """ValueError unless ``x`` can be written in place (``why`` says what writes it)."""
     if not _device.is_writeable(x):
@@ -499,6 +599,12 @@ def check_offset_only(offset, position_ids) -> int:
 
 def check_update_target(param, name: str = "param"):
     """A parameter an optimiser writes in place: a float array that is writeable."""
+    dtype = getattr(param, "dtype", None)
+    if dtype is not None and is_half_dtype(dtype):
+        raise TypeError(f"{name}: the functional optimiser ops update float32 / float64 "
+                        f"arrays; a {dtype} table is updated by the numbapos.optim "
+                        "optimisers (in float32, stored back with stochastic rounding), or "
+                        "through functional.widen_table / store_rounded_")
     param = check_float_array(param, name)
     if not _device.is_writeable(param):
         raise ValueError(f"{name}: the parameter of shape {tuple(param.shape)} is read-only")

@@ -257,6 +257,9 @@ def to_device(x, device: str):
         return to_host(x)
     if is_cuda_array(x):
         return adopt(x)
+    if getattr(getattr(x, "dtype", None), "name", None) == "bfloat16":
+        raise TypeError("bfloat16 arrays stay on the CPU (Numba's device arrays have no "
+                        "bfloat16 dtype); on CUDA use a float16 table")
     return kernels_for("cuda").asarray(x)
 
 

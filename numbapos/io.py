@@ -78,14 +78,17 @@ def _read_header(path: str) -> tuple[dict, int]:
     return header, 8 + size
 
 
-def _bfloat16_as_float32(path: str, data_start: int, entry: dict) -> np.ndarray:
+def _bfloat16(path: str, data_start: int, entry: dict, keep_dtype: bool) -> np.ndarray:
     begin, end = entry["data_offsets"]
     raw = np.fromfile(path, dtype="<u2", count=(end - begin) // 2, offset=data_start + begin)
+    if keep_dtype:  # the bits as they are, as ml_dtypes.bfloat16
+        return raw.astype(np.uint16, copy=False).view(_checks.bfloat16_dtype()).reshape(
+            entry["shape"])
     # A bfloat16 is the upper half of a float32: shifting it back up is exact.
     return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(entry["shape"])
 
 
-def load_state(path) -> dict[str, np.ndarray]:
+def load_state(path, keep_dtype=False) -> dict[str, np.ndarray]:
     """Read every tensor of a safetensors file into a dict of NumPy arrays.
 
     Parameters
@@ -93,6 +96,11 @@ def load_state(path) -> dict[str, np.ndarray]:
     path : str or os.PathLike
         A ``.safetensors`` file, such as one written by :func:`save_state` or a
         Hugging Face ``model.safetensors``.
+    keep_dtype : bool, default False
+        Return bfloat16 tensors as bfloat16 (``ml_dtypes.bfloat16`` arrays,
+        the file's bits, half the memory of float32), ready for a bfloat16
+        :class:`~numbapos.nn.Embedding` (``from_pretrained`` or
+        ``load_state_dict``). float16 tensors are float16 either way.
 
     Returns
     -------
@@ -103,10 +111,10 @@ def load_state(path) -> dict[str, np.ndarray]:
         scalars and arrays as saved). The arrays are writeable and
         independent of the file. Every dtype keeps its own NumPy dtype
         (float16, float32, float64, the integer types, bool, complex64), with
-        one exception: **bfloat16 tensors are returned as float32**. NumPy has no
-        bfloat16, and the conversion is exact (a bfloat16 is the upper 16 bits
-        of a float32), so checkpoints stored in bfloat16 load directly into
-        float32 modules.
+        one exception unless ``keep_dtype``: **bfloat16 tensors are returned as
+        float32**. NumPy has no bfloat16 of its own, and the conversion is
+        exact (a bfloat16 is the upper 16 bits of a float32), so checkpoints
+        stored in bfloat16 load directly into float32 modules.
 
     Raises
     ------
@@ -136,7 +144,7 @@ def load_state(path) -> dict[str, np.ndarray]:
         for name in names:
             entry = header[name]
             if entry["dtype"] == "BF16":
-                tensors[name] = _bfloat16_as_float32(path, data_start, entry)
+                tensors[name] = _bfloat16(path, data_start, entry, bool(keep_dtype))
             else:
                 tensors[name] = f.get_tensor(name)
         tree = (f.metadata() or {}).get(STATE_KEY)
@@ -197,11 +205,15 @@ def _collect(module_or_dict) -> dict[str, np.ndarray]:
                 raise TypeError(f"save_state: {name!r} must be a NumPy array, got "
                                 f"{_checks.type_name(value)}")
             value = _device.to_host(view)
+        if _checks.is_half_dtype(value.dtype) and value.dtype.name == "bfloat16":
+            # ml_dtypes.bfloat16: safetensors writes it as BF16.
+            tensors[name] = value if value.flags.c_contiguous else value.copy(order="C")
+            continue
         native = value.dtype.newbyteorder("=")
         if native not in _SAVABLE:
             raise TypeError(
                 f"save_state: {name!r} has dtype {value.dtype}, which safetensors cannot store; "
-                "supported: bool, (u)int8/16/32/64, float16/32/64, complex64"
+                "supported: bool, (u)int8/16/32/64, bfloat16, float16/32/64, complex64"
             )
         if value.dtype != native:
             value = value.astype(native, order="C")
@@ -334,7 +346,9 @@ def save_state(module_or_dict, path, metadata=None) -> None:
         included) become tensors named by their path
         (``"optimizer.state.0.exp_avg"``), the rest JSON in the metadata; no
         pickle. :func:`load_state` gives it back, bit for bit.
-        Non-contiguous arrays are made C-contiguous.
+        Non-contiguous arrays are made C-contiguous. bfloat16
+        (``ml_dtypes.bfloat16``) and float16 arrays are written as BF16 / F16
+        tensors (``load_state(path, keep_dtype=True)`` reads them back as such).
     path : str or os.PathLike
         Destination file; its directory must exist.
     metadata : mapping of str to str, optional

@@ -502,3 +502,27 @@ def quantized_embedding(indices, packed, bits, dim, padding_idx=None):
     if padding_idx is not None:
         out[indices == padding_idx] = 0
     return out
+
+
+# ----------------------------------------------------------------- 16-bit tables
+
+
+def half_renorm_(weight, indices, max_norm, norm_type=2.0):
+    """Max-norm on a bfloat16 / float16 table: the norm in float64 of the float32 values,
+    the clipped row ``value * float32(max_norm / (norm + 1e-7))`` in float32, cast back
+    (round to nearest even: ml_dtypes / NumPy's casts)."""
+    for row in np.unique(np.asarray(indices).reshape(-1)):
+        values = weight[row].astype(np.float32)
+        norm = row_norm(values, norm_type)
+        if norm > max_norm:
+            weight[row] = (values * np.float32(max_norm / (norm + 1e-7))).astype(weight.dtype)
+    return weight
+
+
+def half_embedding(indices, weight, max_norm=None, norm_type=2.0, out_dtype=np.float32):
+    """A lookup into a bfloat16 / float16 table: float32 values (exact), or the table's own
+    dtype."""
+    indices = np.asarray(indices)
+    if max_norm is not None:
+        half_renorm_(weight, indices, max_norm, norm_type)
+    return weight[indices].astype(out_dtype)

@@ -66,13 +66,13 @@ def test_dtype_spellings(spelling, want):
 
 
 @pytest.mark.parametrize("spelling, message", [
-    (torch.float16, "dtype: expected float32 or float64, got torch.float16"),
-    (torch.int64, "dtype: expected float32 or float64, got torch.int64"),
+    (torch.int8, "dtype: expected float32, float64, bfloat16 or float16, got torch.int8"),
+    (torch.int64, "dtype: expected float32, float64, bfloat16 or float16, got torch.int64"),
     ("float", "ambiguous"),
-    ("cuda", "dtype: expected float32 or float64, got the device 'cuda'"),
-    (torch.device("cpu"), "dtype: expected float32 or float64, got the device"),
-    ("int32", "dtype: expected float32 or float64, got int32"),
-    ("nonsense", "dtype: expected float32 or float64, got 'nonsense'"),
+    ("cuda", "dtype: expected float32, float64, bfloat16 or float16, got the device 'cuda'"),
+    (torch.device("cpu"), "dtype: expected float32, float64, bfloat16 or float16, got the device"),
+    ("int32", "dtype: expected float32, float64, bfloat16 or float16, got int32"),
+    ("nonsense", "dtype: expected float32, float64, bfloat16 or float16, got 'nonsense'"),
 ])
 def test_bad_dtypes_name_the_dtype(spelling, message):
     with pytest.raises(TypeError, match=message):

@@ -21,6 +21,7 @@ from .blocks import (
 )
 from .dropout import dropout, dropout_backward, dropout_mask
 from .embedding import embedding, embedding_backward, embedding_renorm_, padding_mask
+from .half import store_rounded_, widen_table
 from .init import keyed_normal_
 from .normalization import layer_norm, layer_norm_backward, layer_norm_forward
 from .optim import (
@@ -94,4 +95,6 @@ __all__ = [
     "sparse_adam_",
     "sparse_rowwise_adagrad_",
     "sparse_sgd_",
+    "store_rounded_",
+    "widen_table",
 ]

@@ -15,6 +15,7 @@ from ._common import (
     flatten,
     on_backend,
 )
+from .half import half_embedding
 
 _RENORM_WRITES = "max_norm clips the rows it looks up in place"
 
@@ -76,7 +77,8 @@ def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
     return weight
 
 
-def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, out=None):
+def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, out=None,
+              out_dtype=None):
     """Look up rows of an embedding table (PyTorch's ``F.embedding``).
 
     Parameters
@@ -85,8 +87,10 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
         Row numbers, any shape (0-d arrays and NumPy integer scalars included),
         int32 or int64 (other integer dtypes are converted). Each must lie in
         ``[0, V)``; negative indices are not wrapped.
-    weight : ndarray, shape (V, D), float32 or float64
-        The table. May be non-contiguous.
+    weight : ndarray, shape (V, D), float32, float64, bfloat16 or float16
+        The table. May be non-contiguous. A bfloat16 (``ml_dtypes.bfloat16``)
+        or float16 table is read as its bits and converted exactly (see
+        :mod:`numbapos.functional.half`).
     padding_idx : int, optional
         Row that marks padding; may be negative (wrapped by ``V``). The forward
         pass returns the row as stored; it only matters for the gradient.
@@ -96,9 +100,16 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
         clipped rows.
     norm_type : float, default 2.0
         The p of the p-norm for ``max_norm``: any positive float, or ``inf``.
+        For a 16-bit table the norm is computed in float32 / float64 and the
+        clipped row is written back rounded to nearest even.
     out : ndarray, optional
-        C-contiguous buffer of shape ``indices.shape + (D,)`` and ``weight``'s
+        C-contiguous buffer of shape ``indices.shape + (D,)`` and the result's
         dtype to write the result into.
+    out_dtype : dtype, optional
+        The result's dtype: ``weight``'s dtype for float32 / float64 tables
+        (the only one allowed); for a bfloat16 / float16 table float32 (the
+        default, exact) or the table's own dtype (a plain row copy, half the
+        bytes written).
 
     Returns
     -------
@@ -108,7 +119,8 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
     Raises
     ------
     TypeError
-        Bool or float indices, non-float weight, ``out`` not an array.
+        Bool or float indices, non-float weight, ``out`` not an array, an
+        ``out_dtype`` the table cannot look up into.
     ValueError
         ``weight`` not 2-D (or read-only with ``max_norm``), ``padding_idx``
         outside ``[-V, V)``, ``max_norm`` or ``norm_type`` not positive, ``out``
@@ -118,7 +130,7 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
         modified when any error is raised.
     """
     if (type(indices) is _ndarray and type(weight) is _ndarray and out is None
-            and max_norm is None and padding_idx is None):
+            and max_norm is None and padding_idx is None and out_dtype is None):
         index_dtype, dtype = indices.dtype, weight.dtype
         if ((index_dtype is _INT64 or index_dtype is _INT32)
                 and (dtype is _FLOAT32 or dtype is _FLOAT64) and weight.ndim == 2):
@@ -127,8 +139,14 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
                 result = _empty(indices.shape + (dim,), dtype)
                 if (_gather_checked or _load_gather_checked())(indices, weight, result) < 0:
                     return result
-    weight = _checks.check_weight(weight)
+    weight = _checks.check_table(weight)
     K = backend_for((weight, out), ("weight", "out"))
+    if _checks.is_half_dtype(weight.dtype):
+        return half_embedding(K, indices, weight, padding_idx, max_norm, norm_type, out,
+                              out_dtype)
+    if out_dtype is not None and _checks.check_table_dtype(out_dtype, "out_dtype") != weight.dtype:
+        raise TypeError(f"out_dtype: a {weight.dtype} table looks up into {weight.dtype}, got "
+                        f"{_checks.check_table_dtype(out_dtype, 'out_dtype')}")
     indices = on_backend(K, indices)
     num_rows, dim = weight.shape
     _checks.check_padding_idx(padding_idx, num_rows)

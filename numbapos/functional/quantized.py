@@ -31,6 +31,9 @@ from ._common import backend_for, check_range, flatten, on_backend
 #: checks, per row, on top of a float32 rounding allowance of ``2**-20 * max|x|``.
 TABLE_FORMATS = (
     ("float32 / float64", "4 D / 8 D", "training and inference", "exact"),
+    ("bfloat16 / float16 (Embedding(dtype='bfloat16'))", "2 D",
+     "training (float32 gradients and updates, stochastic rounding) and inference",
+     "stored values exact; float32 stored rounded to nearest even (2**-9 / 2**-12 relative)"),
     ("int8 row-wise (quantize_rowwise(t, 8))", "D + 8", "inference only (QuantizedEmbedding)",
      "|x - x'| <= (max - min) / 255 / 2: half a step"),
     ("int4 row-wise (quantize_rowwise(t, 4))", "ceil(D / 2) + 4",

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from ..functional.half import to_table_dtype
 from . import init as initializers
 from ._outputs import OutputBuffer
 from .module import Module
@@ -34,9 +35,16 @@ class Embedding(Module):
         Accumulate a :class:`~numbapos.sparse.SparseRows` gradient that holds
         only the rows used, so :class:`~numbapos.optim.SGD` touches only them.
     _weight : array_like, optional
-        Initial float32 / float64 table of shape (V, D), used as given (no
-        copy; CPU arrays of other libraries are viewed).
-    dtype : float32 or float64, default float32
+        Initial float32 / float64 / bfloat16 / float16 table of shape (V, D),
+        used as given (no copy; CPU arrays of other libraries are viewed).
+    dtype : float32, float64, bfloat16 or float16, default float32
+        The table's dtype. bfloat16 (``"bfloat16"``, ``ml_dtypes.bfloat16``,
+        ``torch.bfloat16``) and float16 (``"float16"``, ``"half"``,
+        ``numpy.float16``, ``torch.float16``) tables take half the memory:
+        the initial values are drawn in float32 and rounded to nearest even,
+        lookups return float32 (or ``out_dtype``) and gradients are float32
+        (see :mod:`numbapos.functional.half`). bfloat16 tables live on the
+        CPU; float16 ones on either device.
     init : callable, optional
         ``init(shape, rng)`` initialiser; default N(0, 1) as PyTorch (see ``seed``).
     seed : int or numpy.random.Generator, optional
@@ -50,6 +58,10 @@ class Embedding(Module):
     device : {"cpu", "cuda"}, optional
         Where the table lives and lookups run; default: where ``_weight``
         lives, else ``"cpu"``.
+    out_dtype : dtype, optional
+        The lookups' dtype for a 16-bit table: float32 (default) or the
+        table's own dtype (a plain row copy). Gradients of the output are
+        float32 whichever it is.
 
     Attributes
     ----------
@@ -59,7 +71,7 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None,
                  norm_type=2.0, scale_grad_by_freq=False, sparse=False, _weight=None,
-                 dtype=np.float32, init=None, seed=None, device=None):
+                 dtype=np.float32, init=None, seed=None, device=None, out_dtype=None):
         super().__init__()
         self._grad_values = OutputBuffer()  # reused values of sparse gradients (CPU)
         self.num_embeddings = _checks.check_int(num_embeddings, "num_embeddings", minimum=0)
@@ -70,33 +82,58 @@ class Embedding(Module):
         self.sparse = bool(sparse)
         shape = (self.num_embeddings, self.embedding_dim)
         if _weight is None:
-            dtype = _checks.check_float_dtype(dtype)
+            dtype = _checks.check_table_dtype(dtype)
             if init is None and seed is not None and not isinstance(seed, np.random.Generator):
                 # One seed, one table: the keyed fill ShardedEmbedding's shards make.
                 seed = _checks.check_uint64(seed, "seed")
                 init = initializers.keyed_normal(seed)
             rng = _checks.as_rng(seed)
-            table = initializers.make_array(init or initializers.normal(), shape, dtype, rng)
+            if _checks.is_half_dtype(dtype):  # drawn in float32, rounded to nearest even
+                table = to_table_dtype(initializers.make_array(
+                    init or initializers.normal(), shape, np.float32, rng), dtype)
+            else:
+                table = initializers.make_array(init or initializers.normal(), shape, dtype,
+                                                rng)
             if self.padding_idx is not None:
                 table[self.padding_idx] = 0
         else:
-            table = _checks.check_weight(_weight, "_weight")
+            table = _checks.check_table(_weight, "_weight")
             if table.shape != shape:
                 raise ValueError(
                     f"_weight: expected shape {shape} (num_embeddings, embedding_dim), "
                     f"got {table.shape}"
                 )
         self.weight = Parameter(table)
+        self.out_dtype = self._check_out_dtype(out_dtype)
         self._place(device)
+
+    def _check_out_dtype(self, out_dtype):
+        """The lookups' dtype: None (the default: float32 for 16-bit tables, else the table's)."""
+        if out_dtype is None:
+            return None
+        out_dtype = _checks.check_table_dtype(out_dtype, "out_dtype")
+        table = self.weight.dtype
+        if out_dtype != table and not (_checks.is_half_dtype(table) and out_dtype == np.float32):
+            raise TypeError(f"out_dtype: a {table} table looks up into "
+                            f"{'float32 or ' if _checks.is_half_dtype(table) else ''}{table}, "
+                            f"got {out_dtype}")
+        return out_dtype
+
+    def _lookup_dtype(self):
+        if self.out_dtype is not None:
+            return self.out_dtype
+        return np.dtype(np.float32) if _checks.is_half_dtype(self.weight.dtype) else \
+            self.weight.dtype
 
     @classmethod
     def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None,
-                        norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+                        norm_type=2.0, scale_grad_by_freq=False, sparse=False, out_dtype=None):
         """An Embedding over an existing 2-D table (used as given, padding row kept).
 
-        As PyTorch, the table keeps its dtype and memory: a float32 or float64
-        array (NumPy, a detached PyTorch CPU tensor or anything NumPy can view,
-        a :class:`Parameter`, a CUDA array) is used without a copy, so the
+        As PyTorch, the table keeps its dtype and memory: a float32, float64,
+        bfloat16 (``ml_dtypes.bfloat16``) or float16 array (NumPy, a detached
+        PyTorch CPU tensor or anything NumPy can view, a :class:`Parameter`, a
+        CUDA array) is used without a copy, so the
         module trains it in place. Nested lists (which PyTorch refuses) are
         converted to float32, PyTorch's default dtype.
 
@@ -106,25 +143,25 @@ class Embedding(Module):
             The table.
         freeze : bool, default True
             If True the table gets no gradient (``weight.requires_grad = False``).
-        padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse
+        padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse, out_dtype
             As for :class:`Embedding`.
 
         Raises
         ------
         TypeError
-            A table of another dtype than float32 / float64 (integer and
-            float16 tables, which PyTorch accepts, are refused: the kernels
-            compute in float32 or float64), or a tensor that requires grad
-            (pass ``.detach()``).
+            A table of another dtype than float32 / float64 / bfloat16 /
+            float16 (integer tables, which PyTorch accepts, are refused), or
+            a tensor that requires grad (pass ``.detach()``).
         ValueError
             A table that is not 2-D.
         """
         if isinstance(embeddings, (list, tuple)):
             embeddings = np.asarray(embeddings, dtype=np.float32)
-        embeddings = _checks.check_float_array(embeddings, "embeddings", ndim=2)
+        embeddings = _checks.check_table(embeddings, "embeddings")
         num, dim = embeddings.shape
         module = cls(num, dim, padding_idx=padding_idx, max_norm=max_norm, norm_type=norm_type,
-                     scale_grad_by_freq=scale_grad_by_freq, sparse=sparse, _weight=embeddings)
+                     scale_grad_by_freq=scale_grad_by_freq, sparse=sparse, _weight=embeddings,
+                     out_dtype=out_dtype)
         module.weight.requires_grad = not freeze
         return module
 
@@ -135,11 +172,12 @@ class Embedding(Module):
         Outside :class:`numbapos.no_grad` (in either mode) a copy of
         ``indices`` is recorded for the matching :meth:`backward`.
         """
+        dtype = self._lookup_dtype()
         if out is None and type(self.weight.data) is np.ndarray:
-            out = self._output_buffer(indices, np.shape(indices) + (self.embedding_dim,),
-                                      self.weight.dtype)
+            out = self._output_buffer(indices, np.shape(indices) + (self.embedding_dim,), dtype)
         result = F.embedding(indices, self.weight.data, padding_idx=self.padding_idx,
-                             max_norm=self.max_norm, norm_type=self.norm_type, out=out)
+                             max_norm=self.max_norm, norm_type=self.norm_type, out=out,
+                             out_dtype=self.out_dtype)
         if self.max_norm is not None:
             self.weight.bump_version()
         if self._recording():
@@ -157,7 +195,11 @@ class Embedding(Module):
         """Accumulate the table gradient of the latest unconsumed :meth:`forward`; returns None.
 
         Indices carry no gradient, hence the None. A frozen table accumulates
-        nothing (the record is still consumed).
+        nothing (the record is still consumed). A bfloat16 / float16 table
+        takes a float32 ``grad_output`` (whatever ``out_dtype`` is) and gets
+        a float32 gradient, summed in float32, dense or
+        :class:`~numbapos.sparse.SparseRows` (PyTorch sums a bfloat16 table's
+        gradient in bfloat16, where 4,096 gradients of 1.0 for one id give 256).
 
         Raises
         ------
@@ -165,12 +207,14 @@ class Embedding(Module):
             No recorded forward is left (see :class:`~numbapos.nn.Module`).
         TypeError, ValueError
             ``grad_output`` not of that forward's output shape
-            (``indices.shape + (D,)``) and the table's dtype; the record is kept.
+            (``indices.shape + (D,)``) and the table's gradient dtype (float32
+            for a 16-bit table); the record is kept.
         """
         indices, padding_idx, scale_grad_by_freq, sparse = self._saved_context()
         grad_output = _checks.check_float_like(
             grad_output, "grad_output", tuple(indices.shape) + (self.embedding_dim,),
-            self.weight.dtype, "the shape of the matching forward's output", "the table's")
+            _checks.grad_dtype(self.weight.dtype), "the shape of the matching forward's output",
+            "the table's gradient dtype")
         grad = None
         if self.weight.requires_grad:
             lazy = sparse and self.weight.fuses_step  # summed inside the optimiser's step
@@ -178,7 +222,7 @@ class Embedding(Module):
             if sparse and not lazy and type(self.weight.data) is np.ndarray:
                 # The previous step's gradient values, once that gradient is dropped.
                 values_out = self._grad_values.take((indices.size, self.embedding_dim),
-                                                    self.weight.dtype)
+                                                    grad_output.dtype)
             grad = F.embedding_backward(grad_output, indices, self.num_embeddings,
                                         padding_idx=padding_idx,
                                         scale_grad_by_freq=scale_grad_by_freq, sparse=sparse,
@@ -230,6 +274,8 @@ class Embedding(Module):
         self._check_unchanged(watched, "attend_backward")
         h_host, grad_host = _device.to_host(h), _device.to_host(grad_logits)
         weight = _device.to_host(self.weight.data)
+        if _checks.is_half_dtype(weight.dtype):
+            weight = weight.astype(np.float32)  # exact; the gradient is float32
         table_grad = None
         if self.weight.requires_grad:
             flat_grad = grad_host.reshape(-1, self.num_embeddings)
@@ -251,4 +297,8 @@ class Embedding(Module):
             parts.append("scale_grad_by_freq=True")
         if self.sparse:
             parts.append("sparse=True")
+        if _checks.is_half_dtype(self.weight.dtype):
+            parts.append(f"dtype={self.weight.dtype}")
+        if self.out_dtype is not None:
+            parts.append(f"out_dtype={self.out_dtype}")
         return ", ".join(parts)

@@ -614,7 +614,10 @@ class Module:
 
         As PyTorch's ``copy_``, each value is cast to the dtype of the
         parameter or buffer it goes into (a float64 array loads into a float32
-        module as float32). Every array is checked before any is copied, so a
+        module as float32; a float32 one into a bfloat16 / float16 table
+        rounded to nearest even; a bfloat16 one, from
+        ``io.load_state(path, keep_dtype=True)``, into a bfloat16 table bit
+        for bit). Every array is checked before any is copied, so a
         failed load changes nothing.
 
         Parameters
@@ -672,7 +675,7 @@ class Module:
                     f"load_state_dict: {name!r} has shape {tuple(value.shape)}, "
                     f"expected {tuple(data.shape)}"
                 )
-            if value.dtype.kind not in "biuf":
+            if value.dtype.kind not in "biuf" and not _checks.is_half_dtype(value.dtype):
                 raise TypeError(
                     f"load_state_dict: {name!r} has dtype {value.dtype}, which cannot be cast "
                     f"to the {data.dtype} of the module"

@@ -6,7 +6,7 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from .. import _device
-from .._checks import check_float_array, check_same_device
+from .._checks import check_float_array, check_parameter_data, check_same_device, grad_dtype
 from ..sparse import SparseRows
 
 
@@ -70,7 +70,7 @@ class Parameter(NDArrayOperatorsMixin):
     def __init__(self, data, requires_grad: bool = True):
         if isinstance(data, Parameter):
             data = data.data
-        self.data = check_float_array(data, "data")
+        self.data = check_parameter_data(data, "data")
         self.requires_grad = bool(requires_grad)
         self.grad = None
         self._version = 0
@@ -283,7 +283,8 @@ class Parameter(NDArrayOperatorsMixin):
         ------
         TypeError
             ``grad`` not a float array or SparseRows, or of another dtype than
-            the parameter (as PyTorch, gradients keep their parameter's dtype).
+            the parameter (as PyTorch, gradients keep their parameter's dtype;
+            unlike PyTorch, a bfloat16 / float16 parameter's gradient is float32).
         ValueError
             ``grad`` of another shape than the parameter.
         """
@@ -294,9 +295,9 @@ class Parameter(NDArrayOperatorsMixin):
         if tuple(grad.shape) != tuple(self.data.shape):
             raise ValueError(f"grad: expected shape {tuple(self.data.shape)}, got "
                              f"{tuple(grad.shape)}")
-        if grad.dtype != self.data.dtype:
-            raise TypeError(f"grad: expected dtype {self.data.dtype} (the parameter's), "
-                            f"got {grad.dtype}")
+        if grad.dtype != grad_dtype(self.data.dtype):
+            raise TypeError(f"grad: expected dtype {grad_dtype(self.data.dtype)} (the "
+                            f"gradient dtype of a {self.data.dtype} parameter), got {grad.dtype}")
         check_same_device((self.data, grad._padded()[0] if isinstance(grad, SparseRows)
                            else grad),
                           ("data", "grad"))

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _checks, _device
+from ..functional import half as F
 from ..nn.parameter import Parameter
 from ..sparse import SparseRows
 
@@ -191,11 +192,20 @@ class Optimizer:
         """
         return {}, {}
 
+    def _spec(self, data, group) -> tuple[dict, dict]:
+        """:meth:`_state_spec` of a parameter array: float32 state for a 16-bit table, which
+        also counts its rounding steps (``"rounding_step"``, the stochastic rounding's key)."""
+        arrays, scalars = self._state_spec(tuple(data.shape), _checks.grad_dtype(data.dtype),
+                                           group)
+        if _checks.is_half_dtype(data.dtype):
+            scalars = {**scalars, "rounding_step": 0}
+        return arrays, scalars
+
     def _state(self, param: Parameter, group: dict) -> dict:
         """``param``'s state, with whatever the group's options need made now (lazily)."""
         data = param.data
         state = self.state.setdefault(id(param), {})
-        arrays, scalars = self._state_spec(tuple(data.shape), data.dtype, group)
+        arrays, scalars = self._spec(data, group)
         device = _device.device_of(data)
         for name, spec in arrays.items():
             if state.get(name) is None:
@@ -207,7 +217,7 @@ class Optimizer:
     def _check_state(self, param: Parameter, group: dict) -> None:
         """ValueError if ``param`` changed shape, dtype or device since its state was made."""
         data = param.data
-        arrays, _ = self._state_spec(tuple(data.shape), data.dtype, group)
+        arrays, _ = self._spec(data, group)
         for name, value in self.state.get(id(param), {}).items():
             spec = arrays.get(name)
             if spec is None or value is None or not _checks.is_array(value):
@@ -245,10 +255,14 @@ class Optimizer:
         """
         todo = [(param, group) for group in self.param_groups for param in group["params"]
                 if param.grad is not None and param.requires_grad]
+        try:
+            for param, group in todo:
+                self._check(param, group)
+        except BaseException:
+            self._shadows.clear()
+            raise
         for param, group in todo:
-            self._check(param, group)
-        for param, group in todo:
-            self._update(param, group)
+            self._apply(param, group)
             param.bump_version()
 
     def fuse_with_backward(self) -> HookHandles:
@@ -283,13 +297,82 @@ class Optimizer:
         """One parameter's update from its fresh gradient, which is then dropped."""
         if param.grad is None or not param.requires_grad:
             return
-        self._check(param, group)
-        self._update(param, group)
+        try:
+            self._check(param, group)
+        except BaseException:
+            self._shadows.clear()
+            raise
+        self._apply(param, group)
         param.bump_version()
         param.grad = None
 
+    # 16-bit tables (bfloat16 / float16) are updated in float32: _check widens the
+    # table into a float32 copy (kept in _shadows until _apply), the subclass's
+    # _update runs on that copy with float32 state, and _apply stores it back,
+    # rounded stochastically (or to nearest even).
+
+    @property
+    def _shadows(self) -> dict:
+        shadows = self.__dict__.get("_shadow_tables")
+        if shadows is None:
+            shadows = self.__dict__["_shadow_tables"] = {}
+        return shadows
+
+    def _set_rounding(self, stochastic_rounding, seed) -> None:
+        """How 16-bit tables are written back (the subclasses' keyword arguments)."""
+        self.stochastic_rounding = bool(stochastic_rounding)
+        self.seed = _checks.check_uint64(seed, "seed")
+
     def _check(self, param: Parameter, group: dict) -> None:
         """Validate ``param``, its gradient and its state, before any parameter is updated."""
+        table = param.data
+        if _checks.is_half_dtype(getattr(table, "dtype", None)):
+            table = _checks.check_table(table, "param.data")
+            _checks.check_writeable(table, "param.data", "the optimiser updates it in place")
+            entry = self._shadows.get(id(param))
+            if entry is None:
+                entry = self._shadows[id(param)] = self._widen(table, param.grad)
+            param.data = entry[0]
+            try:
+                self._check_float(param, group)
+            finally:
+                param.data = table
+            return
+        self._check_float(param, group)
+
+    def _apply(self, param: Parameter, group: dict) -> None:
+        """:meth:`_update`, through the float32 copy of a 16-bit table."""
+        entry = self._shadows.pop(id(param), None)
+        if entry is None:
+            self._update(param, group)
+            return
+        shadow, rows, used = entry
+        table = param.data
+        state = self._state(param, group)  # float32 arrays, the rounding step
+        param.data = shadow
+        try:
+            self._update(param, group)
+        finally:
+            param.data = table
+        step = state["rounding_step"]
+        state["rounding_step"] = step + 1
+        F._store(_device.backend(table), table, shadow, rows, used, getattr(self, "seed", 0),
+                 step, getattr(self, "stochastic_rounding", True))
+
+    @staticmethod
+    def _widen(table, grad):
+        """``(float32 copy, rows, used)`` of a 16-bit table for an update by ``grad``: only the
+        rows of a SparseRows gradient (every sparse update reads and writes only those),
+        else all (rows None)."""
+        K = _device.backend(table)
+        # (A SparseRows of another shape widens everything: the checks then refuse it.)
+        if isinstance(grad, SparseRows) and tuple(grad.shape) == tuple(table.shape):
+            rows, _, used = grad._padded()
+            rows = K.contiguous(rows, np.int64)
+            return F._widen(K, table, rows, used), rows, used
+        return F._widen(K, table, None, 0), None, None
+
+    def _check_float(self, param: Parameter, group: dict) -> None:
         data = _checks.check_update_target(param.data, "param.data")
         self._check_state(param, group)
         grad = param.grad
@@ -428,7 +511,7 @@ class Optimizer:
         if not isinstance(values, dict):
             raise TypeError(f"{where}: expected a dict, got {_checks.type_name(values)}")
         data = param.data
-        arrays, scalars = self._state_spec(tuple(data.shape), data.dtype, group)
+        arrays, scalars = self._spec(data, group)
         values = {k: v for k, v in values.items() if v is not None}
         unknown = set(values) - set(arrays) - set(scalars)
         if unknown:

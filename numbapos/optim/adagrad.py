@@ -41,16 +41,25 @@ class Adagrad(Optimizer):
     eps : float, default 1e-10
     maximize : bool, default False
         All options are finite and >= 0.
+    stochastic_rounding : bool, default True
+        How a bfloat16 / float16 table (updated in float32, with float32
+        state) is written back: stochastically rounded (random bits from
+        numbapos's keyed hash of ``(seed, rounding step, element)``), or,
+        when False, to nearest even.
+    seed : int, default 0
+        The stochastic rounding's seed.
     """
 
     _OPTIONS = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps",
                 "maximize")
 
     def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
-                 initial_accumulator_value=0.0, eps=1e-10, *, maximize=False):
+                 initial_accumulator_value=0.0, eps=1e-10, *, maximize=False,
+                 stochastic_rounding=True, seed=0):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                       initial_accumulator_value=initial_accumulator_value,
                                       eps=eps, maximize=maximize))
+        self._set_rounding(stochastic_rounding, seed)
 
     def _check_options(self, options):
         return F.check_adagrad_options(options)
@@ -115,13 +124,22 @@ class RowWiseAdagrad(Optimizer):
     weight_decay_mode : {"none", "l2", "decoupled"}, default "none"
         How ``weight_decay`` acts (a nonzero ``weight_decay`` needs "l2" or
         "decoupled").
+    stochastic_rounding : bool, default True
+        How a bfloat16 / float16 table (updated in float32, with float32
+        state) is written back: stochastically rounded (random bits from
+        numbapos's keyed hash of ``(seed, rounding step, element)``), or,
+        when False, to nearest even.
+    seed : int, default 0
+        The stochastic rounding's seed.
     """
 
     _OPTIONS = ("lr", "eps", "weight_decay", "weight_decay_mode")
 
-    def __init__(self, params, lr=1e-2, eps=1e-8, weight_decay=0.0, weight_decay_mode="none"):
+    def __init__(self, params, lr=1e-2, eps=1e-8, weight_decay=0.0, weight_decay_mode="none",
+                 *, stochastic_rounding=True, seed=0):
         super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay,
                                       weight_decay_mode=weight_decay_mode))
+        self._set_rounding(stochastic_rounding, seed)
 
     def _check_options(self, options):
         return F.check_rowwise_adagrad_options(options)

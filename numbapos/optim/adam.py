@@ -57,6 +57,13 @@ class Adam(Optimizer):
         Ascend the objective.
     decoupled_weight_decay : bool, default False
         AdamW's decoupled decay: ``p *= 1 - lr * weight_decay`` before the step.
+    stochastic_rounding : bool, default True
+        How a bfloat16 / float16 table (updated in float32, with float32
+        state) is written back: stochastically rounded (random bits from
+        numbapos's keyed hash of ``(seed, rounding step, element)``), or,
+        when False, to nearest even.
+    seed : int, default 0
+        The stochastic rounding's seed.
 
     Examples
     --------
@@ -75,10 +82,12 @@ class Adam(Optimizer):
                 "decoupled_weight_decay")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 amsgrad=False, *, maximize=False, decoupled_weight_decay=False):
+                 amsgrad=False, *, maximize=False, decoupled_weight_decay=False,
+                 stochastic_rounding=True, seed=0):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, maximize=maximize,
                                       decoupled_weight_decay=decoupled_weight_decay))
+        self._set_rounding(stochastic_rounding, seed)
 
     def _check_options(self, options):
         return F.check_adam_options(options)
@@ -124,12 +133,20 @@ class AdamW(Adam):
         Decoupled decay rate.
     amsgrad : bool, default False
     maximize : bool, default False
+    stochastic_rounding : bool, default True
+        How a bfloat16 / float16 table (updated in float32, with float32
+        state) is written back: stochastically rounded (random bits from
+        numbapos's keyed hash of ``(seed, rounding step, element)``), or,
+        when False, to nearest even.
+    seed : int, default 0
+        The stochastic rounding's seed.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False):
+                 amsgrad=False, *, maximize=False, stochastic_rounding=True, seed=0):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         amsgrad=amsgrad, maximize=maximize, decoupled_weight_decay=True)
+                         amsgrad=amsgrad, maximize=maximize, decoupled_weight_decay=True,
+                         stochastic_rounding=stochastic_rounding, seed=seed)
 
     def _check_options(self, options):
         checked = super()._check_options(options)

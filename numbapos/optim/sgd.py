@@ -67,6 +67,13 @@ class SGD(Optimizer):
         Nesterov momentum; needs ``momentum > 0`` and ``dampening == 0``.
     maximize : bool, default False
         Ascend the objective instead of descending it.
+    stochastic_rounding : bool, default True
+        How a bfloat16 / float16 table (updated in float32, with float32
+        state) is written back: stochastically rounded (random bits from
+        numbapos's keyed hash of ``(seed, rounding step, element)``), or,
+        when False, to nearest even.
+    seed : int, default 0
+        The stochastic rounding's seed.
 
     Examples
     --------
@@ -85,10 +92,11 @@ class SGD(Optimizer):
     _OPTIONS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")
 
     def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                 nesterov=False, maximize=False):
+                 nesterov=False, maximize=False, *, stochastic_rounding=True, seed=0):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       maximize=maximize))
+        self._set_rounding(stochastic_rounding, seed)
 
     def _check_options(self, options):
         return F.check_sgd_options(options)

@@ -13,6 +13,7 @@ from . import (
     blocks,
     dropout,
     embedding,
+    half,
     init,
     normalization,
     optim,
@@ -27,6 +28,7 @@ from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
 from .embedding import *  # noqa: F403
+from .half import *  # noqa: F403
 from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
@@ -35,7 +37,7 @@ from .quantized import *  # noqa: F403
 from .resize import *  # noqa: F403
 from .rotary import *  # noqa: F403
 
-AREAS = (alibi, arrays, blocks, dropout, embedding, init, normalization, optim, positional,
+AREAS = (alibi, arrays, blocks, dropout, embedding, half, init, normalization, optim, positional,
          quantized, resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 

@@ -16,6 +16,7 @@ from . import (
     dropout,
     embedding,
     errors,  # noqa: F401 (``_device`` raises and synchronises through it)
+    half,
     init,
     memory,
     normalization,
@@ -30,6 +31,7 @@ from .arrays import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
 from .embedding import *  # noqa: F403
+from .half import *  # noqa: F403
 from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
@@ -38,7 +40,7 @@ from .quantized import *  # noqa: F403
 from .resize import *  # noqa: F403
 from .rotary import *  # noqa: F403
 
-AREAS = (alibi, arrays, blocks, dropout, embedding, init, normalization, optim, positional,
+AREAS = (alibi, arrays, blocks, dropout, embedding, half, init, normalization, optim, positional,
          quantized, resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 

@@ -1,0 +1,197 @@
+"""bfloat16 / float16 tables: lookups into float32 or the table's own dtype, max-norm.
+
+A 16-bit table takes half the memory of a float32 one, and a lookup from it
+reads half the bytes. NumPy's bfloat16 is ``ml_dtypes.bfloat16`` (the type
+safetensors and JAX use); float16 is NumPy's own. Numba reads neither, so the
+launchers get the tables' ``uint16`` bits (``table.view(np.uint16)``) and a
+format code, and convert with the exact integer operations of
+:mod:`numbapos.kernels.halfbits`:
+
+- to float32 (the default result): exact (bfloat16 is a 16-bit shift);
+- to the table's dtype (``out_dtype=``): a plain row copy;
+- back from float32 (max-norm's clipped rows, a table made from float32):
+  round to nearest even, bit for bit ``ml_dtypes`` / NumPy's casts.
+
+:func:`numbapos.functional.embedding` calls :func:`half_embedding` for such
+tables; the backward of a lookup is the float32 one (gradients of a 16-bit
+table are float32, summed in float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _checks
+from ._common import backend_for, check_range, flatten, on_backend
+
+# The launchers' format codes (numbapos.kernels.halfbits.BF16 / F16; kernels are
+# imported by _device only).
+BF16, F16 = 0, 1
+
+_FLOAT32 = np.dtype(np.float32)
+_UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
+_RENORM_WRITES = "max_norm clips the rows it looks up in place"
+
+
+def half_format(dtype) -> int:
+    """The launchers' format code of a 16-bit dtype: BF16 or F16."""
+    return F16 if dtype == _checks.FLOAT16 else BF16
+
+
+def to_table_dtype(values, dtype):
+    """``values`` (a float array on the host) as a C-contiguous table of ``dtype``.
+
+    16-bit dtypes round to nearest even (``ml_dtypes`` / NumPy casts, which the
+    kernels' conversions match bit for bit).
+    """
+    return np.ascontiguousarray(np.asarray(values).astype(dtype))
+
+
+def half_embedding(K, indices, weight, padding_idx, max_norm, norm_type, out, out_dtype):
+    """:func:`~numbapos.functional.embedding` on a validated bfloat16 / float16 ``weight``."""
+    indices = on_backend(K, indices)
+    num_rows, dim = weight.shape
+    _checks.check_padding_idx(padding_idx, num_rows)
+    max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
+    out_dtype = _FLOAT32 if out_dtype is None else _checks.check_table_dtype(out_dtype,
+                                                                             "out_dtype")
+    if out_dtype != _FLOAT32 and out_dtype != weight.dtype:
+        raise TypeError(f"out_dtype: a {weight.dtype} table looks up into float32 or "
+                        f"{weight.dtype}, got {out_dtype}")
+    if max_norm is not None:
+        _checks.check_writeable(weight, "weight", _RENORM_WRITES)
+    shape = tuple(indices.shape) + (dim,)
+    if out is not None:
+        out = _checks.check_out(out, shape, out_dtype, avoid=(weight, indices))
+    flat = flatten(K, indices)
+    check_range(K, flat, num_rows, checked_by_kernel=True)
+    fmt = half_format(weight.dtype)
+    bits = K.contiguous(weight).view(_UINT16)
+    if max_norm is not None:
+        if not _is_contiguous(weight):
+            raise ValueError("weight: max_norm clips rows in place and needs a C-contiguous "
+                             "16-bit table")
+        K.renorm_half_rows_(bits, flat, max_norm, norm_type, fmt)
+    if out is None:
+        out = K.empty(shape, out_dtype)
+    rows = out.reshape(flat.size, dim)
+    if out_dtype == _FLOAT32:
+        K.gather_half_rows(flat, bits, fmt, rows.view(_UINT32))
+    else:
+        K.copy_half_rows(flat, bits, rows.view(_UINT16))
+    return out
+
+
+def _is_contiguous(x) -> bool:
+    flags = getattr(x, "flags", None)
+    if flags is None:
+        return True  # CUDA arrays reach here C-contiguous (checked on adoption)
+    return bool(flags["C_CONTIGUOUS"] if isinstance(flags, dict) else flags.c_contiguous)
+
+
+def widen_table(table, rows=None):
+    """A float32 copy of the 16-bit ``table`` (exact), on its device: the values an
+    optimiser updates in float32.
+
+    Parameters
+    ----------
+    table : ndarray, shape (V, D), bfloat16 or float16
+    rows : array of int, optional
+        Unique rows to widen; the other rows of the result are left
+        uninitialised (a sparse update reads only its rows; on the CPU the
+        untouched pages of the ``(V, D)`` result are never even mapped).
+
+    Returns
+    -------
+    ndarray of float32, shape (V, D)
+    """
+    table = _check_half(table)
+    K = backend_for((table,), ("table",))
+    if rows is None:
+        return _widen(K, table, None, 0)
+    rows = _rows(K, rows, table.shape[0])
+    return _widen(K, table, rows, int(rows.shape[0]))
+
+
+def store_rounded_(table, values, *, rows=None, seed=0, step=0, stochastic_rounding=True):
+    """Store the float32 ``values`` into the 16-bit ``table`` in place, rounded.
+
+    With ``stochastic_rounding`` (the default) each element rounds up or down
+    at random, with probability given by its distance to the two 16-bit
+    neighbours (to 2**-16 of a step), so the stored value's expectation is the
+    float32 value and small updates are not lost: the random bits are the
+    keyed hash (:mod:`numbapos.kernels.hash`) of ``(seed, step, r * D + d)``,
+    the same for any thread count, with or without ``rows``, and on the GPU.
+    Otherwise to nearest even.
+
+    Parameters
+    ----------
+    table : ndarray, shape (V, D), bfloat16 or float16
+        Modified in place; C-contiguous and writeable.
+    values : ndarray, shape (V, D), float32
+        On ``table``'s device.
+    rows : array of int, optional
+        Unique rows to store (default: all).
+    seed, step : int
+        The hash's key (0 <= each < 2**64).
+    stochastic_rounding : bool, default True
+
+    Returns
+    -------
+    ndarray
+        ``table``.
+    """
+    table = _check_half(table)
+    _checks.check_writeable(table, "table", "the rounded values are stored into it")
+    if not _is_contiguous(table):
+        raise ValueError("table: expected a C-contiguous table (it is written in place)")
+    values = _checks.check_float_like(values, "values", tuple(table.shape), _FLOAT32,
+                                      "the table's shape", "float32")
+    seed = _checks.check_uint64(seed, "seed")
+    step = _checks.check_uint64(step, "step")
+    K = backend_for((table, values), ("table", "values"))
+    if rows is not None:
+        rows = _rows(K, rows, table.shape[0])
+    _store(K, table, values, rows, None if rows is None else int(rows.shape[0]), seed, step,
+           bool(stochastic_rounding))
+    return table
+
+
+def _check_half(table):
+    table = _checks.check_table(table, "table")
+    if not _checks.is_half_dtype(table.dtype):
+        raise TypeError(f"table: expected a bfloat16 or float16 table, got {table.dtype}")
+    return table
+
+
+def _rows(K, rows, num_rows):
+    rows = on_backend(K, rows, "rows")
+    flat = K.contiguous(flatten(K, rows))
+    if flat.size:
+        _checks.check_sorted_rows(flat, num_rows, "rows")
+    return flat
+
+
+def _widen(K, table, rows, used):
+    """The float32 copy of ``table`` (rows ``rows[:used]`` only, when given; ``used`` an int or
+    a device count): the optimisers' step, on validated arrays."""
+    num_rows, dim = table.shape
+    out = K.empty((num_rows, dim), _FLOAT32)
+    bits = K.contiguous(table).view(_UINT16)
+    if rows is None:
+        if table.size:
+            K.gather_half_rows(K.asarray(np.arange(num_rows, dtype=np.int64)), bits,
+                               half_format(table.dtype), out.view(_UINT32))
+    else:
+        K.widen_half_rows(bits, rows, used, half_format(table.dtype), out.view(_UINT32))
+    return out
+
+
+def _store(K, table, values, rows, used, seed, step, stochastic):
+    """:func:`store_rounded_` on validated arrays (``rows[:used]`` only, when given)."""
+    bits, wide = table.view(_UINT16), K.contiguous(values).view(_UINT32)
+    fmt = half_format(table.dtype)
+    if rows is None:
+        K.store_half_(bits, wide, seed, step, stochastic, fmt)
+    else:
+        K.store_half_rows_(bits, wide, rows, used, seed, step, stochastic, fmt)

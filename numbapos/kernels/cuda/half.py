@@ -1,0 +1,225 @@
+"""CUDA launchers and kernels of bfloat16 / float16 tables (lookup and max-norm).
+
+The twin of ``kernels/cpu/half.py`` (same ``__all__``, same signatures, the
+same bits): tables arrive as ``uint16`` bits with a format code, float32
+outputs as ``uint32`` bits, and the conversions are the shared exact ones of
+:mod:`numbapos.kernels.halfbits`. Lookups run one block per output row with
+the threads along D and check each id as they read it: a bad one is recorded
+in the deferred error word (:mod:`.errors`) and its output row zero-filled.
+Max-norm groups the rows on the device (which checks the ids too) and
+modifies nothing while an error is pending.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda, float64, int64
+
+from ..halfbits import (
+    f32_value_bits,
+    half_from_f32_bits,
+    half_from_f32_bits_stochastic,
+    half_to_f32_bits,
+    half_value,
+)
+from ..hash import dropout_bits_keyed, dropout_key
+from . import arrays, errors
+from .arrays import MAX_BLOCKS, THREADS, grid
+from .embedding import group_rows
+from .fpmath import mul_rn
+
+__all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_",
+           "store_half_rows_", "widen_half_rows"]
+
+_NORM_INF, _NORM_2, _NORM_1, _NORM_P = 0, 1, 2, 3
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def gather_half_rows(flat, table, fmt, out):
+    """``out[i] = float32(table[flat[i]])`` as bits: ``table`` ``(V, D)`` uint16 of format
+    ``fmt``, ``out`` ``(N, D)`` uint32 (a float32 array's view)."""
+    if flat.size and out.shape[1]:
+        word, host = errors.words()
+        _widen_rows[min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1])](
+            flat, table, int64(fmt), out, word, host, errors.tag())
+        errors.after_launch()
+
+
+def copy_half_rows(flat, table, out):
+    """``out[i] = table[flat[i]]`` for 16-bit rows (``(V, D)`` and ``(N, D)`` uint16)."""
+    if flat.size and out.shape[1]:
+        word, host = errors.words()
+        _copy_rows[min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1])](
+            flat, table, out, word, host, errors.tag())
+        errors.after_launch()
+
+
+def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
+    """Clip each distinct row of the 16-bit ``table`` named in ``flat`` to ``max_norm``, in place.
+
+    As the CPU: the norm in float64 from the float32 values, summed in column
+    order (every thread of a row's block sums the whole row, so the bits are
+    the CPU's), then ``value * float32(max_norm / (norm + 1e-7))`` in float32,
+    rounded to nearest even. Nothing is clipped while an index error is pending.
+    """
+    if flat.size == 0 or table.shape[1] == 0:
+        return
+    groups = group_rows(flat, None, table.shape[0])
+    norm_type = float(norm_type)
+    if norm_type == math.inf:
+        kind = _NORM_INF
+    elif norm_type == 2.0:
+        kind = _NORM_2
+    elif norm_type == 1.0:
+        kind = _NORM_1
+    else:
+        kind = _NORM_P
+    _renorm_rows[min(flat.size, MAX_BLOCKS), _row_threads(table.shape[1])](
+        table, groups.rows, groups.used, float(max_norm), kind, norm_type, int64(fmt),
+        errors.device_word())
+
+
+def store_half_(table, values, seed, step, stochastic, fmt):
+    """``table[r, d] = round(values[r, d])`` (float32 bits into 16-bit ones), in place: the
+    CPU's bits (stochastic rounding keyed by ``(seed, step, r * D + d)``, or to nearest
+    even). Nothing is stored while an index error is pending."""
+    if table.size:
+        _store[grid(table.size), THREADS](table, values, np.uint64(seed), np.uint64(step),
+                                          bool(stochastic), int64(fmt), errors.device_word())
+
+
+def store_half_rows_(table, values, rows, used, seed, step, stochastic, fmt):
+    """:func:`store_half_` for the rows ``rows[:used]`` only (``used`` an int or a
+    one-element device array: the count stays on the device)."""
+    if rows.shape[0] and table.shape[1]:
+        _store_rows[min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1])](
+            table, values, rows, _count(used), np.uint64(seed), np.uint64(step), bool(stochastic),
+            int64(fmt), errors.device_word())
+
+
+def widen_half_rows(table, rows, used, fmt, out):
+    """``out[rows[j]] = float32(table[rows[j]])`` as bits for ``j < used``."""
+    if rows.shape[0] and table.shape[1]:
+        _widen_at[min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1])](
+            rows, _count(used), table, int64(fmt), out)
+
+
+def _count(used):
+    """A row count as a one-element device array (ints are copied there)."""
+    if isinstance(used, (int, np.integer)):
+        return arrays.full((1,), int(used), np.int64)
+    return used
+
+
+def _row_threads(dim: int) -> int:
+    """Whole warps covering ``dim``, at most THREADS."""
+    return min(THREADS, -(-dim // 32) * 32)
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@cuda.jit
+def _widen_rows(flat_idx, table, fmt, out, word, host, which):
+    """``out[i, :] = f32 bits of table[flat_idx[i], :]``: a block per output row."""
+    dim = out.shape[1]
+    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+        row = errors.checked(word, host, flat_idx[i], i, table.shape[0], which)
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            if row < 0:
+                out[i, d] = 0
+            else:
+                out[i, d] = half_to_f32_bits(table[row, d], fmt)
+
+
+@cuda.jit
+def _copy_rows(flat_idx, table, out, word, host, which):
+    """``out[i, :] = table[flat_idx[i], :]`` (16-bit rows): a block per output row."""
+    dim = out.shape[1]
+    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+        row = errors.checked(word, host, flat_idx[i], i, table.shape[0], which)
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            if row < 0:
+                out[i, d] = 0
+            else:
+                out[i, d] = table[row, d]
+
+
+@cuda.jit
+def _renorm_rows(table, rows, used, max_norm, kind, norm_type, fmt, word):
+    """Clip each listed (unique) row: one block per row, threads along D for the write."""
+    if errors.is_pending(word):
+        return
+    dim = table.shape[1]
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
+        row = rows[j]
+        acc = 0.0
+        for d in range(dim):
+            a = abs(float64(half_value(table[row, d], fmt)))
+            if kind == _NORM_INF:
+                acc = max(acc, a)
+            elif kind == _NORM_2:
+                acc += mul_rn(a, a)  # never fused into the add: the CPU's bits
+            elif kind == _NORM_1:
+                acc += a
+            else:
+                acc += a ** norm_type
+        if kind == _NORM_2:
+            norm = math.sqrt(acc)
+        elif kind == _NORM_P:
+            norm = acc ** (1.0 / norm_type)
+        else:
+            norm = acc
+        cuda.syncthreads()  # every thread has read the row before any writes it
+        if norm > max_norm:
+            scale = np.float32(max_norm / (norm + 1e-7))
+            for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+                value = np.float32(half_value(table[row, d], fmt) * scale)
+                table[row, d] = half_from_f32_bits(f32_value_bits(value), fmt)
+        cuda.syncthreads()
+
+
+@cuda.jit
+def _store(table, values, seed, step, stochastic, fmt, word):
+    """Elementwise :func:`store_half_`."""
+    if errors.is_pending(word):
+        return
+    key = dropout_key(seed, step)
+    dim = table.shape[1]
+    for k in range(cuda.grid(1), table.size, cuda.gridsize(1)):
+        r = k // dim
+        d = k - r * dim
+        table[r, d] = _rounded(values[r, d], key, k, stochastic, fmt)
+
+
+@cuda.jit(device=True)
+def _rounded(u, key, k, stochastic, fmt):
+    if stochastic:
+        random16 = dropout_bits_keyed(key, np.uint64(k)) >> np.uint64(16)
+        return half_from_f32_bits_stochastic(u, fmt, random16)
+    return half_from_f32_bits(u, fmt)
+
+
+@cuda.jit
+def _store_rows(table, values, rows, used, seed, step, stochastic, fmt, word):
+    """:func:`store_half_rows_`: a block per listed row, threads along D."""
+    if errors.is_pending(word):
+        return
+    key = dropout_key(seed, step)
+    dim = table.shape[1]
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
+        r = rows[j]
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            table[r, d] = _rounded(values[r, d], key, r * dim + d, stochastic, fmt)
+
+
+@cuda.jit
+def _widen_at(rows, used, table, fmt, out):
+    """:func:`widen_half_rows`: a block per listed row, threads along D."""
+    dim = table.shape[1]
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
+        r = rows[j]
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            out[r, d] = half_to_f32_bits(table[r, d], fmt)
