@@ -264,6 +264,20 @@ def _quantized(dtype, index_dtype) -> None:
         module.dequantize()
 
 
+def _half(dtype, index_dtype) -> None:
+    # bfloat16 / float16 tables: lookups to float32 and to the table's dtype, max-norm,
+    # a sparse and a dense SGD step written back with stochastic rounding.
+    ids = _ids(index_dtype)
+    for half in ("bfloat16", "float16"):
+        for sparse in (True, False):
+            emb = nn.Embedding(_ROWS, _DIM, dtype=half, sparse=sparse, seed=0)
+            opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
+            _train(emb, ids)
+            opt.step()
+        emb = nn.Embedding(_ROWS, _DIM, dtype=half, seed=0, max_norm=1.0, out_dtype=half)
+        emb(ids)
+
+
 class Case(NamedTuple):
     """One entry of the warm-up: ``run(dtype, index_dtype)`` calls the ops on tiny inputs.
 
@@ -313,6 +327,9 @@ CASES: tuple[Case, ...] = (
          "dequantise", _quantized, seconds=7.6),
     Case("rowwise_adagrad", "RowWiseAdagrad dense and sparse, with and without L2 weight "
          "decay (opt-in)", _rowwise_adagrad, default=False, seconds=59.0),
+    Case("half", "bfloat16 / float16 tables: lookups to float32 and to the table's dtype, "
+         "max_norm, SGD steps with stochastic rounding (opt-in)", _half, default=False,
+         indexed=True, seconds=15.0),
 )
 CASE_NAMES = tuple(case.name for case in CASES)
 
@@ -640,7 +657,7 @@ def warmup(dtypes=DEFAULT_DTYPES, index_dtypes=DEFAULT_INDEX_DTYPES, ops=None, v
         ``"resize"``, ``"init"``, ``"dropout"``,
         ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"sgd_weight_decay"``,
         ``"optimisers"``, ``"quantized"``. Opt-in, run when named or with ``"all"``:
-        ``"rowwise_adagrad"``.
+        ``"rowwise_adagrad"``, ``"half"``.
     verbose : bool, default True
         Print a line per group as it ends (time, signatures compiled and
         loaded) and a total.
