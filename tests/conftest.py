@@ -70,6 +70,8 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 
 
 def pytest_sessionfinish(session, exitstatus):
+    # Every process records the launches of the tests it ran (with pytest-xdist each
+    # worker its own) and merges them into the one file, under a lock.
     path = os.environ.get("PTX_SIGNATURES")
     if path and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and "ptx_signatures" in sys.modules:
         sys.modules["ptx_signatures"].save(path)
