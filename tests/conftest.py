@@ -163,6 +163,9 @@ def _param_id(value):
         return "list"
     if isinstance(value, tuple):
         return "x".join(map(str, value)) or "0d"
+    if isinstance(value, dict):  # arrays by dtype and shape: ids the same in every process
+        return str({k: _param_id(v) if isinstance(v, np.ndarray) else v
+                    for k, v in value.items()})
     return getattr(value, "__name__", None) or str(value)
 
 
