@@ -72,6 +72,8 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 
 
 def pytest_sessionfinish(session, exitstatus):
+    # Every process records the launches of the tests it ran (with pytest-xdist each
+    # worker its own) and merges them into the one file, under a lock.
     path = os.environ.get("PTX_SIGNATURES")
     if path and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and "ptx_signatures" in sys.modules:
         sys.modules["ptx_signatures"].save(path)
@@ -163,6 +165,9 @@ def _param_id(value):
         return "list"
     if isinstance(value, tuple):
         return "x".join(map(str, value)) or "0d"
+    if isinstance(value, dict):  # arrays by dtype and shape: ids the same in every process
+        return str({k: _param_id(v) if isinstance(v, np.ndarray) else v
+                    for k, v in value.items()})
     return getattr(value, "__name__", None) or str(value)
 
 

@@ -7,7 +7,8 @@ closes that gap in two steps.
 1. Recording (in the test run, on the simulator): with ``PTX_SIGNATURES=path``
    set, ``tests/conftest.py`` calls :func:`install_recorder`, which notes each
    kernel launch's kernel and Numba argument types; at the end of the session
-   :func:`save` writes them to ``path``. A kernel made by a factory (a
+   :func:`save` merges them into ``path`` (each pytest-xdist worker its own, under
+   a lock: the file ends with every worker's launches). A kernel made by a factory (a
    function that returns a ``@cuda.jit`` closure, such as the kernels
    specialised per dtype) is recorded with the factory and its arguments.
 2. Compiling (``python tests/ptx_signatures.py path``, with the real
@@ -24,6 +25,7 @@ it a stand-in device with the target's capability.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import pickle
@@ -111,14 +113,36 @@ def install_recorder() -> None:
     fake._ptx_recording = True
 
 
+@contextlib.contextmanager
+def _locked(path):
+    """Hold an exclusive lock on ``path``'s lock file (``path.lock``): one process at a time
+    reads, merges and writes ``path``."""
+    import fcntl
+
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def save(path) -> int:
     """Write the recorded signatures to ``path`` (merged with any already there); returns
-    how many there are."""
+    how many there are.
+
+    Several processes may save to one path (the pytest-xdist workers, each recording
+    the launches of its own tests): the read, merge and write happen under a lock,
+    so no process's records overwrite another's, and the file is replaced whole.
+    """
     path = Path(path)
-    records = set(_records)
-    if path.exists():
-        records |= pickle.loads(path.read_bytes())
-    path.write_bytes(pickle.dumps(records))
+    with _locked(path):
+        records = set(_records)
+        if path.exists():
+            records |= pickle.loads(path.read_bytes())
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        partial.write_bytes(pickle.dumps(records))
+        os.replace(partial, path)
     return len(records)
 
 

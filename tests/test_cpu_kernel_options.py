@@ -29,7 +29,10 @@ def _dispatchers():
                 yield f"{module.__name__.rsplit('.', 1)[-1]}.{name}", value
 
 
-@pytest.mark.parametrize("name, dispatcher", list(_dispatchers()), ids=lambda v: str(v)[:40])
+# Ids by name: a dispatcher's repr holds its address, which differs between the
+# pytest-xdist workers (they must collect the same ids).
+@pytest.mark.parametrize("name, dispatcher", [pytest.param(*case, id=case[0])
+                                              for case in _dispatchers()])
 def test_every_cpu_kernel_is_cached_nogil_and_without_the_runtime(name, dispatcher):
     options = dispatcher.targetoptions
     assert type(dispatcher._cache).__name__ == "FunctionCache", name

@@ -93,3 +93,28 @@ def test_a_kernel_nvvm_refuses_fails_the_check_and_numbapos_kernels_compile(tmp_
     assert done.returncode == 1
     assert "FAILED sm_80: broken_kernels.allocates" in done.stdout
     assert " 1 failed" in done.stdout
+
+
+def test_processes_saving_to_one_file_keep_each_others_records(tmp_path, monkeypatch):
+    """The pytest-xdist workers all save to one PTX_SIGNATURES file: a save waits while
+    another process merges, then adds its records to that process's, losing none."""
+    import threading
+
+    sys.path.insert(0, str(TESTS))
+    try:
+        import ptx_signatures
+    finally:
+        sys.path.remove(str(TESTS))
+    path = tmp_path / "signatures.pkl"
+    ours, theirs = ("m", "ours", None, ()), ("m", "theirs", None, ())
+    monkeypatch.setattr(ptx_signatures, "_records", {ours})
+    with ptx_signatures._locked(path):  # another worker is between its read and its write
+        saving = threading.Thread(target=ptx_signatures.save, args=(path,))
+        saving.start()
+        saving.join(0.5)
+        assert saving.is_alive(), "save() did not wait for the other process's merge"
+        path.write_bytes(pickle.dumps({theirs}))
+    saving.join(30)
+    assert not saving.is_alive()
+    assert pickle.loads(path.read_bytes()) == {ours, theirs}
+    assert ptx_signatures.save(path) == 2  # saving again adds nothing new
