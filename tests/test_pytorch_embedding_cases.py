@@ -91,7 +91,8 @@ def test_embedding_from_pretrained(tdtype):
 def test_embedding_from_pretrained_integer_tables_are_a_documented_difference(tdtype):
     a = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=tdtype)
     torch.nn.Embedding.from_pretrained(a)  # PyTorch accepts a frozen integer table
-    with pytest.raises(TypeError, match="embeddings: expected dtype float32 or float64"):
+    with pytest.raises(TypeError, match="embeddings: expected dtype float32, float64, bfloat16 "
+                                        "or float16, got "):
         nn.Embedding.from_pretrained(a)
 
 
