@@ -334,3 +334,14 @@ def test_not_equal_mask(rng, index_dtype, n):
     expected = np.empty(n, np.bool_)
     cpu.not_equal_mask(flat, 2, expected)
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float64])
+def test_contiguous_casts_on_the_device(dtype):
+    # arrays.contiguous with another dtype: an elementwise cast kernel, no host copy.
+    x = np.array([[3, -1], [7, 2]], np.int32)
+    got = gpu_arrays.contiguous(dev(x), dtype)
+    assert got.dtype == np.dtype(dtype) and got.shape == x.shape
+    np.testing.assert_array_equal(got.copy_to_host(), x.astype(dtype))
+    same = dev(x)
+    assert gpu_arrays.contiguous(same, np.int32) is same  # no copy when nothing changes
