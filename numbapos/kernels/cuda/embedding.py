@@ -90,14 +90,7 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
         return
     groups = group_rows(flat, None, weight.shape[0])
     norm_type = float(norm_type)
-    if norm_type == math.inf:
-        kind = _NORM_INF
-    elif norm_type == 2.0:
-        kind = _NORM_2
-    elif norm_type == 1.0:
-        kind = _NORM_1
-    else:
-        kind = _NORM_P
+    kind = norm_kind(norm_type)
     _renorm_rows_[min(flat.size, MAX_BLOCKS), _tree_threads(weight.shape[1])](
         weight, groups.rows, groups.used, float(max_norm), kind, norm_type,
         errors.device_word())
@@ -145,6 +138,18 @@ def not_equal_mask(flat, value, out):
 
 
 # ---------------------------------------------------------------- launcher helpers
+
+
+def norm_kind(norm_type: float) -> int:
+    """The renorm kernels' branch for a p-norm: ``_NORM_INF``, ``_NORM_2``, ``_NORM_1`` or
+    ``_NORM_P`` (the CPU's branches on ``norm_type``)."""
+    if norm_type == math.inf:
+        return _NORM_INF
+    if norm_type == 2.0:
+        return _NORM_2
+    if norm_type == 1.0:
+        return _NORM_1
+    return _NORM_P
 
 
 def _row_threads(dim: int, per_thread: int = 1) -> int:

@@ -25,13 +25,11 @@ from ..halfbits import (
 from ..hash import dropout_bits_keyed, dropout_key
 from . import arrays, errors
 from .arrays import MAX_BLOCKS, THREADS, grid
-from .embedding import group_rows
+from .embedding import _NORM_1, _NORM_2, _NORM_INF, _NORM_P, group_rows, norm_kind
 from .fpmath import mul_rn
 
 __all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_",
            "store_half_rows_", "widen_half_rows"]
-
-_NORM_INF, _NORM_2, _NORM_1, _NORM_P = 0, 1, 2, 3
 
 
 # ---------------------------------------------------------------- launchers
@@ -68,14 +66,7 @@ def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
         return
     groups = group_rows(flat, None, table.shape[0])
     norm_type = float(norm_type)
-    if norm_type == math.inf:
-        kind = _NORM_INF
-    elif norm_type == 2.0:
-        kind = _NORM_2
-    elif norm_type == 1.0:
-        kind = _NORM_1
-    else:
-        kind = _NORM_P
+    kind = norm_kind(norm_type)
     _renorm_rows[min(flat.size, MAX_BLOCKS), _row_threads(table.shape[1])](
         table, groups.rows, groups.used, float(max_norm), kind, norm_type, int64(fmt),
         errors.device_word())
