@@ -4,8 +4,9 @@ A busy neighbour is one process spinning in a Python loop (``while True:
 pass``), optionally pinned to the last core. It is started once and
 switched on and off with SIGCONT / SIGSTOP, so the conditions of each op
 are timed in the same seconds, round by round, the order rotating, each
-after 0.3 s in its state (numbapos looks at the other processes' load over
-the last 0.1 s):
+after 0.3 s of unmeasured calls in its state (numbapos looks at the other
+processes' load over the last 0.1 s, when a call samples it: after a sleep
+its first window would still describe the previous condition):
 
 - ``quiet``: the neighbour stopped; numbapos as configured;
 - ``busy``: the neighbour running; numbapos as configured;
@@ -80,11 +81,13 @@ def measure(rounds: int = 7, pin: bool = False, only: str | None = None,
                     condition = CONDITIONS[(r + i) % len(CONDITIONS)]
                     os.kill(neighbour.pid,
                             signal.SIGSTOP if condition.startswith("quiet") else signal.SIGCONT)
-                    time.sleep(settle_s)
                     threshold = SERIAL if condition.endswith("serial") else \
                         config.get("parallel_min_elements")
                     with config.override(parallel_min_elements=threshold):
-                        fn()  # one call unmeasured: the first after the switch
+                        # Calls, unmeasured, for settle_s after the switch: numbapos's view
+                        # of the other processes' load (a window of 0.1 s, sampled only by
+                        # calls) then describes this condition, not the previous one.
+                        _per_call(fn, settle_s)
                         times[condition].append(_per_call(fn, min_s))
             row = {c: median(t) * 1e3 for c, t in times.items()}
             row["busy_over_quiet"] = row["busy"] / row["quiet"]
