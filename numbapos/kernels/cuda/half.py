@@ -70,7 +70,8 @@ def copy_half_rows(flat, table, out):
     if flat.size and out.shape[1]:
         word, host = errors.words()
         if vector.aligned(table, out):
-            _gather_rows_vec[min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1] // 16)](
+            pairs = max(1, out.shape[1] // 16)  # the vector gather moves 2 x 8 values a thread
+            _gather_rows_vec[min(flat.size, MAX_BLOCKS), _row_threads(pairs)](
                 flat, table, out, vector.lanes(table.dtype), word, host, errors.tag())
         else:
             _copy_rows[min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1])](

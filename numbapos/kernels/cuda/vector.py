@@ -55,7 +55,7 @@ def aligned(*arrays) -> bool:
     for arr in arrays:
         itemsize = arr.dtype.itemsize
         rows, dim = arr.shape
-        if rows == 0 or (dim * itemsize) % VECTOR_BYTES:
+        if rows == 0 or dim == 0 or (dim * itemsize) % VECTOR_BYTES:
             return False
         row_stride, col_stride = arr.strides
         if (col_stride != itemsize or (rows > 1 and row_stride % VECTOR_BYTES)
@@ -108,27 +108,60 @@ if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
             return None
         return types.UniTuple(array.dtype, VECTOR_BYTES // width)
 
-    def _vector_types(dtype):
-        """``(memory, value)`` LLVM vector types of 16 bytes of ``dtype``: elements narrower
-        than 32 bits move as ``<4 x i32>`` (NVPTX splits ``<8 x i16>`` into two 8-byte
-        accesses) and are bitcast to their own vector type."""
+    def _vector_type(dtype):
+        """The LLVM type 16 bytes of ``dtype`` move as: ``<N x T>`` for 32- and 64-bit
+        elements, ``<4 x i32>`` for narrower ones (NVPTX splits ``<8 x i16>`` into two
+        8-byte accesses, and LLVM folds a bitcast of the loaded words back into that)."""
         bits = dtype.bitwidth
-        value = ir.VectorType(ir.IntType(bits) if isinstance(dtype, types.Integer)
-                              else (ir.FloatType() if bits == 32 else ir.DoubleType()),
-                              VECTOR_BYTES * 8 // bits)
-        memory = value if bits >= 32 else ir.VectorType(ir.IntType(32), VECTOR_BYTES // 4)
-        return memory, value
+        if bits < 32:
+            return ir.VectorType(ir.IntType(32), VECTOR_BYTES // 4)
+        element = ir.IntType(bits) if isinstance(dtype, types.Integer) else (
+            ir.FloatType() if bits == 32 else ir.DoubleType())
+        return ir.VectorType(element, VECTOR_BYTES * 8 // bits)
 
-    def _vector_pointer(context, builder, aryty, ary, ity, i, jty, j, memory):
-        """``&ary[i, j]`` as a global-memory pointer to the ``memory`` vector type (device
+    def _unpack(builder, vector, dtype):
+        """The elements of a loaded vector, in memory order (narrow ones cut out of the
+        32-bit words by shifts: the GPU is little-endian)."""
+        count = vector.type.count
+        words = [builder.extract_element(vector, ir.Constant(ir.IntType(32), k))
+                 for k in range(count)]
+        bits = dtype.bitwidth
+        if bits >= 32:
+            return words
+        narrow = ir.IntType(bits)
+        return [builder.trunc(builder.lshr(word, ir.Constant(word.type, shift)), narrow)
+                for word in words for shift in range(0, 32, bits)]
+
+    def _pack(builder, values, vtype, dtype):
+        """A vector of type ``vtype`` holding ``values`` (elements of ``dtype``) in memory
+        order: the inverse of :func:`_unpack`."""
+        bits = dtype.bitwidth
+        if bits < 32:
+            per = 32 // bits
+            words = []
+            for k in range(0, len(values), per):
+                word = ir.Constant(ir.IntType(32), 0)
+                for m in range(per):
+                    part = builder.zext(values[k + m], ir.IntType(32))
+                    word = builder.or_(word, builder.shl(part, ir.Constant(ir.IntType(32),
+                                                                             m * bits)))
+                words.append(word)
+            values = words
+        vector = ir.Constant(vtype, ir.Undefined)
+        for k, value in enumerate(values):
+            vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), k))
+        return vector
+
+    def _vector_pointer(context, builder, aryty, ary, ity, i, jty, j, vtype):
+        """``&ary[i, j]`` as a global-memory pointer to the vector type ``vtype`` (device
         arrays live in global memory; saying so keeps ``ld.global`` for strided views,
         where NVVM would otherwise emit generic loads)."""
         array = context.make_array(aryty)(context, builder, value=ary)
         indices = [context.cast(builder, i, ity, types.intp),
                    context.cast(builder, j, jty, types.intp)]
         ptr = cgutils.get_item_pointer(context, builder, aryty, array, indices)
-        ptr = builder.bitcast(ptr, memory.as_pointer())
-        return builder.addrspacecast(ptr, memory.as_pointer(_GLOBAL))
+        ptr = builder.bitcast(ptr, vtype.as_pointer())
+        return builder.addrspacecast(ptr, vtype.as_pointer(_GLOBAL))
 
     @intrinsic
     def _load16(typingctx, array, i, j):
@@ -138,12 +171,11 @@ if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
 
         def codegen(context, builder, sig, args):
             aryty, ity, jty = sig.args
-            memory, value = _vector_types(aryty.dtype)
+            vtype = _vector_type(aryty.dtype)
             ptr = _vector_pointer(context, builder, aryty, args[0], ity, args[1], jty, args[2],
-                                  memory)
-            vector = builder.bitcast(builder.load(ptr, align=VECTOR_BYTES), value)
-            values = [builder.extract_element(vector, ir.Constant(ir.IntType(32), k))
-                      for k in range(tuple_type.count)]
+                                  vtype)
+            vector = builder.load(ptr, align=VECTOR_BYTES)
+            values = _unpack(builder, vector, aryty.dtype)
             return context.make_tuple(builder, sig.return_type, values)
 
         return tuple_type(array, i, j), codegen
@@ -158,15 +190,12 @@ if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
 
         def codegen(context, builder, sig, args):
             aryty, ity, jty, valty = sig.args
-            memory, value = _vector_types(aryty.dtype)
+            vtype = _vector_type(aryty.dtype)
             ptr = _vector_pointer(context, builder, aryty, args[0], ity, args[1], jty, args[2],
-                                  memory)
-            vector = ir.Constant(value, ir.Undefined)
-            for k in range(valty.count):
-                value = context.cast(builder, builder.extract_value(args[3], k), valty.dtype,
-                                     aryty.dtype)
-                vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), k))
-            builder.store(builder.bitcast(vector, memory), ptr, align=VECTOR_BYTES)
+                                  vtype)
+            values = [context.cast(builder, builder.extract_value(args[3], k), valty.dtype,
+                                   aryty.dtype) for k in range(valty.count)]
+            builder.store(_pack(builder, values, vtype, aryty.dtype), ptr, align=VECTOR_BYTES)
             return context.get_dummy_value()
 
         return types.void(array, i, j, values), codegen
