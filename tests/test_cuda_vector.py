@@ -23,7 +23,7 @@ from conftest import dev
 from cuda_counts import count_cuda_traffic
 from numba import cuda, float32
 
-from numbapos._args import DropoutArgs
+from numbapos._args import BertIds, BertTables, DropoutArgs
 from numbapos.kernels.cpu import blocks as cpu_blocks
 from numbapos.kernels.cpu import embedding as cpu
 from numbapos.kernels.cpu import half as cpu_half
@@ -122,6 +122,18 @@ def test_gather_takes_the_scalar_kernel_for_a_misaligned_output(rng):
     np.testing.assert_array_equal(bits(out), bits(weight.copy_to_host()[flat]))
 
 
+def test_the_simulated_vector_load_refuses_a_misaligned_row(rng):
+    """What a GPU would fault on fails on the simulator too: a wrong host decision shows."""
+    from numbapos.kernels.cuda import errors
+
+    weight = placed(rng.normal(size=(4, 9)).astype(np.float32))[:, 1:]
+    out = placed(np.zeros((2, 8), np.float32))
+    word, host = errors.words()
+    with pytest.raises(AssertionError, match="misaligned"):
+        gpu._gather_rows_vec[1, 32](dev(np.array([0, 1])), weight, out, 4, word, host,
+                                    errors.tag())
+
+
 def test_vector_gather_zero_fills_a_bad_row_and_defers_the_error(rng):
     import numbapos
 
@@ -192,6 +204,68 @@ def test_gpt2_forward_is_the_cpus_bits_on_both_paths(rng, p, dim, kernel):
     np.testing.assert_array_equal(bits(y), bits(want))
     if p:
         assert (want == 0).any()  # dropout did drop something
+
+
+# ---------------------------------------------------------------- BERT forward
+
+
+def _bert(rng, tokens, dim, affine, bad=None):
+    """BERT ids and tables (host), word ids with ``bad`` at position 1 when given."""
+    words = rng.integers(0, 7, tokens)
+    if bad is not None:
+        words[1] = bad
+    ids = BertIds(words, rng.integers(0, 5, tokens), rng.integers(0, 2, tokens))
+    tables = BertTables((rng.normal(size=(7, dim)) + 2).astype(np.float32),
+                        rng.normal(size=(5, dim)).astype(np.float32),
+                        rng.normal(size=(2, dim)).astype(np.float32),
+                        (1 + 0.5 * rng.normal(size=dim)).astype(np.float32) if affine else None,
+                        rng.normal(size=dim).astype(np.float32) if affine else None)
+    return ids, tables
+
+
+def _gpu_bert(ids, tables, drop, offset=0):
+    tokens, dim = ids.word.size, tables.word.shape[1]
+    y = placed(np.full((tokens, dim), np.nan, np.float32))
+    mean, rstd = dev(np.full(tokens, np.nan, np.float32)), dev(np.full(tokens, np.nan,
+                                                                      np.float32))
+    d_ids = BertIds(*map(dev, ids))
+    d_tables = BertTables(*(None if t is None else placed(t, offset if t.ndim == 2 else 0)
+                            for t in tables))
+    names = launched(lambda: gpu_blocks.bert_forward(d_ids, d_tables, 1e-12, drop, y, mean,
+                                                     rstd))
+    return names, y.copy_to_host(), mean.copy_to_host(), rstd.copy_to_host()
+
+
+@pytest.mark.parametrize("affine, p", [(True, 0.0), (True, 0.5), (False, 0.5)])
+@pytest.mark.parametrize("dim, offset, kernel", [
+    (8, 0, "_bert_forward_vec"),
+    (520, 0, "_bert_forward_vec"),  # more vectors than threads: two rounds for some
+    (8, 4, "bert_forward_tokens"),  # tables 4 bytes past a boundary
+    (6, 0, "bert_forward_tokens"),  # D % 4 != 0
+])
+def test_bert_forward_matches_the_cpu_on_both_paths(rng, affine, p, dim, offset, kernel):
+    ids, tables = _bert(rng, 3, dim, affine)
+    drop = DropoutArgs.make(p, seed=5, counter=2)
+    names, y, mean, rstd = _gpu_bert(ids, tables, drop, offset)
+    assert names == [kernel]
+    want = [np.empty((3, dim), np.float32), np.empty(3, np.float32), np.empty(3, np.float32)]
+    cpu_blocks.bert_forward(ids, tables, 1e-12, drop, *want)
+    for got, expect in zip((y, mean, rstd), want, strict=True):
+        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(y == 0, want[0] == 0)  # the same dropout mask
+    assert (y == 0).any() == bool(p)
+
+
+def test_vector_bert_forward_zero_fills_a_bad_token_and_defers_the_error(rng):
+    import numbapos
+
+    ids, tables = _bert(rng, 3, 8, True, bad=9)
+    names, y, mean, rstd = _gpu_bert(ids, tables, DropoutArgs.make(0.0, 0, 0))
+    assert names == ["_bert_forward_vec"]
+    with pytest.raises(IndexError, match=r"input_ids: index 9 \(at flat position 1\)"):
+        numbapos.synchronize()
+    assert not y[1].any() and mean[1] == 0 and rstd[1] == 0
+    assert np.isfinite(y).all() and y[0].any() and y[2].any()
 
 
 # ---------------------------------------------------------------- 16-bit lookups
@@ -282,6 +356,7 @@ PTX = textwrap.dedent("""
     ptx_signatures._stand_in_device((9, 0))
     i64 = numba.typeof(np.zeros(3, np.int64))
     f32 = numba.typeof(np.zeros((2, 4), np.float32))
+    f1 = numba.typeof(np.zeros(4, np.float32))
     u16 = numba.typeof(np.zeros((2, 8), np.uint16))
     u32 = numba.typeof(np.zeros((2, 8), np.uint32))
     n = numba.int64
@@ -299,6 +374,10 @@ PTX = textwrap.dedent("""
         "gpt2_vec": (blocks._gpt2_forward_vec,
                      (i64, i64, b, n, n, f32, f32, u64, u64, u64, numba.float32, b,
                       numba.float32, f32, i64, i64, n, n)),
+        "bert_vec": (blocks._bert_forward_vec,
+                     (i64, i64, b, n, n, i64, b, n, n, f32, f32, f32, f1, f1, b, b,
+                      numba.float32, u64, u64, u64, numba.float32, b, f32, f1, f1, i64, i64, n,
+                      n, n)),
         "copy16_vec": (embedding._gather_rows_vec, (i64, u16, u16, n, *err)),
         "widen_vec": (half._widen_rows_vec, (i64, u16, n, u32, *err)),
     }
@@ -328,7 +407,7 @@ def test_vector_kernels_compile_to_16_byte_accesses():
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     found = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()}
-    for name in ("gather_vec", "gather_view_vec", "sum_vec", "gpt2_vec"):
+    for name in ("gather_vec", "gather_view_vec", "sum_vec", "gpt2_vec", "bert_vec"):
         loads, stores = found[name]
         assert "ld.global.v4.f32" in loads.split(","), (name, loads)
         assert "st.global.v4.f32" in stores.split(","), (name, stores)
