@@ -38,11 +38,18 @@ def lanes(dtype) -> int:
 
 
 def address(arr) -> int:
-    """The device address of ``arr``'s first element (the simulator's host address there)."""
-    try:
-        return arr.__cuda_array_interface__["data"][0]
-    except AttributeError:  # the simulator's arrays are NumPy arrays in disguise
-        return arr.__array_interface__["data"][0]
+    """The device address of ``arr``'s first element (the simulator's host address there).
+
+    A Numba device array's pointer is read directly (what its
+    ``__cuda_array_interface__`` reports, without building that dict).
+    """
+    pointer = getattr(arr, "device_ctypes_pointer", None)
+    if pointer is not None:
+        return pointer.value or 0
+    interface = getattr(arr, "__cuda_array_interface__", None)
+    if interface is not None:
+        return interface["data"][0]
+    return arr.__array_interface__["data"][0]  # the simulator's arrays: NumPy in disguise
 
 
 def aligned(*arrays) -> bool:
