@@ -385,7 +385,9 @@ PTX = textwrap.dedent("""
         ptx, _ = cuda.compile_ptx(kernel.py_func, argtypes, cc=(9, 0))
         loads = sorted({w for w in ptx.split() if w.startswith("ld.global.v")})
         stores = sorted({w for w in ptx.split() if w.startswith("st.global.v")})
-        print(name, ",".join(loads) or "-", ",".join(stores) or "-")
+        order = "".join("L" if w.startswith("ld.global.v") else "S" for w in ptx.split()
+                        if w.startswith(("ld.global.v", "st.global.v")))
+        print(name, ",".join(loads) or "-", ",".join(stores) or "-", order or "-")
 """)
 
 
@@ -408,11 +410,14 @@ def test_vector_kernels_compile_to_16_byte_accesses():
     assert done.returncode == 0, done.stderr
     found = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()}
     for name in ("gather_vec", "gather_view_vec", "sum_vec", "gpt2_vec", "bert_vec"):
-        loads, stores = found[name]
+        loads, stores, _ = found[name]
         assert "ld.global.v4.f32" in loads.split(","), (name, loads)
         assert "st.global.v4.f32" in stores.split(","), (name, stores)
     for name in ("copy16_vec", "widen_vec"):  # 8 x 16 bits move as 4 x 32
-        loads, stores = found[name]
+        loads, stores, _ = found[name]
         assert "ld.global.v4.u32" in loads.split(","), (name, loads)
         assert stores.startswith("st.global.v4."), (name, stores)
-    assert found["gather"] == ["-", "-"]  # the scalar twin: 4-byte accesses only
+    # Two vectors in flight per thread: both loads are issued before the first store.
+    assert found["gather_vec"][2].startswith("LLSS"), found["gather_vec"]
+    assert found["sum_vec"][2].startswith("LLLL"), found["sum_vec"]
+    assert found["gather"] == ["-", "-", "-"]  # the scalar twin: 4-byte accesses only
