@@ -276,9 +276,10 @@ def _renorm_rows_(weight, rows, used, max_norm, kind, norm_type, word):
 
     One block per row (a power of two of threads, at most THREADS): each thread
     accumulates a strided part of the row in float64 (as the CPU), then the
-    shared-memory tree of :mod:`.reduce` combines the parts. Every thread of a block runs the
-    same row loop, so the barriers are reached uniformly. ``used[0]`` rows are
-    listed; nothing is clipped while an index error is pending.
+    shared-memory tree of :mod:`.reduce` combines the parts. Every thread of a
+    block runs the same row loop, so the barriers are reached uniformly.
+    ``used[0]`` rows are listed; nothing is clipped while an index error is
+    pending.
     """
     if errors.is_pending(word):
         return
