@@ -11,9 +11,13 @@ BERT forward: one block per token (blocks stride over the tokens), threads
 along D. Each thread writes its elements of
 ``s = (word[w] + token_type[k]) + position[p]`` (the add order of the CPU and
 of Hugging Face) into ``y[t]``, the block reduces the corrected two-pass
-moments in shared memory (:mod:`.normalization`), and each thread then
+moments in shared memory (:mod:`.reduce`), and each thread then
 normalises, applies gamma / beta and the dropout mask to its own elements in
 place.
+
+For float32 tables and output whose rows are whole, 16-byte aligned vectors
+(:func:`.vector.aligned`, D % 4 == 0) the forward runs by 16-byte loads and
+stores (``_bert_forward_vec``); otherwise by elements.
 
 BERT backward: one block per token writes ``grad_sum[t]`` (``s`` recomputed from
 the tables, ``grad_y`` masked by dropout, then the LayerNorm row backward).
@@ -28,7 +32,11 @@ token-type gradient is an ordered sum of ``grad_sum``, which itself agrees with
 the CPU to a few ulp.
 
 GPT-2 forward: one block per token, ``y[t, d] = (wte[ids[t], d] + wpe[pos[t], d]) *
-mask``, bit-identical to the CPU.
+mask``, bit-identical to the CPU. For float32 tables whose rows are whole,
+16-byte aligned vectors (:func:`.vector.aligned`, D % 4 == 0) it runs by
+16-byte loads and stores (``_gpt2_forward_vec``: each thread adds 4 adjacent
+columns, the same operations per element, the same bits); otherwise by
+elements.
 
 Nothing here reads data back to the host, and each forward is ONE launch.
 Ids are checked inside the kernels that read them: a bad word id, token type
@@ -46,21 +54,16 @@ import math
 from functools import cache
 
 import numpy as np
-from numba import cuda, int64
+from numba import cuda, float32, int64
 
 from ..._args import NO_DROPOUT, TiledIds, chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
-from . import errors
+from . import errors, vector
 from .arrays import THREADS, grid
 from .fpmath import mul_for, numba_float
-from .normalization import (
-    add_partials,
-    block_sum,
-    block_sum2,
-    fill_zero,
-    moments,
-    row_blocks,
-)
+from .normalization import add_partials, fill_zero, moments, row_blocks
+from .reduce import block_sum, block_sum2
+from .vector import load16, store16
 
 __all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked", "tile_ids"]
 
@@ -116,6 +119,15 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd):
         return
     dtype = y.dtype
     word, host = errors.words()
+    if _vector_rows(y, tables.word, tables.position, tables.token_type):
+        _bert_forward_vec[row_blocks(num_tokens), THREADS](
+            ids.word, *_ids_args(ids.position, num_tokens),
+            *_ids_args(ids.token_type, num_tokens), tables.word, tables.position,
+            tables.token_type, *_affine_args(tables, dtype), dtype.type(eps),
+            *_drop_scalars(drop, dtype), y, mean, rstd, word, host, errors.tag(*_WORD_TAG),
+            errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
+        errors.after_launch()
+        return
     _bert_forward_kernel(dtype)[row_blocks(num_tokens), THREADS](
         ids.word, *_ids_args(ids.position, num_tokens), *_ids_args(ids.token_type, num_tokens),
         tables.word, tables.position, tables.token_type, *_affine_args(tables, dtype),
@@ -194,9 +206,15 @@ def gpt2_forward(ids, pos, wte, wpe, drop, y):
     if num_tokens == 0 or dim == 0:
         return
     word, host = errors.words()
-    _gpt2_forward[row_blocks(num_tokens), _row_threads(dim)](
-        ids, *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
-        y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG), errors.tag(*_GPT2_POSITION_TAG))
+    if _vector_rows(y, wte, wpe):
+        _gpt2_forward_vec[row_blocks(num_tokens), _row_threads(dim // 4)](
+            ids, *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
+            y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG),
+            errors.tag(*_GPT2_POSITION_TAG))
+    else:
+        _gpt2_forward[row_blocks(num_tokens), _row_threads(dim)](
+            ids, *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
+            y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG), errors.tag(*_GPT2_POSITION_TAG))
     errors.after_launch()
 
 
@@ -210,6 +228,11 @@ def tile_ids(values, start, length, out):
         has = values is not None
         vals = values if has else _placeholder(np.int64)
         _tile_ids[grid(out.size), THREADS](vals, has, int64(start), int64(max(length, 1)), out)
+
+
+def _vector_rows(*arrays) -> bool:
+    """Whether float32 rows can be moved by 16-byte vectors (:func:`.vector.aligned`)."""
+    return all(a.dtype == np.float32 for a in arrays) and vector.aligned(*arrays)
 
 
 def _row_threads(dim: int) -> int:
@@ -234,6 +257,50 @@ def _outside(value, size):
     return value < 0 or value >= size
 
 
+@cuda.jit(device=True)
+def _bert_bad_token(t, w, k, p, word, position, token_type, y, mean, rstd, zero, err,
+                    err_host, word_tag, pos_tag, type_tag):
+    """Whether token ``t``'s ids ``w`` / ``k`` / ``p`` are out of range; if so, thread 0
+    records them (word, token type, then position: the CPU's order) and zeroes its mean
+    and rstd, and the block zero-fills ``y[t]``."""
+    bad_w = _outside(w, word.shape[0])
+    bad_k = _outside(k, token_type.shape[0])
+    bad_p = _outside(p, position.shape[0])
+    if not (bad_w or bad_k or bad_p):
+        return False
+    if cuda.threadIdx.x == 0:
+        if bad_w:
+            errors.record(err, err_host, int64(t), w, int64(word.shape[0]), word_tag)
+        if bad_k:
+            errors.record(err, err_host, int64(t), k, int64(token_type.shape[0]), type_tag)
+        if bad_p:
+            errors.record(err, err_host, int64(t), p, int64(position.shape[0]), pos_tag)
+        mean[t] = zero
+        rstd[t] = zero
+    for d in range(cuda.threadIdx.x, y.shape[1], cuda.blockDim.x):
+        y[t, d] = zero
+    return True
+
+
+@cuda.jit(device=True)
+def _bert_output(s, m, r, gamma, beta, has_gamma, has_beta, d, key, index, threshold, scale,
+                 active, one, zero):
+    """Element ``d`` of a BERT output from its row sum ``s``: normalised, gamma / beta
+    (or the ones / zeros the CPU uses), then the dropout mask of element ``index``."""
+    v = (s - m) * r
+    if has_gamma:
+        v = v * gamma[d]
+    else:
+        v = v * one
+    if has_beta:
+        v = v + beta[d]
+    else:
+        v = v + zero
+    if active:
+        v = v * (scale if keeps(key, index, threshold) else zero)
+    return v
+
+
 @cache
 def _bert_forward_kernel(dtype):
     nbt = numba_float(dtype)
@@ -246,8 +313,7 @@ def _bert_forward_kernel(dtype):
         """One block per token: check its ids, ``s`` into ``y[t]``, moments, then normalise
         (+ dropout). A token with a bad id records it (thread 0: word, token type, then
         position, the CPU's order) and gets zeros."""
-        sh_a = cuda.shared.array(THREADS, nbt)
-        sh_b = cuda.shared.array(THREADS, nbt)
+        sh = cuda.shared.array((2, THREADS), nbt)
         tid = cuda.threadIdx.x
         num_tokens, dim = y.shape
         zero = nbt(0)
@@ -259,58 +325,95 @@ def _bert_forward_kernel(dtype):
             w = int64(word_ids[t])
             k = _id_at(type_vals, type_has, type_start, type_len, t)
             p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
-            bad_w = _outside(w, word.shape[0])
-            bad_k = _outside(k, token_type.shape[0])
-            bad_p = _outside(p, position.shape[0])
-            if bad_w or bad_k or bad_p:  # the same for every thread of the block
-                if tid == 0:
-                    if bad_w:
-                        errors.record(err, err_host, int64(t), w, int64(word.shape[0]),
-                                      word_tag)
-                    if bad_k:
-                        errors.record(err, err_host, int64(t), k,
-                                      int64(token_type.shape[0]), type_tag)
-                    if bad_p:
-                        errors.record(err, err_host, int64(t), p, int64(position.shape[0]),
-                                      pos_tag)
-                    mean[t] = zero
-                    rstd[t] = zero
-                for d in range(tid, dim, THREADS):
-                    y[t, d] = zero
-                continue
+            if _bert_bad_token(t, w, k, p, word, position, token_type, y, mean, rstd, zero, err,
+                               err_host, word_tag, pos_tag, type_tag):
+                continue  # the same for every thread of the block
             acc = zero
             for d in range(tid, dim, THREADS):
                 s = (word[w, d] + token_type[k, d]) + position[p, d]
                 y[t, d] = s
                 acc += s
-            first = block_sum(sh_a, acc) / n
+            first = block_sum(sh, acc, tid, THREADS) / n
             c = zero
             q = zero
             for d in range(tid, dim, THREADS):  # each thread reads back its own writes
                 dev = y[t, d] - first
                 c += dev
                 q += dev * dev
-            c, q = block_sum2(sh_a, sh_b, c, q)
+            c, q = block_sum2(sh, c, q, tid, THREADS)
             m, r = moments(first, c, q, n, eps, zero, one, inf)
             base = t * dim
             for d in range(tid, dim, THREADS):
-                v = (y[t, d] - m) * r
-                if has_gamma:
-                    v = v * gamma[d]
-                else:
-                    v = v * one
-                if has_beta:
-                    v = v + beta[d]
-                else:
-                    v = v + zero
-                if active:
-                    v = v * (scale if keeps(key, base + d, threshold) else zero)
-                y[t, d] = v
+                y[t, d] = _bert_output(y[t, d], m, r, gamma, beta, has_gamma, has_beta, d,
+                                       key, base + d, threshold, scale, active, one, zero)
             if tid == 0:
                 mean[t] = m
                 rstd[t] = r
 
     return bert_forward_tokens
+
+
+@cuda.jit
+def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals, type_has,
+                      type_start, type_len, word, position, token_type, gamma, beta, has_gamma,
+                      has_beta, eps, seed, counter, threshold, scale, active, y, mean, rstd, err,
+                      err_host, word_tag, pos_tag, type_tag):
+    """The float32 BERT forward by 16-byte vectors (the launcher checked
+    :func:`.vector.aligned` for the three tables and ``y``): each thread owns 4 adjacent
+    columns at a time, with the three table loads of a vector in flight together. The
+    per-element arithmetic is the scalar kernel's; only which thread adds which elements
+    into the moments differs (the moments agree with the CPU to a few ulp, as there)."""
+    sh = cuda.shared.array((2, THREADS), float32)
+    tid = cuda.threadIdx.x
+    num_tokens, dim = y.shape
+    vectors = dim // 4
+    zero = float32(0)
+    one = float32(1)
+    n = float32(dim)
+    key = dropout_key(seed, counter)
+    for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
+        w = int64(word_ids[t])
+        k = _id_at(type_vals, type_has, type_start, type_len, t)
+        p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
+        if _bert_bad_token(t, w, k, p, word, position, token_type, y, mean, rstd, zero, err,
+                           err_host, word_tag, pos_tag, type_tag):
+            continue  # the same for every thread of the block
+        acc = zero
+        for v in range(tid, vectors, THREADS):
+            wv = load16(word, w, 4 * v)
+            kv = load16(token_type, k, 4 * v)
+            pv = load16(position, p, 4 * v)
+            s = ((wv[0] + kv[0]) + pv[0], (wv[1] + kv[1]) + pv[1], (wv[2] + kv[2]) + pv[2],
+                 (wv[3] + kv[3]) + pv[3])
+            store16(y, t, 4 * v, s)
+            for x in s:
+                acc += x
+        first = block_sum(sh, acc, tid, THREADS) / n
+        c = zero
+        q = zero
+        for v in range(tid, vectors, THREADS):  # each thread reads back its own writes
+            for x in load16(y, t, 4 * v):
+                dev = x - first
+                c += dev
+                q += dev * dev
+        c, q = block_sum2(sh, c, q, tid, THREADS)
+        m, r = moments(first, c, q, n, eps, zero, one, float32(math.inf))
+        base = t * dim
+        for v in range(tid, vectors, THREADS):
+            d = 4 * v
+            s = load16(y, t, d)
+            store16(y, t, d, (
+                _bert_output(s[0], m, r, gamma, beta, has_gamma, has_beta, d, key, base + d,
+                             threshold, scale, active, one, zero),
+                _bert_output(s[1], m, r, gamma, beta, has_gamma, has_beta, d + 1, key,
+                             base + d + 1, threshold, scale, active, one, zero),
+                _bert_output(s[2], m, r, gamma, beta, has_gamma, has_beta, d + 2, key,
+                             base + d + 2, threshold, scale, active, one, zero),
+                _bert_output(s[3], m, r, gamma, beta, has_gamma, has_beta, d + 3, key,
+                             base + d + 3, threshold, scale, active, one, zero)))
+        if tid == 0:
+            mean[t] = m
+            rstd[t] = r
 
 
 @cache
@@ -331,8 +434,7 @@ def _bert_backward_kernel(dtype):
         """
         if errors.is_pending(err):
             return
-        sh_a = cuda.shared.array(THREADS, nbt)
-        sh_b = cuda.shared.array(THREADS, nbt)
+        sh = cuda.shared.array((2, THREADS), nbt)
         tid = cuda.threadIdx.x
         num_tokens, dim = grad_y.shape
         zero = nbt(0)
@@ -360,7 +462,7 @@ def _bert_backward_kernel(dtype):
                 grad_sum[t, d] = g
                 sg += g
                 sgx += g * ((s - m) * r)
-            sg, sgx = block_sum2(sh_a, sh_b, sg, sgx)
+            sg, sgx = block_sum2(sh, sg, sgx, tid, THREADS)
             a = sg / n
             b = sgx / n
             for d in range(tid, dim, THREADS):
@@ -458,6 +560,50 @@ def _gpt2_forward(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, seed, co
             if active:
                 v = v * (scale if keeps(key, base + d, threshold) else zero)
             y[t, d] = v
+
+
+@cuda.jit(device=True)
+def _dropped(v, key, index, threshold, scale, zero, active):
+    """``v`` times element ``index``'s dropout factor (``scale`` or ``zero``) when ``active``."""
+    if active:
+        return v * (scale if keeps(key, index, threshold) else zero)
+    return v
+
+
+@cuda.jit
+def _gpt2_forward_vec(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, seed, counter,
+                      threshold, scale, active, zero, y, err, err_host, word_tag, pos_tag):
+    """:func:`_gpt2_forward` by float32 vectors (the launcher checked
+    :func:`.vector.aligned`): each thread loads 4 adjacent columns of both rows (two
+    16-byte loads in flight), adds and masks them element by element as there, and
+    stores them at once."""
+    num_tokens, dim = y.shape
+    key = dropout_key(seed, counter)
+    tid = cuda.threadIdx.x
+    for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
+        w = int64(ids[t])
+        p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
+        bad_w = _outside(w, wte.shape[0])
+        bad_p = _outside(p, wpe.shape[0])
+        if bad_w or bad_p:
+            if tid == 0:
+                if bad_w:
+                    errors.record(err, err_host, int64(t), w, int64(wte.shape[0]), word_tag)
+                if bad_p:
+                    errors.record(err, err_host, int64(t), p, int64(wpe.shape[0]), pos_tag)
+            for d in range(tid, dim, cuda.blockDim.x):
+                y[t, d] = zero
+            continue
+        base = t * dim
+        for v in range(tid, dim // 4, cuda.blockDim.x):
+            d = 4 * v
+            a = load16(wte, w, d)
+            b = load16(wpe, p, d)
+            i = base + d
+            store16(y, t, d, (_dropped(a[0] + b[0], key, i, threshold, scale, zero, active),
+                              _dropped(a[1] + b[1], key, i + 1, threshold, scale, zero, active),
+                              _dropped(a[2] + b[2], key, i + 2, threshold, scale, zero, active),
+                              _dropped(a[3] + b[3], key, i + 3, threshold, scale, zero, active)))
 
 
 @cuda.jit

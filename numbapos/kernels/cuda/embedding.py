@@ -14,6 +14,15 @@ grouped on the device (:mod:`.grouping`: a stable radix sort), the number of
 distinct rows stays there, and the kernels that consume the groups read it
 and exit early: each row is then summed in input order, exactly as the CPU
 does, so gradients are bit-identical to the CPU's, with no float atomics.
+
+The gather and the segment sums have a vector twin (``_gather_rows_vec``,
+``_sum_row_segments_vec``) that moves rows by 16-byte loads and stores
+(:mod:`.vector`: ``ld.global.v4.f32``, several vectors in flight per thread).
+The launcher takes it when :func:`.vector.aligned` holds for the arrays it
+reads and writes (16-byte aligned pointers and row strides, whole vectors per
+row: D % 4 == 0 for float32) and falls back to the scalar kernel otherwise;
+both give the same bits (the segment sums add the same terms in the same
+order, lane by lane). The vector segment sum is float32 only.
 """
 
 import math
@@ -21,9 +30,11 @@ import math
 import numpy as np
 from numba import cuda, float64, int64
 
-from . import errors, grouping
+from . import errors, grouping, vector
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .fpmath import cast_like, mul_rn
+from .reduce import block_max, block_sum
+from .vector import load16, store16
 
 __all__ = ["check_indices", "gather_rows", "gather_rows_checked", "group_rows",
            "not_equal_mask", "renorm_used_rows_", "scatter_rows", "sum_row_groups"]
@@ -61,8 +72,13 @@ def gather_rows(flat, weight, out):
     """
     if flat.size and weight.shape[1]:
         word, host = errors.words()
-        _gather_rows[min(flat.size, MAX_BLOCKS), _row_threads(weight.shape[1], _UNROLL)](
-            flat, weight, out, word, host, errors.tag())
+        if weight.dtype == out.dtype and vector.aligned(weight, out):
+            width = vector.lanes(weight.dtype)
+            _gather_rows_vec[min(flat.size, MAX_BLOCKS), _row_threads(weight.shape[1] // width, 2)](
+                flat, weight, out, width, word, host, errors.tag())
+        else:
+            _gather_rows[min(flat.size, MAX_BLOCKS), _row_threads(weight.shape[1], _UNROLL)](
+                flat, weight, out, word, host, errors.tag())
         errors.after_launch()
 
 
@@ -169,10 +185,20 @@ def _tree_threads(dim: int) -> int:
 def _launch_sum(grad, groups, dense, scale_grad_by_freq, out):
     """One block per group sums its positions into ``out`` (row ``rows[j]`` when ``dense``)."""
     n = groups.order.size
-    if n and grad.shape[1]:
+    if n and grad.shape[1] and _vector_sum(grad, out):
+        _sum_row_segments_vec[min(n, MAX_BLOCKS), _row_threads(grad.shape[1] // 4)](
+            grad, groups.order, groups.starts, groups.counts, groups.rows, groups.used,
+            bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
+    elif n and grad.shape[1]:
         _sum_row_segments[min(n, MAX_BLOCKS), _row_threads(grad.shape[1])](
             grad, groups.order, groups.starts, groups.counts, groups.rows, groups.used,
             bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
+
+
+def _vector_sum(grad, out) -> bool:
+    """Whether the segment sums can run by float32 vectors (:func:`.vector.aligned`)."""
+    return (grad.dtype == np.float32 and out.dtype == np.float32
+            and vector.aligned(grad, out))
 
 
 # ---------------------------------------------------------------- kernels
@@ -219,19 +245,45 @@ def _gather_rows(flat_idx, weight, out, word, host, which):
 
 
 @cuda.jit
+def _gather_rows_vec(flat_idx, weight, out, width, word, host, which):
+    """:func:`_gather_rows` by 16-byte vectors of ``width`` elements (the launcher checked
+    :func:`.vector.aligned`): each thread loads two vectors (32 bytes) before it stores
+    them. The id is read and checked once per row, as there."""
+    dim = weight.shape[1]
+    vectors = dim // width
+    step = cuda.blockDim.x
+    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+        row = errors.checked(word, host, flat_idx[i], i, weight.shape[0], which)
+        if row < 0:
+            for d in range(cuda.threadIdx.x, dim, step):
+                out[i, d] = 0
+            continue
+        v = cuda.threadIdx.x
+        while v + step < vectors:
+            a = load16(weight, row, v * width)
+            b = load16(weight, row, (v + step) * width)
+            store16(out, i, v * width, a)
+            store16(out, i, (v + step) * width, b)
+            v += 2 * step
+        if v < vectors:
+            store16(out, i, v * width, load16(weight, row, v * width))
+
+
+@cuda.jit
 def _renorm_rows_(weight, rows, used, max_norm, kind, norm_type, word):
     """Scale each listed (unique) row whose norm exceeds ``max_norm`` by
     ``max_norm / (norm + 1e-7)``, cast to the weight's dtype first (as the CPU).
 
     One block per row (a power of two of threads, at most THREADS): each thread
-    accumulates a strided part of the row in float64 (as the CPU), then a
-    shared-memory tree combines the parts. Every thread of a block runs the
-    same row loop, so the barriers are reached uniformly. ``used[0]`` rows are
-    listed; nothing is clipped while an index error is pending.
+    accumulates a strided part of the row in float64 (as the CPU), then the
+    shared-memory tree of :mod:`.reduce` combines the parts. Every thread of a
+    block runs the same row loop, so the barriers are reached uniformly.
+    ``used[0]`` rows are listed; nothing is clipped while an index error is
+    pending.
     """
     if errors.is_pending(word):
         return
-    acc_s = cuda.shared.array(THREADS, float64)
+    acc_s = cuda.shared.array((1, THREADS), float64)
     tid = cuda.threadIdx.x
     threads = cuda.blockDim.x
     dim = weight.shape[1]
@@ -249,19 +301,10 @@ def _renorm_rows_(weight, rows, used, max_norm, kind, norm_type, word):
                 acc += a
             else:
                 acc += a ** norm_type
-        acc_s[tid] = acc
-        cuda.syncthreads()
-        step = threads // 2
-        while step > 0:
-            if tid < step:
-                if kind == _NORM_INF:
-                    if acc_s[tid + step] > acc_s[tid]:
-                        acc_s[tid] = acc_s[tid + step]
-                else:
-                    acc_s[tid] += acc_s[tid + step]
-            cuda.syncthreads()
-            step //= 2
-        total = acc_s[0]
+        if kind == _NORM_INF:
+            total = block_max(acc_s, acc, tid, threads)
+        else:
+            total = block_sum(acc_s, acc, tid, threads)
         if kind == _NORM_2:
             norm = math.sqrt(total)
         elif kind == _NORM_P:
@@ -272,7 +315,6 @@ def _renorm_rows_(weight, rows, used, max_norm, kind, norm_type, word):
             scale = cast_like(max_norm / (norm + 1e-7), weight[row, 0])
             for d in range(tid, dim, threads):
                 weight[row, d] *= scale
-        cuda.syncthreads()  # everyone has read acc_s[0] before the next row overwrites it
 
 
 @cuda.jit
@@ -341,6 +383,67 @@ def segment_sum(grad, order, start, count, scale_by_freq, d):
         k += 4
     while k < end:
         acc = acc + grad[order[k], d]
+        k += 1
+    return acc
+
+
+@cuda.jit
+def _sum_row_segments_vec(grad, order, starts, counts, rows, used, dense, scale_by_freq, out,
+                          word):
+    """:func:`_sum_row_segments` by float32 vectors: each thread owns 4 adjacent columns
+    and sums them lane by lane (:func:`segment_sum4`), so the bits are the scalar ones."""
+    if errors.is_pending(word):
+        return
+    vectors = grad.shape[1] // 4
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
+        target = rows[j] if dense else j
+        for v in range(cuda.threadIdx.x, vectors, cuda.blockDim.x):
+            store16(out, target, 4 * v,
+                    segment_sum4(grad, order, starts[j], counts[j], scale_by_freq, 4 * v))
+
+
+@cuda.jit(device=True)
+def _term(g, scale, scaled):
+    """One term of a segment sum: ``g * scale`` rounded once when ``scaled``, else ``g``."""
+    return mul_rn(g, scale) if scaled else g
+
+
+@cuda.jit(device=True)
+def _add4(acc, g, scale, scaled):
+    """``acc + term(g)`` lane by lane (4-tuples)."""
+    return (acc[0] + _term(g[0], scale, scaled), acc[1] + _term(g[1], scale, scaled),
+            acc[2] + _term(g[2], scale, scaled), acc[3] + _term(g[3], scale, scaled))
+
+
+@cuda.jit(device=True)
+def segment_sum4(grad, order, start, count, scale_by_freq, d):
+    """Columns ``d .. d + 3`` of :func:`segment_sum` at once, by 16-byte loads.
+
+    The same terms added in the same order in each lane as :func:`segment_sum`
+    (hence the same bits); four rows' vectors (64 bytes) are loaded before
+    they are added, so a row that occurs hundreds of times keeps several loads
+    in flight.
+    """
+    first = order[start]
+    end = start + count
+    g = load16(grad, first, d)
+    one = cast_like(1, g[0])
+    scale = one / cast_like(count, one)
+    acc = (_term(g[0], scale, scale_by_freq), _term(g[1], scale, scale_by_freq),
+           _term(g[2], scale, scale_by_freq), _term(g[3], scale, scale_by_freq))
+    k = start + 1
+    while k + 3 < end:
+        g0 = load16(grad, order[k], d)
+        g1 = load16(grad, order[k + 1], d)
+        g2 = load16(grad, order[k + 2], d)
+        g3 = load16(grad, order[k + 3], d)
+        acc = _add4(acc, g0, scale, scale_by_freq)
+        acc = _add4(acc, g1, scale, scale_by_freq)
+        acc = _add4(acc, g2, scale, scale_by_freq)
+        acc = _add4(acc, g3, scale, scale_by_freq)
+        k += 4
+    while k < end:
+        acc = _add4(acc, load16(grad, order[k], d), scale, scale_by_freq)
         k += 1
     return acc
 

@@ -6,9 +6,9 @@ and results). Rows are ``(R, D)`` C-contiguous device arrays.
 Per-row work (the forward pass, the input gradient) takes one block of
 :data:`~numbapos.kernels.cuda.arrays.THREADS` threads per row (blocks stride over
 the rows); the threads walk along D, so a warp reads consecutive elements, and
-the row sums are shared-memory tree reductions. Nothing is read back to the host;
-the gradient kernels return at once while an index error is pending
-(:mod:`.errors`). The statistics are those of the
+the row sums are the shared-memory tree reductions of :mod:`.reduce`. Nothing
+is read back to the host; the gradient kernels return at once while an index
+error is pending (:mod:`.errors`). The statistics are those of the
 CPU (corrected two-pass: a first mean, then the sum and the sum of squares of
 the deviations from it) in the input's dtype; only the order of the additions
 inside a row differs, so float32 results agree with the CPU's to a few ulp.
@@ -38,6 +38,7 @@ from ..._args import chunk_rows, num_chunks
 from . import errors
 from .arrays import MAX_BLOCKS, THREADS, full, grid
 from .fpmath import mul_for, numba_float
+from .reduce import block_sum, block_sum2
 
 __all__ = ["layer_norm_backward_rows", "layer_norm_rows"]
 
@@ -47,47 +48,6 @@ __all__ = ["layer_norm_backward_rows", "layer_norm_rows"]
 def row_blocks(rows: int) -> int:
     """Blocks of a one-block-per-row kernel (blocks stride over the rows)."""
     return max(1, min(MAX_BLOCKS, int(rows)))
-
-
-@cuda.jit(device=True)
-def block_sum(sh, a):
-    """Sum over the block of every thread's ``a`` (shared-memory tree, ``sh`` THREADS long).
-
-    Every thread of the block must call this (it holds barriers). Returns the
-    total to all threads and leaves ``sh`` free for the next call.
-    """
-    tid = cuda.threadIdx.x
-    sh[tid] = a
-    cuda.syncthreads()
-    step = THREADS // 2
-    while step > 0:
-        if tid < step:
-            sh[tid] += sh[tid + step]
-        cuda.syncthreads()
-        step //= 2
-    total = sh[0]
-    cuda.syncthreads()
-    return total
-
-
-@cuda.jit(device=True)
-def block_sum2(sh_a, sh_b, a, b):
-    """Block sums of ``a`` and ``b`` at once, as :func:`block_sum` (same barriers)."""
-    tid = cuda.threadIdx.x
-    sh_a[tid] = a
-    sh_b[tid] = b
-    cuda.syncthreads()
-    step = THREADS // 2
-    while step > 0:
-        if tid < step:
-            sh_a[tid] += sh_a[tid + step]
-            sh_b[tid] += sh_b[tid + step]
-        cuda.syncthreads()
-        step //= 2
-    total_a = sh_a[0]
-    total_b = sh_b[0]
-    cuda.syncthreads()
-    return total_a, total_b
 
 
 @cuda.jit(device=True)
@@ -208,8 +168,7 @@ def _forward_kernel(dtype):
     @cuda.jit
     def layer_norm_forward(x, weight, bias, eps, y, mean, rstd):
         """One block per row: moments by tree reductions, then ``y`` and the statistics."""
-        sh_a = cuda.shared.array(THREADS, nbt)
-        sh_b = cuda.shared.array(THREADS, nbt)
+        sh = cuda.shared.array((2, THREADS), nbt)
         tid = cuda.threadIdx.x
         rows, dim = x.shape
         zero = nbt(0)
@@ -220,14 +179,14 @@ def _forward_kernel(dtype):
             acc = zero
             for d in range(tid, dim, THREADS):
                 acc += x[i, d]
-            first = block_sum(sh_a, acc) / n
+            first = block_sum(sh, acc, tid, THREADS) / n
             c = zero
             q = zero
             for d in range(tid, dim, THREADS):
                 t = x[i, d] - first
                 c += t
                 q += t * t
-            c, q = block_sum2(sh_a, sh_b, c, q)
+            c, q = block_sum2(sh, c, q, tid, THREADS)
             m, r = moments(first, c, q, n, eps, zero, one, inf)
             for d in range(tid, dim, THREADS):
                 y[i, d] = (x[i, d] - m) * r * weight[d] + bias[d]
@@ -249,8 +208,7 @@ def _backward_x_kernel(dtype):
         A gradient: returns at once while an index error is pending."""
         if errors.is_pending(err):
             return
-        sh_a = cuda.shared.array(THREADS, nbt)
-        sh_b = cuda.shared.array(THREADS, nbt)
+        sh = cuda.shared.array((2, THREADS), nbt)
         tid = cuda.threadIdx.x
         rows, dim = x.shape
         zero = nbt(0)
@@ -265,7 +223,7 @@ def _backward_x_kernel(dtype):
                 grad_x[i, d] = g
                 sg += g
                 sgx += g * ((x[i, d] - m) * r)
-            sg, sgx = block_sum2(sh_a, sh_b, sg, sgx)
+            sg, sgx = block_sum2(sh, sg, sgx, tid, THREADS)
             a = sg / n
             b = sgx / n
             for d in range(tid, dim, THREADS):
