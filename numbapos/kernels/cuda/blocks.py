@@ -62,7 +62,7 @@ from . import errors, vector
 from .arrays import THREADS, grid
 from .fpmath import mul_for, numba_float
 from .normalization import add_partials, fill_zero, moments, row_blocks
-from .reduce import block_sum, block_sum2
+from .reduce import block_sum, block_sum2, tree_threads
 from .vector import load16, store16
 
 __all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked", "tile_ids"]
@@ -120,7 +120,7 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd):
     dtype = y.dtype
     word, host = errors.words()
     if _vector_rows(y, tables.word, tables.position, tables.token_type):
-        _bert_forward_vec[row_blocks(num_tokens), THREADS](
+        _bert_forward_vec[row_blocks(num_tokens), tree_threads(y.shape[1] // 4)](
             ids.word, *_ids_args(ids.position, num_tokens),
             *_ids_args(ids.token_type, num_tokens), tables.word, tables.position,
             tables.token_type, *_affine_args(tables, dtype), dtype.type(eps),
@@ -128,7 +128,7 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd):
             errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
         errors.after_launch()
         return
-    _bert_forward_kernel(dtype)[row_blocks(num_tokens), THREADS](
+    _bert_forward_kernel(dtype)[row_blocks(num_tokens), tree_threads(y.shape[1])](
         ids.word, *_ids_args(ids.position, num_tokens), *_ids_args(ids.token_type, num_tokens),
         tables.word, tables.position, tables.token_type, *_affine_args(tables, dtype),
         dtype.type(eps), *_drop_scalars(drop, dtype), y, mean, rstd, word, host,
@@ -158,7 +158,7 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     id_args = (ids.word, *_ids_args(ids.position, num_tokens),
                *_ids_args(ids.token_type, num_tokens))
     word = errors.device_word()
-    _bert_backward_kernel(dtype)[row_blocks(num_tokens), THREADS](
+    _bert_backward_kernel(dtype)[row_blocks(num_tokens), tree_threads(grad_y.shape[1])](
         grad_y, *id_args, tables.word, tables.position, tables.token_type, gamma, has_gamma,
         mean, rstd, *drop_args, grad_sum, word)
     if not wanted:
@@ -315,6 +315,7 @@ def _bert_forward_kernel(dtype):
         position, the CPU's order) and gets zeros."""
         sh = cuda.shared.array((2, THREADS), nbt)
         tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x  # a power of two, tree_threads(...)
         num_tokens, dim = y.shape
         zero = nbt(0)
         one = nbt(1)
@@ -329,21 +330,21 @@ def _bert_forward_kernel(dtype):
                                err_host, word_tag, pos_tag, type_tag):
                 continue  # the same for every thread of the block
             acc = zero
-            for d in range(tid, dim, THREADS):
+            for d in range(tid, dim, nt):
                 s = (word[w, d] + token_type[k, d]) + position[p, d]
                 y[t, d] = s
                 acc += s
-            first = block_sum(sh, acc, tid, THREADS) / n
+            first = block_sum(sh, acc, tid, nt) / n
             c = zero
             q = zero
-            for d in range(tid, dim, THREADS):  # each thread reads back its own writes
+            for d in range(tid, dim, nt):  # each thread reads back its own writes
                 dev = y[t, d] - first
                 c += dev
                 q += dev * dev
-            c, q = block_sum2(sh, c, q, tid, THREADS)
+            c, q = block_sum2(sh, c, q, tid, nt)
             m, r = moments(first, c, q, n, eps, zero, one, inf)
             base = t * dim
-            for d in range(tid, dim, THREADS):
+            for d in range(tid, dim, nt):
                 y[t, d] = _bert_output(y[t, d], m, r, gamma, beta, has_gamma, has_beta, d,
                                        key, base + d, threshold, scale, active, one, zero)
             if tid == 0:
@@ -365,6 +366,7 @@ def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals
     into the moments differs (the moments agree with the CPU to a few ulp, as there)."""
     sh = cuda.shared.array((2, THREADS), float32)
     tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x  # a power of two, tree_threads(...)
     num_tokens, dim = y.shape
     vectors = dim // 4
     zero = float32(0)
@@ -379,7 +381,7 @@ def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals
                            err_host, word_tag, pos_tag, type_tag):
             continue  # the same for every thread of the block
         acc = zero
-        for v in range(tid, vectors, THREADS):
+        for v in range(tid, vectors, nt):
             wv = load16(word, w, 4 * v)
             kv = load16(token_type, k, 4 * v)
             pv = load16(position, p, 4 * v)
@@ -388,18 +390,18 @@ def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals
             store16(y, t, 4 * v, s)
             for x in s:
                 acc += x
-        first = block_sum(sh, acc, tid, THREADS) / n
+        first = block_sum(sh, acc, tid, nt) / n
         c = zero
         q = zero
-        for v in range(tid, vectors, THREADS):  # each thread reads back its own writes
+        for v in range(tid, vectors, nt):  # each thread reads back its own writes
             for x in load16(y, t, 4 * v):
                 dev = x - first
                 c += dev
                 q += dev * dev
-        c, q = block_sum2(sh, c, q, tid, THREADS)
+        c, q = block_sum2(sh, c, q, tid, nt)
         m, r = moments(first, c, q, n, eps, zero, one, float32(math.inf))
         base = t * dim
-        for v in range(tid, vectors, THREADS):
+        for v in range(tid, vectors, nt):
             d = 4 * v
             s = load16(y, t, d)
             store16(y, t, d, (
@@ -436,6 +438,7 @@ def _bert_backward_kernel(dtype):
             return
         sh = cuda.shared.array((2, THREADS), nbt)
         tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x  # a power of two, tree_threads(...)
         num_tokens, dim = grad_y.shape
         zero = nbt(0)
         one = nbt(1)
@@ -453,7 +456,7 @@ def _bert_backward_kernel(dtype):
             base = t * dim
             sg = zero
             sgx = zero
-            for d in range(tid, dim, THREADS):
+            for d in range(tid, dim, nt):
                 s = (word[w, d] + token_type[k, d]) + position[p, d]
                 gy = grad_y[t, d]
                 if active:
@@ -462,10 +465,10 @@ def _bert_backward_kernel(dtype):
                 grad_sum[t, d] = g
                 sg += g
                 sgx += g * ((s - m) * r)
-            sg, sgx = block_sum2(sh, sg, sgx, tid, THREADS)
+            sg, sgx = block_sum2(sh, sg, sgx, tid, nt)
             a = sg / n
             b = sgx / n
-            for d in range(tid, dim, THREADS):
+            for d in range(tid, dim, nt):
                 s = (word[w, d] + token_type[k, d]) + position[p, d]
                 xhat = (s - m) * r
                 grad_sum[t, d] = r * (grad_sum[t, d] - a - xhat * b)

@@ -33,7 +33,7 @@ from numba import cuda, float64, int64
 from . import errors, grouping, vector
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .fpmath import cast_like, mul_rn
-from .reduce import block_max, block_sum
+from .reduce import block_max, block_sum, tree_threads
 from .vector import load16, store16
 
 __all__ = ["check_indices", "gather_rows", "gather_rows_checked", "group_rows",
@@ -107,7 +107,7 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
     groups = group_rows(flat, None, weight.shape[0])
     norm_type = float(norm_type)
     kind = norm_kind(norm_type)
-    _renorm_rows_[min(flat.size, MAX_BLOCKS), _tree_threads(weight.shape[1])](
+    _renorm_rows_[min(flat.size, MAX_BLOCKS), tree_threads(weight.shape[1])](
         weight, groups.rows, groups.used, float(max_norm), kind, norm_type,
         errors.device_word())
 
@@ -172,14 +172,6 @@ def _row_threads(dim: int, per_thread: int = 1) -> int:
     """Threads of a per-row block without reductions: whole warps covering ``dim`` with
     ``per_thread`` columns each, at most THREADS."""
     return min(THREADS, -(-dim // (32 * per_thread)) * 32)
-
-
-def _tree_threads(dim: int) -> int:
-    """Threads of a per-row reduction block: a power of two from 32 to THREADS covering ``dim``."""
-    threads = 32
-    while threads < dim and threads < THREADS:
-        threads *= 2
-    return threads
 
 
 def _launch_sum(grad, groups, dense, scale_grad_by_freq, out):

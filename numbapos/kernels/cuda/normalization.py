@@ -4,13 +4,13 @@ Twin of :mod:`numbapos.kernels.cpu.normalization` (same ``__all__``, signatures
 and results). Rows are ``(R, D)`` C-contiguous device arrays.
 
 Per-row work (the forward pass, the input gradient) takes one block of
-:data:`~numbapos.kernels.cuda.arrays.THREADS` threads per row (blocks stride over
-the rows); the threads walk along D, so a warp reads consecutive elements, and
-the row sums are the shared-memory tree reductions of :mod:`.reduce`. Nothing
-is read back to the host; the gradient kernels return at once while an index
-error is pending (:mod:`.errors`). The statistics are those of the
-CPU (corrected two-pass: a first mean, then the sum and the sum of squares of
-the deviations from it) in the input's dtype; only the order of the additions
+:func:`.reduce.tree_threads` threads per row (a warp for D <= 32, up to
+:data:`~numbapos.kernels.cuda.arrays.THREADS`; blocks stride over the rows); the threads
+walk along D, so a warp reads consecutive elements, and the row sums are the shared-
+memory tree reductions of :mod:`.reduce`. Nothing is read back to the host; the gradient
+kernels return at once while an index error is pending (:mod:`.errors`). The statistics
+are those of the CPU (corrected two-pass: a first mean, then the sum and the sum of
+squares of the deviations from it) in the input's dtype; only the order of the additions
 inside a row differs, so float32 results agree with the CPU's to a few ulp.
 
 The weight and bias gradients are sums over rows. As on the CPU they are cut
@@ -38,7 +38,7 @@ from ..._args import chunk_rows, num_chunks
 from . import errors
 from .arrays import MAX_BLOCKS, THREADS, full, grid
 from .fpmath import mul_for, numba_float
-from .reduce import block_sum, block_sum2
+from .reduce import block_sum, block_sum2, tree_threads
 
 __all__ = ["layer_norm_backward_rows", "layer_norm_rows"]
 
@@ -122,7 +122,8 @@ def layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
     dt = x.dtype.type
     weight = full((dim,), 1, x.dtype) if weight is None else weight
     bias = full((dim,), 0, x.dtype) if bias is None else bias
-    _forward_kernel(x.dtype)[row_blocks(rows), THREADS](x, weight, bias, dt(eps), y, mean, rstd)
+    _forward_kernel(x.dtype)[row_blocks(rows), tree_threads(dim)](x, weight, bias, dt(eps), y,
+                                                                   mean, rstd)
 
 
 def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias):
@@ -140,8 +141,8 @@ def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight,
         return
     weight = full((dim,), 1, x.dtype) if weight is None else weight
     word = errors.device_word()
-    _backward_x_kernel(x.dtype)[row_blocks(rows), THREADS](grad_y, x, mean, rstd, weight,
-                                                            grad_x, word)
+    _backward_x_kernel(x.dtype)[row_blocks(rows), tree_threads(dim)](grad_y, x, mean, rstd,
+                                                                     weight, grad_x, word)
     want_w = grad_weight is not None
     want_b = grad_bias is not None
     if not (want_w or want_b):
@@ -170,6 +171,7 @@ def _forward_kernel(dtype):
         """One block per row: moments by tree reductions, then ``y`` and the statistics."""
         sh = cuda.shared.array((2, THREADS), nbt)
         tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x  # a power of two, tree_threads(...)
         rows, dim = x.shape
         zero = nbt(0)
         one = nbt(1)
@@ -177,18 +179,18 @@ def _forward_kernel(dtype):
         n = nbt(dim)
         for i in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
             acc = zero
-            for d in range(tid, dim, THREADS):
+            for d in range(tid, dim, nt):
                 acc += x[i, d]
-            first = block_sum(sh, acc, tid, THREADS) / n
+            first = block_sum(sh, acc, tid, nt) / n
             c = zero
             q = zero
-            for d in range(tid, dim, THREADS):
+            for d in range(tid, dim, nt):
                 t = x[i, d] - first
                 c += t
                 q += t * t
-            c, q = block_sum2(sh, c, q, tid, THREADS)
+            c, q = block_sum2(sh, c, q, tid, nt)
             m, r = moments(first, c, q, n, eps, zero, one, inf)
-            for d in range(tid, dim, THREADS):
+            for d in range(tid, dim, nt):
                 y[i, d] = (x[i, d] - m) * r * weight[d] + bias[d]
             if tid == 0:
                 mean[i] = m
@@ -210,6 +212,7 @@ def _backward_x_kernel(dtype):
             return
         sh = cuda.shared.array((2, THREADS), nbt)
         tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x  # a power of two, tree_threads(...)
         rows, dim = x.shape
         zero = nbt(0)
         n = nbt(dim)
@@ -218,15 +221,15 @@ def _backward_x_kernel(dtype):
             r = rstd[i]
             sg = zero
             sgx = zero
-            for d in range(tid, dim, THREADS):
+            for d in range(tid, dim, nt):
                 g = grad_y[i, d] * weight[d]
                 grad_x[i, d] = g
                 sg += g
                 sgx += g * ((x[i, d] - m) * r)
-            sg, sgx = block_sum2(sh, sg, sgx, tid, THREADS)
+            sg, sgx = block_sum2(sh, sg, sgx, tid, nt)
             a = sg / n
             b = sgx / n
-            for d in range(tid, dim, THREADS):
+            for d in range(tid, dim, nt):
                 xhat = (x[i, d] - m) * r
                 grad_x[i, d] = r * (grad_x[i, d] - a - xhat * b)
 

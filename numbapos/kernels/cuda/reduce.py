@@ -14,7 +14,20 @@ return.
 
 from numba import cuda
 
-__all__ = []  # device helpers, not launchers
+from .arrays import THREADS
+
+__all__ = ["tree_threads"]  # and the device helpers below
+
+
+def tree_threads(items: int) -> int:
+    """Threads of a block that reduces ``items`` values per row: the power of two from 32
+    (a warp) to ``THREADS`` that covers them. A narrow row (LayerNorm at D = 64, a 16-wide
+    test table) then runs one warp, not 128 threads of which most add zeros through every
+    round of the tree."""
+    threads = 32
+    while threads < items and threads < THREADS:
+        threads *= 2
+    return threads
 
 
 @cuda.jit(device=True)
