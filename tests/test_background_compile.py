@@ -1,13 +1,12 @@
 """Parallel kernels compiled in a background thread, their serial twins meanwhile.
 
 The serial/parallel pairs of every launcher (``arrays.pick``) must compute the
-same bits, or a cold-cache first call would differ from later ones: checked
-here for every pair the warm-up drives (float32 by default, float64 too under
-the ``exhaustive`` marker). The background thread itself is tested
-in fresh processes with their own cold Numba cache.
+same bits, or a cold-cache first call would differ from later ones: checked in
+``test_warmup.py`` for every pair the warm-up drives (it compiles what the
+warm-up does, so it shares that file's process and cache). The background
+thread itself is tested here in fresh processes with their own cold Numba cache.
 """
 
-import copy
 import json
 import os
 import subprocess
@@ -19,57 +18,9 @@ import numpy as np
 import pytest
 
 import numbapos
-from numbapos import _warmup
-from numbapos.kernels.cpu import AREAS, arrays, background
+from numbapos.kernels.cpu import background
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _same(a, b, where):
-    if isinstance(a, np.ndarray):
-        np.testing.assert_array_equal(a, b, err_msg=where, strict=True)
-        assert a.tobytes() == b.tobytes(), where  # -0.0 against 0.0, NaN payloads
-    elif isinstance(a, tuple):
-        for x, y in zip(a, b, strict=True):
-            _same(x, y, where)
-
-
-# Each dtype compiles every parallel kernel once more (most of this file's time on a
-# cold cache): float32 in the default run, float64 with the exhaustive sweeps
-# (pytest -m exhaustive, which CI runs too). Every pair is reached with either.
-@pytest.mark.parametrize("dtype", [
-    "float32",
-    pytest.param("float64", marks=pytest.mark.exhaustive),
-])
-def test_every_serial_parallel_pair_computes_the_same_bits(monkeypatch, dtype):
-    """Each pick runs both kernels on copies of its arguments and compares every array."""
-    compared = set()
-
-    def both(serial, parallel, work):
-        def run(*args):
-            mine, theirs = copy.deepcopy(args), copy.deepcopy(args)
-            got_serial = serial(*mine)
-            got_parallel = parallel(*theirs)
-            where = serial.py_func.__name__
-            _same(got_serial, got_parallel, where)
-            for x, y in zip(mine, theirs, strict=True):
-                _same(x, y, where)
-            compared.add(where)
-            return parallel(*args)
-        return run
-
-    for area in AREAS:
-        if hasattr(area, "pick"):
-            monkeypatch.setattr(area, "pick", both)
-    monkeypatch.setattr(arrays, "pick", both)
-    for case in _warmup.CASES:
-        with _warmup._parallel_bodies(True):
-            case.run(dtype, "int64")
-    # Every pair written in the kernel modules was reached.
-    sources = "".join(Path(area.__file__).read_text() for area in AREAS)
-    written = {name for name in (line.split("pick(", 1)[1].split(",", 1)[0].strip()
-                                 for line in sources.splitlines() if "pick(_" in line)}
-    assert written <= compared, f"not driven by the warm-up: {sorted(written - compared)}"
 
 
 def _environment(monkeypatch, value):

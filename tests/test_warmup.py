@@ -1,5 +1,16 @@
-"""``numbapos.warmup``, ``python -m numbapos warmup``: later processes load what it compiles."""
+"""``numbapos.warmup``, ``python -m numbapos warmup``: later processes load what it compiles.
 
+Also the serial/parallel pairs of every launcher (``arrays.pick``), which must
+compute the same bits, or a cold-cache first call (a serial twin, see
+``test_background_compile.py``) would differ from later ones: checked for every
+pair the warm-up drives. That test compiles every kernel of the default warm-up
+into the project's cache, so it runs first here, and the warm-up's own test
+below then loads what it finds (under ``pytest -n 2 --dist loadfile`` one file
+runs in one process: kept apart, the two tests compiled the same kernels twice,
+each in its own process).
+"""
+
+import copy
 import json
 import os
 import subprocess
@@ -7,6 +18,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 from numba.core.registry import CPUDispatcher
 
@@ -14,8 +26,57 @@ import numbapos
 from numbapos import _warmup
 from numbapos.__main__ import main
 from numbapos.kernels import cpu
+from numbapos.kernels.cpu import AREAS, arrays
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _same(a, b, where):
+    if isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b, err_msg=where, strict=True)
+        assert a.tobytes() == b.tobytes(), where  # -0.0 against 0.0, NaN payloads
+    elif isinstance(a, tuple):
+        for x, y in zip(a, b, strict=True):
+            _same(x, y, where)
+
+
+# Each dtype compiles every parallel kernel once more (most of this file's time on a
+# cold cache): float32 in the default run, float64 with the exhaustive sweeps
+# (pytest -m exhaustive, which CI runs too). Every pair is reached with either.
+@pytest.mark.parametrize("dtype", [
+    "float32",
+    pytest.param("float64", marks=pytest.mark.exhaustive),
+])
+def test_every_serial_parallel_pair_computes_the_same_bits(monkeypatch, dtype):
+    """Each pick runs both kernels on copies of its arguments and compares every array."""
+    compared = set()
+
+    def both(serial, parallel, work):
+        def run(*args):
+            mine, theirs = copy.deepcopy(args), copy.deepcopy(args)
+            got_serial = serial(*mine)
+            got_parallel = parallel(*theirs)
+            where = serial.py_func.__name__
+            _same(got_serial, got_parallel, where)
+            for x, y in zip(mine, theirs, strict=True):
+                _same(x, y, where)
+            compared.add(where)
+            return parallel(*args)
+        return run
+
+    for area in AREAS:
+        if hasattr(area, "pick"):
+            monkeypatch.setattr(area, "pick", both)
+    monkeypatch.setattr(arrays, "pick", both)
+    for case in _warmup.CASES:
+        with _warmup._parallel_bodies(True):
+            case.run(dtype, "int64")
+    # Every pair written in the kernel modules was reached.
+    sources = "".join(Path(area.__file__).read_text() for area in AREAS)
+    written = {name for name in (line.split("pick(", 1)[1].split(",", 1)[0].strip()
+                                 for line in sources.splitlines() if "pick(_" in line)}
+    assert written <= compared, f"not driven by the warm-up: {sorted(written - compared)}"
+
 
 # A user's first training step: sparse Embedding forward + backward + SGD(momentum).
 FIRST_STEP = """
@@ -119,7 +180,7 @@ OPT_IN_KERNELS = {"numbapos.kernels.cpu.optim": "_rowwise_", "numbapos.kernels.c
 
 
 # The default warm-up (float32, int64 indices, the default groups: what the
-# serial/parallel pair test has already put in the project's cache) by default;
+# serial/parallel pair test above has already put in the project's cache) by default;
 # every group for both float dtypes and both index dtypes, compiling the rest,
 # under the exhaustive marker.
 @pytest.mark.slow
