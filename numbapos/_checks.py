@@ -485,18 +485,25 @@ def check_values_buffer(buf, min_rows: int, dim: int, dtype: np.dtype,
     return check_out(arr, (rows, dim), dtype, name, avoid=avoid)
 
 
-def check_attention_mask(mask, name: str = "attention_mask") -> np.ndarray:
-    """A 1-D or 2-D mask of bool or integer dtype holding only 0 and 1 (no copy of an ndarray)."""
-    arr = (_device.to_host(mask) if _device.is_cuda_array(mask)
-           else host_view(mask, name) if not isinstance(mask, np.ndarray) else mask)
-    arr = np.asarray(mask) if arr is None else _device.to_host(arr)
+def check_attention_mask(mask, name: str = "attention_mask"):
+    """A 1-D or 2-D mask of bool or integer dtype holding only 0 and 1 (no copy of an ndarray).
+
+    A CUDA array stays on the device, its dtype and shape checked: its values are
+    checked by the kernel that reads them (``K.positions_from_mask``: a deferred
+    ValueError), so the mask is never copied to the host.
+    """
+    if _device.is_cuda_array(mask):
+        arr = _device.adopt(mask)  # a Numba device array, no copy
+    else:
+        arr = host_view(mask, name) if not isinstance(mask, np.ndarray) else mask
+        arr = np.asarray(mask) if arr is None else arr
     if arr.dtype != np.bool_ and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(
             f"{name}: expected a bool or integer mask of 0s and 1s, got dtype {arr.dtype}"
         )
     if arr.ndim not in (1, 2):
-        raise ValueError(f"{name}: expected a 1-D or 2-D mask, got shape {arr.shape}")
-    if arr.dtype != np.bool_ and arr.size:
+        raise ValueError(f"{name}: expected a 1-D or 2-D mask, got shape {tuple(arr.shape)}")
+    if isinstance(arr, np.ndarray) and arr.dtype != np.bool_ and arr.size:
         bad = (arr != 0) & (arr != 1)
         if bad.any():
             value = arr.reshape(-1)[int(np.argmax(bad.reshape(-1)))]

@@ -192,11 +192,12 @@ def count_cuda_traffic():
 
 
 @contextlib.contextmanager
-def deferred_raises(device, exc, match=None, *, within=False):
+def deferred_raises(device, exc, match=None, *, within=False, deferred=None):
     """``pytest.raises(exc, match=match)`` for the code in the block, where the error is
     raised on ``device``.
 
-    On CUDA an ``IndexError`` is found by a kernel and deferred: the block itself must
+    On CUDA an ``IndexError`` (or, with ``deferred=True``, ``exc``: the ValueError of an
+    attention mask's values) is found by a kernel and deferred: the block itself must
     NOT raise it, and the next ``numbapos.synchronize()`` must (with the same message).
     With ``within`` (a block of several numbapos calls, e.g. a module's backward) a later
     call of the block may raise it instead, once the host sees the error word. Any other
@@ -208,14 +209,16 @@ def deferred_raises(device, exc, match=None, *, within=False):
 
     import numbapos
 
-    if device == "cuda" and exc is IndexError:
+    if deferred is None:
+        deferred = exc is IndexError
+    if device == "cuda" and deferred:
         raised = None
         try:
             yield
-        except IndexError as err:
+        except exc as err:
             if not within:
-                raise AssertionError(f"IndexError raised by the op itself, not deferred to "
-                                     f"the next synchronising call: {err}") from err
+                raise AssertionError(f"{exc.__name__} raised by the op itself, not deferred "
+                                     f"to the next synchronising call: {err}") from err
             raised = err
         if raised is None:
             with pytest.raises(exc, match=match):

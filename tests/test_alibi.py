@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import reference as ref
 from conftest import FLOAT_DTYPES, host, on
+from cuda_counts import deferred_raises
 
 import numbapos.functional as F
 from numbapos import nn
@@ -122,6 +123,20 @@ def test_bad_input_raises_and_changes_nothing(call, error, match):
     with pytest.raises(error, match=match):
         call(scores)
     np.testing.assert_array_equal(scores, before)
+
+
+def test_a_bad_mask_value_raises_on_each_device(device):
+    # On CUDA the mask is read by a kernel: the ValueError is deferred to the next
+    # synchronising call, with the CPU's message (the first bad value in flat order).
+    slopes = on(device, F.alibi_slopes(2))
+    mask = on(device, np.array([[1, 1, 1], [0, 3, 2]]))
+    with deferred_raises(device, ValueError, "attention_mask: expected only 0 and 1, got 3",
+                         deferred=True):
+        F.alibi_bias(slopes, 3, mode="bloom", attention_mask=mask)
+    good = on(device, np.array([[1, 1, 1], [0, 1, 1]], dtype=bool))
+    got = host(F.alibi_bias(slopes, 3, mode="bloom", attention_mask=good))
+    np.testing.assert_array_equal(got, F.alibi_bias(F.alibi_slopes(2), 3, mode="bloom",
+                                                    attention_mask=host(good)))
 
 
 def test_bloom_parity_with_left_padding():

@@ -184,11 +184,8 @@ def test_counter_sees_launches_copies_and_synchronisations(data):
 
 
 @pytest.mark.skipif(not _simulated(), reason="counts are taken on the CUDA simulator")
-@pytest.mark.xfail(strict=True, reason="a CUDA attention_mask is validated on the host (values "
-                   "0 / 1, largest position): deferring it needs a ValueError kind in the "
-                   "error word (kernels/cuda/errors.py)")
 @pytest.mark.parametrize("name", list(MASK_OPS))
-def test_device_attention_mask_is_read_on_the_host(data, name):
+def test_device_attention_mask_stays_on_the_device(data, name):
     data = dict(data, mask=dev(np.array([[0, 1, 1], [1, 1, 1]])))
     MASK_OPS[name](data)
     numbapos.synchronize()

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from ._common import backend_for
 
 MODES = {"symmetric": 0, "mpt": 1, "bloom": 2}
@@ -72,17 +72,20 @@ def _mask_positions(K, mode, attention_mask, batch, key_length):
                              "biases do not depend on padding)")
         return None
     if attention_mask is None:
-        mask = np.ones((1, key_length), np.int64)
-    else:
-        mask = _checks.check_attention_mask(attention_mask).astype(np.int64)
-        mask = mask.reshape(1, -1) if mask.ndim == 1 else mask
-        if mask.shape[1] != key_length or (batch is not None and mask.shape[0] not in (1, batch)):
-            rows = "B" if batch is None else batch
-            raise ValueError(f"attention_mask: expected shape ({key_length},), (1, {key_length})"
-                             f" or ({rows}, {key_length}) (batch, key length), got "
-                             f"{tuple(mask.shape)}")
-    positions = (np.cumsum(mask, axis=1) - 1) * mask
-    return K.asarray(np.ascontiguousarray(positions, dtype=np.int64))
+        return K.asarray(np.arange(key_length, dtype=np.int64).reshape(1, key_length))
+    mask = _checks.check_attention_mask(attention_mask)
+    mask = mask.reshape(1, mask.shape[0]) if mask.ndim == 1 else mask
+    if mask.shape[1] != key_length or (batch is not None and mask.shape[0] not in (1, batch)):
+        rows = "B" if batch is None else batch
+        raise ValueError(f"attention_mask: expected shape ({key_length},), (1, {key_length})"
+                         f" or ({rows}, {key_length}) (batch, key length), got "
+                         f"{tuple(mask.shape)}")
+    if _device.device_of(mask) != K.DEVICE:
+        mask = K.asarray(mask) if K.DEVICE == "cuda" else _device.to_host(mask)
+    # (cumsum(mask) - 1) * mask: padding at position 0, on the mask's device
+    positions = K.empty((mask.shape[0], key_length), np.int64)
+    K.positions_from_mask(mask, 0, -1, positions)
+    return positions
 
 
 def _shift(mode, query_length, key_length):

@@ -275,7 +275,9 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
     Returns
     -------
     ndarray of int64, shape (N, L) or (L,)
-        On the mask's device (computed on the host: masks are small).
+        On the mask's device (a CUDA mask is never copied to the host: a value
+        other than 0 and 1 there is a deferred ValueError, raised by a later
+        call or at :func:`numbapos.synchronize`).
 
     Raises
     ------
@@ -287,8 +289,7 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
         shorter than ``length``; a negative ``length``, or a ``pad_position``
         outside ``[0, 2**63)``.
     """
-    device = _device.device_of(attention_mask)
-    mask = _checks.check_attention_mask(attention_mask)  # a host array (masks are small)
+    mask = _checks.check_attention_mask(attention_mask)  # on its device
     total = mask.shape[mask.ndim - 1]
     if length is None:
         length = total
@@ -298,28 +299,32 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
         raise ValueError(
             f"attention_mask: has {total} columns, fewer than the {length} current tokens"
         )
-    mask = mask.astype(np.int64)
-    positions = np.cumsum(mask, axis=-1) - 1
-    positions[mask == 0] = pad_position
-    return _device.to_device(np.ascontiguousarray(positions[..., total - length:]), device)
+    K = _device.kernels_for(_device.device_of(mask))
+    out = _mask_to_positions(K, mask, length, pad_position, -1, "")
+    return out.reshape(out.shape[1:]) if mask.ndim == 1 else out
+
+
+def _mask_to_positions(K, mask, length, pad_position, max_positions, size_name):
+    """``K.positions_from_mask`` of a checked 1-D / 2-D mask: ``(rows, length)`` int64."""
+    rows = 1 if mask.ndim == 1 else mask.shape[0]
+    out = K.empty((rows, length), np.int64)
+    K.positions_from_mask(mask.reshape(rows, mask.shape[mask.ndim - 1]), pad_position,
+                          max_positions, out, "attention_mask", size_name)
+    return out
 
 
 def _mask_positions(K, attention_mask, shape, past_length, max_positions, size_name):
     mask = _checks.check_attention_mask(attention_mask)
     length = shape[-1]
     expected = shape[:-1] + (past_length + length,)
-    if mask.shape != expected:
+    if tuple(mask.shape) != expected:
         raise ValueError(
             f"attention_mask: expected shape {expected} (input_ids.shape with past_length + L "
-            f"= {past_length} + {length} columns), got {mask.shape}"
+            f"= {past_length} + {length} columns), got {tuple(mask.shape)}"
         )
-    positions = positions_from_attention_mask(mask, length).reshape(-1)
-    if positions.size and positions.max() >= max_positions:
-        raise ValueError(
-            f"attention_mask: gives position {int(positions.max())}, but {size_name}="
-            f"{max_positions}: positions must stay below {max_positions}"
-        )
-    return K.asarray(positions)
+    if _device.device_of(mask) != K.DEVICE:
+        mask = K.asarray(mask) if K.DEVICE == "cuda" else _device.to_host(mask)
+    return _mask_to_positions(K, mask, length, 1, max_positions, size_name).reshape(-1)
 
 
 def _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables, inline=False):

@@ -81,7 +81,7 @@ class ALiBi(Module):
         out = _device.copy(scores)
         F.add_alibi_(out, self.slopes.data, mode=self.mode, attention_mask=attention_mask)
         if self._recording():
-            mask = None if attention_mask is None else np.array(
+            mask = None if attention_mask is None else _device.copy(
                 _checks.check_attention_mask(attention_mask))
             self._save_for_backward((tuple(scores.shape), mask))
         return out

@@ -16,7 +16,7 @@ from .arrays import pick
 from .jit import kernel
 
 __all__ = ["add_gathered_rows", "add_rows", "mult_add", "mult_add_backward",
-           "positions_from_padding", "sinusoid_fill", "sum_over_batch"]
+           "positions_from_mask", "positions_from_padding", "sinusoid_fill", "sum_over_batch"]
 
 # The sinusoid recurrence is re-anchored with a direct sin/cos at least this often.
 # Its float64 error grows about 1e-16 per step, so 256 steps stay near 1e-13: far
@@ -90,6 +90,34 @@ def positions_from_padding(ids, padding_idx, past, pad_position, out):
     """Per row ``r`` of ``ids`` (R, L): real tokens numbered from ``past[r]``, padding
     ``pad_position``."""
     _positions_from_padding(ids, padding_idx, past, pad_position, out)
+
+
+def positions_from_mask(mask, pad_position, max_positions, out, name="attention_mask",
+                        size_name="n_positions"):
+    """Positions of an attention mask (R, S) of 0 / 1 into ``out`` (R, L), L <= S.
+
+    Per row, real tokens (1) are numbered 0, 1, ... in order over all S columns,
+    padding (0) gets ``pad_position``; ``out`` receives the last L columns.
+    ValueError (nothing written) for a value other than 0 and 1 (the first, in
+    flat order) or, when ``max_positions >= 0``, for the first position of
+    ``out`` at or past it (``name`` / ``size_name`` name them; the CUDA twin
+    records the same as deferred errors). Masks are small: NumPy does it.
+    """
+    values = mask.astype(np.int64)
+    bad = (values != 0) & (values != 1)
+    if bad.any():
+        value = int(values.reshape(-1)[int(np.argmax(bad.reshape(-1)))])
+        raise ValueError(f"{name}: expected only 0 and 1, got {value}")
+    positions = np.cumsum(values, axis=1) - 1
+    positions[values == 0] = pad_position
+    positions = positions[:, values.shape[1] - out.shape[1]:]
+    if max_positions >= 0 and positions.size:
+        over = (positions >= max_positions).reshape(-1)
+        if over.any():
+            value = int(positions.reshape(-1)[int(np.argmax(over))])
+            raise ValueError(f"{name}: gives position {value}, but {size_name}="
+                             f"{max_positions}: positions must stay below {max_positions}")
+    out[...] = positions
 
 
 # ---------------------------------------------------------------- kernels

@@ -5,7 +5,8 @@ would cost a synchronisation. So every such kernel records the first bad
 index it meets in a per-context **error word** and carries on without
 reading out of bounds; every kernel that modifies a table, a gradient or
 optimiser state returns at once while an error is pending. The host raises
-the CPU's ``IndexError`` when it sees the word: at the next numbapos call
+the CPU's ``IndexError`` (or, for an attention mask, its ``ValueError``: the
+tag also says which error, :func:`tag`) when it sees the word: at the next numbapos call
 (:func:`raise_pending`, a plain read of mapped host memory, no
 synchronisation) once the failing kernel has run, and always at a
 synchronising call (:func:`synchronize`, ``to_host``, ``state_dict``). It then
@@ -40,16 +41,24 @@ __all__ = []  # not launchers: imported by the launchers that record errors
 NONE = np.iinfo(np.int64).max  # the position field while no error is pending
 POSITION, VALUE, SIZE, TAG, LOCK = range(5)
 
-_TAGS: dict = {}  # (name, size_name) -> tag
-_NAMES: list = []  # tag -> (name, size_name)
+KINDS = ("index", "binary", "position")  # the errors a tag can stand for (see tag())
+_TAGS: dict = {}  # (name, size_name, kind) -> tag
+_NAMES: list = []  # tag -> (name, size_name, kind)
 _state: dict = {}  # id(context) -> (context, device word, mapped host word)
 _lock = threading.Lock()
 
 
-def tag(name: str = "indices", size_name: str = "num_embeddings") -> int:
-    """The small integer kernels record for an index argument ``name`` checked against
-    ``size_name`` (the names of the CPU's IndexError)."""
-    key = (name, size_name)
+def tag(name: str = "indices", size_name: str = "num_embeddings", kind: str = "index") -> int:
+    """The small integer kernels record for argument ``name`` (the names of the CPU's error).
+
+    ``kind`` says which error the host raises (:data:`KINDS`): ``"index"``, the
+    CPU's IndexError for an index outside ``[0, size)`` of ``size_name``;
+    ``"binary"``, the ValueError of a mask value other than 0 and 1;
+    ``"position"``, the ValueError of a position at or past ``size_name``.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {list(KINDS)}, got {kind!r}")
+    key = (name, size_name, kind)
     found = _TAGS.get(key)
     if found is None:
         with _lock:
@@ -86,7 +95,8 @@ def _host_view(host) -> np.ndarray:
 
 
 def pending() -> tuple | None:
-    """``(position, value, size, name, size_name)`` of a failure the host can see, or None.
+    """``(position, value, size, name, size_name, kind)`` of a failure the host can see, or
+    None.
 
     A plain read of mapped host memory: no synchronisation.
     """
@@ -98,22 +108,32 @@ def pending() -> tuple | None:
         return None
     cuda.synchronize()  # the failing kernel and any after it have finished: the word is final
     position, value, size, which = (int(v) for v in host[:4])
-    name, size_name = _NAMES[which] if 0 <= which < len(_NAMES) else ("indices", "size")
-    return position, value, size, name, size_name
+    name, size_name, kind = (_NAMES[which] if 0 <= which < len(_NAMES)
+                             else ("indices", "size", "index"))
+    return position, value, size, name, size_name, kind
+
+
+_LATER = ("(found on the GPU by a call queued earlier, raised at this one; no table, gradient "
+          "or optimiser state was modified by the failing call or any queued after it)")
 
 
 def raise_pending() -> None:
-    """Raise the CPU's IndexError for a failure the host can see, and clear the word."""
+    """Raise the CPU's error (IndexError, or ValueError for a mask) for a failure the host
+    can see, and clear the word."""
     found = pending()
     if found is None:
         return
-    position, value, size, name, size_name = found
+    position, value, size, name, size_name, kind = found
     clear()
+    if kind == "binary":
+        raise ValueError(f"{name}: expected only 0 and 1, got {value} (at flat position "
+                         f"{position}) {_LATER}")
+    if kind == "position":
+        raise ValueError(f"{name}: gives position {value} (at flat position {position}), but "
+                         f"{size_name}={size}: positions must stay below {size} {_LATER}")
     raise IndexError(
         f"{name}: index {value} (at flat position {position}) is out of range for "
-        f"{size_name}={size}; valid indices are 0 <= index < {size} (found on the GPU by "
-        "a call queued earlier, raised at this one; no table, gradient or optimiser state "
-        "was modified by the failing call or any queued after it)")
+        f"{size_name}={size}; valid indices are 0 <= index < {size} {_LATER}")
 
 
 def clear() -> None:

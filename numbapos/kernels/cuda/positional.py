@@ -31,7 +31,7 @@ from .arrays import THREADS, asarray, grid
 from .fpmath import mul_f32, mul_f64
 
 __all__ = ["add_gathered_rows", "add_rows", "mult_add", "mult_add_backward",
-           "positions_from_padding", "sinusoid_fill", "sum_over_batch"]
+           "positions_from_mask", "positions_from_padding", "sinusoid_fill", "sum_over_batch"]
 
 
 # ---------------------------------------------------------------- launchers
@@ -117,6 +117,24 @@ def positions_from_padding(ids, padding_idx, past, pad_position, out):
             ids, np.int64(padding_idx), past_arr, has_past, start, np.int64(pad_position),
             np.int64(max_past), np.int64(min(max_past, top - 1) + 1), out, word, host,
             errors.tag("past_length", "past_length_bound"))
+        errors.after_launch()
+
+
+def positions_from_mask(mask, pad_position, max_positions, out, name="attention_mask",
+                        size_name="n_positions"):
+    """Positions of an attention mask (R, S) of 0 / 1 into ``out`` (R, L), L <= S: the CPU
+    twin's numbering, on the device.
+
+    One thread per row scans it (masks are short). A value other than 0 and 1, or
+    (``max_positions >= 0``) a position at or past ``max_positions``, is recorded
+    as the deferred error (the CPU's ValueError, raised by a later call); the
+    scan goes on treating a bad value as padding.
+    """
+    if mask.size and out.size:
+        word, host = errors.words()
+        _positions_from_mask[grid(mask.shape[0]), THREADS](
+            mask, np.int64(pad_position), np.int64(max_positions), out, word, host,
+            errors.tag(name, "", "binary"), errors.tag(name, size_name, "position"))
         errors.after_launch()
 
 
@@ -263,3 +281,33 @@ def _positions_from_padding(ids, padding_idx, past, has_past, start, pad_positio
             else:
                 out[r, l] = next_position
                 next_position += 1
+
+
+# ---------------------------------------------------------------- positions from a mask
+
+
+@cuda.jit
+def _positions_from_mask(mask, pad_position, max_positions, out, err, err_host, binary_tag,
+                         position_tag):
+    """One thread per row: the running count of real tokens along the row (see
+    :func:`positions_from_mask`); flat positions are the mask's for a bad value and
+    ``out``'s for a position out of range, as the CPU reports them."""
+    total = mask.shape[1]
+    length = out.shape[1]
+    skip = total - length
+    for r in range(cuda.grid(1), mask.shape[0], cuda.gridsize(1)):
+        count = int64(0)
+        for s in range(total):
+            value = int64(mask[r, s])
+            if value != 0 and value != 1:
+                errors.record(err, err_host, int64(r * total + s), value, int64(0), binary_tag)
+                value = int64(0)
+            position = pad_position
+            if value == 1:
+                position = count
+                count += 1
+            if s >= skip:
+                out[r, s - skip] = position
+                if max_positions >= 0 and position >= max_positions:
+                    errors.record(err, err_host, int64(r * length + s - skip), position,
+                                  max_positions, position_tag)
