@@ -222,8 +222,12 @@ class SparseRows:
     def __add__(self, other: SparseRows) -> SparseRows:
         """Merge two sparse gradients of the same table (rows summed, still sorted).
 
-        Rows are merged on the host (index arrays are short); the sum keeps
-        this gradient's device.
+        The sum lives on this gradient's device (``other`` is copied there if it
+        lives elsewhere) in the dtype of the two values' result type. Each
+        row's value is the first's plus the second's (a row in one only keeps
+        its bits, -0.0 included, as PyTorch's ``coalesce`` of the concatenation
+        does). On the GPU nothing is read back: the rows are concatenated and
+        grouped on the device, as a backward groups positions.
         """
         if not isinstance(other, SparseRows):
             return NotImplemented
@@ -231,12 +235,29 @@ class SparseRows:
             raise ValueError(f"SparseRows: cannot add shapes {self.shape} and {other.shape}")
         self.materialize()
         other.materialize()
-        mine = [_device.to_host(a) for a in (self.indices, self.values)]
-        theirs = [_device.to_host(a) for a in (other.indices, other.values)]
-        rows = np.union1d(mine[0], theirs[0])
-        values = np.zeros((rows.size, self.values.shape[1]),
-                          dtype=np.result_type(mine[1], theirs[1]))
-        values[np.searchsorted(rows, mine[0])] += mine[1]
-        values[np.searchsorted(rows, theirs[0])] += theirs[1]
-        merged = SparseRows(rows.astype(np.int64, copy=False), values, self.num_rows)
-        return merged.to(self.device)
+        if other.device != self.device:
+            other = other.to(self.device)
+        for grad, name in ((self, "self"), (other, "other")):
+            if not grad._private:  # its arrays were handed out: check them again
+                grad._trim()
+                _checks.check_sorted_rows(grad._indices, grad.num_rows,
+                                          f"SparseRows: {name}.indices")
+                if grad._indices.shape[0] != grad._values.shape[0]:
+                    raise ValueError(f"SparseRows: {name}: {grad._indices.shape[0]} indices "
+                                     f"but {grad._values.shape[0]} value rows")
+        rows_a, values_a, used_a = self._padded()
+        rows_b, values_b, used_b = other._padded()
+        K = _device.backend(values_a)
+        dtype = np.result_type(values_a.dtype, values_b.dtype)
+        size, dim = rows_a.shape[0] + rows_b.shape[0], self.shape[1]
+        rows = K.empty((size,), np.int64)
+        values = K.empty((size, dim), dtype)
+        num_rows = self.num_rows
+        # Empty slots get row num_rows: padding of a one-row-larger table, grouped nowhere.
+        K.concat_rows(K.contiguous(rows_a, np.int64), K.contiguous(values_a, dtype), used_a,
+                      K.contiguous(rows_b, np.int64), K.contiguous(values_b, dtype), used_b,
+                      num_rows, rows, values)
+        groups = K.group_rows(rows, num_rows, num_rows + 1)
+        summed = K.empty((groups.rows.shape[0], dim), dtype)
+        K.sum_row_groups(values, groups, False, summed)
+        return SparseRows._grouped(groups, summed, num_rows)

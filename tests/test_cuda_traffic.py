@@ -149,12 +149,14 @@ OPS = {
     "embedding_backward": (lambda d: F.embedding_backward(d["g"], d["ids"], V), None),
     "embedding_backward_sparse": (lambda d: F.embedding_backward(d["g"], d["ids"], V,
                                                                  sparse=True), None),
+    # gradient accumulation of two sparse backwards (concatenated, grouped, summed)
+    "sparse_gradients_added": (lambda d: F.embedding_backward(d["g"], d["ids"], V, sparse=True)
+                               + F.embedding_backward(d["g"], d["ids"], V, sparse=True), None),
 }
 
 
-# A device attention mask is still read on the host: its values (0 / 1, and the largest
-# position it gives) are validated there, as ValueErrors that the deferred error word
-# (IndexErrors only) cannot carry yet.
+# A device attention mask stays on the device: its values (0 / 1) and the positions it
+# gives are checked by the kernel that numbers them (deferred ValueErrors).
 MASK_OPS = {
     "alibi_bloom_device_mask": lambda d: F.add_alibi_(d["scores"], d["slopes"], mode="bloom",
                                                       attention_mask=d["mask"]),

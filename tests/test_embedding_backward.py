@@ -282,6 +282,46 @@ def test_sparse_rows_merge_and_validation(device):
         a + SparseRows(np.array([1]), on(device, np.ones((1, 2))), 7)
 
 
+def test_summing_two_backward_gradients_matches_numpy_on_each_device(rng, device):
+    # Gradient accumulation of two sparse backwards: rows in one, the other, or both;
+    # a value of -0.0 in one only keeps its sign (coalescing a concatenation).
+    grad_a = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    grad_b = rng.standard_normal((2, 5)).astype(np.float32)
+    ids_a, ids_b = np.array([[1, 7, 7, 0], [9, 1, 3, 3], [0, 0, 7, 2]]), np.array([7, 11])
+    grad_a[1, 2] = -0.0  # row 3 gets -0.0 + x; row 9 alone: -0.0 only if its only term
+    grad_a[1, 0] = -0.0
+    a = F.embedding_backward(on(device, grad_a), on(device, ids_a), 12, sparse=True)
+    b = F.embedding_backward(on(device, grad_b), on(device, ids_b), 12, sparse=True)
+    merged = a + b
+    want = np.zeros((12, 5), np.float32)
+    np.add.at(want, ids_a.ravel(), grad_a.reshape(-1, 5))
+    rows = np.union1d(ids_a, ids_b)
+    np.testing.assert_array_equal(host(merged.indices), rows)
+    got = host(merged.values)
+    expected = {}
+    for rows_of, grads in ((ids_a.ravel(), grad_a.reshape(-1, 5)), (ids_b, grad_b)):
+        part = {}
+        for r, g in zip(rows_of, grads, strict=True):
+            part[r] = g.copy() if r not in part else part[r] + g
+        for r, g in part.items():
+            expected[r] = g if r not in expected else expected[r] + g
+    for j, r in enumerate(rows):
+        assert got[j].tobytes() == expected[r].tobytes(), r
+    assert np.signbit(got[list(rows).index(9)]).all()  # -0.0 kept
+
+
+def test_summing_gradients_checks_rows_a_caller_may_have_changed(device):
+    a = F.embedding_backward(on(device, np.ones((2, 3), np.float32)), on(device, np.array([1, 4])),
+                             6, sparse=True)
+    b = SparseRows(np.array([0, 2]), on(device, np.ones((2, 3), np.float32)), 6)
+    host_rows = b.indices  # handed out: b is checked again before it is merged
+    if device == "cpu":
+        host_rows[1] = 6
+        with pytest.raises(IndexError, match="other.indices: index 6"):
+            a + b
+    np.testing.assert_array_equal(host((a + a).values), 2 * np.ones((2, 3), np.float32))
+
+
 @pytest.mark.parametrize("indices, values, num_rows, error, match", [
     (np.array([6]), np.ones((1, 2)), 6, IndexError, "index 6 .* num_rows=6"),
     (np.array([10**9]), np.ones((1, 2)), 6, IndexError, "index 1000000000"),

@@ -7,9 +7,8 @@ import numpy as np
 from ... import _pool, config
 from . import background
 
-__all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty",
-           "full", "to_host",
-           "zeros"]
+__all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "concat_rows",
+           "contiguous", "empty", "full", "to_host", "zeros"]
 # (option and pick are the launchers' helpers, not part of the twinned namespace.)
 
 DEVICE = "cpu"
@@ -117,3 +116,20 @@ def add_rows_(dense, rows, values, used):
     """``dense[rows[j]] += values[j]`` for unique ``rows[:used]`` (sparse rows into a dense
     array)."""
     dense[rows[:used]] += values[:used]
+
+
+def concat_rows(rows_a, values_a, used_a, rows_b, values_b, used_b, pad, rows_out, values_out):
+    """The real rows of two sparse gradients, one after the other.
+
+    ``rows_out[:used_a]`` / ``values_out[:used_a]`` get ``rows_a[:used_a]`` /
+    ``values_a[:used_a]``, the next ``used_b`` slots ``b``'s, and the rows of
+    the slots left (``rows_out`` has ``len(rows_a) + len(rows_b)``) are
+    ``pad``; their values are left as they are. (``used_*``: ints here,
+    device counts on the GPU.)
+    """
+    end = used_a + used_b
+    rows_out[:used_a] = rows_a[:used_a]
+    rows_out[used_a:end] = rows_b[:used_b]
+    rows_out[end:] = pad
+    values_out[:used_a] = values_a[:used_a]
+    values_out[used_a:end] = values_b[:used_b]

@@ -12,9 +12,8 @@ from numba import cuda
 
 from . import errors
 
-__all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "contiguous", "empty",
-           "full", "to_host",
-           "zeros"]
+__all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "concat_rows",
+           "contiguous", "empty", "full", "to_host", "zeros"]
 
 DEVICE = "cuda"
 # Index errors are recorded by kernels and raised by a later call (see errors.py).
@@ -70,6 +69,49 @@ def _add_rows(dense, rows, values, used, word):
         row = rows[j]
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
             dense[row, d] += values[j, d]
+
+
+@cuda.jit
+def _concat_rows(rows_a, values_a, used_a, rows_b, values_b, used_b, pad, rows_out,
+                 values_out):
+    # One block per slot of rows_out (grid-stride), threads along D: slot i < len(rows_a)
+    # copies a's row i when it is real, the others b's row i - len(rows_a) to
+    # used_a + that; slots from used_a + used_b on get the row ``pad``.
+    count_a = used_a[0]
+    end = count_a + used_b[0]
+    size_a = rows_a.shape[0]
+    dim = values_out.shape[1]
+    for i in range(cuda.blockIdx.x, rows_out.shape[0], cuda.gridDim.x):
+        if i >= end and cuda.threadIdx.x == 0:
+            rows_out[i] = pad
+        if i < size_a:
+            if i < count_a:
+                if cuda.threadIdx.x == 0:
+                    rows_out[i] = rows_a[i]
+                for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+                    values_out[i, d] = values_a[i, d]
+        else:
+            j = i - size_a
+            if j < used_b[0]:
+                if cuda.threadIdx.x == 0:
+                    rows_out[count_a + j] = rows_b[j]
+                for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+                    values_out[count_a + j, d] = values_b[j, d]
+
+
+def concat_rows(rows_a, values_a, used_a, rows_b, values_b, used_b, pad, rows_out, values_out):
+    """The real rows of two sparse gradients, one after the other (the CPU twin's result),
+    with the counts ``used_*`` read on the device: nothing is read back."""
+    if rows_out.size:
+        used_a, used_b = (asarray(np.array([u, 0], np.int64)) if isinstance(u, int) else u
+                          for u in (used_a, used_b))
+        _concat_rows[grid(rows_out.size * THREADS), _row_threads(values_out.shape[1])](
+            rows_a, values_a, used_a, rows_b, values_b, used_b, np.int64(pad), rows_out,
+            values_out)
+
+
+def _row_threads(dim: int) -> int:
+    return min(THREADS, max(32, -(-dim // 32) * 32))
 
 
 def empty(shape, dtype):
