@@ -18,6 +18,7 @@ from . import (
     errors,  # noqa: F401 (``_device`` raises and synchronises through it)
     half,
     init,
+    launch,  # noqa: F401 (every launcher launches through it)
     memory,
     normalization,
     optim,
@@ -25,6 +26,7 @@ from . import (
     quantized,
     resize,
     rotary,
+    streams,  # noqa: F401 (numbapos.cuda and the allocator read the current stream)
 )
 from .alibi import *  # noqa: F403
 from .arrays import *  # noqa: F403

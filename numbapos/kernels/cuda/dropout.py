@@ -13,6 +13,7 @@ from numba import cuda
 from ..hash import dropout_key, keeps
 from . import errors
 from .arrays import THREADS, grid
+from .launch import launch
 
 __all__ = ["dropout_apply", "dropout_keep_mask"]
 
@@ -30,15 +31,15 @@ def dropout_apply(x, drop, out):
     if x.size:
         dtype = out.dtype.type
         # The scale is cast on the host exactly as the CPU kernel casts it.
-        _dropout_apply[grid(x.size), THREADS](x, drop.seed, drop.counter, drop.threshold,
-                                              dtype(drop.scale), dtype(0), out,
-                                              errors.device_word())
+        launch(_dropout_apply, grid(x.size), THREADS, x, drop.seed, drop.counter, drop.threshold,
+               dtype(drop.scale), dtype(0), out, errors.device_word())
 
 
 def dropout_keep_mask(drop, out):
     """``out[i] = kept(i)`` over a flat bool ``out``."""
     if out.size:
-        _dropout_keep_mask[grid(out.size), THREADS](drop.seed, drop.counter, drop.threshold, out)
+        launch(_dropout_keep_mask, grid(out.size), THREADS, drop.seed, drop.counter,
+               drop.threshold, out)
 
 
 @cuda.jit

@@ -24,6 +24,7 @@ from numba import cuda, float64, int64
 from . import errors, grouping
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .fpmath import cast_like, mul_rn
+from .launch import launch
 
 __all__ = ["check_indices", "gather_rows", "gather_rows_checked", "group_rows",
            "not_equal_mask", "renorm_used_rows_", "scatter_rows", "sum_row_groups"]
@@ -47,8 +48,8 @@ def check_indices(flat, size, name="indices", size_name="num_embeddings"):
     """
     if flat.size:
         word, host = errors.words()
-        _check_indices[grid(flat.size), THREADS](flat, int64(size), word, host,
-                                                 errors.tag(name, size_name))
+        launch(_check_indices, grid(flat.size), THREADS, flat, int64(size), word, host,
+               errors.tag(name, size_name))
         errors.after_launch()
     return -1
 
@@ -61,8 +62,8 @@ def gather_rows(flat, weight, out):
     """
     if flat.size and weight.shape[1]:
         word, host = errors.words()
-        _gather_rows[min(flat.size, MAX_BLOCKS), _row_threads(weight.shape[1], _UNROLL)](
-            flat, weight, out, word, host, errors.tag())
+        launch(_gather_rows, min(flat.size, MAX_BLOCKS), _row_threads(weight.shape[1], _UNROLL),
+               flat, weight, out, word, host, errors.tag())
         errors.after_launch()
 
 
@@ -91,9 +92,8 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
     groups = group_rows(flat, None, weight.shape[0])
     norm_type = float(norm_type)
     kind = norm_kind(norm_type)
-    _renorm_rows_[min(flat.size, MAX_BLOCKS), _tree_threads(weight.shape[1])](
-        weight, groups.rows, groups.used, float(max_norm), kind, norm_type,
-        errors.device_word())
+    launch(_renorm_rows_, min(flat.size, MAX_BLOCKS), _tree_threads(weight.shape[1]), weight,
+           groups.rows, groups.used, float(max_norm), kind, norm_type, errors.device_word())
 
 
 def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
@@ -134,7 +134,7 @@ def sum_row_groups(grad, groups, scale_grad_by_freq, out):
 def not_equal_mask(flat, value, out):
     """``out[i] = flat[i] != value`` (``out`` flat bool)."""
     if flat.size:
-        _not_equal_mask[grid(flat.size), THREADS](flat, np.int64(value), out)
+        launch(_not_equal_mask, grid(flat.size), THREADS, flat, np.int64(value), out)
 
 
 # ---------------------------------------------------------------- launcher helpers
@@ -170,9 +170,9 @@ def _launch_sum(grad, groups, dense, scale_grad_by_freq, out):
     """One block per group sums its positions into ``out`` (row ``rows[j]`` when ``dense``)."""
     n = groups.order.size
     if n and grad.shape[1]:
-        _sum_row_segments[min(n, MAX_BLOCKS), _row_threads(grad.shape[1])](
-            grad, groups.order, groups.starts, groups.counts, groups.rows, groups.used,
-            bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
+        launch(_sum_row_segments, min(n, MAX_BLOCKS), _row_threads(grad.shape[1]), grad,
+               groups.order, groups.starts, groups.counts, groups.rows, groups.used, bool(dense),
+               bool(scale_grad_by_freq), out, errors.device_word())
 
 
 # ---------------------------------------------------------------- kernels

@@ -28,6 +28,7 @@ from . import arrays, errors
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .embedding import segment_sum
 from .fpmath import cast_like
+from .launch import launch
 
 __all__ = ["adagrad_dense_", "adagrad_row_groups_", "adagrad_rows_", "adam_dense_",
            "adam_row_groups_", "adam_rows_", "rowwise_adagrad_dense_",
@@ -47,8 +48,8 @@ def sgd_dense_(param, grad, buf, first, hyper):
     parameter's dtype; ``first`` says the momentum buffer starts on this step.
     """
     if param.size:
-        _sgd_dense[grid(param.size), THREADS](param, grad, buf, bool(first), hyper,
-                                              errors.device_word())
+        launch(_sgd_dense, grid(param.size), THREADS, param, grad, buf, bool(first), hyper,
+               errors.device_word())
 
 
 def sgd_rows_(param, rows, values, used, buf, row_started, hyper):
@@ -62,12 +63,12 @@ def sgd_rows_(param, rows, values, used, buf, row_started, hyper):
         return
     used, word = _on_device(used), errors.device_word()
     if param.shape[1]:
-        _sgd_rows[_row_blocks(rows), _row_threads(param.shape[1])](
-            param, rows, used, values, buf, row_started, hyper, word)
+        launch(_sgd_rows, _row_blocks(rows), _row_threads(param.shape[1]), param, rows, used,
+               values, buf, row_started, hyper, word)
     if hyper.momentum != 0:
         # A second launch, so no block can see a flag that another set this step
         # (rows are unique, but the flags are read above and set only here).
-        _mark_started[grid(rows.size), THREADS](rows, used, row_started, word)
+        launch(_mark_started, grid(rows.size), THREADS, rows, used, row_started, word)
 
 
 def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, hyper):
@@ -83,11 +84,11 @@ def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, h
         return
     word = errors.device_word()
     if param.shape[1]:
-        _sgd_row_groups[_row_blocks(groups.rows), _row_threads(param.shape[1])](
-            param, grad, groups, bool(scale_grad_by_freq), buf, row_started, hyper, word)
+        launch(_sgd_row_groups, _row_blocks(groups.rows), _row_threads(param.shape[1]), param,
+               grad, groups, bool(scale_grad_by_freq), buf, row_started, hyper, word)
     if hyper.momentum != 0:
-        _mark_started[grid(groups.rows.size), THREADS](groups.rows, groups.used, row_started,
-                                                       word)
+        launch(_mark_started, grid(groups.rows.size), THREADS, groups.rows, groups.used,
+               row_started, word)
 
 
 def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
@@ -97,8 +98,8 @@ def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
     ``max_exp_avg_sq`` is read and written only with ``amsgrad`` (may be empty).
     """
     if param.size:
-        _adam_dense[grid(param.size), THREADS](param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq,
-                                               hyper, errors.device_word())
+        launch(_adam_dense, grid(param.size), THREADS, param, grad, exp_avg, exp_avg_sq,
+               max_exp_avg_sq, hyper, errors.device_word())
 
 
 def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper):
@@ -109,40 +110,38 @@ def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper):
     step size. ``used`` rows are real (see :func:`sgd_rows_`).
     """
     if rows.size and param.shape[1]:
-        _adam_rows[_row_blocks(rows), _row_threads(param.shape[1])](
-            param, rows, _on_device(used), values, exp_avg, exp_avg_sq, hyper,
-            errors.device_word())
+        launch(_adam_rows, _row_blocks(rows), _row_threads(param.shape[1]), param, rows,
+               _on_device(used), values, exp_avg, exp_avg_sq, hyper, errors.device_word())
 
 
 def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper):
     """:func:`adam_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
     if groups.rows.size and param.shape[1]:
-        _adam_row_groups[_row_blocks(groups.rows), _row_threads(param.shape[1])](
-            param, grad, groups, bool(scale_grad_by_freq), exp_avg, exp_avg_sq, hyper,
-            errors.device_word())
+        launch(_adam_row_groups, _row_blocks(groups.rows), _row_threads(param.shape[1]), param,
+               grad, groups, bool(scale_grad_by_freq), exp_avg, exp_avg_sq, hyper,
+               errors.device_word())
 
 
 def adagrad_dense_(param, grad, state_sum, hyper):
     """One ``torch.optim.Adagrad`` step on flat arrays, in place (``hyper``: AdagradHyper)."""
     if param.size:
-        _adagrad_dense[grid(param.size), THREADS](param, grad, state_sum, hyper,
-                                                  errors.device_word())
+        launch(_adagrad_dense, grid(param.size), THREADS, param, grad, state_sum, hyper,
+               errors.device_word())
 
 
 def adagrad_rows_(param, rows, values, used, state_sum, hyper):
     """``torch.optim.Adagrad``'s sparse update of the listed (unique) rows of a 2-D ``param``
     (``used`` rows are real, see :func:`sgd_rows_`)."""
     if rows.size and param.shape[1]:
-        _adagrad_rows[_row_blocks(rows), _row_threads(param.shape[1])](
-            param, rows, _on_device(used), values, state_sum, hyper, errors.device_word())
+        launch(_adagrad_rows, _row_blocks(rows), _row_threads(param.shape[1]), param, rows,
+               _on_device(used), values, state_sum, hyper, errors.device_word())
 
 
 def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`adagrad_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
     if groups.rows.size and param.shape[1]:
-        _adagrad_row_groups[_row_blocks(groups.rows), _row_threads(param.shape[1])](
-            param, grad, groups, bool(scale_grad_by_freq), state_sum, hyper,
-            errors.device_word())
+        launch(_adagrad_row_groups, _row_blocks(groups.rows), _row_threads(param.shape[1]), param,
+               grad, groups, bool(scale_grad_by_freq), state_sum, hyper, errors.device_word())
 
 
 def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
@@ -152,24 +151,23 @@ def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
     :class:`~numbapos._args.RowWiseAdagradHyper`.
     """
     if param.shape[0] and param.shape[1]:
-        _rowwise_dense[grid(param.shape[0]), THREADS](param, grad, state_sum, hyper,
-                                                      errors.device_word())
+        launch(_rowwise_dense, grid(param.shape[0]), THREADS, param, grad, state_sum, hyper,
+               errors.device_word())
 
 
 def rowwise_adagrad_rows_(param, rows, values, used, state_sum, hyper):
     """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only (``used`` rows are
     real, see :func:`sgd_rows_`)."""
     if rows.size and param.shape[1]:
-        _rowwise_rows[grid(rows.size), THREADS](param, rows, _on_device(used), values, state_sum,
-                                                hyper, errors.device_word())
+        launch(_rowwise_rows, grid(rows.size), THREADS, param, rows, _on_device(used), values,
+               state_sum, hyper, errors.device_word())
 
 
 def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`rowwise_adagrad_rows_` fused with the gradient of a lookup (see sgd_row_groups_)."""
     if groups.rows.size and param.shape[1]:
-        _rowwise_row_groups[grid(groups.rows.size), THREADS](
-            param, grad, groups, bool(scale_grad_by_freq), state_sum, hyper,
-            errors.device_word())
+        launch(_rowwise_row_groups, grid(groups.rows.size), THREADS, param, grad, groups,
+               bool(scale_grad_by_freq), state_sum, hyper, errors.device_word())
 
 
 def _on_device(used):

@@ -1,0 +1,101 @@
+"""Cheaper launches on a real GPU: the compiled kernel resolved once per signature.
+
+``kernel[blocks, threads, stream](*args)`` configures a launch (an
+``lru_cache`` lookup), builds a ``_LaunchConfiguration``, types every
+argument through the C dispatcher, selects a launch-config dispatcher and
+only then calls the compiled kernel's ``launch``. :func:`launch` skips all of
+that after the first launch of a signature: it keys a cache on the
+dispatcher and the arguments' Numba types (cached per device array by Numba
+itself, so reading them is an attribute lookup), and calls the compiled
+``_Kernel.launch`` directly with the stream already converted to a
+``cuda.core`` stream.
+
+That uses numba-cuda internals (``dispatcher.overloads``, ``_Kernel.launch``,
+``driver._to_core_stream``), so it is used only on a real GPU, only where
+:func:`supported` finds them (the ``cuda`` extra pins the numba-cuda minor
+versions it was written against), and never for kernels compiled with
+``debug`` or launch-config-sensitive ones. Anything else, and the first
+launch of each signature (which compiles), takes the ordinary path.
+``NUMBAPOS_CUDA_FAST_LAUNCH=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+from numba import config as numba_config
+
+__all__ = []  # not launchers
+
+
+def supported() -> bool:
+    """Whether the installed numba-cuda has every internal the fast path relies on."""
+    try:
+        from numba.cuda import dispatcher
+        from numba.cuda.cudadrv import driver
+        from numba.cuda.typing.typeof import Purpose, typeof  # noqa: F401
+    except ImportError:
+        return False
+    kernel = getattr(dispatcher, "_Kernel", None)
+    return (kernel is not None and callable(getattr(kernel, "launch", None))
+            and hasattr(dispatcher.CUDADispatcher, "overloads")
+            and callable(getattr(driver, "_to_core_stream", None)))
+
+
+def _enabled() -> bool:
+    if numba_config.ENABLE_CUDASIM:
+        return False
+    if os.environ.get("NUMBAPOS_CUDA_FAST_LAUNCH", "1") in ("0", ""):
+        return False
+    return supported()
+
+
+ENABLED = _enabled()
+
+_compiled: dict = {}  # (dispatcher, argtypes) -> compiled _Kernel
+_core_streams: dict = {}  # id(stream) -> (stream, cuda.core stream)
+
+
+def _typeof():
+    from numba.cuda.typing.typeof import Purpose, typeof
+
+    def of(value):
+        cached = getattr(value, "_numba_type_", None)  # Numba device arrays cache theirs
+        return cached if cached is not None else typeof(value, Purpose.argument)
+    return of
+
+
+_type_of = _typeof() if ENABLED else None
+
+
+def _core_stream(stream):
+    """``stream`` as the ``cuda.core`` stream ``_Kernel.launch`` takes (converted once)."""
+    found = _core_streams.get(id(stream))
+    if found is None or found[0] is not stream:
+        from numba.cuda.cudadrv import driver
+
+        found = _core_streams[id(stream)] = (stream, driver._to_core_stream(stream))
+    return found[1]
+
+
+def launch(kernel, blocks, threads, stream, args) -> bool:
+    """Launch through the cached compiled kernel; False (nothing launched) where the
+    ordinary path must do it."""
+    try:
+        key = (kernel, tuple(map(_type_of, args)))
+    except Exception:
+        return False  # an argument Numba types only through its C dispatcher
+    compiled = _compiled.get(key)
+    if compiled is None:
+        compiled = kernel.overloads.get(key[1])
+        if (compiled is None or getattr(compiled, "debug", False)
+                or getattr(compiled, "launch_config_sensitive", False)
+                or getattr(kernel, "_launch_config_sensitive", False)):
+            return False  # compile (or launch specially) on the ordinary path first
+        _compiled[key] = compiled
+    if not isinstance(blocks, tuple):
+        blocks = (int(blocks), 1, 1)
+    if not isinstance(threads, tuple):
+        threads = (int(threads), 1, 1)
+    compiled.launch(args, blocks, threads, _core_stream(stream), 0)
+    return True

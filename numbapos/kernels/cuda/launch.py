@@ -1,0 +1,23 @@
+"""The one way the CUDA backend launches a kernel: on numbapos's current stream.
+
+Every launcher calls ``launch(kernel, blocks, threads, *args)`` instead of
+``kernel[blocks, threads](*args)``, so the stream a :func:`numbapos.cuda.stream`
+context chose (:mod:`.streams`) reaches every kernel, a captured step
+(:mod:`.graphs`) records every kernel, and the host cost of a launch is paid
+in one place (:mod:`.fastlaunch` on a real GPU).
+"""
+
+from __future__ import annotations
+
+from . import fastlaunch, streams
+
+__all__ = []  # not launchers
+
+
+def launch(kernel, blocks, threads, *args) -> None:
+    """Launch ``kernel`` (a ``@cuda.jit`` dispatcher) on ``blocks`` x ``threads`` with ``args``,
+    on the current stream."""
+    stream = streams.current()
+    if fastlaunch.ENABLED and fastlaunch.launch(kernel, blocks, threads, stream, args):
+        return
+    kernel[blocks, threads, stream](*args)
