@@ -21,6 +21,7 @@ launch of each signature (which compiles), takes the ordinary path.
 
 from __future__ import annotations
 
+import inspect
 import os
 
 from numba import config as numba_config
@@ -37,9 +38,13 @@ def supported() -> bool:
     except ImportError:
         return False
     kernel = getattr(dispatcher, "_Kernel", None)
-    return (kernel is not None and callable(getattr(kernel, "launch", None))
-            and hasattr(dispatcher.CUDADispatcher, "overloads")
-            and callable(getattr(driver, "_to_core_stream", None)))
+    if kernel is None or not callable(getattr(kernel, "launch", None)):
+        return False
+    wanted = ["self", "args", "griddim", "blockdim", "stream", "sharedmem"]
+    if list(inspect.signature(kernel.launch).parameters) != wanted:
+        return False
+    # ``overloads`` is set per dispatcher instance: launch() checks it on each kernel.
+    return callable(getattr(driver, "_to_core_stream", None))
 
 
 def _enabled() -> bool:
@@ -87,7 +92,7 @@ def launch(kernel, blocks, threads, stream, args) -> bool:
         return False  # an argument Numba types only through its C dispatcher
     compiled = _compiled.get(key)
     if compiled is None:
-        compiled = kernel.overloads.get(key[1])
+        compiled = getattr(kernel, "overloads", {}).get(key[1])
         if (compiled is None or getattr(compiled, "debug", False)
                 or getattr(compiled, "launch_config_sensitive", False)
                 or getattr(kernel, "_launch_config_sensitive", False)):
