@@ -13,6 +13,7 @@ from . import (
     alibi,
     arrays,
     blocks,
+    clock,  # noqa: F401 (the optimiser ops tick their device clocks through it)
     dropout,
     embedding,
     errors,  # noqa: F401 (``_device`` raises and synchronises through it)
