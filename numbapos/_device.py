@@ -362,6 +362,7 @@ def copy(x):
 
         out = arrays.empty(x.shape, x.dtype)
         out.copy_to_device(x, stream=streams.current())
+        streams.record("copy", out, x)
         return out
     return np.array(x, copy=True)
 

@@ -37,7 +37,7 @@ import contextlib
 
 from . import _device
 
-__all__ = ["current_stream", "stream"]
+__all__ = ["capture", "current_stream", "stream"]
 
 
 def _backend():
@@ -85,10 +85,76 @@ def current_stream():
     return _backend().streams.current()
 
 
-def __getattr__(name):
-    # The capture API lives beside the backend; imported on first use.
-    if name in ("CapturedStep", "capture"):
-        from .kernels.cuda import graphs
+def capture(step, *, warmup=1):
+    """Capture one call of a training step as a CUDA graph, to replay it cheaply.
 
-        return getattr(graphs, name)
+    PyTorch's recipe (``torch.cuda.graphs``) in one call: ``step`` (a function
+    of no arguments running forward, backward and the optimiser step on
+    CUDA arrays) runs ``warmup`` times eagerly on a side stream, so that every
+    kernel is compiled and the caching allocator holds every block the step
+    needs; then one call is captured on that stream into a CUDA graph and
+    executed. Each :meth:`CapturedStep.replay` runs the whole step again as
+    one graph launch, on the current stream.
+
+    Inputs are static, as in PyTorch: the graph reads the arrays the captured
+    call read, so copy each new batch into them (``ids.copy_to_device(batch)``)
+    before a replay; outputs (``captured.outputs``, what ``step`` returned)
+    are rewritten in place by each replay. What changes from step to step
+    lives on the device and advances on each replay: the optimisers' step
+    counts (Adam's bias correction, Adagrad's decay) and learning rates; a
+    scheduler may set ``group["lr"]`` between replays (a replay copies it to
+    the device). Results are bit-identical to running ``step`` eagerly.
+
+    On Numba's CUDA simulator (no graphs) the captured call runs eagerly while
+    its launches and device copies are recorded, and each replay runs that
+    record again, as a graph would (the step's Python code does not run).
+
+    Parameters
+    ----------
+    step : callable
+        The training step, called with no arguments. Its host code runs
+        ``warmup + 1`` times here and never on a replay: keep per-step host
+        logic (data loading, logging, schedulers) outside it.
+    warmup : int, default 1
+        Eager calls before the capture (at least 1). They are real steps:
+        after ``capture`` returns the model has taken ``warmup + 1`` steps.
+
+    Returns
+    -------
+    CapturedStep
+        With ``replay()`` and ``outputs``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``step`` is not callable, ``warmup`` is not an int >= 1.
+    RuntimeError
+        The step needs the host while captured: a copy between host and
+        device (e.g. a SparseRows whose rows live on the host), a
+        synchronisation, an allocation its warm-up did not make, training-mode
+        dropout (its counter is still a host value), a 16-bit table's update;
+        or captures nested. The message names what was asked for.
+    IndexError
+        A bad id found by the warm-up (raised as at any synchronising call).
+
+    Examples
+    --------
+    >>> ids = numbapos.to_device(first_batch, "cuda")        # doctest: +SKIP
+    >>> grad_y = numbapos.to_device(upstream_grad, "cuda")   # static, like ids
+    >>> def step():
+    ...     y = model(ids)
+    ...     model.backward(grad_y)
+    ...     opt.step()
+    ...     model.zero_grad()
+    >>> captured = numbapos.cuda.capture(step)
+    >>> for batch in batches:
+    ...     ids.copy_to_device(batch)
+    ...     captured.replay()
+    """
+    return _backend().graphs.capture(step, warmup=warmup)
+
+
+def __getattr__(name):
+    if name == "CapturedStep":  # the class capture returns, imported with the backend
+        return _backend().graphs.CapturedStep
     raise AttributeError(f"module 'numbapos.cuda' has no attribute {name!r}")

@@ -17,6 +17,7 @@ from . import (
     dropout,
     embedding,
     errors,  # noqa: F401 (``_device`` raises and synchronises through it)
+    graphs,  # noqa: F401 (numbapos.cuda.capture)
     half,
     init,
     launch,  # noqa: F401 (every launcher launches through it)

@@ -119,7 +119,7 @@ def to_host(x) -> np.ndarray:
     stream = streams.current()
     out = x.copy_to_host(stream=stream)
     if stream:
-        stream.synchronize()
+        streams.wait(stream)
     return out
 
 

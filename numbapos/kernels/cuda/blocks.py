@@ -50,7 +50,7 @@ from numba import cuda, int64
 
 from ..._args import NO_DROPOUT, TiledIds, chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
-from . import errors
+from . import errors, streams
 from .arrays import THREADS, grid
 from .fpmath import mul_for, numba_float
 from .launch import launch
@@ -96,6 +96,8 @@ def _affine_args(tables, dtype):
 
 def _drop_scalars(drop, dtype):
     """The dropout arguments of a kernel: seed, counter, threshold, scale (cast), active."""
+    if drop.active:
+        streams.refuse_in_capture(streams.DROPOUT)
     return drop.seed, drop.counter, drop.threshold, dtype.type(drop.scale), bool(drop.active)
 
 

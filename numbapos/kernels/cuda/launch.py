@@ -18,6 +18,8 @@ def launch(kernel, blocks, threads, *args) -> None:
     """Launch ``kernel`` (a ``@cuda.jit`` dispatcher) on ``blocks`` x ``threads`` with ``args``,
     on the current stream."""
     stream = streams.current()
+    if streams.SIMULATED:
+        streams.record(kernel, blocks, threads, args)
     if fastlaunch.ENABLED and fastlaunch.launch(kernel, blocks, threads, stream, args):
         return
     kernel[blocks, threads, stream](*args)

@@ -108,14 +108,12 @@ def _manager_class():
 
         def memalloc(self, size):
             bucket = bucket_size(size)
+            capture = streams.capturing()
+            if capture is not None:
+                return self._capture_alloc(capture, size, bucket)
             stream = streams.handle(streams.current())
             block = self.pools.take(stream, bucket)
-            capture = streams.capturing()
             if block is None:
-                if capture is not None:
-                    streams.refuse_in_capture(
-                        f"a new device allocation ({size} bytes; none of that size was cached: "
-                        "run the step eagerly first, as numbapos.cuda.capture's warm-up does)")
                 try:
                     block = super().memalloc(bucket)
                 except CudaAPIError as err:
@@ -128,11 +126,24 @@ def _manager_class():
             def give_back():
                 pools.give(stream, bucket, block)
 
-            pointer = MemoryPointer(weakref.proxy(self.context), block.device_pointer, size,
-                                    finalizer=give_back)
-            if capture is not None:
-                capture.blocks.append(pointer)  # the graph may write it on every replay
-            return pointer
+            return MemoryPointer(weakref.proxy(self.context), block.device_pointer, size,
+                                 finalizer=give_back)
+
+        def _capture_alloc(self, capture, size, bucket):
+            # The capture's own freed blocks first, then those its warm-up left cached.
+            block = capture.take(bucket)
+            if block is None:
+                block = self.pools.take(streams.handle(capture.home), bucket)
+            if block is None:
+                streams.refuse_in_capture(
+                    f"a new device allocation ({size} bytes, none of that size cached: the "
+                    "step allocates more than in its warm-up; run more warm-up steps)")
+
+            def give_back():
+                capture.give(bucket, block)  # the graph's from now on (see streams.Capture)
+
+            return MemoryPointer(weakref.proxy(self.context), block.device_pointer, size,
+                                 finalizer=give_back)
 
         def empty_cache(self):
             """Drop the cached blocks; Numba's own finalizers free them."""

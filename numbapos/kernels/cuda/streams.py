@@ -43,6 +43,12 @@ def handle(stream) -> int:
     return int(stream.__cuda_stream__()[1])
 
 
+def wait(stream) -> None:
+    """Block the host until ``stream``'s queued work is done (a Numba or ``cuda.core`` stream)."""
+    sync = getattr(stream, "synchronize", None) or stream.sync
+    sync()
+
+
 @contextlib.contextmanager
 def using(stream):
     """Make ``stream`` (already converted by :func:`as_numba_stream`) current in this thread."""
@@ -121,12 +127,34 @@ def as_numba_stream(obj, name: str = "stream"):
 
 
 class Capture:
-    """What the CUDA backend needs to know while a step is being captured (see
-    :mod:`.graphs`): the stream capturing, and every allocation made meanwhile."""
+    """What the CUDA backend needs to know while a step is captured (see :mod:`.graphs`).
 
-    def __init__(self, stream):
+    ``stream`` is the stream capturing (current while capturing); ``home`` the
+    stream the step was warmed up on, whose cached blocks the capture takes.
+    Every block handed out while capturing belongs to the capture from then
+    on: freed, it goes to the capture's own pool (``free``, reused only by
+    later allocations of the same capture, which the graph orders after its
+    earlier users) and never back to the allocator, since every replay writes
+    it again. ``clocks`` lists the optimiser clocks the step ticked.
+    """
+
+    def __init__(self, stream, home):
         self.stream = stream
-        self.blocks: list = []  # device memory handed out while capturing (kept alive)
+        self.home = home
+        self.free: dict = {}
+        self.clocks: list = []
+        # On the simulator, which has no graphs, the capture records the device work
+        # itself (launches with their arguments, device-to-device copies) to replay it.
+        self.recorded: list | None = [] if SIMULATED else None
+
+    def take(self, bucket: int):
+        """A block of ``bucket`` bytes this capture freed, or None."""
+        blocks = self.free.get(bucket)
+        return blocks.pop() if blocks else None
+
+    def give(self, bucket: int, block) -> None:
+        """Keep ``block`` (this capture's) for its own later allocations."""
+        self.free.setdefault(bucket, []).append(block)
 
 
 def capturing() -> Capture | None:
@@ -148,6 +176,14 @@ def capture_state(state: Capture):
         _local.capture = None
 
 
+def record(*work) -> None:
+    """Note one piece of device work (``(kernel, blocks, threads, args)`` or
+    ``("copy", destination, source)``) for the simulator's replay of a capture."""
+    capture = capturing()
+    if capture is not None and capture.recorded is not None:
+        capture.recorded.append(work)
+
+
 def refuse_in_capture(what: str) -> None:
     """RuntimeError when ``what`` (a host round trip) is asked for while a step is captured."""
     if capturing() is not None:
@@ -157,3 +193,7 @@ def refuse_in_capture(what: str) -> None:
             "or new allocation may happen while capturing); keep such data on the device "
             "(e.g. SparseRows from a lookup's backward, not host row lists) or do it outside "
             "the captured step")
+
+
+DROPOUT = ("training-mode dropout (its counter is a host value baked into the kernel: every "
+           "replay would draw the same mask); capture the step with dropout off (eval() or p=0)")
