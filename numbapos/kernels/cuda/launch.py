@@ -14,9 +14,18 @@ from . import fastlaunch, streams
 __all__ = []  # not launchers
 
 
+_launches = [0]  # launches made so far (benchmarks report launches per op)
+
+
+def launches() -> int:
+    """How many kernels numbapos has launched in this process."""
+    return _launches[0]
+
+
 def launch(kernel, blocks, threads, *args) -> None:
     """Launch ``kernel`` (a ``@cuda.jit`` dispatcher) on ``blocks`` x ``threads`` with ``args``,
     on the current stream."""
+    _launches[0] += 1
     stream = streams.current()
     if streams.SIMULATED:
         streams.record(kernel, blocks, threads, args)
