@@ -140,14 +140,14 @@ def capture(step, *, warmup=1):
     Examples
     --------
     >>> ids = numbapos.to_device(first_batch, "cuda")        # doctest: +SKIP
-    >>> grad_y = numbapos.to_device(upstream_grad, "cuda")   # static, like ids
-    >>> def step():
+    >>> grad_y = numbapos.to_device(upstream_grad, "cuda")   # doctest: +SKIP
+    >>> def step():  # doctest: +SKIP
     ...     y = model(ids)
     ...     model.backward(grad_y)
     ...     opt.step()
     ...     model.zero_grad()
-    >>> captured = numbapos.cuda.capture(step)
-    >>> for batch in batches:
+    >>> captured = numbapos.cuda.capture(step)  # doctest: +SKIP
+    >>> for batch in batches:  # doctest: +SKIP
     ...     ids.copy_to_device(batch)
     ...     captured.replay()
     """

@@ -62,9 +62,18 @@ _core_streams: dict = {}  # id(stream) -> (stream, cuda.core stream)
 
 
 def _typeof():
+    import numpy as np
     from numba.cuda.typing.typeof import Purpose, typeof
 
+    # Scalars by their Python type (what typeof answers for every value of those types).
+    scalars = {kind: typeof(kind(0), Purpose.argument)
+               for kind in (bool, float, np.bool_, np.int8, np.int16, np.int32, np.int64,
+                            np.uint8, np.uint16, np.uint32, np.uint64, np.float32, np.float64)}
+
     def of(value):
+        found = scalars.get(type(value))
+        if found is not None:
+            return found
         cached = getattr(value, "_numba_type_", None)  # Numba device arrays cache theirs
         return cached if cached is not None else typeof(value, Purpose.argument)
     return of
@@ -79,6 +88,8 @@ def _core_stream(stream):
     if found is None or found[0] is not stream:
         from numba.cuda.cudadrv import driver
 
+        if len(_core_streams) > 64:  # streams made and dropped by the hundred: start over
+            _core_streams.clear()
         found = _core_streams[id(stream)] = (stream, driver._to_core_stream(stream))
     return found[1]
 

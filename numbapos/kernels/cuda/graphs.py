@@ -30,6 +30,7 @@ import contextlib
 from numba import cuda
 
 from . import errors, streams
+from .launch import launch
 
 __all__ = []  # not launchers: numbapos.cuda's capture API
 
@@ -77,7 +78,7 @@ def _replay_recorded(recorded) -> None:
             work[1].copy_to_device(work[2], stream=stream)
         else:
             kernel, blocks, threads, args = work
-            kernel[blocks, threads, stream](*args)
+            launch(kernel, blocks, threads, *args)
 
 
 def _core_stream(stream):

@@ -16,9 +16,11 @@ every kernel that used it before; a block is never handed to another stream
 whose work might overtake the old user's. As with PyTorch's allocator, an
 array used on a stream other than its own must be kept alive (or that stream
 synchronised) until the work there is done. While a step is captured
-(:mod:`.graphs`) a pool miss raises (``cuMemAlloc`` cannot be captured: warm
-up first) and every block handed out is kept by the capture, so it cannot be
-recycled while the captured graph may still replay into it.
+(:mod:`.graphs`) allocations are served from the blocks the warm-up left
+cached on the capture's stream, a miss raises (``cuMemAlloc`` cannot be
+captured), and every block handed out belongs to the capture from then on
+(:class:`.streams.Capture`): the graph writes it on every replay, so it is
+never recycled for other work.
 
 Sizes are rounded up to 512 bytes below 1 MiB and to an eighth of the next
 power of two above, so a block serves requests of nearly the same size. On

@@ -96,7 +96,7 @@ def _native_kinds() -> tuple:
     return tuple(kinds)
 
 
-_simulated_externals: dict = {}
+_externals: dict = {}  # raw handle -> Numba stream
 
 
 def as_numba_stream(obj, name: str = "stream"):
@@ -115,12 +115,14 @@ def as_numba_stream(obj, name: str = "stream"):
             f"{name}: expected a CUDA stream (a numba.cuda stream, a cuda.core Stream, or an "
             "object with __cuda_stream__, a CuPy stream's .ptr or a PyTorch stream's "
             f".cuda_stream), got {type(obj).__name__} {repr(obj)[:200]}")
-    if SIMULATED:
-        # No external streams there: one simulated stream per handle stands in.
-        return _simulated_externals.setdefault(raw, cuda.stream())
-    if raw == 0:
+    if raw == 0 and not SIMULATED:
         return 0
-    return cuda.external_stream(raw)
+    # One wrapper per handle (a handle names one stream; fastlaunch caches per wrapper).
+    # The simulator cannot wrap external streams: a simulated stream stands in.
+    found = _externals.get(raw)
+    if found is None:
+        found = _externals[raw] = cuda.stream() if SIMULATED else cuda.external_stream(raw)
+    return found
 
 
 # ---------------------------------------------------------------- captured steps
