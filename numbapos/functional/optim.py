@@ -22,7 +22,6 @@ from .._args import (
     RowWiseAdagradHyper,
     SGDHyper,
 )
-from ..kernels import stepvalues
 from ..sparse import SparseRows
 from ._common import backend_for
 
@@ -114,6 +113,11 @@ def _sparse_args(param, grad, states, names):
         rows = K.asarray(rows) if K.DEVICE == "cuda" else _device.to_host(rows)
     return K, param, SummedRows(K.contiguous(rows, np.int64), K.contiguous(values, param.dtype),
                                 used)
+
+
+def _stepvalues():
+    """``numbapos.kernels.stepvalues``: the step scalars' code shared with the GPU's clocks."""
+    return _device.kernels_for("cpu").stepvalues
 
 
 def _live(K, hyper, clock, param, kind, **options):
@@ -304,7 +308,7 @@ def _adam_hyper(dtype, step, lr, betas, eps, weight_decay, maximize, decoupled_w
     (beta1, beta2), lr = v["betas"], v["lr"]
     # torch.optim.SparseAdam folds sqrt(bias_correction2) into the step size. Computed as
     # a captured CUDA step computes it on the device (kernels/stepvalues.py): same bits.
-    decay, neg_step_size, root = stepvalues.adam_scalars(
+    decay, neg_step_size, root = _stepvalues().adam_scalars(
         float(lr), float(beta1), float(beta2), float(v["weight_decay"]), step, bool(sparse))
     cast = np.dtype(dtype).type
     return AdamHyper(cast(1 - beta1), cast(beta2), cast(1 - beta2), cast(v["eps"]),
@@ -448,7 +452,7 @@ def _adagrad_hyper(dtype, step, lr, lr_decay, weight_decay, eps, maximize) -> Ad
     v = check_adagrad_options(dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                    eps=eps))
     step = _checks.check_int(step, "step", minimum=1)
-    neg_clr = stepvalues.adagrad_neg_clr(float(v["lr"]), float(v["lr_decay"]), float(step))
+    neg_clr = _stepvalues().adagrad_neg_clr(float(v["lr"]), float(v["lr_decay"]), float(step))
     cast = np.dtype(dtype).type
     return AdagradHyper(cast(neg_clr), cast(v["weight_decay"]), cast(v["eps"]), bool(maximize))
 
