@@ -223,3 +223,40 @@ def test_a_clock_is_for_cuda_parameters_only():
     param = np.zeros((2, 2), np.float32)
     with pytest.raises(TypeError, match="clock: an optimiser clock keeps the step on the GPU"):
         F.sgd_(param, np.ones((2, 2), np.float32), lr=0.1, clock=object())
+
+
+def _bert_setup():
+    block = nn.BertEmbeddings(V, D, max_position_embeddings=8, hidden_dropout_prob=0.0, seed=3,
+                              device="cuda")
+    opt = optim.AdamW(block.parameters(), lr=0.02)
+    ids = numbapos.to_device(BATCHES[0].reshape(1, N).copy(), "cuda")
+    grad = numbapos.to_device(GRAD.reshape(1, N, D), "cuda")
+
+    def step():
+        y = block(ids)
+        block.backward(grad)
+        opt.step()
+        block.zero_grad()
+        return y
+
+    return block, opt, ids, step
+
+
+def test_a_bert_block_step_replays_with_the_eager_bits():
+    # The fused block kernels (gather + sum + LayerNorm, its backward and partial sums)
+    # and AdamW's dense steps on every table, captured and replayed.
+    block, opt, ids, step = _bert_setup()
+    captured = numbapos.cuda.capture(step, warmup=1)
+    block2, opt2, ids2, step2 = _bert_setup()
+    step2()
+    step2()
+    for batch in BATCHES[2:4]:
+        ids.copy_to_device(batch.reshape(1, N))
+        ids2.copy_to_device(batch.reshape(1, N))
+        captured.replay()
+        expected = step2()
+        np.testing.assert_array_equal(numbapos.to_host(captured.outputs),
+                                      numbapos.to_host(expected))
+    for (name, p), (_, q) in zip(block.named_parameters(), block2.named_parameters(),
+                                 strict=True):
+        np.testing.assert_array_equal(numbapos.to_host(p.data), numbapos.to_host(q.data), name)

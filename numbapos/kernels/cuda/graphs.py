@@ -125,7 +125,8 @@ def capture(step, *, warmup: int = 1) -> CapturedStep:
     builder.begin_building("thread_local")
     state = streams.Capture(builder.stream, home)
     try:
-        with streams.capture_state(state):
+        # No cuMemFree of arrays Numba frees meanwhile: it cannot be captured.
+        with cuda.defer_cleanup(), streams.capture_state(state):
             outputs = step()
     except BaseException:
         with contextlib.suppress(Exception):  # the step's own error is the one to see
