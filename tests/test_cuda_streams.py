@@ -209,3 +209,39 @@ def test_the_fast_launch_is_off_on_the_simulator():
     from numbapos.kernels.cuda import fastlaunch
 
     assert fastlaunch.ENABLED is (not _simulated())
+
+
+def test_the_fast_launch_resolves_each_signature_once_and_falls_back_otherwise(monkeypatch):
+    # The fast path runs only on a real GPU; its bookkeeping is checked here with
+    # stand-ins for Numba's dispatcher, compiled kernel, typing and stream conversion.
+    from numbapos.kernels.cuda import fastlaunch
+
+    launched = []
+
+    class Compiled:
+        debug = False
+        launch_config_sensitive = False
+
+        def launch(self, args, griddim, blockdim, stream, sharedmem):
+            launched.append((args, griddim, blockdim, stream, sharedmem))
+
+    class Dispatcher:
+        def __init__(self):
+            self.overloads = {}
+
+    monkeypatch.setattr(fastlaunch, "_type_of", lambda value: type(value).__name__)
+    monkeypatch.setattr(fastlaunch, "_core_stream", lambda stream: ("core", stream))
+    monkeypatch.setattr(fastlaunch, "_compiled", {})
+    kernel = Dispatcher()
+    assert not fastlaunch.launch(kernel, 4, 32, 0, (1, 2.0))  # not compiled yet: ordinary
+    kernel.overloads[("int", "float")] = compiled = Compiled()
+    assert fastlaunch.launch(kernel, 4, 32, 0, (1, 2.0))
+    assert launched == [((1, 2.0), (4, 1, 1), (32, 1, 1), ("core", 0), 0)]
+    kernel.overloads.clear()  # resolved once: the cache answers from now on
+    assert fastlaunch.launch(kernel, (2, 3, 1), (8, 4, 1), "s", (5, 6.0))
+    assert launched[-1] == ((5, 6.0), (2, 3, 1), (8, 4, 1), ("core", "s"), 0)
+    assert not fastlaunch.launch(kernel, 1, 1, 0, (1, 2))  # another signature: ordinary
+    kernel.overloads[("int", "int")] = debug = Compiled()
+    debug.debug = True  # kernels compiled with debug=True check errors after launch
+    assert not fastlaunch.launch(kernel, 1, 1, 0, (1, 2))
+    assert len(launched) == 2 and compiled is not debug
