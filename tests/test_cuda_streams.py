@@ -238,7 +238,7 @@ def test_the_fast_launch_resolves_each_signature_once_and_falls_back_otherwise(m
     assert fastlaunch.launch(kernel, 4, 32, 0, (1, 2.0))
     assert launched == [((1, 2.0), (4, 1, 1), (32, 1, 1), ("core", 0), 0)]
     kernel.overloads.clear()  # resolved once: the cache answers from now on
-    assert fastlaunch.launch(kernel, (2, 3, 1), (8, 4, 1), "s", (5, 6.0))
+    assert fastlaunch.launch(kernel, (2, 3), (8, 4, 1), "s", (5, 6.0))
     assert launched[-1] == ((5, 6.0), (2, 3, 1), (8, 4, 1), ("core", "s"), 0)
     assert not fastlaunch.launch(kernel, 1, 1, 0, (1, 2))  # another signature: ordinary
     kernel.overloads[("int", "int")] = debug = Compiled()

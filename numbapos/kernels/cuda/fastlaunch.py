@@ -109,9 +109,12 @@ def launch(kernel, blocks, threads, stream, args) -> bool:
                 or getattr(kernel, "_launch_config_sensitive", False)):
             return False  # compile (or launch specially) on the ordinary path first
         _compiled[key] = compiled
-    if not isinstance(blocks, tuple):
-        blocks = (int(blocks), 1, 1)
-    if not isinstance(threads, tuple):
-        threads = (int(threads), 1, 1)
-    compiled.launch(args, blocks, threads, _core_stream(stream), 0)
+    compiled.launch(args, _dim3(blocks), _dim3(threads), _core_stream(stream), 0)
     return True
+
+
+def _dim3(extent) -> tuple:
+    """A grid or block extent as the 3-tuple numba-cuda's launch takes."""
+    if isinstance(extent, tuple):
+        return tuple(int(e) for e in extent) + (1,) * (3 - len(extent))
+    return (int(extent), 1, 1)
