@@ -260,3 +260,13 @@ def test_a_bert_block_step_replays_with_the_eager_bits():
     for (name, p), (_, q) in zip(block.named_parameters(), block2.named_parameters(),
                                  strict=True):
         np.testing.assert_array_equal(numbapos.to_host(p.data), numbapos.to_host(q.data), name)
+
+
+def test_a_bad_id_met_by_the_warm_up_raises_its_index_error():
+    emb, bias, opt, ids, step = _setup("cuda", OPTIMISERS["sgd_momentum"])
+    before = numbapos.to_host(emb.weight.data)
+    ids.copy_to_device(np.array([1, 2, 99, 0, 1]))
+    with pytest.raises(IndexError, match="index 99"):
+        numbapos.cuda.capture(step)
+    assert numbapos.cuda.current_stream() == 0
+    np.testing.assert_array_equal(numbapos.to_host(emb.weight.data), before)

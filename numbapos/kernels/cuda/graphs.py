@@ -110,12 +110,16 @@ def capture(step, *, warmup: int = 1) -> CapturedStep:
     if streams.capturing() is not None:
         raise RuntimeError("numbapos.cuda.capture: a step is already being captured in this "
                            "thread; captures do not nest")
-    errors.synchronize()  # the caller's queued work is done (it may fill the inputs)
+    # The side stream does not wait for the legacy default stream: the caller's queued
+    # work (filling the inputs) must be done first, and the warm-up's before the capture.
+    cuda.synchronize()
+    errors.raise_pending()
     home = _side_stream()
     with streams.using(home):
         for _ in range(warmup):
             step()
-    errors.synchronize()
+    cuda.synchronize()
+    errors.raise_pending()
     if streams.SIMULATED:
         state = streams.Capture(home, home)
         with streams.capture_state(state):
