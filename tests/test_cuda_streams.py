@@ -245,3 +245,93 @@ def test_the_fast_launch_resolves_each_signature_once_and_falls_back_otherwise(m
     debug.debug = True  # kernels compiled with debug=True check errors after launch
     assert not fastlaunch.launch(kernel, 1, 1, 0, (1, 2))
     assert len(launched) == 2 and compiled is not debug
+
+
+_ALLOCATOR_SCRIPT = r'''
+import gc
+from numbapos.kernels.cuda import memory, streams
+
+manager_class = memory._manager_class()
+made = []
+
+
+class Block:  # what the driver would allocate: a device pointer
+    def __init__(self, size):
+        self.device_pointer = (1 << 30) + len(made) * (1 << 20)
+        made.append(size)
+
+
+manager_class.__mro__[1].memalloc = lambda self, size: Block(size)
+
+
+class Context:
+    pass
+
+
+class Stream:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+context = Context()
+manager = manager_class(context=context)
+
+
+def alloc(size=1000):
+    return manager.memalloc(size)
+
+
+def address(pointer):
+    return int(pointer.device_pointer)
+
+
+a = alloc()
+first = address(a)
+del a
+gc.collect()
+assert address(alloc()) == first, "a freed block is reused on its stream"
+gc.collect()
+side = Stream(77)
+with streams.using(side):
+    b = alloc()
+    assert address(b) != first, "another stream never gets a block freed on the default one"
+    warm = address(b)
+    del b
+    gc.collect()
+capture = streams.Capture(Stream(78), side)
+with streams.capture_state(capture):
+    c = alloc()
+    assert address(c) == warm, "a capture takes the blocks its warm-up left"
+    del c
+    gc.collect()
+    d = alloc()
+    assert address(d) == warm, "and reuses its own freed blocks"
+    try:
+        alloc()
+    except RuntimeError as err:
+        assert "new device allocation" in str(err), err
+    else:
+        raise AssertionError("a pool miss inside a capture must raise")
+del d
+gc.collect()
+with streams.using(side):
+    assert address(alloc()) != warm, "a block the graph uses is never handed out again"
+print("ok", len(made))
+'''
+
+
+def test_the_allocator_keeps_blocks_on_their_stream_and_the_capture_s_blocks_apart(tmp_path):
+    # The caching manager needs the real numba.cuda (no GPU: the driver's allocation is
+    # stood in for), so it runs in a process without the simulator.
+    script = tmp_path / "allocator.py"
+    script.write_text(_ALLOCATOR_SCRIPT)
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0",
+           "PYTHONPATH": os.pathsep.join([str(CUDA_KERNELS.parents[2]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["ok", "3"]
