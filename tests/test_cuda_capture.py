@@ -150,6 +150,13 @@ def test_a_learning_rate_set_between_replays_is_obeyed():
                    zip(_state(emb, bias, opt), want, strict=True))  # the schedule mattered
 
 
+def _simulated() -> bool:
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+@pytest.mark.skipif(not _simulated(), reason="counts traffic on the simulator")
 def test_a_replay_makes_no_host_round_trip():
     emb, bias, opt, ids, step = _setup("cuda", OPTIMISERS["sgd_momentum"])
     captured = numbapos.cuda.capture(step)
