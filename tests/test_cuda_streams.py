@@ -196,8 +196,16 @@ def test_the_fast_launch_internals_exist_in_the_installed_numba_cuda():
     # The fast path (kernels/cuda/fastlaunch.py) uses numba-cuda internals; the cuda
     # extra pins the minor versions, and this fails when an upgrade moves them. Checked
     # against the real numba.cuda (no GPU needed to import it), not the simulator's.
-    code = ("from numbapos.kernels.cuda import fastlaunch; "
-            "print(fastlaunch.supported(), fastlaunch.ENABLED)")
+    code = (
+        "import numpy as np\n"
+        "from numba.cuda.typing.typeof import Purpose, typeof\n"
+        "from numbapos._args import AdamHyper\n"
+        "from numbapos.kernels.cuda import fastlaunch\n"
+        "values = [True, 2.5, 7, np.int64(3), np.float32(1), np.uint64(9),\n"
+        "          AdamHyper(*[np.float32(0.5)] * 8, False, True, False)]\n"
+        "for value in values * 2:  # the second time from the cache\n"
+        "    assert fastlaunch._type_of(value) == typeof(value, Purpose.argument), value\n"
+        "print(fastlaunch.supported(), fastlaunch.ENABLED)\n")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "NUMBAPOS_CUDA_FAST_LAUNCH": "1"}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)

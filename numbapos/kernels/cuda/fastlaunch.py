@@ -70,12 +70,23 @@ def _typeof():
                for kind in (bool, float, np.bool_, np.int8, np.int16, np.int32, np.int64,
                             np.uint8, np.uint16, np.uint32, np.uint64, np.float32, np.float64)}
 
+    named: dict = {}  # (named tuple class, field types) -> its Numba type
+
     def of(value):
         found = scalars.get(type(value))
         if found is not None:
             return found
         cached = getattr(value, "_numba_type_", None)  # Numba device arrays cache theirs
-        return cached if cached is not None else typeof(value, Purpose.argument)
+        if cached is not None:
+            return cached
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            # The hyper-parameters and row groups: typed from their fields' types.
+            key = (type(value), tuple(map(of, value)))
+            found = named.get(key)
+            if found is None:
+                found = named[key] = typeof(value, Purpose.argument)
+            return found
+        return typeof(value, Purpose.argument)
     return of
 
 
