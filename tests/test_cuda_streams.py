@@ -206,7 +206,7 @@ def test_the_fast_launch_internals_exist_in_the_installed_numba_cuda():
         "for value in values * 2:  # the second time from the cache\n"
         "    assert fastlaunch._type_of(value) == typeof(value, Purpose.argument), value\n"
         "print(fastlaunch.supported(), fastlaunch.ENABLED)\n")
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "NUMBAPOS_CUDA_FAST_LAUNCH": "1"}
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

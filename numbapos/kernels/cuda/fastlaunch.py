@@ -16,13 +16,12 @@ That uses numba-cuda internals (``dispatcher.overloads``, ``_Kernel.launch``,
 versions it was written against), and never for kernels compiled with
 ``debug`` or launch-config-sensitive ones. Anything else, and the first
 launch of each signature (which compiles), takes the ordinary path.
-``NUMBAPOS_CUDA_FAST_LAUNCH=0`` turns it off.
+``NUMBAPOS_CUDA_FAST_LAUNCH=0`` (setting ``cuda_fast_launch``) turns it off.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 
 from numba import config as numba_config
 
@@ -47,15 +46,9 @@ def supported() -> bool:
     return callable(getattr(driver, "_to_core_stream", None))
 
 
-def _enabled() -> bool:
-    if numba_config.ENABLE_CUDASIM:
-        return False
-    if os.environ.get("NUMBAPOS_CUDA_FAST_LAUNCH", "1") in ("0", ""):
-        return False
-    return supported()
-
-
-ENABLED = _enabled()
+# On a real GPU with the internals there; whether to use it is the setting
+# ``cuda_fast_launch`` (NUMBAPOS_CUDA_FAST_LAUNCH), read at every launch.
+ENABLED = not numba_config.ENABLE_CUDASIM and supported()
 
 _compiled: dict = {}  # (dispatcher, argtypes) -> compiled _Kernel
 _core_streams: dict = {}  # id(stream) -> (stream, cuda.core stream)

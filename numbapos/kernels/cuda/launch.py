@@ -9,6 +9,7 @@ in one place (:mod:`.fastlaunch` on a real GPU).
 
 from __future__ import annotations
 
+from ... import config as settings
 from . import fastlaunch, streams
 
 __all__ = []  # not launchers
@@ -29,6 +30,7 @@ def launch(kernel, blocks, threads, *args) -> None:
     stream = streams.current()
     if streams.SIMULATED:
         streams.record(kernel, blocks, threads, args)
-    if fastlaunch.ENABLED and fastlaunch.launch(kernel, blocks, threads, stream, args):
+    if (fastlaunch.ENABLED and settings.get("cuda_fast_launch")
+            and fastlaunch.launch(kernel, blocks, threads, stream, args)):
         return
     kernel[blocks, threads, stream](*args)
