@@ -4,7 +4,11 @@ Skipped without a real GPU (the simulator is for tests, not timings). Every
 timed call ends with a device synchronisation, so the times are those of the
 work, not of the launch. Bandwidth-bound cases report the bytes they move in
 ``extra_info``: ``GB/s`` and ``of_copy``, the fraction of the device-to-device
-copy bandwidth measured in the same run (``copy_bandwidth`` group)::
+copy bandwidth measured in the same run (``copy_bandwidth`` group). The
+``cuda_launch_cost`` group reports, per op, the kernels it launches and the
+host microseconds it takes to queue them (with numbapos's fast launch path on
+and off), and ``cuda_captured_step`` a training step replayed as a CUDA graph
+(``numbapos.cuda.capture``) next to the same step run eagerly::
 
     NUMBA_ENABLE_CUDASIM=0 pytest benchmarks/test_bench_cuda.py \\
         --benchmark-group-by=group --benchmark-columns=min,median,rounds
@@ -217,3 +221,80 @@ def test_bert_block(benchmark, data, impl, backward):
                     m.zero_grad()
             return y
     _time(benchmark, step)
+
+
+def _lookup_op(data):
+    weight, ids, _ = data
+    w, i = numbapos.to_device(weight, "cuda"), numbapos.to_device(ids, "cuda")
+    out = cuda.device_array(ids.shape + (DIM,), np.float32)
+    return lambda: F.embedding(i, w, out=out)
+
+
+def _bert_forward_op(data):
+    block = nn.BertEmbeddings(VOCAB, DIM, seed=0, hidden_dropout_prob=0.0).to("cuda")
+    i = numbapos.to_device(data[1], "cuda")
+    return lambda: block(i)
+
+
+def _sparse_step_op(data):
+    weight, ids, grad = data
+    emb = nn.Embedding(VOCAB, DIM, sparse=True, _weight=weight.copy(), device="cuda")
+    opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
+    i, g = numbapos.to_device(ids, "cuda"), numbapos.to_device(grad, "cuda")
+
+    def step():
+        emb(i)
+        emb.backward(g)
+        opt.step()
+        emb.zero_grad()
+    return step
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_launch", "ordinary_launch"])
+@pytest.mark.parametrize("op", ["lookup", "bert_forward", "sparse_sgd_step"])
+def test_launch_cost(benchmark, data, op, fast):
+    """Host time to queue one op (no synchronisation inside the loop), and its launches."""
+    from numbapos.kernels.cuda import launch
+
+    benchmark.group = "cuda_launch_cost"
+    fn = {"lookup": _lookup_op, "bert_forward": _bert_forward_op,
+          "sparse_sgd_step": _sparse_step_op}[op](data)
+    calls = 100
+
+    def queue():
+        for _ in range(calls):
+            fn()
+
+    with numbapos.config.override(cuda_fast_launch=fast):
+        for _ in range(3):
+            fn()
+        _sync()
+        before = launch.launches()
+        fn()
+        per_op = launch.launches() - before
+        _sync()
+        benchmark.pedantic(queue, rounds=5, iterations=1, warmup_rounds=1)
+        _sync()
+    host_us = benchmark.stats.stats.min / calls * 1e6
+    benchmark.extra_info["launches"] = per_op
+    benchmark.extra_info["host_us_per_op"] = round(host_us, 1)
+    benchmark.extra_info["host_us_per_launch"] = round(host_us / max(per_op, 1), 1)
+
+
+@pytest.mark.parametrize("mode", ["captured", "eager"])
+def test_captured_step(benchmark, data, mode):
+    """Sparse Embedding forward + backward + Adam, replayed as a CUDA graph or run eagerly."""
+    benchmark.group = "cuda_captured_step"
+    weight, ids, grad = data
+    emb = nn.Embedding(VOCAB, DIM, sparse=True, _weight=weight.copy(), device="cuda")
+    opt = optim.Adam(emb.parameters(), lr=1e-3)
+    i, g = numbapos.to_device(ids, "cuda"), numbapos.to_device(grad, "cuda")
+
+    def step():
+        y = emb(i)
+        emb.backward(g)
+        opt.step()
+        emb.zero_grad()
+        return y
+
+    _time(benchmark, numbapos.cuda.capture(step).replay if mode == "captured" else step)

@@ -11,6 +11,9 @@ optim
     row-sparse gradients, checkpointable with ``state_dict``.
 io
     ``save_state`` / ``load_state`` for safetensors files (needs the ``io`` extra).
+cuda
+    GPU streams (``numbapos.cuda.stream(s)``) and captured training steps
+    (``numbapos.cuda.capture(step)``, replayed as CUDA graphs).
 config
     Runtime settings (the ``NUMBAPOS_*`` variables) and ``config.override(...)``.
 distributed
@@ -35,7 +38,7 @@ for them and raises an index error they found (as the next numbapos call and
 every copy to the host also do).
 """
 
-from . import config, functional, io, nn, optim
+from . import config, cuda, functional, io, nn, optim
 from ._device import (
     cuda_available,
     cuda_empty_cache,
@@ -51,7 +54,8 @@ from .sparse import SparseRows
 
 __version__ = "0.1.0"
 
-__all__ = ["SparseRows", "__version__", "config", "cuda_available", "cuda_empty_cache", "device_of",
+__all__ = ["SparseRows", "__version__", "config", "cuda", "cuda_available", "cuda_empty_cache",
+           "device_of",
            "functional", "get_num_threads", "io", "is_grad_enabled", "nn", "no_grad", "optim",
            "set_num_threads", "synchronize", "to_device", "to_host", "wait_for_compiles",
            "warmup"]

@@ -358,10 +358,11 @@ def copy(x):
     """A copy of ``x`` on its own device (NumPy in, NumPy out; CUDA in, Numba device array out)."""
     if is_cuda_array(x):
         x = adopt(x)
-        from numba import cuda
+        from .kernels.cuda import arrays, streams  # no kernels_for: an op may be under way
 
-        out = cuda.device_array(x.shape, dtype=x.dtype)
-        out.copy_to_device(x)
+        out = arrays.empty(x.shape, x.dtype)
+        out.copy_to_device(x, stream=streams.current())
+        streams.record("copy", out, x)
         return out
     return np.array(x, copy=True)
 

@@ -29,6 +29,9 @@ setting                       variable                            default
                                                                   device allocator
 ``cuda_sync_checks``          ``NUMBAPOS_CUDA_SYNC_CHECKS``       ``False``: index errors on the
                                                                   GPU raise at a later call
+``cuda_fast_launch``          ``NUMBAPOS_CUDA_FAST_LAUNCH``       ``True``: GPU launches call the
+                                                                  compiled kernel resolved once
+                                                                  per signature
 ============================  ==================================  =============================
 
 When each is read: ``spin_count`` when the thread pool starts (the first
@@ -152,6 +155,9 @@ SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
     _setting("cuda_sync_checks", False, "flag",
              "synchronise after every CUDA launcher that checks indices and raise a bad index "
              "there (for debugging, as CUDA_LAUNCH_BLOCKING; 0: errors raise at a later call)"),
+    _setting("cuda_fast_launch", True, "flag",
+             "launch CUDA kernels through the compiled kernel resolved once per argument "
+             "signature (numba-cuda internals, checked; 0: numba-cuda's ordinary launch)"),
 )}
 
 _lock = threading.Lock()

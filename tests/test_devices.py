@@ -500,7 +500,7 @@ def test_memory_pool_reuses_blocks_and_empties():
     np.testing.assert_array_equal(again.copy_to_host(), np.arange(1000))
     del again
     numbapos.cuda_empty_cache()
-    assert not any(manager._free.values())
+    assert manager.pools.cached() == 0
 
 
 def test_checkpoint_of_a_module_on_the_device(device, tmp_path):

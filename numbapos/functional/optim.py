@@ -10,7 +10,6 @@ options both here and when an optimiser is built.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -116,6 +115,24 @@ def _sparse_args(param, grad, states, names):
                                 used)
 
 
+def _stepvalues():
+    """``numbapos.kernels.stepvalues``: the step scalars' code shared with the GPU's clocks."""
+    return _device.kernels_for("cpu").stepvalues
+
+
+def _live(K, hyper, clock, param, kind, **options):
+    """``hyper`` with its step-dependent values read from ``clock`` on the device, which this
+    advances by one step (``kernels/cuda/clock.py``); ``hyper`` itself without a clock."""
+    if clock is None:
+        return hyper
+    if K.DEVICE != "cuda":
+        raise TypeError("clock: an optimiser clock keeps the step on the GPU; it is for CUDA "
+                        f"parameters only, got a {type(param).__name__}")
+    options = {name: float(value) if name != "sparse" else value
+               for name, value in options.items()}
+    return K.clock.tick(clock, hyper, param.dtype, getattr(K.clock, kind), **options)
+
+
 def _update_rows(update_rows, update_row_groups, param, rows, *rest):
     """Apply a sparse update to the rows ``_sparse_args`` returned: ``update_rows(param,
     rows, values, used, *rest)`` for summed rows, the fused ``update_row_groups(param, grad,
@@ -165,7 +182,7 @@ def _momentum_buffer(buf, momentum):
 
 
 def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
-         weight_decay=0.0, nesterov=False, maximize=False, first_step=True):
+         weight_decay=0.0, nesterov=False, maximize=False, first_step=True, clock=None):
     """One SGD step on ``param`` in place, ``torch.optim.SGD``'s rule for a dense gradient.
 
     Parameters
@@ -183,6 +200,12 @@ def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
     first_step : bool, default True
         The buffer starts as the gradient on the first step (PyTorch's
         ``momentum_buffer is None``).
+    clock : optional
+        CUDA only, what the optimisers pass: a device clock
+        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
+        and whose step and learning rate the kernels read on the device (so a
+        captured step, ``numbapos.cuda.capture``, replays correctly). The
+        values are those the host would compute: same bits.
 
     Returns
     -------
@@ -198,13 +221,14 @@ def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
                        weight_decay, nesterov, maximize)
     bufs = _momentum_buffer(momentum_buffer, hyper.momentum)
     K, param, grad, bufs = _dense_args(param, grad, bufs, ["momentum_buffer"][:len(bufs)])
+    hyper = _live(K, hyper, clock, param, "SGD")
     no_buffer = K.empty((0,), param.dtype)  # the kernel's buffer when there is none to pass
     return _run_flat(K, param, grad, bufs, lambda p, g, b=no_buffer: K.sgd_dense_(
         p, g, b, bool(first_step), hyper))
 
 
 def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, momentum=0.0,
-                dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False):
+                dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False, clock=None):
     """Lazy SGD on the rows a :class:`~numbapos.sparse.SparseRows` gradient lists.
 
     Only those rows are read and written. A row's momentum starts (as the
@@ -223,6 +247,12 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
         Needed when ``momentum != 0``; updated in place.
     lr, momentum, dampening, weight_decay, nesterov, maximize
         As for :func:`sgd_`.
+    clock : optional
+        CUDA only, what the optimisers pass: a device clock
+        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
+        and whose step and learning rate the kernels read on the device (so a
+        captured step, ``numbapos.cuda.capture``, replays correctly). The
+        values are those the host would compute: same bits.
 
     Returns
     -------
@@ -234,6 +264,7 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
     bufs = _momentum_buffer(momentum_buffer, hyper.momentum)
     K, param, rows = _sparse_args(param, grad, (momentum_buffer, row_started),
                                   ("momentum_buffer", "row_started"))
+    hyper = _live(K, hyper, clock, param, "SGD")
     if bufs:
         bufs = _same_as_param(bufs, ["momentum_buffer"], param)
         if row_started is None:
@@ -275,22 +306,19 @@ def _adam_hyper(dtype, step, lr, betas, eps, weight_decay, maximize, decoupled_w
     v = check_adam_options(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
     step = _checks.check_int(step, "step", minimum=1)
     (beta1, beta2), lr = v["betas"], v["lr"]
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2 = 1 - beta2 ** step
-    if sparse:  # torch.optim.SparseAdam folds sqrt(bias_correction2) into the step size
-        step_size = lr * math.sqrt(bias_correction2) / bias_correction1
-    else:
-        step_size = lr / bias_correction1
+    # torch.optim.SparseAdam folds sqrt(bias_correction2) into the step size. Computed as
+    # a captured CUDA step computes it on the device (kernels/stepvalues.py): same bits.
+    decay, neg_step_size, root = _stepvalues().adam_scalars(
+        float(lr), float(beta1), float(beta2), float(v["weight_decay"]), step, bool(sparse))
     cast = np.dtype(dtype).type
     return AdamHyper(cast(1 - beta1), cast(beta2), cast(1 - beta2), cast(v["eps"]),
-                     cast(v["weight_decay"]), cast(1 - lr * v["weight_decay"]), cast(-step_size),
-                     cast(bias_correction2 ** 0.5), bool(decoupled_weight_decay), bool(amsgrad),
-                     bool(maximize))
+                     cast(v["weight_decay"]), cast(decay), cast(neg_step_size), cast(root),
+                     bool(decoupled_weight_decay), bool(amsgrad), bool(maximize))
 
 
 def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-3,
           betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
-          decoupled_weight_decay=False):
+          decoupled_weight_decay=False, clock=None):
     """One Adam (or AdamW) step on ``param`` in place, ``torch.optim.Adam``'s rule.
 
     Per element, in ``param``'s dtype::
@@ -321,6 +349,12 @@ def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-
     betas : (float, float)
         Each in ``[0, 1)``.
     amsgrad, maximize, decoupled_weight_decay : bool
+    clock : optional
+        CUDA only, what the optimisers pass: a device clock
+        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
+        and whose step and learning rate the kernels read on the device (so a
+        captured step, ``numbapos.cuda.capture``, replays correctly). The
+        values are those the host would compute: same bits.
 
     Returns
     -------
@@ -342,13 +376,16 @@ def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-
         states.append(max_exp_avg_sq)
         names.append("max_exp_avg_sq")
     K, param, grad, states = _dense_args(param, grad, states, names)
+    hyper = _live(K, hyper, clock, param, "ADAM", beta1=betas[0], beta2=betas[1],
+                  weight_decay=weight_decay)
     no_max = K.empty((0,), param.dtype)  # the kernel's max_exp_avg_sq without amsgrad
     return _run_flat(K, param, grad, states, lambda p, g, m, v, vmax=no_max: K.adam_dense_(
         p, g, m, v, vmax, hyper))
 
 
 def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9, 0.999),
-                 eps=1e-8, weight_decay=0.0, maximize=False, decoupled_weight_decay=False):
+                 eps=1e-8, weight_decay=0.0, maximize=False, decoupled_weight_decay=False,
+                 clock=None):
     """Lazy Adam on the rows a SparseRows gradient lists, ``torch.optim.SparseAdam``'s rule.
 
     Only the listed rows of ``param`` and of the moments are read and written;
@@ -375,6 +412,12 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
         The moments, ``param``'s dtype, C-contiguous, updated in place.
     step, lr, betas, eps, weight_decay, maximize, decoupled_weight_decay
         As for :func:`adam_`.
+    clock : optional
+        CUDA only, what the optimisers pass: a device clock
+        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
+        and whose step and learning rate the kernels read on the device (so a
+        captured step, ``numbapos.cuda.capture``, replays correctly). The
+        values are those the host would compute: same bits.
 
     Returns
     -------
@@ -385,6 +428,8 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
                         weight_decay, maximize, decoupled_weight_decay, sparse=True)
     names = ["exp_avg", "exp_avg_sq"]
     K, param, rows = _sparse_args(param, grad, (exp_avg, exp_avg_sq), names)
+    hyper = _live(K, hyper, clock, param, "ADAM", beta1=betas[0], beta2=betas[1],
+                  weight_decay=weight_decay, sparse=True)
     m, v = _same_as_param((exp_avg, exp_avg_sq), names, param)
     _update_rows(K.adam_rows_, K.adam_row_groups_, param, rows, m, v, hyper)
     return param
@@ -407,13 +452,13 @@ def _adagrad_hyper(dtype, step, lr, lr_decay, weight_decay, eps, maximize) -> Ad
     v = check_adagrad_options(dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                    eps=eps))
     step = _checks.check_int(step, "step", minimum=1)
-    clr = v["lr"] / (1 + (step - 1) * v["lr_decay"])
+    neg_clr = _stepvalues().adagrad_neg_clr(float(v["lr"]), float(v["lr_decay"]), float(step))
     cast = np.dtype(dtype).type
-    return AdagradHyper(cast(-clr), cast(v["weight_decay"]), cast(v["eps"]), bool(maximize))
+    return AdagradHyper(cast(neg_clr), cast(v["weight_decay"]), cast(v["eps"]), bool(maximize))
 
 
 def adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
-             eps=1e-10, maximize=False):
+             eps=1e-10, maximize=False, clock=None):
     """One Adagrad step on ``param`` in place, ``torch.optim.Adagrad``'s rule.
 
     Per element, in ``param``'s dtype::
@@ -437,6 +482,12 @@ def adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, weight_deca
     lr, lr_decay, weight_decay, eps : float
         Finite and >= 0.
     maximize : bool
+    clock : optional
+        CUDA only, what the optimisers pass: a device clock
+        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
+        and whose step and learning rate the kernels read on the device (so a
+        captured step, ``numbapos.cuda.capture``, replays correctly). The
+        values are those the host would compute: same bits.
 
     Returns
     -------
@@ -446,11 +497,12 @@ def adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, weight_deca
     hyper = _adagrad_hyper(_checks.check_update_target(param).dtype, step, lr, lr_decay,
                            weight_decay, eps, maximize)
     K, param, grad, states = _dense_args(param, grad, [state_sum], ["state_sum"])
+    hyper = _live(K, hyper, clock, param, "ADAGRAD", lr_decay=lr_decay)
     return _run_flat(K, param, grad, states, lambda p, g, s: K.adagrad_dense_(p, g, s, hyper))
 
 
 def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=1e-10,
-                    maximize=False):
+                    maximize=False, clock=None):
     """Adagrad on the rows a SparseRows gradient lists, as ``torch.optim.Adagrad`` does.
 
     The listed elements follow :func:`adagrad_`'s rule (PyTorch's sparse path
@@ -468,6 +520,12 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
         ``param``'s dtype, C-contiguous, updated in place.
     step, lr, lr_decay, eps, maximize
         As for :func:`adagrad_`.
+    clock : optional
+        CUDA only, what the optimisers pass: a device clock
+        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
+        and whose step and learning rate the kernels read on the device (so a
+        captured step, ``numbapos.cuda.capture``, replays correctly). The
+        values are those the host would compute: same bits.
 
     Returns
     -------
@@ -477,6 +535,7 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
     hyper = _adagrad_hyper(_checks.check_update_target(param).dtype, step, lr, lr_decay, 0.0,
                            eps, maximize)
     K, param, rows = _sparse_args(param, grad, (state_sum,), ("state_sum",))
+    hyper = _live(K, hyper, clock, param, "ADAGRAD", lr_decay=lr_decay)
     (state_sum,) = _same_as_param((state_sum,), ["state_sum"], param)
     _update_rows(K.adagrad_rows_, K.adagrad_row_groups_, param, rows, state_sum, hyper)
     return param
@@ -518,7 +577,7 @@ def _rows_view(x):
 
 
 def rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=0.0,
-                     weight_decay_mode="none"):
+                     weight_decay_mode="none", clock=None):
     """One step of FBGEMM's exact row-wise Adagrad on every row of ``param``, in place.
 
     Row ``r`` (``param[r]``, flattened to D values; a 0-d or 1-D parameter
@@ -545,6 +604,12 @@ def rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=
     lr, eps, weight_decay : float
         Finite and >= 0.
     weight_decay_mode : {"none", "l2", "decoupled"}
+    clock : optional
+        CUDA only, what the optimisers pass: a device clock
+        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
+        and whose step and learning rate the kernels read on the device (so a
+        captured step, ``numbapos.cuda.capture``, replays correctly). The
+        values are those the host would compute: same bits.
 
     Returns
     -------
@@ -556,6 +621,7 @@ def rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=
     _, param, grad, _ = _dense_args(param, grad, [], [])
     rows = param.shape[0] if param.ndim else 1
     K = backend_for((param, grad, state_sum), ("param", "grad", "state_sum"))
+    hyper = _live(K, hyper, clock, param, "SGD")  # the learning rate alone
     state_sum = _checks.check_out(state_sum, (rows,), param.dtype, "state_sum",
                                   avoid=(param, grad))
     if param.size == 0:
@@ -570,7 +636,7 @@ def rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=
 
 
 def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=0.0,
-                            weight_decay_mode="none"):
+                            weight_decay_mode="none", clock=None):
     """Row-wise Adagrad (FBGEMM's exact rule) on the rows a SparseRows gradient lists.
 
     Each listed row follows :func:`rowwise_adagrad_`; every other row and its
@@ -587,6 +653,12 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
         One accumulator per row, ``param``'s dtype, updated in place.
     lr, eps, weight_decay, weight_decay_mode
         As for :func:`rowwise_adagrad_`.
+    clock : optional
+        CUDA only, what the optimisers pass: a device clock
+        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
+        and whose step and learning rate the kernels read on the device (so a
+        captured step, ``numbapos.cuda.capture``, replays correctly). The
+        values are those the host would compute: same bits.
 
     Returns
     -------
@@ -596,6 +668,7 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
     hyper = _rowwise_hyper(_checks.check_update_target(param).dtype, lr, eps, weight_decay,
                            weight_decay_mode)
     K, param, rows = _sparse_args(param, grad, (state_sum,), ("state_sum",))
+    hyper = _live(K, hyper, clock, param, "SGD")  # the learning rate alone
     state_sum = _checks.check_out(state_sum, (param.shape[0],), param.dtype, "state_sum",
                                   avoid=(param,))
     _update_rows(K.rowwise_adagrad_rows_, K.rowwise_adagrad_row_groups_, param, rows,

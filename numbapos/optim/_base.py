@@ -55,6 +55,12 @@ def _caller_level() -> int:
     return level
 
 
+def _capturing() -> bool:
+    """Whether a CUDA step is being captured in this thread (numbapos.cuda.capture)."""
+    streams = sys.modules.get("numbapos.kernels.cuda.streams")
+    return streams is not None and streams.capturing() is not None
+
+
 def num_rows(shape) -> int:
     """Rows of a parameter of ``shape``: ``shape[0]``, or 1 for a 0-d parameter."""
     return int(shape[0]) if len(shape) else 1
@@ -214,6 +220,32 @@ class Optimizer:
             state.setdefault(name, value)
         return state
 
+    # On the GPU each parameter's step count and learning rate also live in device memory
+    # (a clock, kernels/cuda/clock.py): the kernels read them there, so a captured step
+    # (numbapos.cuda.capture) advances them on every replay. ``state["step"]`` is the
+    # host's count of eager steps; state_dict() reports the device's.
+
+    @property
+    def _clocks(self) -> dict:
+        clocks = self.__dict__.get("_device_clocks")
+        if clocks is None:
+            clocks = self.__dict__["_device_clocks"] = {}
+        return clocks
+
+    def _clock(self, param: Parameter, group: dict, state: dict):
+        """``param``'s device clock (made at its first CUDA step, at the state's step count,
+        before this step's increment), its learning rate set to the group's; None on the
+        CPU."""
+        if _device.device_of(param.data) != "cuda":
+            return None
+        clock = self._clocks.get(id(param))
+        if clock is None:
+            K = _device.kernels_for("cuda")
+            clock = self._clocks[id(param)] = K.clock.Clock(
+                group["lr"], state.get("step", 0), source=lambda: group["lr"])
+        clock.set_lr(group["lr"])
+        return clock
+
     def _check_state(self, param: Parameter, group: dict) -> None:
         """ValueError if ``param`` changed shape, dtype or device since its state was made."""
         data = param.data
@@ -346,6 +378,11 @@ class Optimizer:
         if entry is None:
             self._update(param, group)
             return
+        if _capturing():
+            raise RuntimeError(
+                "numbapos.cuda.capture: the update of a 16-bit table cannot be captured yet "
+                "(its write-back's rounding step is a host counter that replays would not "
+                "advance); keep float32 tables in a captured step")
         shadow, rows, used = entry
         table = param.data
         state = self._state(param, group)  # float32 arrays, the rounding step
@@ -425,6 +462,10 @@ class Optimizer:
                 state[first[key]] = {name: _device.to_host(v).copy() if _checks.is_array(v)
                                      else copy.deepcopy(v) for name, v in value.items()
                                      if v is not None}
+                clock = self._clocks.get(key)
+                if clock is not None and "step" in value:
+                    # Replays of a captured step advance the device's count, not the host's.
+                    value["step"] = state[first[key]]["step"] = clock.step()
         groups = []
         for group in self.param_groups:
             packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
@@ -481,6 +522,7 @@ class Optimizer:
             state[id(param)] = self._load_param_state(values, param, group, index)
         self.param_groups = groups
         self.state = state
+        self._clocks.clear()  # remade from the loaded step counts at the next step
 
     def _load_groups(self, saved_groups):
         """New groups (saved options, current parameters) and ``index -> (param, group)``."""

@@ -75,14 +75,15 @@ class Adagrad(Optimizer):
 
     def _update(self, param: Parameter, group: dict) -> None:
         state = self._state(param, group)
+        clock = self._clock(param, group, state)
         state["step"] += 1
         options = {name: group[name] for name in ("lr", "lr_decay", "eps", "maximize")}
         if isinstance(param.grad, SparseRows):
             F.sparse_adagrad_(param.data, param.grad, state["sum"], step=state["step"],
-                              **options)
+                              clock=clock, **options)
         else:
             F.adagrad_(param.data, param.grad, state["sum"], step=state["step"],
-                       weight_decay=group["weight_decay"], **options)
+                       weight_decay=group["weight_decay"], clock=clock, **options)
 
 
 class RowWiseAdagrad(Optimizer):
@@ -152,4 +153,5 @@ class RowWiseAdagrad(Optimizer):
         options = {name: group[name] for name in self._OPTIONS}
         update = F.sparse_rowwise_adagrad_ if isinstance(param.grad, SparseRows) \
             else F.rowwise_adagrad_
-        update(param.data, param.grad, state["sum"], **options)
+        update(param.data, param.grad, state["sum"], clock=self._clock(param, group, state),
+               **options)

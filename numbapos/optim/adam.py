@@ -103,15 +103,17 @@ class Adam(Optimizer):
 
     def _update(self, param: Parameter, group: dict) -> None:
         state = self._state(param, group)
+        clock = self._clock(param, group, state)
         state["step"] += 1
         options = {name: group[name] for name in ("lr", "betas", "eps", "weight_decay",
                                                   "maximize", "decoupled_weight_decay")}
         moments = (state["exp_avg"], state["exp_avg_sq"])
         if isinstance(param.grad, SparseRows):
-            F.sparse_adam_(param.data, param.grad, *moments, step=state["step"], **options)
+            F.sparse_adam_(param.data, param.grad, *moments, step=state["step"], clock=clock,
+                           **options)
         else:
             F.adam_(param.data, param.grad, *moments, state.get("max_exp_avg_sq"),
-                    step=state["step"], amsgrad=group["amsgrad"], **options)
+                    step=state["step"], amsgrad=group["amsgrad"], clock=clock, **options)
 
 
 class AdamW(Adam):

@@ -116,6 +116,7 @@ class SGD(Optimizer):
         buf = state.get("momentum_buffer")
         started = state.get("row_started")
         grad = param.grad
+        options["clock"] = self._clock(param, group, state)
         if isinstance(grad, SparseRows):
             F.sparse_sgd_(data, grad, buf, started, **options)
             return

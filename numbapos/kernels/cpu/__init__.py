@@ -6,6 +6,7 @@ Importing it starts nothing: Numba's thread pool starts at the first launch
 of a parallel kernel, with numbapos's wait policy (:mod:`numbapos._pool`).
 """
 
+from .. import stepvalues  # noqa: F401 (the optimisers' step scalars: functional.optim)
 from . import (
     alibi,
     arrays,

@@ -13,11 +13,14 @@ from . import (
     alibi,
     arrays,
     blocks,
+    clock,  # noqa: F401 (the optimiser ops tick their device clocks through it)
     dropout,
     embedding,
     errors,  # noqa: F401 (``_device`` raises and synchronises through it)
+    graphs,  # noqa: F401 (numbapos.cuda.capture)
     half,
     init,
+    launch,  # noqa: F401 (every launcher launches through it)
     memory,
     normalization,
     optim,
@@ -25,6 +28,7 @@ from . import (
     quantized,
     resize,
     rotary,
+    streams,  # noqa: F401 (numbapos.cuda and the allocator read the current stream)
 )
 from .alibi import *  # noqa: F403
 from .arrays import *  # noqa: F403

@@ -13,6 +13,7 @@ from numba import cuda, float64
 
 from .arrays import THREADS, empty, grid
 from .fpmath import cast_like, mul_f64
+from .launch import launch
 
 __all__ = ["alibi_add_", "alibi_fill", "alibi_slope_grad"]
 
@@ -34,7 +35,8 @@ def alibi_fill(slopes, positions, mode, shift, out):
     """
     if out.size:
         ids, has = _positions(positions)
-        _fill[grid(out.size), THREADS](slopes, ids, has, np.int64(mode), np.int64(shift), out)
+        launch(_fill, grid(out.size), THREADS, slopes, ids, has, np.int64(mode), np.int64(shift),
+               out)
 
 
 def alibi_add_(scores, slopes, positions, mode, shift):
@@ -44,8 +46,8 @@ def alibi_add_(scores, slopes, positions, mode, shift):
     """
     if scores.size:
         ids, has = _positions(positions)
-        _add[grid(scores.size), THREADS](scores, slopes, ids, has, np.int64(mode),
-                                         np.int64(shift))
+        launch(_add, grid(scores.size), THREADS, scores, slopes, ids, has, np.int64(mode),
+               np.int64(shift))
 
 
 def alibi_slope_grad(grad, positions, mode, shift, partial, out):
@@ -56,9 +58,9 @@ def alibi_slope_grad(grad, positions, mode, shift, partial, out):
     """
     if out.size:
         ids, has = _positions(positions)
-        _column_sums[grid(partial.size), THREADS](grad, ids, has, np.int64(mode),
-                                                  np.int64(shift), partial)
-        _head_sums[grid(out.size), THREADS](partial, out)
+        launch(_column_sums, grid(partial.size), THREADS, grad, ids, has, np.int64(mode),
+               np.int64(shift), partial)
+        launch(_head_sums, grid(out.size), THREADS, partial, out)
 
 
 # ---------------------------------------------------------------- kernels

@@ -1,7 +1,8 @@
 """Array helpers of the CUDA backend, with the CPU backend's names.
 
 Arrays are Numba device arrays. Kernels use grid-stride loops, so any grid
-size is correct; :func:`grid` picks one from the work size.
+size is correct; :func:`grid` picks one from the work size. Allocations and
+copies go to numbapos's current stream (:mod:`.streams`), as launches do.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
-from . import errors
+from . import errors, streams
+from .launch import launch
 
 __all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "concat_rows",
            "contiguous", "empty", "full", "to_host", "zeros"]
@@ -105,9 +107,9 @@ def concat_rows(rows_a, values_a, used_a, rows_b, values_b, used_b, pad, rows_ou
     if rows_out.size:
         used_a, used_b = (asarray(np.array([u, 0], np.int64)) if isinstance(u, int) else u
                           for u in (used_a, used_b))
-        _concat_rows[grid(rows_out.size * THREADS), _row_threads(values_out.shape[1])](
-            rows_a, values_a, used_a, rows_b, values_b, used_b, np.int64(pad), rows_out,
-            values_out)
+        launch(_concat_rows, grid(rows_out.size * THREADS), _row_threads(values_out.shape[1]),
+               rows_a, values_a, used_a, rows_b, values_b, used_b, np.int64(pad), rows_out,
+               values_out)
 
 
 def _row_threads(dim: int) -> int:
@@ -116,7 +118,7 @@ def _row_threads(dim: int) -> int:
 
 def empty(shape, dtype):
     """Uninitialised C-contiguous device array."""
-    return cuda.device_array(shape, dtype=np.dtype(dtype))
+    return cuda.device_array(shape, dtype=np.dtype(dtype), stream=streams.current())
 
 
 def full(shape, value, dtype):
@@ -124,7 +126,7 @@ def full(shape, value, dtype):
     out = empty(shape, dtype)
     if out.size:
         flat = out.reshape(out.size)
-        _fill[grid(out.size), THREADS](flat, flat.dtype.type(value))
+        launch(_fill, grid(out.size), THREADS, flat, flat.dtype.type(value))
     return out
 
 
@@ -149,15 +151,21 @@ def _standard_strides(x: np.ndarray) -> bool:
 
 def asarray(host):
     """A host array copied to the GPU, with standard C strides (0-d arrays stay 0-d)."""
+    streams.refuse_in_capture("a copy from the host to the device")
     host = np.asarray(host)
     if not _standard_strides(host):
         host = np.array(host, order="C", copy=True)
-    return cuda.to_device(host)
+    return cuda.to_device(host, stream=streams.current())
 
 
 def to_host(x) -> np.ndarray:
-    """A device array copied to a NumPy array."""
-    return x.copy_to_host()
+    """A device array copied to a NumPy array (after the current stream's work on it)."""
+    streams.refuse_in_capture("a copy from the device to the host")
+    stream = streams.current()
+    out = x.copy_to_host(stream=stream)
+    if stream:
+        streams.wait(stream)
+    return out
 
 
 def contiguous(x, dtype=None):
@@ -170,15 +178,15 @@ def contiguous(x, dtype=None):
         return x
     out = empty(x.shape, dtype)
     if x.size:
-        _cast[grid(x.size), THREADS](x.reshape(x.size), out.reshape(x.size))
+        launch(_cast, grid(x.size), THREADS, x.reshape(x.size), out.reshape(x.size))
     return out
 
 
 def add_(out, x):
     """``out += x`` elementwise (same shape and dtype, both C-contiguous)."""
     if out.size:
-        _add[grid(out.size), THREADS](out.reshape(out.size), x.reshape(x.size),
-                                      errors.device_word())
+        launch(_add, grid(out.size), THREADS, out.reshape(out.size), x.reshape(x.size),
+               errors.device_word())
 
 
 def add_rows_(dense, rows, values, used):
@@ -187,5 +195,5 @@ def add_rows_(dense, rows, values, used):
     if rows.size:
         if isinstance(used, int):
             used = asarray(np.array([used, 0], np.int64))
-        _add_rows[grid(rows.size * THREADS), THREADS](dense, rows, values, used,
-                                                      errors.device_word())
+        launch(_add_rows, grid(rows.size * THREADS), THREADS, dense, rows, values, used,
+               errors.device_word())

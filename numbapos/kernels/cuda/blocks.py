@@ -58,9 +58,10 @@ from numba import cuda, float32, int64
 
 from ..._args import NO_DROPOUT, TiledIds, chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
-from . import errors, vector
+from . import errors, streams, vector
 from .arrays import THREADS, grid
 from .fpmath import mul_for, numba_float
+from .launch import launch
 from .normalization import add_partials, fill_zero, moments, row_blocks
 from .reduce import block_sum, block_sum2, tree_threads
 from .vector import load16, store16
@@ -98,6 +99,8 @@ def _affine_args(tables, dtype):
 
 def _drop_scalars(drop, dtype):
     """The dropout arguments of a kernel: seed, counter, threshold, scale (cast), active."""
+    if drop.active:
+        streams.refuse_in_capture(streams.DROPOUT)
     return drop.seed, drop.counter, drop.threshold, dtype.type(drop.scale), bool(drop.active)
 
 
@@ -120,19 +123,20 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd):
     dtype = y.dtype
     word, host = errors.words()
     if _vector_rows(y, tables.word, tables.position, tables.token_type):
-        _bert_forward_vec[row_blocks(num_tokens), tree_threads(y.shape[1] // 4)](
-            ids.word, *_ids_args(ids.position, num_tokens),
-            *_ids_args(ids.token_type, num_tokens), tables.word, tables.position,
-            tables.token_type, *_affine_args(tables, dtype), dtype.type(eps),
-            *_drop_scalars(drop, dtype), y, mean, rstd, word, host, errors.tag(*_WORD_TAG),
-            errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
+        launch(_bert_forward_vec, row_blocks(num_tokens), tree_threads(y.shape[1] // 4),
+               ids.word, *_ids_args(ids.position, num_tokens),
+               *_ids_args(ids.token_type, num_tokens), tables.word, tables.position,
+               tables.token_type, *_affine_args(tables, dtype), dtype.type(eps),
+               *_drop_scalars(drop, dtype), y, mean, rstd, word, host, errors.tag(*_WORD_TAG),
+               errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
         errors.after_launch()
         return
-    _bert_forward_kernel(dtype)[row_blocks(num_tokens), tree_threads(y.shape[1])](
-        ids.word, *_ids_args(ids.position, num_tokens), *_ids_args(ids.token_type, num_tokens),
-        tables.word, tables.position, tables.token_type, *_affine_args(tables, dtype),
-        dtype.type(eps), *_drop_scalars(drop, dtype), y, mean, rstd, word, host,
-        errors.tag(*_WORD_TAG), errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
+    launch(_bert_forward_kernel(dtype), row_blocks(num_tokens), tree_threads(y.shape[1]),
+           ids.word, *_ids_args(ids.position, num_tokens),
+           *_ids_args(ids.token_type, num_tokens), tables.word, tables.position,
+           tables.token_type, *_affine_args(tables, dtype), dtype.type(eps),
+           *_drop_scalars(drop, dtype), y, mean, rstd, word, host, errors.tag(*_WORD_TAG),
+           errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
     errors.after_launch()
 
 
@@ -158,9 +162,9 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     id_args = (ids.word, *_ids_args(ids.position, num_tokens),
                *_ids_args(ids.token_type, num_tokens))
     word = errors.device_word()
-    _bert_backward_kernel(dtype)[row_blocks(num_tokens), tree_threads(grad_y.shape[1])](
-        grad_y, *id_args, tables.word, tables.position, tables.token_type, gamma, has_gamma,
-        mean, rstd, *drop_args, grad_sum, word)
+    launch(_bert_backward_kernel(dtype), row_blocks(num_tokens), tree_threads(grad_y.shape[1]),
+           grad_y, *id_args, tables.word, tables.position, tables.token_type, gamma, has_gamma,
+           mean, rstd, *drop_args, grad_sum, word)
     if not wanted:
         return
     want_w = grad_gamma is not None
@@ -172,10 +176,9 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     part_w = cuda.device_array((chunks, dim) if want_w else (1, 1), dtype=dtype)
     part_b = cuda.device_array((chunks, dim) if want_b else (1, 1), dtype=dtype)
     part_t = cuda.device_array((chunks, types, dim) if want_t else (1, 1, 1), dtype=dtype)
-    _bert_partials_kernel(dtype)[grid(chunks * dim), THREADS](
-        grad_y, *id_args, tables.word, tables.position, tables.token_type, mean, rstd,
-        *drop_args, grad_sum, chunks, chunk_rows(num_tokens), want_w, want_b, want_t, part_w,
-        part_b, part_t, word)
+    launch(_bert_partials_kernel(dtype), grid(chunks * dim), THREADS, grad_y, *id_args,
+           tables.word, tables.position, tables.token_type, mean, rstd, *drop_args, grad_sum,
+           chunks, chunk_rows(num_tokens), want_w, want_b, want_t, part_w, part_b, part_t, word)
     if want_w:
         add_partials(part_w, grad_gamma)
     if want_b:
@@ -207,14 +210,15 @@ def gpt2_forward(ids, pos, wte, wpe, drop, y):
         return
     word, host = errors.words()
     if _vector_rows(y, wte, wpe):
-        _gpt2_forward_vec[row_blocks(num_tokens), _row_threads(dim // 4)](
-            ids, *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
-            y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG),
-            errors.tag(*_GPT2_POSITION_TAG))
+        launch(_gpt2_forward_vec, row_blocks(num_tokens), _row_threads(dim // 4), ids,
+               *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
+               y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG),
+               errors.tag(*_GPT2_POSITION_TAG))
     else:
-        _gpt2_forward[row_blocks(num_tokens), _row_threads(dim)](
-            ids, *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
-            y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG), errors.tag(*_GPT2_POSITION_TAG))
+        launch(_gpt2_forward, row_blocks(num_tokens), _row_threads(dim), ids,
+               *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
+               y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG),
+               errors.tag(*_GPT2_POSITION_TAG))
     errors.after_launch()
 
 
@@ -227,7 +231,8 @@ def tile_ids(values, start, length, out):
     if out.size:
         has = values is not None
         vals = values if has else _placeholder(np.int64)
-        _tile_ids[grid(out.size), THREADS](vals, has, int64(start), int64(max(length, 1)), out)
+        launch(_tile_ids, grid(out.size), THREADS, vals, has, int64(start), int64(max(length, 1)),
+               out)
 
 
 def _vector_rows(*arrays) -> bool:

@@ -11,8 +11,9 @@ the host.
 from numba import cuda
 
 from ..hash import dropout_key, keeps
-from . import errors
+from . import errors, streams
 from .arrays import THREADS, grid
+from .launch import launch
 
 __all__ = ["dropout_apply", "dropout_keep_mask"]
 
@@ -27,18 +28,22 @@ def dropout_apply(x, drop, out):
     1) copies ``x``, as on the CPU. The backward writes a gradient, so nothing
     is written while an index error is pending (:mod:`.errors`).
     """
+    if drop.active:
+        streams.refuse_in_capture(streams.DROPOUT)
     if x.size:
         dtype = out.dtype.type
         # The scale is cast on the host exactly as the CPU kernel casts it.
-        _dropout_apply[grid(x.size), THREADS](x, drop.seed, drop.counter, drop.threshold,
-                                              dtype(drop.scale), dtype(0), out,
-                                              errors.device_word())
+        launch(_dropout_apply, grid(x.size), THREADS, x, drop.seed, drop.counter, drop.threshold,
+               dtype(drop.scale), dtype(0), out, errors.device_word())
 
 
 def dropout_keep_mask(drop, out):
     """``out[i] = kept(i)`` over a flat bool ``out``."""
+    if drop.active:
+        streams.refuse_in_capture(streams.DROPOUT)
     if out.size:
-        _dropout_keep_mask[grid(out.size), THREADS](drop.seed, drop.counter, drop.threshold, out)
+        launch(_dropout_keep_mask, grid(out.size), THREADS, drop.seed, drop.counter,
+               drop.threshold, out)
 
 
 @cuda.jit

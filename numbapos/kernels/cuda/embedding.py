@@ -33,6 +33,7 @@ from numba import cuda, float64, int64
 from . import errors, grouping, vector
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .fpmath import cast_like, mul_rn
+from .launch import launch
 from .reduce import block_max, block_sum, tree_threads
 from .vector import load16, store16
 
@@ -58,8 +59,8 @@ def check_indices(flat, size, name="indices", size_name="num_embeddings"):
     """
     if flat.size:
         word, host = errors.words()
-        _check_indices[grid(flat.size), THREADS](flat, int64(size), word, host,
-                                                 errors.tag(name, size_name))
+        launch(_check_indices, grid(flat.size), THREADS, flat, int64(size), word, host,
+               errors.tag(name, size_name))
         errors.after_launch()
     return -1
 
@@ -74,11 +75,13 @@ def gather_rows(flat, weight, out):
         word, host = errors.words()
         if weight.dtype == out.dtype and vector.aligned(weight, out):
             width = vector.lanes(weight.dtype)
-            _gather_rows_vec[min(flat.size, MAX_BLOCKS), _row_threads(weight.shape[1] // width, 2)](
-                flat, weight, out, width, word, host, errors.tag())
+            launch(_gather_rows_vec, min(flat.size, MAX_BLOCKS),
+                   _row_threads(weight.shape[1] // width, 2), flat, weight, out, width, word,
+                   host, errors.tag())
         else:
-            _gather_rows[min(flat.size, MAX_BLOCKS), _row_threads(weight.shape[1], _UNROLL)](
-                flat, weight, out, word, host, errors.tag())
+            launch(_gather_rows, min(flat.size, MAX_BLOCKS),
+                   _row_threads(weight.shape[1], _UNROLL), flat, weight, out, word, host,
+                   errors.tag())
         errors.after_launch()
 
 
@@ -107,9 +110,8 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
     groups = group_rows(flat, None, weight.shape[0])
     norm_type = float(norm_type)
     kind = norm_kind(norm_type)
-    _renorm_rows_[min(flat.size, MAX_BLOCKS), tree_threads(weight.shape[1])](
-        weight, groups.rows, groups.used, float(max_norm), kind, norm_type,
-        errors.device_word())
+    launch(_renorm_rows_, min(flat.size, MAX_BLOCKS), tree_threads(weight.shape[1]), weight,
+           groups.rows, groups.used, float(max_norm), kind, norm_type, errors.device_word())
 
 
 def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
@@ -150,7 +152,7 @@ def sum_row_groups(grad, groups, scale_grad_by_freq, out):
 def not_equal_mask(flat, value, out):
     """``out[i] = flat[i] != value`` (``out`` flat bool)."""
     if flat.size:
-        _not_equal_mask[grid(flat.size), THREADS](flat, np.int64(value), out)
+        launch(_not_equal_mask, grid(flat.size), THREADS, flat, np.int64(value), out)
 
 
 # ---------------------------------------------------------------- launcher helpers
@@ -178,13 +180,13 @@ def _launch_sum(grad, groups, dense, scale_grad_by_freq, out):
     """One block per group sums its positions into ``out`` (row ``rows[j]`` when ``dense``)."""
     n = groups.order.size
     if n and grad.shape[1] and _vector_sum(grad, out):
-        _sum_row_segments_vec[min(n, MAX_BLOCKS), _row_threads(grad.shape[1] // 4)](
-            grad, groups.order, groups.starts, groups.counts, groups.rows, groups.used,
-            bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
+        launch(_sum_row_segments_vec, min(n, MAX_BLOCKS), _row_threads(grad.shape[1] // 4),
+               grad, groups.order, groups.starts, groups.counts, groups.rows, groups.used,
+               bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
     elif n and grad.shape[1]:
-        _sum_row_segments[min(n, MAX_BLOCKS), _row_threads(grad.shape[1])](
-            grad, groups.order, groups.starts, groups.counts, groups.rows, groups.used,
-            bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
+        launch(_sum_row_segments, min(n, MAX_BLOCKS), _row_threads(grad.shape[1]), grad,
+               groups.order, groups.starts, groups.counts, groups.rows, groups.used, bool(dense),
+               bool(scale_grad_by_freq), out, errors.device_word())
 
 
 def _vector_sum(grad, out) -> bool:

@@ -22,6 +22,17 @@ four fields always describe one bad index: the first position of the first
 kernel that failed. ``NUMBAPOS_CUDA_SYNC_CHECKS=1`` synchronises after every
 launcher that records errors and raises there (for debugging, as
 ``CUDA_LAUNCH_BLOCKING=1`` does).
+
+**Streams.** There is one word per context, whatever stream a kernel runs
+on (:func:`numbapos.cuda.stream`): kernels on every stream record into it and
+test it. So the host synchronises the whole device (``cuda.synchronize()``,
+every stream of the context) before it trusts or clears the word: a failure
+found on one stream is raised however many streams are busy, and the
+"nothing modified" promise holds for the kernels queued on the failing
+kernel's stream after it (work on other streams is ordered only as the user
+ordered it). While a step is being captured nothing is read or cleared (no
+kernel has run); a replayed graph records into the same word, raised as
+after any op.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from numba import config as numba_config
 from numba import cuda, int64
 
 from ... import config
+from . import streams
 
 _SIMULATED = bool(numba_config.ENABLE_CUDASIM)
 
@@ -74,6 +86,7 @@ def words():
     context = None if _SIMULATED else cuda.current_context()
     state = _state.get(id(context))
     if state is None or state[0] is not context:
+        streams.refuse_in_capture("making the deferred error word (its first use)")
         with _lock:
             state = _state.get(id(context))
             if state is None or state[0] is not context:
@@ -98,9 +111,10 @@ def pending() -> tuple | None:
     """``(position, value, size, name, size_name, kind)`` of a failure the host can see, or
     None.
 
-    A plain read of mapped host memory: no synchronisation.
+    A plain read of mapped host memory: no synchronisation. None while a step is
+    being captured (its kernels have not run).
     """
-    if not _state:
+    if not _state or streams.capturing() is not None:
         return None
     host = _host_view(words()[1])
     position = int(host[POSITION])
@@ -139,12 +153,14 @@ def raise_pending() -> None:
 def clear() -> None:
     """Reset the word of the current context (after a synchronisation)."""
     device, host = words()
-    device.copy_to_device(np.array([NONE, 0, 0, 0, 0], np.int64))
+    device.copy_to_device(np.array([NONE, 0, 0, 0, 0], np.int64), stream=streams.current())
     _host_view(host)[:] = (NONE, 0, 0, 0, 0)
+    cuda.synchronize()  # reset before any stream's next kernel reads it (errors are rare)
 
 
 def synchronize() -> None:
-    """Wait for every queued kernel, then raise any pending index error."""
+    """Wait for every queued kernel (on every stream), then raise any pending index error."""
+    streams.refuse_in_capture("a synchronisation")
     if not _state:
         return
     cuda.synchronize()
@@ -153,7 +169,7 @@ def synchronize() -> None:
 
 def after_launch() -> None:
     """With ``NUMBAPOS_CUDA_SYNC_CHECKS=1``, synchronise and raise now."""
-    if config.get("cuda_sync_checks"):
+    if config.get("cuda_sync_checks") and streams.capturing() is None:
         synchronize()
 
 

@@ -30,6 +30,7 @@ from numba import cuda, int64
 
 from ..._args import RowGroups
 from . import arrays, errors
+from .launch import launch
 
 __all__ = []  # helpers of the embedding and optimiser launchers
 
@@ -71,22 +72,22 @@ def group_rows(flat, padding_idx, num_rows, which):
         src, dst = p % 2, (p + 1) % 2
         shift = p * RADIX_BITS
         if p == 0:
-            _first_histogram[blocks, TILE](flat, pad, sentinel, word, host, which,
-                                           keys[src], hist)
+            launch(_first_histogram, blocks, TILE, flat, pad, sentinel, word, host, which,
+                   keys[src], hist)
         else:
-            _histogram[blocks, TILE](keys[src], shift, hist)
+            launch(_histogram, blocks, TILE, keys[src], shift, hist)
         exclusive_scan(hist, hist, total)
-        _scatter_digit[blocks, TILE](keys[src], positions[src], p == 0, shift, hist,
-                                     keys[dst], positions[dst])
+        launch(_scatter_digit, blocks, TILE, keys[src], positions[src], p == 0, shift, hist,
+               keys[dst], positions[dst])
     keys, order = keys[passes % 2], positions[passes % 2]
     rows = arrays.empty((n,), np.int64)
     starts = arrays.empty((n,), np.int64)
     counts = arrays.empty((n,), np.int64)
     heads = arrays.empty((blocks,), np.int64)
-    _count_heads[blocks, TILE](keys, sentinel, heads)
+    launch(_count_heads, blocks, TILE, keys, sentinel, heads)
     exclusive_scan(heads, heads, used)
-    _write_heads[blocks, TILE](keys, sentinel, heads, rows, starts, used)
-    _segment_counts[arrays.grid(n), arrays.THREADS](starts, used, counts)
+    launch(_write_heads, blocks, TILE, keys, sentinel, heads, rows, starts, used)
+    launch(_segment_counts, arrays.grid(n), arrays.THREADS, starts, used, counts)
     return RowGroups(rows, starts, counts, order, used)
 
 
@@ -96,7 +97,7 @@ def exclusive_scan(x, out, total):
     One block: each thread scans a contiguous chunk, a shared-memory scan
     joins the chunks.
     """
-    _exclusive_scan[1, SCAN_THREADS](x, out, total)
+    launch(_exclusive_scan, 1, SCAN_THREADS, x, out, total)
 
 
 # ---------------------------------------------------------------- kernels

@@ -42,6 +42,7 @@ from .embedding import (
     norm_kind,
 )
 from .fpmath import mul_rn
+from .launch import launch
 from .vector import load16, store16
 
 __all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_",
@@ -57,11 +58,11 @@ def gather_half_rows(flat, table, fmt, out):
     if flat.size and out.shape[1]:
         word, host = errors.words()
         if vector.aligned(table, out):
-            _widen_rows_vec[min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1] // 8)](
-                flat, table, int64(fmt), out, word, host, errors.tag())
+            launch(_widen_rows_vec, min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1] // 8),
+                   flat, table, int64(fmt), out, word, host, errors.tag())
         else:
-            _widen_rows[min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1])](
-                flat, table, int64(fmt), out, word, host, errors.tag())
+            launch(_widen_rows, min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1]), flat,
+                   table, int64(fmt), out, word, host, errors.tag())
         errors.after_launch()
 
 
@@ -71,11 +72,11 @@ def copy_half_rows(flat, table, out):
         word, host = errors.words()
         if vector.aligned(table, out):
             pairs = max(1, out.shape[1] // 16)  # the vector gather moves 2 x 8 values a thread
-            _gather_rows_vec[min(flat.size, MAX_BLOCKS), _row_threads(pairs)](
-                flat, table, out, vector.lanes(table.dtype), word, host, errors.tag())
+            launch(_gather_rows_vec, min(flat.size, MAX_BLOCKS), _row_threads(pairs), flat,
+                   table, out, vector.lanes(table.dtype), word, host, errors.tag())
         else:
-            _copy_rows[min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1])](
-                flat, table, out, word, host, errors.tag())
+            launch(_copy_rows, min(flat.size, MAX_BLOCKS), _row_threads(out.shape[1]), flat,
+                   table, out, word, host, errors.tag())
         errors.after_launch()
 
 
@@ -92,9 +93,9 @@ def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
     groups = group_rows(flat, None, table.shape[0])
     norm_type = float(norm_type)
     kind = norm_kind(norm_type)
-    _renorm_rows[min(flat.size, MAX_BLOCKS), _row_threads(table.shape[1])](
-        table, groups.rows, groups.used, float(max_norm), kind, norm_type, int64(fmt),
-        errors.device_word())
+    launch(_renorm_rows, min(flat.size, MAX_BLOCKS), _row_threads(table.shape[1]), table,
+           groups.rows, groups.used, float(max_norm), kind, norm_type, int64(fmt),
+           errors.device_word())
 
 
 def store_half_(table, values, seed, step, stochastic, fmt):
@@ -102,24 +103,24 @@ def store_half_(table, values, seed, step, stochastic, fmt):
     CPU's bits (stochastic rounding keyed by ``(seed, step, r * D + d)``, or to nearest
     even). Nothing is stored while an index error is pending."""
     if table.size:
-        _store[grid(table.size), THREADS](table, values, np.uint64(seed), np.uint64(step),
-                                          bool(stochastic), int64(fmt), errors.device_word())
+        launch(_store, grid(table.size), THREADS, table, values, np.uint64(seed), np.uint64(step),
+               bool(stochastic), int64(fmt), errors.device_word())
 
 
 def store_half_rows_(table, values, rows, used, seed, step, stochastic, fmt):
     """:func:`store_half_` for the rows ``rows[:used]`` only (``used`` an int or a
     one-element device array: the count stays on the device)."""
     if rows.shape[0] and table.shape[1]:
-        _store_rows[min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1])](
-            table, values, rows, _count(used), np.uint64(seed), np.uint64(step), bool(stochastic),
-            int64(fmt), errors.device_word())
+        launch(_store_rows, min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1]), table,
+               values, rows, _count(used), np.uint64(seed), np.uint64(step), bool(stochastic),
+               int64(fmt), errors.device_word())
 
 
 def widen_half_rows(table, rows, used, fmt, out):
     """``out[rows[j]] = float32(table[rows[j]])`` as bits for ``j < used``."""
     if rows.shape[0] and table.shape[1]:
-        _widen_at[min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1])](
-            rows, _count(used), table, int64(fmt), out)
+        launch(_widen_at, min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1]), rows,
+               _count(used), table, int64(fmt), out)
 
 
 def _count(used):

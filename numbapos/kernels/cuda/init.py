@@ -10,6 +10,7 @@ from numba import cuda
 
 from ..hash import keyed_normal
 from .arrays import THREADS, grid
+from .launch import launch
 
 __all__ = ["keyed_normal_rows_"]
 
@@ -17,7 +18,7 @@ __all__ = ["keyed_normal_rows_"]
 def keyed_normal_rows_(rows, seed, mean, std, out):
     """``out[j, d] = mean + std * z(seed, rows[j], d)`` for int64 ``rows`` and a 2-D ``out``."""
     if out.size:
-        _keyed_normal_rows[grid(out.size), THREADS](rows, seed, mean, std, out)
+        launch(_keyed_normal_rows, grid(out.size), THREADS, rows, seed, mean, std, out)
 
 
 @cuda.jit

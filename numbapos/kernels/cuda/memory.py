@@ -7,12 +7,24 @@ manager keeps freed blocks in size buckets and hands them out again, so a
 training loop that allocates the same shapes every step stops calling the
 driver after its first step.
 
-Reuse is safe on one stream: numbapos launches everything on the default
-stream, so a kernel that gets a recycled block runs after every kernel that
-used it before. Sizes are rounded up to 512 bytes below 1 MiB and to an
-eighth of the next power of two above, so a block serves requests of nearly
-the same size. On an out-of-memory error the cache is emptied and the
-allocation retried once.
+**Streams.** Freed blocks are kept per stream (:class:`StreamPools`): a
+block goes back to the pool of the stream that was current (numbapos's
+:func:`numbapos.cuda.stream`, see :mod:`.streams`) when it was allocated, and
+is handed out again only to an allocation made while that stream is current.
+Work on one stream runs in order, so whatever gets a recycled block runs after
+every kernel that used it before; a block is never handed to another stream
+whose work might overtake the old user's. As with PyTorch's allocator, an
+array used on a stream other than its own must be kept alive (or that stream
+synchronised) until the work there is done. While a step is captured
+(:mod:`.graphs`) allocations are served from the blocks the warm-up left
+cached on the capture's stream, a miss raises (``cuMemAlloc`` cannot be
+captured), and every block handed out belongs to the capture from then on
+(:class:`.streams.Capture`): the graph writes it on every replay, so it is
+never recycled for other work.
+
+Sizes are rounded up to 512 bytes below 1 MiB and to an eighth of the next
+power of two above, so a block serves requests of nearly the same size. On
+an out-of-memory error the cache is emptied and the allocation retried once.
 
 It is installed when the CUDA backend is first used (``_device.kernels_for``
 calls :func:`install` once, before any launch), only if Numba has
@@ -30,6 +42,7 @@ from collections import defaultdict
 from numba import config, cuda
 
 from ... import config as settings
+from . import streams
 
 __all__ = []  # not launchers
 
@@ -43,6 +56,35 @@ def bucket_size(size: int) -> int:
         return max(ALIGN, -(-size // ALIGN) * ALIGN)
     step = 1 << (size.bit_length() - 3)
     return -(-size // step) * step
+
+
+class StreamPools:
+    """Freed blocks by (stream, size bucket): a block is only reused on its own stream."""
+
+    def __init__(self):
+        self._free = defaultdict(list)
+        self._lock = threading.Lock()
+
+    def take(self, stream: int, bucket: int):
+        """A cached block of ``bucket`` bytes freed on ``stream``, or None."""
+        with self._lock:
+            blocks = self._free.get((stream, bucket))
+            return blocks.pop() if blocks else None
+
+    def give(self, stream: int, bucket: int, block) -> None:
+        """Keep ``block`` for the next allocation of ``bucket`` bytes on ``stream``."""
+        with self._lock:
+            self._free[stream, bucket].append(block)
+
+    def clear(self) -> None:
+        """Forget every cached block."""
+        with self._lock:
+            self._free.clear()
+
+    def cached(self) -> int:
+        """How many blocks are cached."""
+        with self._lock:
+            return sum(len(blocks) for blocks in self._free.values())
 
 
 def _manager_class():
@@ -60,18 +102,19 @@ def _manager_class():
     out_of_memory = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
     class CachingMemoryManager(NumbaCUDAMemoryManager):
-        """Numba's manager with freed device blocks cached per size bucket."""
+        """Numba's manager with freed device blocks cached per stream and size bucket."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self._free = defaultdict(list)
-            self._lock = threading.Lock()
+            self.pools = StreamPools()
 
         def memalloc(self, size):
             bucket = bucket_size(size)
-            with self._lock:
-                blocks = self._free.get(bucket)
-                block = blocks.pop() if blocks else None
+            capture = streams.capturing()
+            if capture is not None:
+                return self._capture_alloc(capture, size, bucket)
+            stream = streams.handle(streams.current())
+            block = self.pools.take(stream, bucket)
             if block is None:
                 try:
                     block = super().memalloc(bucket)
@@ -80,19 +123,33 @@ def _manager_class():
                         raise
                     self.empty_cache()
                     block = super().memalloc(bucket)
-            free, lock = self._free, self._lock
+            pools = self.pools
 
             def give_back():
-                with lock:
-                    free[bucket].append(block)
+                pools.give(stream, bucket, block)
+
+            return MemoryPointer(weakref.proxy(self.context), block.device_pointer, size,
+                                 finalizer=give_back)
+
+        def _capture_alloc(self, capture, size, bucket):
+            # The capture's own freed blocks first, then those its warm-up left cached.
+            block = capture.take(bucket)
+            if block is None:
+                block = self.pools.take(streams.handle(capture.home), bucket)
+            if block is None:
+                streams.refuse_in_capture(
+                    f"a new device allocation ({size} bytes, none of that size cached: the "
+                    "step allocates more than in its warm-up; run more warm-up steps)")
+
+            def give_back():
+                capture.give(bucket, block)  # the graph's from now on (see streams.Capture)
 
             return MemoryPointer(weakref.proxy(self.context), block.device_pointer, size,
                                  finalizer=give_back)
 
         def empty_cache(self):
             """Drop the cached blocks; Numba's own finalizers free them."""
-            with self._lock:
-                self._free.clear()
+            self.pools.clear()
             self.deallocations.clear()
 
         def reset(self):

@@ -38,6 +38,7 @@ from ..._args import chunk_rows, num_chunks
 from . import errors
 from .arrays import MAX_BLOCKS, THREADS, full, grid
 from .fpmath import mul_for, numba_float
+from .launch import launch
 from .reduce import block_sum, block_sum2, tree_threads
 
 __all__ = ["layer_norm_backward_rows", "layer_norm_rows"]
@@ -97,15 +98,15 @@ def fill_zero(out):
     """Zero a C-contiguous device array of any shape."""
     if out.size:
         flat = out.reshape(out.size)
-        fill[grid(flat.size), THREADS](flat, flat.dtype.type(0))
+        launch(fill, grid(flat.size), THREADS, flat, flat.dtype.type(0))
 
 
 def add_partials(part, out):
     """``out`` (any shape) = the sum over the first axis of ``part`` (``(C,) + out.shape``)."""
     if out.size:
         flat = out.reshape(out.size)
-        sum_partials[grid(flat.size), THREADS](part.reshape(part.shape[0], flat.size), flat,
-                                               errors.device_word())
+        launch(sum_partials, grid(flat.size), THREADS, part.reshape(part.shape[0], flat.size),
+               flat, errors.device_word())
 
 
 # ---------------------------------------------------------------- launchers
@@ -122,8 +123,8 @@ def layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
     dt = x.dtype.type
     weight = full((dim,), 1, x.dtype) if weight is None else weight
     bias = full((dim,), 0, x.dtype) if bias is None else bias
-    _forward_kernel(x.dtype)[row_blocks(rows), tree_threads(dim)](x, weight, bias, dt(eps), y,
-                                                                   mean, rstd)
+    launch(_forward_kernel(x.dtype), row_blocks(rows), tree_threads(dim), x, weight, bias,
+           dt(eps), y, mean, rstd)
 
 
 def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias):
@@ -141,8 +142,8 @@ def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight,
         return
     weight = full((dim,), 1, x.dtype) if weight is None else weight
     word = errors.device_word()
-    _backward_x_kernel(x.dtype)[row_blocks(rows), tree_threads(dim)](grad_y, x, mean, rstd,
-                                                                     weight, grad_x, word)
+    launch(_backward_x_kernel(x.dtype), row_blocks(rows), tree_threads(dim), grad_y, x, mean,
+           rstd, weight, grad_x, word)
     want_w = grad_weight is not None
     want_b = grad_bias is not None
     if not (want_w or want_b):
@@ -151,8 +152,8 @@ def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight,
     # An unwanted partial is a 1x1 placeholder that the kernel never touches.
     part_w = cuda.device_array((chunks, dim) if want_w else (1, 1), dtype=x.dtype)
     part_b = cuda.device_array((chunks, dim) if want_b else (1, 1), dtype=x.dtype)
-    _partials_kernel(x.dtype)[grid(chunks * dim), THREADS](
-        grad_y, x, mean, rstd, chunks, chunk_rows(rows), want_w, want_b, part_w, part_b, word)
+    launch(_partials_kernel(x.dtype), grid(chunks * dim), THREADS, grad_y, x, mean, rstd, chunks,
+           chunk_rows(rows), want_w, want_b, part_w, part_b, word)
     if want_w:
         add_partials(part_w, grad_weight)
     if want_b:

@@ -22,12 +22,13 @@ back.
 import numpy as np
 from numba import cuda
 
-from ..._args import WeightDecayMode
+from ..._args import AdagradHyper, AdamHyper, RowWiseAdagradHyper, SGDHyper, WeightDecayMode
 from .. import updates
-from . import arrays, errors
+from . import arrays, clock, errors
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .embedding import segment_sum
 from .fpmath import cast_like
+from .launch import launch
 
 __all__ = ["adagrad_dense_", "adagrad_row_groups_", "adagrad_rows_", "adam_dense_",
            "adam_row_groups_", "adam_rows_", "rowwise_adagrad_dense_",
@@ -46,9 +47,10 @@ def sgd_dense_(param, grad, buf, first, hyper):
     ``hyper`` is a :class:`~numbapos._args.SGDHyper` already cast to the
     parameter's dtype; ``first`` says the momentum buffer starts on this step.
     """
+    hyper, dyn = clock.split(hyper, param.dtype)
     if param.size:
-        _sgd_dense[grid(param.size), THREADS](param, grad, buf, bool(first), hyper,
-                                              errors.device_word())
+        launch(_sgd_dense, grid(param.size), THREADS, param, grad, buf, bool(first), hyper, dyn,
+               errors.device_word())
 
 
 def sgd_rows_(param, rows, values, used, buf, row_started, hyper):
@@ -58,16 +60,17 @@ def sgd_rows_(param, rows, values, used, buf, row_started, hyper):
     device array whose first entry is); its momentum row starts fresh the
     first time it is touched (``row_started``, updated here).
     """
+    hyper, dyn = clock.split(hyper, param.dtype)
     if rows.size == 0:
         return
     used, word = _on_device(used), errors.device_word()
     if param.shape[1]:
-        _sgd_rows[_row_blocks(rows), _row_threads(param.shape[1])](
-            param, rows, used, values, buf, row_started, hyper, word)
+        launch(_sgd_rows, _row_blocks(rows), _row_threads(param.shape[1]), param, rows, used,
+               values, buf, row_started, hyper, dyn, word)
     if hyper.momentum != 0:
         # A second launch, so no block can see a flag that another set this step
         # (rows are unique, but the flags are read above and set only here).
-        _mark_started[grid(rows.size), THREADS](rows, used, row_started, word)
+        launch(_mark_started, grid(rows.size), THREADS, rows, used, row_started, word)
 
 
 def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, hyper):
@@ -79,15 +82,16 @@ def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, h
     gradient is never stored. Same bits as ``sum_row_groups`` then
     :func:`sgd_rows_`, and as the CPU.
     """
+    hyper, dyn = clock.split(hyper, param.dtype)
     if groups.rows.size == 0:
         return
     word = errors.device_word()
     if param.shape[1]:
-        _sgd_row_groups[_row_blocks(groups.rows), _row_threads(param.shape[1])](
-            param, grad, groups, bool(scale_grad_by_freq), buf, row_started, hyper, word)
+        launch(_sgd_row_groups, _row_blocks(groups.rows), _row_threads(param.shape[1]), param,
+               grad, groups, bool(scale_grad_by_freq), buf, row_started, hyper, dyn, word)
     if hyper.momentum != 0:
-        _mark_started[grid(groups.rows.size), THREADS](groups.rows, groups.used, row_started,
-                                                       word)
+        launch(_mark_started, grid(groups.rows.size), THREADS, groups.rows, groups.used,
+               row_started, word)
 
 
 def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
@@ -96,9 +100,10 @@ def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
     ``hyper`` is an :class:`~numbapos._args.AdamHyper` (dense step size);
     ``max_exp_avg_sq`` is read and written only with ``amsgrad`` (may be empty).
     """
+    hyper, dyn = clock.split(hyper, param.dtype)
     if param.size:
-        _adam_dense[grid(param.size), THREADS](param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq,
-                                               hyper, errors.device_word())
+        launch(_adam_dense, grid(param.size), THREADS, param, grad, exp_avg, exp_avg_sq,
+               max_exp_avg_sq, hyper, dyn, errors.device_word())
 
 
 def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper):
@@ -108,41 +113,44 @@ def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper):
     and of the moments are read and written. ``hyper`` carries the sparse
     step size. ``used`` rows are real (see :func:`sgd_rows_`).
     """
+    hyper, dyn = clock.split(hyper, param.dtype)
     if rows.size and param.shape[1]:
-        _adam_rows[_row_blocks(rows), _row_threads(param.shape[1])](
-            param, rows, _on_device(used), values, exp_avg, exp_avg_sq, hyper,
-            errors.device_word())
+        launch(_adam_rows, _row_blocks(rows), _row_threads(param.shape[1]), param, rows,
+               _on_device(used), values, exp_avg, exp_avg_sq, hyper, dyn, errors.device_word())
 
 
 def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper):
     """:func:`adam_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
+    hyper, dyn = clock.split(hyper, param.dtype)
     if groups.rows.size and param.shape[1]:
-        _adam_row_groups[_row_blocks(groups.rows), _row_threads(param.shape[1])](
-            param, grad, groups, bool(scale_grad_by_freq), exp_avg, exp_avg_sq, hyper,
-            errors.device_word())
+        launch(_adam_row_groups, _row_blocks(groups.rows), _row_threads(param.shape[1]), param,
+               grad, groups, bool(scale_grad_by_freq), exp_avg, exp_avg_sq, hyper, dyn,
+               errors.device_word())
 
 
 def adagrad_dense_(param, grad, state_sum, hyper):
     """One ``torch.optim.Adagrad`` step on flat arrays, in place (``hyper``: AdagradHyper)."""
+    hyper, dyn = clock.split(hyper, param.dtype)
     if param.size:
-        _adagrad_dense[grid(param.size), THREADS](param, grad, state_sum, hyper,
-                                                  errors.device_word())
+        launch(_adagrad_dense, grid(param.size), THREADS, param, grad, state_sum, hyper, dyn,
+               errors.device_word())
 
 
 def adagrad_rows_(param, rows, values, used, state_sum, hyper):
     """``torch.optim.Adagrad``'s sparse update of the listed (unique) rows of a 2-D ``param``
     (``used`` rows are real, see :func:`sgd_rows_`)."""
+    hyper, dyn = clock.split(hyper, param.dtype)
     if rows.size and param.shape[1]:
-        _adagrad_rows[_row_blocks(rows), _row_threads(param.shape[1])](
-            param, rows, _on_device(used), values, state_sum, hyper, errors.device_word())
+        launch(_adagrad_rows, _row_blocks(rows), _row_threads(param.shape[1]), param, rows,
+               _on_device(used), values, state_sum, hyper, dyn, errors.device_word())
 
 
 def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`adagrad_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
+    hyper, dyn = clock.split(hyper, param.dtype)
     if groups.rows.size and param.shape[1]:
-        _adagrad_row_groups[_row_blocks(groups.rows), _row_threads(param.shape[1])](
-            param, grad, groups, bool(scale_grad_by_freq), state_sum, hyper,
-            errors.device_word())
+        launch(_adagrad_row_groups, _row_blocks(groups.rows), _row_threads(param.shape[1]), param,
+               grad, groups, bool(scale_grad_by_freq), state_sum, hyper, dyn, errors.device_word())
 
 
 def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
@@ -151,25 +159,27 @@ def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
     ``state_sum`` has one accumulator per row; ``hyper`` is a
     :class:`~numbapos._args.RowWiseAdagradHyper`.
     """
+    hyper, dyn = clock.split(hyper, param.dtype)
     if param.shape[0] and param.shape[1]:
-        _rowwise_dense[grid(param.shape[0]), THREADS](param, grad, state_sum, hyper,
-                                                      errors.device_word())
+        launch(_rowwise_dense, grid(param.shape[0]), THREADS, param, grad, state_sum, hyper, dyn,
+               errors.device_word())
 
 
 def rowwise_adagrad_rows_(param, rows, values, used, state_sum, hyper):
     """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only (``used`` rows are
     real, see :func:`sgd_rows_`)."""
+    hyper, dyn = clock.split(hyper, param.dtype)
     if rows.size and param.shape[1]:
-        _rowwise_rows[grid(rows.size), THREADS](param, rows, _on_device(used), values, state_sum,
-                                                hyper, errors.device_word())
+        launch(_rowwise_rows, grid(rows.size), THREADS, param, rows, _on_device(used), values,
+               state_sum, hyper, dyn, errors.device_word())
 
 
 def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`rowwise_adagrad_rows_` fused with the gradient of a lookup (see sgd_row_groups_)."""
+    hyper, dyn = clock.split(hyper, param.dtype)
     if groups.rows.size and param.shape[1]:
-        _rowwise_row_groups[grid(groups.rows.size), THREADS](
-            param, grad, groups, bool(scale_grad_by_freq), state_sum, hyper,
-            errors.device_word())
+        launch(_rowwise_row_groups, grid(groups.rows.size), THREADS, param, grad, groups,
+               bool(scale_grad_by_freq), state_sum, hyper, dyn, errors.device_word())
 
 
 def _on_device(used):
@@ -187,6 +197,42 @@ def _row_blocks(rows) -> int:
 def _row_threads(dim: int) -> int:
     """Threads of a per-row block: a whole number of warps covering ``dim``, at most THREADS."""
     return min(THREADS, -(-dim // 32) * 32)
+
+
+# ---------------------------------------------------------------- step-dependent scalars
+# ``dyn`` holds the step's scalars when an optimiser clock computed them on the device
+# (kernels/cuda/clock.py: a captured step advances them on every replay); it is empty
+# when the host's values in ``h`` hold.
+
+
+@cuda.jit(device=True)
+def _live_sgd(h, dyn):
+    if dyn.size == 0:
+        return h
+    return SGDHyper(dyn[0], h.momentum, h.one_minus_dampening, h.weight_decay, h.nesterov,
+                    h.maximize)
+
+
+@cuda.jit(device=True)
+def _live_adam(h, dyn):
+    if dyn.size == 0:
+        return h
+    return AdamHyper(h.one_minus_beta1, h.beta2, h.one_minus_beta2, h.eps, h.weight_decay,
+                     dyn[0], dyn[1], dyn[2], h.decoupled, h.amsgrad, h.maximize)
+
+
+@cuda.jit(device=True)
+def _live_adagrad(h, dyn):
+    if dyn.size == 0:
+        return h
+    return AdagradHyper(dyn[0], h.weight_decay, h.eps, h.maximize)
+
+
+@cuda.jit(device=True)
+def _live_rowwise(h, dyn):
+    if dyn.size == 0:
+        return h
+    return RowWiseAdagradHyper(dyn[0], h.eps, h.weight_decay, h.mode)
 
 
 # ---------------------------------------------------------------- SGD kernels
@@ -213,20 +259,22 @@ def _sgd_cell(param, buf, row, d, g, first, h, decay):
 
 
 @cuda.jit
-def _sgd_dense(param, grad, buf, first, h, word):
+def _sgd_dense(param, grad, buf, first, h, dyn, word):
     """Elementwise SGD over flat arrays (grid-stride)."""
     if errors.is_pending(word):
         return
+    h = _live_sgd(h, dyn)
     decay = h.weight_decay != 0
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
         _sgd_flat(param, buf, i, grad[i], first, h, decay)
 
 
 @cuda.jit
-def _sgd_rows(param, rows, used, values, buf, row_started, h, word):
+def _sgd_rows(param, rows, used, values, buf, row_started, h, dyn, word):
     """SGD on rows ``rows[j]`` of a 2-D ``param``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
+    h = _live_sgd(h, dyn)
     decay = h.weight_decay != 0
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
@@ -236,10 +284,11 @@ def _sgd_rows(param, rows, used, values, buf, row_started, h, word):
 
 
 @cuda.jit
-def _sgd_row_groups(param, grad, groups, scale_by_freq, buf, row_started, h, word):
+def _sgd_row_groups(param, grad, groups, scale_by_freq, buf, row_started, h, dyn, word):
     """:func:`_sgd_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
+    h = _live_sgd(h, dyn)
     decay = h.weight_decay != 0
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
         row = groups.rows[j]
@@ -263,10 +312,11 @@ def _mark_started(rows, used, row_started, word):
 
 
 @cuda.jit
-def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, word):
+def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, dyn, word):
     """Elementwise Adam over flat arrays (grid-stride), torch.optim.Adam's operations."""
     if errors.is_pending(word):
         return
+    h = _live_adam(h, dyn)
     l2, decoupled = updates.adam_decay_flags(h)
     low_weight = h.one_minus_beta1 < 0.5
     beta1 = cast_like(1, h.beta2) - h.one_minus_beta1
@@ -289,10 +339,11 @@ def _sparse_adam_element(param, exp_avg, exp_avg_sq, row, d, g, h, l2, decoupled
 
 
 @cuda.jit
-def _adam_rows(param, rows, used, values, exp_avg, exp_avg_sq, h, word):
+def _adam_rows(param, rows, used, values, exp_avg, exp_avg_sq, h, dyn, word):
     """SparseAdam on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
+    h = _live_adam(h, dyn)
     l2, decoupled = updates.adam_decay_flags(h)
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
@@ -302,10 +353,11 @@ def _adam_rows(param, rows, used, values, exp_avg, exp_avg_sq, h, word):
 
 
 @cuda.jit
-def _adam_row_groups(param, grad, groups, scale_by_freq, exp_avg, exp_avg_sq, h, word):
+def _adam_row_groups(param, grad, groups, scale_by_freq, exp_avg, exp_avg_sq, h, dyn, word):
     """:func:`_adam_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
+    h = _live_adam(h, dyn)
     l2, decoupled = updates.adam_decay_flags(h)
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
         row = groups.rows[j]
@@ -319,10 +371,11 @@ def _adam_row_groups(param, grad, groups, scale_by_freq, exp_avg, exp_avg_sq, h,
 
 
 @cuda.jit
-def _adagrad_dense(param, grad, state_sum, h, word):
+def _adagrad_dense(param, grad, state_sum, h, dyn, word):
     """Elementwise Adagrad over flat arrays (grid-stride)."""
     if errors.is_pending(word):
         return
+    h = _live_adagrad(h, dyn)
     decay = h.weight_decay != 0
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
         param[i], state_sum[i] = updates.adagrad_update(param[i], grad[i], state_sum[i], h,
@@ -330,10 +383,11 @@ def _adagrad_dense(param, grad, state_sum, h, word):
 
 
 @cuda.jit
-def _adagrad_rows(param, rows, used, values, state_sum, h, word):
+def _adagrad_rows(param, rows, used, values, state_sum, h, dyn, word):
     """Adagrad on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
+    h = _live_adagrad(h, dyn)
     decay = h.weight_decay != 0
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
@@ -343,10 +397,11 @@ def _adagrad_rows(param, rows, used, values, state_sum, h, word):
 
 
 @cuda.jit
-def _adagrad_row_groups(param, grad, groups, scale_by_freq, state_sum, h, word):
+def _adagrad_row_groups(param, grad, groups, scale_by_freq, state_sum, h, dyn, word):
     """:func:`_adagrad_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
+    h = _live_adagrad(h, dyn)
     decay = h.weight_decay != 0
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
         row = groups.rows[j]
@@ -376,28 +431,31 @@ def _rowwise_row(row, j, param, values, state_sum, h):
 
 
 @cuda.jit
-def _rowwise_dense(param, grad, state_sum, h, word):
+def _rowwise_dense(param, grad, state_sum, h, dyn, word):
     """Row-wise Adagrad on every row: one thread per row (grid-stride)."""
     if errors.is_pending(word):
         return
+    h = _live_rowwise(h, dyn)
     for r in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         _rowwise_row(r, r, param, grad, state_sum, h)
 
 
 @cuda.jit
-def _rowwise_rows(param, rows, used, values, state_sum, h, word):
+def _rowwise_rows(param, rows, used, values, state_sum, h, dyn, word):
     """Row-wise Adagrad on rows ``rows[j]``: one thread per listed row (grid-stride)."""
     if errors.is_pending(word):
         return
+    h = _live_rowwise(h, dyn)
     for j in range(cuda.grid(1), used[0], cuda.gridsize(1)):
         _rowwise_row(rows[j], j, param, values, state_sum, h)
 
 
 @cuda.jit
-def _rowwise_row_groups(param, grad, groups, scale_by_freq, state_sum, h, word):
+def _rowwise_row_groups(param, grad, groups, scale_by_freq, state_sum, h, dyn, word):
     """:func:`_rowwise_rows` with the gradient summed on the spot (squares, then update)."""
     if errors.is_pending(word):
         return
+    h = _live_rowwise(h, dyn)
     l2 = h.mode == _L2
     for j in range(cuda.grid(1), groups.used[0], cuda.gridsize(1)):
         row = groups.rows[j]

@@ -29,6 +29,7 @@ from numba import cuda, float64, int64
 from . import errors
 from .arrays import THREADS, asarray, grid
 from .fpmath import mul_f32, mul_f64
+from .launch import launch
 
 __all__ = ["add_gathered_rows", "add_rows", "mult_add", "mult_add_backward",
            "positions_from_mask", "positions_from_padding", "sinusoid_fill", "sum_over_batch"]
@@ -46,13 +47,13 @@ def sinusoid_fill(inv_freq, offset, out):
     """
     if out.size:
         freq = asarray(np.ascontiguousarray(inv_freq, dtype=np.float64))
-        _sinusoid_fill[grid(out.size), THREADS](freq, np.int64(offset), out)
+        launch(_sinusoid_fill, grid(out.size), THREADS, freq, np.int64(offset), out)
 
 
 def add_rows(x, table, start, out):
     """``out[n, l] = x[n, l] + table[start + l]`` for ``(N, L, D)`` ``x`` / ``out``."""
     if x.size:
-        _add_rows[grid(x.size), THREADS](x, table, np.int64(start), out)
+        launch(_add_rows, grid(x.size), THREADS, x, table, np.int64(start), out)
 
 
 def add_gathered_rows(x, table, positions, out):
@@ -65,8 +66,8 @@ def add_gathered_rows(x, table, positions, out):
     if x.size:
         shared = positions.shape[0] == 1
         word, host = errors.words()
-        _add_gathered_rows[grid(x.size), THREADS](x, table, positions, shared, out, word, host,
-                                                  errors.tag("position_ids", "max_len"))
+        launch(_add_gathered_rows, grid(x.size), THREADS, x, table, positions, shared, out, word,
+               host, errors.tag("position_ids", "max_len"))
         errors.after_launch()
 
 
@@ -74,14 +75,14 @@ def sum_over_batch(grad, start, out):
     """``out[start + l] = sum over n of grad[n, l]`` (batch order); other rows of ``out`` zero."""
     if out.size:
         zero = out.dtype.type(0)
-        _sum_over_batch[grid(out.size), THREADS](grad, np.int64(start), zero, out)
+        launch(_sum_over_batch, grid(out.size), THREADS, grad, np.int64(start), zero, out)
 
 
 def mult_add(x, a, b, out):
     """``out[n, l] = a[l] * x[n, l] + b[l]`` elementwise."""
     if x.size:
         kernel = _MULT_ADD[np.dtype(x.dtype)]
-        kernel[grid(x.size), THREADS](x, a, b, out)
+        launch(kernel, grid(x.size), THREADS, x, a, b, out)
 
 
 def mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
@@ -92,7 +93,7 @@ def mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
     if grad_a.size:
         kernel = _MULT_ADD_BACKWARD[np.dtype(grad_a.dtype)]
         zero = grad_a.dtype.type(0)
-        kernel[grid(grad_a.size), THREADS](grad, x, a, zero, grad_x, grad_a, grad_b)
+        launch(kernel, grid(grad_a.size), THREADS, grad, x, a, zero, grad_x, grad_a, grad_b)
 
 
 def positions_from_padding(ids, padding_idx, past, pad_position, out):
@@ -113,10 +114,9 @@ def positions_from_padding(ids, padding_idx, past, pad_position, out):
         start = np.int64(0 if has_past else past)
         past_arr = past if has_past else cuda.device_array(1, np.int64)
         word, host = errors.words()
-        _positions_from_padding[grid(rows), THREADS](
-            ids, np.int64(padding_idx), past_arr, has_past, start, np.int64(pad_position),
-            np.int64(max_past), np.int64(min(max_past, top - 1) + 1), out, word, host,
-            errors.tag("past_length", "past_length_bound"))
+        launch(_positions_from_padding, grid(rows), THREADS, ids, np.int64(padding_idx), past_arr,
+               has_past, start, np.int64(pad_position), np.int64(max_past), np.int64(min(max_past,
+               top - 1) + 1), out, word, host, errors.tag("past_length", "past_length_bound"))
         errors.after_launch()
 
 
@@ -132,9 +132,9 @@ def positions_from_mask(mask, pad_position, max_positions, out, name="attention_
     """
     if mask.size and out.size:
         word, host = errors.words()
-        _positions_from_mask[grid(mask.shape[0]), THREADS](
-            mask, np.int64(pad_position), np.int64(max_positions), out, word, host,
-            errors.tag(name, "", "binary"), errors.tag(name, size_name, "position"))
+        launch(_positions_from_mask, grid(mask.shape[0]), THREADS, mask,
+               np.int64(pad_position), np.int64(max_positions), out, word, host,
+               errors.tag(name, "", "binary"), errors.tag(name, size_name, "position"))
         errors.after_launch()
 
 

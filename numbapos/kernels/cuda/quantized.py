@@ -36,6 +36,7 @@ from ..rowwise import (
 )
 from . import arrays, errors
 from .arrays import THREADS, grid
+from .launch import launch
 
 __all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
 
@@ -55,7 +56,7 @@ def quantize_rows(table, bits, out):
     if num_rows == 0:
         return -1
     bad = arrays.full((1,), num_rows, np.int64)
-    _quantize[grid(num_rows), THREADS](table, int(bits), out, bad)
+    launch(_quantize, grid(num_rows), THREADS, table, int(bits), out, bad)
     first = int(bad.copy_to_host()[0])
     return -1 if first == num_rows else first
 
@@ -63,8 +64,8 @@ def quantize_rows(table, bits, out):
 def dequantize_rows(packed, bits, dim, out):
     """``out[r] = decode(packed[r])``: the float32 ``(V, dim)`` table of a packed one."""
     if out.size:
-        _decode_rows[grid(out.shape[0], 1), _row_threads(dim)](
-            packed, int(bits), np.int64(-1), out)
+        launch(_decode_rows, grid(out.shape[0], 1), _row_threads(dim), packed, int(bits),
+               np.int64(-1), out)
 
 
 def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
@@ -77,8 +78,8 @@ def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
     """
     if out.size:
         word, host = errors.words()
-        _gather[grid(flat.size, 1), _row_threads(dim)](
-            flat, packed, int(bits), np.int64(padding_idx), out, word, host, errors.tag())
+        launch(_gather, grid(flat.size, 1), _row_threads(dim), flat, packed, int(bits),
+               np.int64(padding_idx), out, word, host, errors.tag())
         errors.after_launch()
 
 

@@ -12,6 +12,7 @@ from numba import cuda, float64, int64
 from . import errors
 from .arrays import THREADS, grid
 from .fpmath import mul_f64
+from .launch import launch
 
 __all__ = ["blend_rows", "fractional_rows", "scale_rows"]
 
@@ -23,7 +24,7 @@ def blend_rows(table, index0, index1, weight0, weight1, out):
     device arrays, one entry per row of ``out``.
     """
     if out.size:
-        _blend[grid(out.size), THREADS](table, index0, index1, weight0, weight1, out)
+        launch(_blend, grid(out.size), THREADS, table, index0, index1, weight0, weight1, out)
 
 
 def fractional_rows(positions, num_positions, index0, index1, weight0, weight1):
@@ -39,9 +40,8 @@ def fractional_rows(positions, num_positions, index0, index1, weight0, weight1):
     """
     if index0.size:
         word, host = errors.words()
-        _fractional_rows[grid(index0.size), THREADS](
-            positions, int64(num_positions), index0, index1, weight0, weight1, word, host,
-            errors.tag("position_ids", "max_len"))
+        launch(_fractional_rows, grid(index0.size), THREADS, positions, int64(num_positions),
+               index0, index1, weight0, weight1, word, host, errors.tag("position_ids", "max_len"))
         errors.after_launch()
     return -1
 
@@ -49,7 +49,7 @@ def fractional_rows(positions, num_positions, index0, index1, weight0, weight1):
 def scale_rows(values, weights, out):
     """``out[n] = weights[n] * values[n]`` for ``(N, D)`` arrays and float64 ``weights``."""
     if out.size:
-        _scale[grid(out.size), THREADS](values, weights, out)
+        launch(_scale, grid(out.size), THREADS, values, weights, out)
 
 
 @cuda.jit

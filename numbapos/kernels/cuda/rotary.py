@@ -25,6 +25,7 @@ from .. import sincos as _sincos
 from ..sincos import sincos
 from .arrays import THREADS, empty, grid
 from .fpmath import mul_for
+from .launch import launch
 
 if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
     from numba.cuda import libdevice, types
@@ -53,9 +54,8 @@ def rotary_table(positions, offset, inv_freq, angles, cos, sin):
         has_ids = positions is not None
         # a (1, 1) stand-in from the memory pool; the kernel never reads it
         ids = positions if has_ids else empty((1, 1), np.int64)
-        _table[grid(cos.size), THREADS](ids, has_ids, np.int64(offset), inv_freq,
-                                        float64(angles.scale), float64(angles.sign),
-                                        bool(angles.float32_angle), cos, sin)
+        launch(_table, grid(cos.size), THREADS, ids, has_ids, np.int64(offset), inv_freq,
+               float64(angles.scale), float64(angles.sign), bool(angles.float32_angle), cos, sin)
 
 
 def rotary_apply(x, cos, sin, interleaved, head_axis, out):
@@ -70,7 +70,8 @@ def rotary_apply(x, cos, sin, interleaved, head_axis, out):
         half = cos.shape[2]
         items = x.size // dim * (dim - half)
         kernel = _APPLY[np.dtype(x.dtype)]
-        kernel[grid(items), THREADS](x, cos, sin, bool(interleaved), np.int64(head_axis), out)
+        launch(kernel, grid(items), THREADS, x, cos, sin, bool(interleaved), np.int64(head_axis),
+               out)
 
 
 # ---------------------------------------------------------------- cos / sin table

@@ -1,0 +1,279 @@
+"""Captured training steps (issue 19, item 6): ``numbapos.cuda.capture`` and replays.
+
+On Numba's CUDA simulator there are no graphs: the captured call runs eagerly
+under the capture's checks and each replay calls the step again, so these
+tests check what does not depend on the graph itself: replays give the bits of
+the eager steps (and of the CPU), the device-resident step counts and learning
+rates advance and are obeyed, a replay makes no host round trip, and a step
+that needs the host while captured raises a clear RuntimeError. (A real GPU
+additionally checks that the graph replays the same kernels: run this file
+with ``NUMBA_ENABLE_CUDASIM=0`` there.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_counts import count_cuda_traffic
+
+import numbapos
+from numbapos import nn, optim
+
+pytestmark = [
+    pytest.mark.skipif(not numbapos.cuda_available(), reason="needs CUDA or its simulator"),
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+]
+
+V, D, N = 9, 4, 5
+BATCHES = np.array([[1, 4, 4, 0, 8], [2, 2, 7, 1, 3], [8, 0, 5, 5, 5], [6, 1, 2, 3, 4],
+                    [0, 0, 1, 7, 7], [3, 8, 6, 2, 2]])
+GRAD = np.linspace(-1.0, 1.0, N * D, dtype=np.float32).reshape(N, D)
+
+
+def _setup(device, make_opt):
+    """A sparse embedding and a dense bias, their optimiser, and static input / gradient."""
+    rng = np.random.default_rng(7)
+    emb = nn.Embedding(V, D, sparse=True, device=device)
+    emb.weight.data = numbapos.to_device(rng.standard_normal((V, D)).astype(np.float32), device)
+    bias = nn.Parameter(numbapos.to_device(rng.standard_normal(D).astype(np.float32), device))
+    opt = make_opt([emb.weight, bias])
+    ids = numbapos.to_device(BATCHES[0].copy(), device)
+    grad = numbapos.to_device(GRAD, device)
+
+    def step():
+        y = emb(ids)
+        emb.backward(grad)
+        bias.grad = grad[0]  # a dense gradient, read on the device
+        opt.step()
+        emb.zero_grad()
+        bias.grad = None
+        return y
+
+    return emb, bias, opt, ids, step
+
+
+def _state(emb, bias, opt):
+    state = opt.state_dict()["state"]
+    return [numbapos.to_host(emb.weight.data), numbapos.to_host(bias.data)] + [
+        np.asarray(v) for k in sorted(state) for _, v in sorted(state[k].items())]
+
+
+def _set_batch(device, ids, batch):
+    if device == "cuda":
+        ids.copy_to_device(batch)
+    else:
+        ids[...] = batch
+
+
+OPTIMISERS = {
+    "adam": lambda p: optim.Adam(p, lr=0.05, betas=(0.8, 0.9)),
+    "adamw": lambda p: optim.AdamW(p, lr=0.05, weight_decay=0.1),
+    "sgd_momentum": lambda p: optim.SGD(p, lr=0.1, momentum=0.9),
+    "adagrad": lambda p: optim.Adagrad(p, lr=0.1, lr_decay=0.01),
+    "rowwise_adagrad": lambda p: optim.RowWiseAdagrad(p[:1], lr=0.1),
+}
+
+
+def _eager(device, make_opt, schedule=None):
+    emb, bias, opt, ids, step = _setup(device, make_opt)
+    outputs = []
+    for i, batch in enumerate(BATCHES):
+        if schedule is not None:
+            opt.param_groups[0]["lr"] = schedule(i)
+        _set_batch(device, ids, batch)
+        outputs.append(numbapos.to_host(step()))
+    return outputs, _state(emb, bias, opt)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMISERS))
+def test_replays_give_the_bits_of_the_eager_steps_and_of_the_cpu(name):
+    make_opt = OPTIMISERS[name]
+    # The capture takes two steps on the batch in the inputs (the warm-up's and the
+    # captured call's); replays then take one per batch copied in.
+    sequence = np.concatenate([BATCHES[:1], BATCHES[:1], BATCHES[2:]])
+    emb, bias, opt, ids, step = _setup("cuda", make_opt)
+    captured = numbapos.cuda.capture(step, warmup=1)
+    outputs = [numbapos.to_host(captured.outputs)]
+    for batch in sequence[2:]:
+        ids.copy_to_device(batch)
+        captured.replay()
+        outputs.append(numbapos.to_host(captured.outputs))
+    emb2, bias2, opt2, ids2, step2 = _setup("cuda", make_opt)
+    expected = []
+    for batch in sequence:
+        ids2.copy_to_device(batch)
+        expected.append(numbapos.to_host(step2()))
+    for got, want in zip(outputs, expected[1:], strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(_state(emb, bias, opt), _state(emb2, bias2, opt2), strict=True):
+        np.testing.assert_array_equal(got, want)
+    # The eager CUDA steps (device clocks included) match the CPU bit for bit.
+    eager_outputs, eager_state = _eager("cuda", make_opt)
+    cpu_outputs, cpu_state = _eager("cpu", make_opt)
+    for got, want in zip(eager_state + eager_outputs, cpu_state + cpu_outputs, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_device_step_counts_advance_over_replays():
+    emb, bias, opt, ids, step = _setup("cuda", OPTIMISERS["adam"])
+    captured = numbapos.cuda.capture(step, warmup=2)
+    for _ in range(3):
+        captured.replay()
+    steps = {k: v["step"] for k, v in opt.state_dict()["state"].items()}
+    assert steps == {0: 2 + 1 + 3, 1: 2 + 1 + 3}
+    clock = opt._clocks[id(emb.weight)]
+    assert clock.step() == 6
+
+
+def test_a_learning_rate_set_between_replays_is_obeyed():
+    def schedule(i):
+        return 0.05 * 0.5 ** i
+
+    make_opt = OPTIMISERS["adam"]
+    _, want = _eager("cuda", make_opt, schedule)
+    emb, bias, opt, ids, step = _setup("cuda", make_opt)
+    opt.param_groups[0]["lr"] = schedule(0)
+    captured = numbapos.cuda.capture(step, warmup=1)  # steps 0 and 1, both at schedule(0)
+    # Rebuild the expectation for that sequence: lr(0) twice, then lr(2), lr(3), ...
+    emb2, bias2, opt2, ids2, step2 = _setup("cuda", make_opt)
+    for i in range(len(BATCHES)):
+        opt2.param_groups[0]["lr"] = schedule(0 if i < 2 else i)
+        ids2.copy_to_device(BATCHES[0] if i < 2 else BATCHES[i])
+        step2()
+    for i in range(2, len(BATCHES)):
+        opt.param_groups[0]["lr"] = schedule(i)
+        ids.copy_to_device(BATCHES[i])
+        captured.replay()
+    for got, expected in zip(_state(emb, bias, opt), _state(emb2, bias2, opt2), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert not all(np.array_equal(a, b) for a, b in
+                   zip(_state(emb, bias, opt), want, strict=True))  # the schedule mattered
+
+
+def _simulated() -> bool:
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+@pytest.mark.skipif(not _simulated(), reason="counts traffic on the simulator")
+def test_a_replay_makes_no_host_round_trip():
+    emb, bias, opt, ids, step = _setup("cuda", OPTIMISERS["sgd_momentum"])
+    captured = numbapos.cuda.capture(step)
+    with count_cuda_traffic() as c:
+        captured.replay()
+    assert (c.device_to_host, c.synchronizations, c.host_to_device) == (0, 0, 0), str(c)
+
+
+@pytest.mark.parametrize("what, match", [
+    ("to_host", "a synchronisation"),
+    ("host_rows", "a copy from the host to the device"),
+    ("dropout", "training-mode dropout"),
+    ("synchronize", "a synchronisation"),
+])
+def test_a_host_round_trip_inside_the_step_raises(what, match):
+    from numbapos.kernels.cuda import streams
+
+    emb, bias, opt, ids, step = _setup("cuda", OPTIMISERS["sgd_momentum"])
+    drop = nn.Dropout(0.5, seed=1)
+    warm = [True]
+
+    def bad_step():
+        y = step()
+        if warm[0]:
+            warm[0] = False
+            return y
+        if what == "to_host":
+            numbapos.to_host(y)
+        elif what == "host_rows":
+            emb.weight.grad = numbapos.SparseRows(np.array([1, 2]), grad[:2], V)
+            opt.step()
+        elif what == "dropout":
+            drop(y)
+        else:
+            numbapos.synchronize()
+        return y
+
+    grad = numbapos.to_device(GRAD, "cuda")
+    with pytest.raises(RuntimeError, match=f"numbapos.cuda.capture: {match}.*captured step"):
+        numbapos.cuda.capture(bad_step)
+    assert streams.capturing() is None and numbapos.cuda.current_stream() == 0
+    numbapos.cuda.capture(step).replay()  # nothing left behind: a later capture works
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="step: expected a callable"):
+        numbapos.cuda.capture(3)
+    for warmup in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="warmup: expected an int >= 1"):
+            numbapos.cuda.capture(lambda: None, warmup=warmup)
+
+
+def test_captures_do_not_nest():
+    inner = []
+
+    def step():
+        from numbapos.kernels.cuda import streams
+
+        if streams.capturing() is not None:
+            with pytest.raises(RuntimeError, match="captures do not nest"):
+                numbapos.cuda.capture(lambda: None)
+            inner.append(True)
+
+    numbapos.cuda.capture(step)
+    assert inner == [True]
+
+
+def test_a_clock_is_for_cuda_parameters_only():
+    from numbapos import functional as F
+
+    param = np.zeros((2, 2), np.float32)
+    with pytest.raises(TypeError, match="clock: an optimiser clock keeps the step on the GPU"):
+        F.sgd_(param, np.ones((2, 2), np.float32), lr=0.1, clock=object())
+
+
+def _bert_setup():
+    block = nn.BertEmbeddings(V, D, max_position_embeddings=8, hidden_dropout_prob=0.0, seed=3,
+                              device="cuda")
+    opt = optim.AdamW(block.parameters(), lr=0.02)
+    ids = numbapos.to_device(BATCHES[0].reshape(1, N).copy(), "cuda")
+    grad = numbapos.to_device(GRAD.reshape(1, N, D), "cuda")
+
+    def step():
+        y = block(ids)
+        block.backward(grad)
+        opt.step()
+        block.zero_grad()
+        return y
+
+    return block, opt, ids, step
+
+
+def test_a_bert_block_step_replays_with_the_eager_bits():
+    # The fused block kernels (gather + sum + LayerNorm, its backward and partial sums)
+    # and AdamW's dense steps on every table, captured and replayed.
+    block, opt, ids, step = _bert_setup()
+    captured = numbapos.cuda.capture(step, warmup=1)
+    block2, opt2, ids2, step2 = _bert_setup()
+    step2()
+    step2()
+    for batch in BATCHES[2:4]:
+        ids.copy_to_device(batch.reshape(1, N))
+        ids2.copy_to_device(batch.reshape(1, N))
+        captured.replay()
+        expected = step2()
+        np.testing.assert_array_equal(numbapos.to_host(captured.outputs),
+                                      numbapos.to_host(expected))
+    for (name, p), (_, q) in zip(block.named_parameters(), block2.named_parameters(),
+                                 strict=True):
+        np.testing.assert_array_equal(numbapos.to_host(p.data), numbapos.to_host(q.data), name)
+
+
+def test_a_bad_id_met_by_the_warm_up_raises_its_index_error():
+    emb, bias, opt, ids, step = _setup("cuda", OPTIMISERS["sgd_momentum"])
+    before = numbapos.to_host(emb.weight.data)
+    ids.copy_to_device(np.array([1, 2, 99, 0, 1]))
+    with pytest.raises(IndexError, match="index 99"):
+        numbapos.cuda.capture(step)
+    assert numbapos.cuda.current_stream() == 0
+    np.testing.assert_array_equal(numbapos.to_host(emb.weight.data), before)

@@ -1,0 +1,345 @@
+"""Streams (issue 19, item 6): every launch, allocation and copy on numbapos's current stream.
+
+On Numba's CUDA simulator (which has stream objects but runs everything in
+order): ops under ``numbapos.cuda.stream(s)`` give the same bits as without,
+every kernel they launch is configured with ``s``, contexts nest and restore,
+external stream objects are accepted by protocol, and bad objects raise
+TypeError naming ``stream``. The allocator's per-stream pools and the launch
+helper's structure are checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import numbapos
+import numbapos.functional as F
+from numbapos import nn, optim
+
+pytestmark = pytest.mark.skipif(not numbapos.cuda_available(),
+                                reason="needs CUDA or its simulator")
+
+CUDA_KERNELS = pathlib.Path(numbapos.__file__).parent / "kernels" / "cuda"
+
+
+def _simulated() -> bool:
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def _train_step(ids, seed=0):
+    """A sparse Embedding forward, backward and SGD(momentum) step on the GPU; host results."""
+    rng = np.random.default_rng(seed)
+    emb = nn.Embedding(9, 5, sparse=True, device="cuda")
+    emb.weight.data.copy_to_device(rng.standard_normal((9, 5)).astype(np.float32))
+    opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        y = emb(ids)
+        emb.backward(numbapos.to_device(np.ones(y.shape, np.float32), "cuda"))
+        opt.step()
+        emb.zero_grad()
+    return numbapos.to_host(y), numbapos.to_host(emb.weight.data)
+
+
+@pytest.fixture
+def launched_streams(monkeypatch):
+    """The stream of every kernel launch configured while the test runs (simulator only)."""
+    if not _simulated():
+        pytest.skip("spies on the simulator's kernel configuration")
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    seen = []
+    original = sim_kernel.FakeCUDAKernel.__getitem__
+
+    def __getitem__(self, configuration):
+        seen.append(configuration[2] if len(configuration) > 2 else 0)
+        return original(self, configuration)
+
+    monkeypatch.setattr(sim_kernel.FakeCUDAKernel, "__getitem__", __getitem__)
+    return seen
+
+
+def test_ops_on_a_stream_give_the_same_bits_and_launch_there(launched_streams):
+    from numba import cuda
+
+    ids = numbapos.to_device(np.array([[1, 4, 4], [0, 8, 1]]), "cuda")
+    expected = _train_step(ids)
+    assert launched_streams and not any(launched_streams)  # the legacy default stream
+    launched_streams.clear()
+    s = cuda.stream()
+    with numbapos.cuda.stream(s) as chosen:
+        assert chosen is s and numbapos.cuda.current_stream() is s
+        got = _train_step(ids)
+    assert launched_streams and all(x is s for x in launched_streams)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_contexts_nest_and_restore():
+    from numba import cuda
+
+    a, b = cuda.stream(), cuda.stream()
+    assert numbapos.cuda.current_stream() == 0
+    with numbapos.cuda.stream(a):
+        with numbapos.cuda.stream(b):
+            assert numbapos.cuda.current_stream() is b
+            with numbapos.cuda.stream(None):
+                assert numbapos.cuda.current_stream() == 0
+            assert numbapos.cuda.current_stream() is b
+        assert numbapos.cuda.current_stream() is a
+        with pytest.raises(ValueError), numbapos.cuda.stream(b):
+            raise ValueError("restored on the way out of an error too")
+        assert numbapos.cuda.current_stream() is a
+    assert numbapos.cuda.current_stream() == 0
+
+
+def test_the_current_stream_is_per_thread():
+    from numba import cuda
+
+    seen = []
+    with numbapos.cuda.stream(cuda.stream()):
+        worker = threading.Thread(target=lambda: seen.append(numbapos.cuda.current_stream()))
+        worker.start()
+        worker.join()
+    assert seen == [0]
+
+
+class _ProtocolStream:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+class _CupyLike:
+    ptr = 12345
+
+
+class _TorchLike:
+    cuda_stream = 23456
+
+
+@pytest.mark.parametrize("make", [lambda: _ProtocolStream(4242), _CupyLike, _TorchLike],
+                         ids=["__cuda_stream__", "cupy_ptr", "torch_cuda_stream"])
+def test_external_stream_objects_are_accepted(make, launched_streams):
+    ids = numbapos.to_device(np.array([3, 1, 3]), "cuda")
+    weight = numbapos.to_device(np.arange(20, dtype=np.float32).reshape(4, 5), "cuda")
+    expected = numbapos.to_host(F.embedding(ids, weight))
+    launched_streams.clear()
+    with numbapos.cuda.stream(make()) as chosen:
+        got = numbapos.to_host(F.embedding(ids, weight))
+    assert chosen != 0 and launched_streams and all(x is chosen for x in launched_streams)
+    np.testing.assert_array_equal(got, expected)
+    with numbapos.cuda.stream(make()) as again:
+        assert again is chosen  # one simulated stream per external handle
+
+
+@pytest.mark.parametrize("bad, match", [
+    (7, "stream: expected a CUDA stream.*got int 7"),
+    ("s1", "stream: expected a CUDA stream.*got str"),
+    (np.zeros(2), "stream: expected a CUDA stream.*got ndarray"),
+])
+def test_bad_stream_objects_raise_type_error_naming_the_argument(bad, match):
+    with pytest.raises(TypeError, match=match), numbapos.cuda.stream(bad):
+        pass
+    assert numbapos.cuda.current_stream() == 0
+
+
+def test_a_bad_cuda_stream_protocol_answer_is_refused():
+    class Broken:
+        def __cuda_stream__(self):
+            return "not a pair"
+
+    with pytest.raises(TypeError, match=r"stream: __cuda_stream__\(\) must return"), \
+            numbapos.cuda.stream(Broken()):
+        pass
+
+
+def test_allocator_pools_keep_blocks_on_their_stream():
+    from numbapos.kernels.cuda.memory import StreamPools
+
+    pools = StreamPools()
+    pools.give(1, 512, "block-a")
+    assert pools.take(2, 512) is None  # another stream never gets it
+    assert pools.take(0, 512) is None
+    assert pools.take(1, 1024) is None  # nor another size
+    assert pools.cached() == 1
+    assert pools.take(1, 512) == "block-a"
+    assert pools.take(1, 512) is None
+    pools.give(3, 512, "block-b")
+    pools.clear()
+    assert pools.cached() == 0
+
+
+def test_every_launch_of_the_cuda_backend_goes_through_the_launch_helper():
+    direct = []
+    for path in sorted(CUDA_KERNELS.glob("*.py")):
+        if path.name == "launch.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+                direct.append(f"{path.name}:{node.lineno}")
+    assert not direct, f"kernels launched as kernel[grid, block](...): {direct}"
+
+
+def test_the_fast_launch_internals_exist_in_the_installed_numba_cuda():
+    # The fast path (kernels/cuda/fastlaunch.py) uses numba-cuda internals; the cuda
+    # extra pins the minor versions, and this fails when an upgrade moves them. Checked
+    # against the real numba.cuda (no GPU needed to import it), not the simulator's.
+    code = (
+        "import numpy as np\n"
+        "from numba.cuda.typing.typeof import Purpose, typeof\n"
+        "from numbapos._args import AdamHyper\n"
+        "from numbapos.kernels.cuda import fastlaunch\n"
+        "values = [True, 2.5, 7, np.int64(3), np.float32(1), np.uint64(9),\n"
+        "          AdamHyper(*[np.float32(0.5)] * 8, False, True, False)]\n"
+        "for value in values * 2:  # the second time from the cache\n"
+        "    assert fastlaunch._type_of(value) == typeof(value, Purpose.argument), value\n"
+        "print(fastlaunch.supported(), fastlaunch.ENABLED)\n")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True", "True"]
+
+
+def test_the_fast_launch_is_off_on_the_simulator():
+    from numbapos.kernels.cuda import fastlaunch
+
+    assert fastlaunch.ENABLED is (not _simulated())
+
+
+def test_the_fast_launch_resolves_each_signature_once_and_falls_back_otherwise(monkeypatch):
+    # The fast path runs only on a real GPU; its bookkeeping is checked here with
+    # stand-ins for Numba's dispatcher, compiled kernel, typing and stream conversion.
+    from numbapos.kernels.cuda import fastlaunch
+
+    launched = []
+
+    class Compiled:
+        debug = False
+        launch_config_sensitive = False
+
+        def launch(self, args, griddim, blockdim, stream, sharedmem):
+            launched.append((args, griddim, blockdim, stream, sharedmem))
+
+    class Dispatcher:
+        def __init__(self):
+            self.overloads = {}
+
+    monkeypatch.setattr(fastlaunch, "_type_of", lambda value: type(value).__name__)
+    monkeypatch.setattr(fastlaunch, "_core_stream", lambda stream: ("core", stream))
+    monkeypatch.setattr(fastlaunch, "_compiled", {})
+    kernel = Dispatcher()
+    assert not fastlaunch.launch(kernel, 4, 32, 0, (1, 2.0))  # not compiled yet: ordinary
+    kernel.overloads[("int", "float")] = compiled = Compiled()
+    assert fastlaunch.launch(kernel, 4, 32, 0, (1, 2.0))
+    assert launched == [((1, 2.0), (4, 1, 1), (32, 1, 1), ("core", 0), 0)]
+    kernel.overloads.clear()  # resolved once: the cache answers from now on
+    assert fastlaunch.launch(kernel, (2, 3), (8, 4, 1), "s", (5, 6.0))
+    assert launched[-1] == ((5, 6.0), (2, 3, 1), (8, 4, 1), ("core", "s"), 0)
+    assert not fastlaunch.launch(kernel, 1, 1, 0, (1, 2))  # another signature: ordinary
+    kernel.overloads[("int", "int")] = debug = Compiled()
+    debug.debug = True  # kernels compiled with debug=True check errors after launch
+    assert not fastlaunch.launch(kernel, 1, 1, 0, (1, 2))
+    assert len(launched) == 2 and compiled is not debug
+
+
+_ALLOCATOR_SCRIPT = r'''
+import gc
+from numbapos.kernels.cuda import memory, streams
+
+manager_class = memory._manager_class()
+made = []
+
+
+class Block:  # what the driver would allocate: a device pointer
+    def __init__(self, size):
+        self.device_pointer = (1 << 30) + len(made) * (1 << 20)
+        made.append(size)
+
+
+manager_class.__mro__[1].memalloc = lambda self, size: Block(size)
+
+
+class Context:
+    pass
+
+
+class Stream:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+context = Context()
+manager = manager_class(context=context)
+
+
+def alloc(size=1000):
+    return manager.memalloc(size)
+
+
+def address(pointer):
+    return int(pointer.device_pointer)
+
+
+a = alloc()
+first = address(a)
+del a
+gc.collect()
+assert address(alloc()) == first, "a freed block is reused on its stream"
+gc.collect()
+side = Stream(77)
+with streams.using(side):
+    b = alloc()
+    assert address(b) != first, "another stream never gets a block freed on the default one"
+    warm = address(b)
+    del b
+    gc.collect()
+capture = streams.Capture(Stream(78), side)
+with streams.capture_state(capture):
+    c = alloc()
+    assert address(c) == warm, "a capture takes the blocks its warm-up left"
+    del c
+    gc.collect()
+    d = alloc()
+    assert address(d) == warm, "and reuses its own freed blocks"
+    try:
+        alloc()
+    except RuntimeError as err:
+        assert "new device allocation" in str(err), err
+    else:
+        raise AssertionError("a pool miss inside a capture must raise")
+del d
+gc.collect()
+with streams.using(side):
+    assert address(alloc()) != warm, "a block the graph uses is never handed out again"
+print("ok", len(made))
+'''
+
+
+def test_the_allocator_keeps_blocks_on_their_stream_and_the_capture_s_blocks_apart(tmp_path):
+    # The caching manager needs the real numba.cuda (no GPU: the driver's allocation is
+    # stood in for), so it runs in a process without the simulator.
+    script = tmp_path / "allocator.py"
+    script.write_text(_ALLOCATOR_SCRIPT)
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0",
+           "PYTHONPATH": os.pathsep.join([str(CUDA_KERNELS.parents[2]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["ok", "3"]
