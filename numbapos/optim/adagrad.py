@@ -79,7 +79,7 @@ class Adagrad(Optimizer):
         options = {name: group[name] for name in ("lr", "lr_decay", "eps", "maximize")}
         if isinstance(param.grad, SparseRows):
             F.sparse_adagrad_(param.data, param.grad, state["sum"], step=state["step"],
-                              **options)
+                              **options, **self._rounding(param, state))
         else:
             F.adagrad_(param.data, param.grad, state["sum"], step=state["step"],
                        weight_decay=group["weight_decay"], **options)
@@ -150,6 +150,8 @@ class RowWiseAdagrad(Optimizer):
     def _update(self, param: Parameter, group: dict) -> None:
         state = self._state(param, group)
         options = {name: group[name] for name in self._OPTIONS}
-        update = F.sparse_rowwise_adagrad_ if isinstance(param.grad, SparseRows) \
-            else F.rowwise_adagrad_
-        update(param.data, param.grad, state["sum"], **options)
+        if isinstance(param.grad, SparseRows):
+            F.sparse_rowwise_adagrad_(param.data, param.grad, state["sum"], **options,
+                                      **self._rounding(param, state))
+        else:
+            F.rowwise_adagrad_(param.data, param.grad, state["sum"], **options)

@@ -108,7 +108,8 @@ class Adam(Optimizer):
                                                   "maximize", "decoupled_weight_decay")}
         moments = (state["exp_avg"], state["exp_avg_sq"])
         if isinstance(param.grad, SparseRows):
-            F.sparse_adam_(param.data, param.grad, *moments, step=state["step"], **options)
+            F.sparse_adam_(param.data, param.grad, *moments, step=state["step"], **options,
+                           **self._rounding(param, state))
         else:
             F.adam_(param.data, param.grad, *moments, state.get("max_exp_avg_sq"),
                     step=state["step"], amsgrad=group["amsgrad"], **options)

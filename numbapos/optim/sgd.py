@@ -117,7 +117,7 @@ class SGD(Optimizer):
         started = state.get("row_started")
         grad = param.grad
         if isinstance(grad, SparseRows):
-            F.sparse_sgd_(data, grad, buf, started, **options)
+            F.sparse_sgd_(data, grad, buf, started, **options, **self._rounding(param, state))
             return
         if momentum != 0 and not state["dense_started"] and data.ndim == 2 \
                 and _device.to_host(started).any():
