@@ -286,6 +286,7 @@ def _half(dtype, index_dtype) -> None:
                 emb.zero_grad()
         emb = nn.Embedding(_ROWS, _DIM, dtype=half, seed=0, max_norm=1.0, out_dtype=half)
         emb(ids)
+        F.widen_table(emb.weight.data, rows=np.arange(2))  # the functional op's sparse form
 
 
 class Case(NamedTuple):
