@@ -101,8 +101,11 @@ def rowwise_adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, st
 
 
 def _sgd_state(buf, row_started, hyper):
-    """SGD's state arguments: the buffer is None without momentum (another compiled loop)."""
-    return (buf if hyper.momentum != 0 else None), row_started, hyper
+    """SGD's state arguments: the buffer is None without momentum, and ``general`` None for
+    SGD's usual options (no Nesterov, maximize or weight decay): each compiles its own loop,
+    as :func:`.optim._sgd_variant` explains."""
+    usual = not (hyper.nesterov or hyper.maximize or hyper.weight_decay != 0)
+    return (buf if hyper.momentum != 0 else None), row_started, option(not usual), hyper
 
 
 def _rows(serial, parallel, table, rows, values, used, rounding, *rest):
@@ -173,25 +176,34 @@ def _gradient(j, values, grad, groups, scale, acc):
 
 
 @kernel(inline="always")
-def _sgd_row(row, g, table, buf, started, h, key, stochastic, fmt):
-    decay = h.weight_decay != 0
+def _sgd_row(row, g, table, buf, started, h, nesterov, maximize, decay, key, stochastic, fmt):
     if buf is None:
         for d in range(table.shape[1]):
-            p = updates.sgd_plain_update(_load(table, row, d, fmt), g[d], h, h.maximize, decay)
+            p = updates.sgd_plain_update(_load(table, row, d, fmt), g[d], h, maximize, decay)
             _store(table, row, d, p, key, stochastic, fmt)
     else:
         first = not started[row]
         for d in range(table.shape[1]):
             p, buf[row, d] = updates.sgd_momentum_update(_load(table, row, d, fmt), g[d],
-                                                         buf[row, d], h, first, h.nesterov,
-                                                         h.maximize, decay)
+                                                         buf[row, d], h, first, nesterov,
+                                                         maximize, decay)
             _store(table, row, d, p, key, stochastic, fmt)
         started[row] = True
 
 
 @kernel(inline="always")
+def _sgd_options_row(row, g, table, buf, started, general, h, key, stochastic, fmt):
+    # SGD's usual options as constants (their selects cost 8 % of the step), or any.
+    if general is None:
+        _sgd_row(row, g, table, buf, started, h, False, False, False, key, stochastic, fmt)
+    else:
+        _sgd_row(row, g, table, buf, started, h, h.nesterov, h.maximize, h.weight_decay != 0,
+                 key, stochastic, fmt)
+
+
+@kernel(inline="always")
 def _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic, f16,
-               buf, started, h):
+               buf, started, general, h):
     lo, hi = _bounds(chunk, rows.size, scratch.shape[0])
     for j in range(lo, hi):
         prefetch_listed_for_write(table, rows, j + AHEAD)
@@ -199,28 +211,28 @@ def _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, st
             prefetch_listed_for_write(buf, rows, j + AHEAD)
         g = _gradient(j, values, grad, groups, scale, scratch[chunk])
         if f16 is None:
-            _sgd_row(rows[j], g, table, buf, started, h, key, stochastic, BF16)
+            _sgd_options_row(rows[j], g, table, buf, started, general, h, key, stochastic, BF16)
         else:
-            _sgd_row(rows[j], g, table, buf, started, h, key, stochastic, F16)
+            _sgd_options_row(rows[j], g, table, buf, started, general, h, key, stochastic, F16)
 
 
 @kernel()
 def _sgd(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic, f16, buf,
-         started, h):
+         started, general, h):
     key = dropout_key(seed, step)
     for chunk in range(scratch.shape[0]):
         _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic,
-                   f16, buf, started, h)
+                   f16, buf, started, general, h)
 
 
 @kernel(parallel=True)
 def _sgd_parallel(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic,
-                  f16, buf, started, h):
+                  f16, buf, started, general, h):
     # Rows are unique, so chunks never share a row (nor its momentum or flag).
     key = dropout_key(seed, step)
     for chunk in prange(scratch.shape[0]):
         _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic,
-                   f16, buf, started, h)
+                   f16, buf, started, general, h)
 
 
 # ---------------------------------------------------------------- Adam
