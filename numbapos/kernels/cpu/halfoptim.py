@@ -31,7 +31,7 @@ from ..halfbits import (
     half_from_f32_bits_stochastic,
     half_to_f32_bits,
 )
-from ..hash import dropout_bits_keyed, dropout_key
+from ..hash import GOLDEN_GAMMA, dropout_key, mix64
 from ..scalar import f32_bits, f32_from_bits
 from .arrays import option, pick, runs_parallel
 from .embedding import group_gradient
@@ -145,14 +145,23 @@ def _load(table, row, d, fmt):
 
 
 @kernel(inline="always")
-def _store(table, row, d, value, key, stochastic, fmt):
-    # The float32 ``value`` into element (row, d), rounded as store_half_rows_ rounds it.
+def _stream(key, row, dim):
+    # The hash's input for element (row, 0): key + (row * D) * G. Element (row, d)'s is
+    # d * G further on, so the row loops add G per column instead of multiplying
+    # (one 64-bit multiply of three per element less; the same bits).
+    return key + np.uint64(row * dim) * GOLDEN_GAMMA
+
+
+@kernel(inline="always")
+def _store(table, row, d, value, z, stochastic, fmt):
+    # The float32 ``value`` into element (row, d), rounded as store_half_rows_ rounds it:
+    # stochastically with the top 16 of dropout_bits_keyed(key, row * D + d)'s 32 bits,
+    # which are mix64(z)'s top 16 (z from _stream).
     u = f32_bits(value)
     if stochastic is None:
         table[row, d] = half_from_f32_bits(u, fmt)
     else:
-        random16 = dropout_bits_keyed(key, np.uint64(row * table.shape[1] + d)) >> np.uint64(16)
-        table[row, d] = half_from_f32_bits_stochastic(u, fmt, random16)
+        table[row, d] = half_from_f32_bits_stochastic(u, fmt, mix64(z) >> np.uint64(48))
 
 
 @kernel(inline="always")
@@ -177,17 +186,20 @@ def _gradient(j, values, grad, groups, scale, acc):
 
 @kernel(inline="always")
 def _sgd_row(row, g, table, buf, started, h, nesterov, maximize, decay, key, stochastic, fmt):
+    z = _stream(key, row, table.shape[1])
     if buf is None:
         for d in range(table.shape[1]):
             p = updates.sgd_plain_update(_load(table, row, d, fmt), g[d], h, maximize, decay)
-            _store(table, row, d, p, key, stochastic, fmt)
+            _store(table, row, d, p, z, stochastic, fmt)
+            z += GOLDEN_GAMMA
     else:
         first = not started[row]
         for d in range(table.shape[1]):
             p, buf[row, d] = updates.sgd_momentum_update(_load(table, row, d, fmt), g[d],
                                                          buf[row, d], h, first, nesterov,
                                                          maximize, decay)
-            _store(table, row, d, p, key, stochastic, fmt)
+            _store(table, row, d, p, z, stochastic, fmt)
+            z += GOLDEN_GAMMA
         started[row] = True
 
 
@@ -241,11 +253,13 @@ def _sgd_parallel(table, rows, values, grad, groups, scale, scratch, seed, step,
 @kernel(inline="always")
 def _adam_row(row, g, table, exp_avg, exp_avg_sq, h, key, stochastic, fmt):
     l2, decoupled = updates.adam_decay_flags(h)
+    z = _stream(key, row, table.shape[1])
     for d in range(table.shape[1]):
         p, exp_avg[row, d], exp_avg_sq[row, d] = updates.sparse_adam_update(
             _load(table, row, d, fmt), g[d], exp_avg[row, d], exp_avg_sq[row, d], h, l2,
             decoupled)
-        _store(table, row, d, p, key, stochastic, fmt)
+        _store(table, row, d, p, z, stochastic, fmt)
+        z += GOLDEN_GAMMA
 
 
 @kernel(inline="always")
@@ -287,10 +301,12 @@ def _adam_parallel(table, rows, values, grad, groups, scale, scratch, seed, step
 @kernel(inline="always")
 def _adagrad_row(row, g, table, state_sum, h, key, stochastic, fmt):
     decay = h.weight_decay != 0
+    z = _stream(key, row, table.shape[1])
     for d in range(table.shape[1]):
         p, state_sum[row, d] = updates.adagrad_update(_load(table, row, d, fmt), g[d],
                                                       state_sum[row, d], h, decay)
-        _store(table, row, d, p, key, stochastic, fmt)
+        _store(table, row, d, p, z, stochastic, fmt)
+        z += GOLDEN_GAMMA
 
 
 @kernel(inline="always")
@@ -339,9 +355,11 @@ def _rowwise_row(row, g, table, state_sum, h, key, stochastic, fmt):
     acc, correction, multiplier = updates.rowwise_factors(state_sum[row], square_sum,
                                                           np.float32(dim), np.float32(1), h)
     state_sum[row] = acc
+    z = _stream(key, row, dim)
     for d in range(dim):
         p = updates.rowwise_apply(_load(table, row, d, fmt), g[d], correction, multiplier)
-        _store(table, row, d, p, key, stochastic, fmt)
+        _store(table, row, d, p, z, stochastic, fmt)
+        z += GOLDEN_GAMMA
 
 
 @kernel(inline="always")
