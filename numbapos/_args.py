@@ -75,6 +75,20 @@ class SGDHyper(NamedTuple):
     maximize: bool
 
 
+class HalfRounding(NamedTuple):
+    """How a sparse step writes a bfloat16 / float16 table back (its launchers' last argument).
+
+    ``fmt`` is the table's format code (``kernels.halfbits.BF16`` / ``F16``);
+    with ``stochastic`` each element rounds with the keyed hash of
+    ``(seed, step, row * D + column)``, else to nearest even.
+    """
+
+    fmt: int
+    seed: np.uint64
+    step: np.uint64
+    stochastic: bool
+
+
 class RowGroups(NamedTuple):
     """Positions of a flat index array grouped by the row they name (on the launcher's device).
 

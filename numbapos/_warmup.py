@@ -266,16 +266,27 @@ def _quantized(dtype, index_dtype) -> None:
 
 def _half(dtype, index_dtype) -> None:
     # bfloat16 / float16 tables: lookups to float32 and to the table's dtype, max-norm,
-    # a sparse and a dense SGD step written back with stochastic rounding.
+    # a dense SGD step and the sparse steps of every optimiser (fused with the lookup's
+    # gradient, and from summed rows) written back with stochastic rounding.
     ids = _ids(index_dtype)
     for half in ("bfloat16", "float16"):
-        for sparse in (True, False):
-            emb = nn.Embedding(_ROWS, _DIM, dtype=half, sparse=sparse, seed=0)
-            opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
-            _train(emb, ids)
-            opt.step()
+        emb = nn.Embedding(_ROWS, _DIM, dtype=half, seed=0)
+        opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
+        _train(emb, ids)
+        opt.step()
+        for make in (lambda p: optim.SGD(p, lr=0.1, momentum=0.9), optim.Adam, optim.Adagrad,
+                     optim.RowWiseAdagrad):
+            emb = nn.Embedding(_ROWS, _DIM, dtype=half, sparse=True, seed=0)
+            opt = make(emb.parameters())
+            for summed in (False, True):
+                _train(emb, ids)
+                if summed:
+                    emb.weight.grad.materialize()
+                opt.step()
+                emb.zero_grad()
         emb = nn.Embedding(_ROWS, _DIM, dtype=half, seed=0, max_norm=1.0, out_dtype=half)
         emb(ids)
+        F.widen_table(emb.weight.data, rows=np.arange(2))  # the functional op's sparse form
 
 
 class Case(NamedTuple):
@@ -328,7 +339,8 @@ CASES: tuple[Case, ...] = (
     Case("rowwise_adagrad", "RowWiseAdagrad dense and sparse, with and without L2 weight "
          "decay (opt-in)", _rowwise_adagrad, default=False, seconds=59.0),
     Case("half", "bfloat16 / float16 tables: lookups to float32 and to the table's dtype, "
-         "max_norm, SGD steps with stochastic rounding (opt-in)", _half, default=False,
+         "max_norm, every optimiser's sparse step and SGD's dense one with stochastic "
+         "rounding (opt-in)", _half, default=False,
          indexed=True, seconds=15.0),
 )
 CASE_NAMES = tuple(case.name for case in CASES)

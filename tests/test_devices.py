@@ -24,8 +24,8 @@ from numbapos import functional as F
 from numbapos.sparse import SparseRows
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-AREAS = ["alibi", "arrays", "blocks", "dropout", "embedding", "init", "normalization", "optim",
-         "positional", "quantized", "resize", "rotary"]
+AREAS = ["alibi", "arrays", "blocks", "dropout", "embedding", "half", "halfoptim", "init",
+         "normalization", "optim", "positional", "quantized", "resize", "rotary"]
 
 
 def _close(got, want, dtype=np.float64):

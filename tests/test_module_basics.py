@@ -117,7 +117,7 @@ def test_to_dtype_casts_parameters_grads_and_float_buffers(rng):
     assert head(ids).dtype == np.float64
     head.to("cpu", dtype=np.float32)
     assert head.tok.weight.dtype == np.float32
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match="float32, float64, bfloat16 or float16"):
         head.to(np.int64)
     with pytest.raises(TypeError, match="two devices"):
         head.to("cpu", "cpu")

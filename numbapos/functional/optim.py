@@ -19,11 +19,15 @@ from .._args import (
     WEIGHT_DECAY_MODES,
     AdagradHyper,
     AdamHyper,
+    HalfRounding,
     RowWiseAdagradHyper,
     SGDHyper,
 )
 from ..sparse import SparseRows
 from ._common import backend_for
+from .half import half_format
+
+_FLOAT32 = np.dtype(np.float32)
 
 # ---------------------------------------------------------------- shared checks
 
@@ -86,20 +90,44 @@ class UnsummedRows(NamedTuple):
     scale_grad_by_freq: bool
 
 
-def _sparse_args(param, grad, states, names):
-    """Checked ``(K, param, rows)`` of an update of the rows ``grad`` lists.
+def _sparse_target(param):
+    """``(param, dtype)``: the checked parameter of a sparse update and the dtype its
+    arithmetic, gradient and state use (float32 for a bfloat16 / float16 table)."""
+    dtype = getattr(param, "dtype", None)
+    if dtype is None or not _checks.is_half_dtype(dtype):
+        param = _checks.check_update_target(param)
+        return param, param.dtype
+    table = _checks.check_table(param, "param")
+    _checks.check_writeable(table, "param", "the update writes its rows in place")
+    if not _device.is_c_contiguous(table):
+        raise ValueError(f"param: a {table.dtype} table is updated in place through its bits "
+                         "and must be C-contiguous")
+    return table, _FLOAT32
 
-    ``rows`` is :class:`SummedRows` (int64 rows and values of the parameter's
-    dtype, C-contiguous on its device) or, for an unsummed gradient of the
-    parameter's dtype, :class:`UnsummedRows` for a fused update. ``states``
-    (None entries skipped) are only checked to live on that device (callers
-    check their shapes).
+
+def _rounding(param, stochastic_rounding, seed, rounding_step):
+    """The :class:`HalfRounding` of a 16-bit ``param`` (checked), None for a float one."""
+    if not _checks.is_half_dtype(param.dtype):
+        return None
+    return HalfRounding(half_format(param.dtype), _checks.check_uint64(seed, "seed"),
+                        _checks.check_uint64(rounding_step, "rounding_step"),
+                        bool(stochastic_rounding))
+
+
+def _sparse_args(param, dtype, grad, states, names):
+    """Checked ``(K, param, rows)`` of an update of the rows ``grad`` lists (``param`` and
+    ``dtype`` from :func:`_sparse_target`).
+
+    ``rows`` is :class:`SummedRows` (int64 rows and values of ``dtype``,
+    C-contiguous on the parameter's device) or, for an unsummed gradient of
+    ``dtype``, :class:`UnsummedRows` for a fused update. ``states`` (None
+    entries skipped) are only checked to live on that device (callers check
+    their shapes).
     """
-    param = _checks.check_update_target(param)
     if not isinstance(grad, SparseRows):
         raise TypeError(f"grad: expected a SparseRows, got {type(grad).__name__}")
     unsummed = grad._take_unsummed()
-    if unsummed is not None and unsummed[1].dtype != param.dtype:
+    if unsummed is not None and unsummed[1].dtype != dtype:
         unsummed = None  # sum first, then cast, as a summed gradient would be
         grad.materialize()
     rows, values, used = _checks.check_sparse_grad(grad, param, summed=unsummed is None)
@@ -111,8 +139,7 @@ def _sparse_args(param, grad, states, names):
         return K, param, UnsummedRows(*unsummed)
     if _device.device_of(rows) != K.DEVICE:
         rows = K.asarray(rows) if K.DEVICE == "cuda" else _device.to_host(rows)
-    return K, param, SummedRows(K.contiguous(rows, np.int64), K.contiguous(values, param.dtype),
-                                used)
+    return K, param, SummedRows(K.contiguous(rows, np.int64), K.contiguous(values, dtype), used)
 
 
 def _stepvalues():
@@ -128,25 +155,41 @@ def _live(K, hyper, clock, param, kind, **options):
     if K.DEVICE != "cuda":
         raise TypeError("clock: an optimiser clock keeps the step on the GPU; it is for CUDA "
                         f"parameters only, got a {type(param).__name__}")
+    if _checks.is_half_dtype(param.dtype):
+        raise TypeError(f"clock: a {param.dtype} table keeps its step on the host (its "
+                        "update cannot be captured); pass clock=None")
     options = {name: float(value) if name != "sparse" else value
                for name, value in options.items()}
     return K.clock.tick(clock, hyper, param.dtype, getattr(K.clock, kind), **options)
 
 
-def _update_rows(update_rows, update_row_groups, param, rows, *rest):
-    """Apply a sparse update to the rows ``_sparse_args`` returned: ``update_rows(param,
-    rows, values, used, *rest)`` for summed rows, the fused ``update_row_groups(param, grad,
-    groups, scale_grad_by_freq, *rest)`` (each row summed inside the update) otherwise."""
+def _update_rows(launchers, param, rows, rounding, *rest):
+    """Apply a sparse update to the rows ``_sparse_args`` returned.
+
+    ``launchers`` are the optimiser's ``(rows, row_groups, half_rows,
+    half_row_groups)`` launchers: ``update_rows(param, rows, values, used,
+    *rest)`` for summed rows, the fused ``update_row_groups(param, grad,
+    groups, scale_grad_by_freq, *rest)`` (each row summed inside the update)
+    otherwise; a 16-bit ``param`` goes to the half launchers as its ``uint16``
+    bits, with ``rounding`` last.
+    """
+    update_rows, update_row_groups = launchers[:2]
+    if rounding is not None:
+        update_rows, update_row_groups = launchers[2:]
+        param, rest = param.view(np.uint16), (*rest, rounding)
     if isinstance(rows, UnsummedRows):
         update_row_groups(param, rows.grad, rows.groups, rows.scale_grad_by_freq, *rest)
     else:
         update_rows(param, rows.rows, rows.values, rows.used, *rest)
 
 
-def _same_as_param(states, names, param, avoid=()):
-    """Each state checked to have ``param``'s shape and dtype (C-contiguous, not aliased)."""
-    return [_checks.check_out(s, tuple(param.shape), param.dtype, n, avoid=(param, *avoid))
+def _same_as_param(states, names, param, avoid=(), dtype=None):
+    """Each state checked to have ``param``'s shape and dtype (or ``dtype``), C-contiguous
+    and not aliased."""
+    dtype = param.dtype if dtype is None else dtype
+    return [_checks.check_out(s, tuple(param.shape), dtype, n, avoid=(param, *avoid))
             for s, n in zip(states, names, strict=True)]
+
 
 
 # ---------------------------------------------------------------- SGD
@@ -228,21 +271,28 @@ def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
 
 
 def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, momentum=0.0,
-                dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False, clock=None):
+                dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False, clock=None,
+                stochastic_rounding=True, seed=0, rounding_step=0):
     """Lazy SGD on the rows a :class:`~numbapos.sparse.SparseRows` gradient lists.
 
     Only those rows are read and written. A row's momentum starts (as the
     gradient) the first time a step touches it, recorded in ``row_started``;
     rows not listed keep their values and momentum (no decay, no drift).
 
+    A bfloat16 / float16 ``param`` (C-contiguous) is updated in float32: each
+    listed element is widened, updated with float32 gradient and state, and
+    stored back rounded, in one pass, with no float32 copy of the table.
+
     Parameters
     ----------
-    param : ndarray, shape (V, D), float32 or float64
+    param : ndarray, shape (V, D), float32, float64, bfloat16 or float16
         Updated in place.
     grad : SparseRows
-        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype.
+        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
+        (float32 for a 16-bit ``param``).
     momentum_buffer : ndarray, shape (V, D), optional
-        Needed when ``momentum != 0``; C-contiguous, ``param``'s dtype.
+        Needed when ``momentum != 0``; C-contiguous, ``param``'s dtype
+        (float32 for a 16-bit ``param``).
     row_started : ndarray of bool, shape (V,), optional
         Needed when ``momentum != 0``; updated in place.
     lr, momentum, dampening, weight_decay, nesterov, maximize
@@ -253,28 +303,38 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
         and whose step and learning rate the kernels read on the device (so a
         captured step, ``numbapos.cuda.capture``, replays correctly). The
         values are those the host would compute: same bits.
+    stochastic_rounding : bool, default True
+        For a bfloat16 / float16 ``param``: each updated element, computed in
+        float32, is stored stochastically rounded with the keyed hash of
+        ``(seed, rounding_step, row * D + column)``; False rounds to nearest
+        even. Ignored for float32 / float64.
+    seed, rounding_step : int, default 0
+        The stochastic rounding's key, each in ``[0, 2**64)`` (a new
+        ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
 
     Returns
     -------
     ndarray
         ``param``.
     """
-    hyper = _sgd_hyper(_checks.check_update_target(param).dtype, lr, momentum, dampening,
-                       weight_decay, nesterov, maximize)
+    param, dtype = _sparse_target(param)
+    hyper = _sgd_hyper(dtype, lr, momentum, dampening, weight_decay, nesterov, maximize)
+    rounding = _rounding(param, stochastic_rounding, seed, rounding_step)
     bufs = _momentum_buffer(momentum_buffer, hyper.momentum)
-    K, param, rows = _sparse_args(param, grad, (momentum_buffer, row_started),
+    K, param, rows = _sparse_args(param, dtype, grad, (momentum_buffer, row_started),
                                   ("momentum_buffer", "row_started"))
     hyper = _live(K, hyper, clock, param, "SGD")
     if bufs:
-        bufs = _same_as_param(bufs, ["momentum_buffer"], param)
+        bufs = _same_as_param(bufs, ["momentum_buffer"], param, dtype=dtype)
         if row_started is None:
             raise ValueError("row_started: required when momentum != 0 (a bool array with "
                              "one flag per row)")
         started = _checks.check_out(row_started, (param.shape[0],), np.dtype(np.bool_),
                                     "row_started", avoid=(param, bufs[0]))
     else:
-        bufs, started = [K.empty((0, 0), param.dtype)], K.empty((0,), np.bool_)
-    _update_rows(K.sgd_rows_, K.sgd_row_groups_, param, rows, bufs[0], started, hyper)
+        bufs, started = [K.empty((0, 0), dtype)], K.empty((0,), np.bool_)
+    _update_rows((K.sgd_rows_, K.sgd_row_groups_, K.sgd_half_rows_, K.sgd_half_row_groups_),
+                 param, rows, rounding, bufs[0], started, hyper)
     return param
 
 
@@ -385,7 +445,7 @@ def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-
 
 def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9, 0.999),
                  eps=1e-8, weight_decay=0.0, maximize=False, decoupled_weight_decay=False,
-                 clock=None):
+                 clock=None, stochastic_rounding=True, seed=0, rounding_step=0):
     """Lazy Adam on the rows a SparseRows gradient lists, ``torch.optim.SparseAdam``'s rule.
 
     Only the listed rows of ``param`` and of the moments are read and written;
@@ -402,14 +462,20 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
     listed rows as in :func:`adam_` (L2, or AdamW's decay with
     ``decoupled_weight_decay``) before the update.
 
+    A bfloat16 / float16 ``param`` (C-contiguous) is updated in float32: each
+    listed element is widened, updated with float32 gradient and state, and
+    stored back rounded, in one pass, with no float32 copy of the table.
+
     Parameters
     ----------
-    param : ndarray or CUDA array, shape (V, D), float32 or float64
+    param : ndarray or CUDA array, shape (V, D), float32, float64, bfloat16 or float16
         Updated in place.
     grad : SparseRows
-        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype.
+        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
+        (float32 for a 16-bit ``param``).
     exp_avg, exp_avg_sq : ndarray or CUDA array, shape (V, D)
-        The moments, ``param``'s dtype, C-contiguous, updated in place.
+        The moments, ``param``'s dtype (float32 for a 16-bit ``param``),
+        C-contiguous, updated in place.
     step, lr, betas, eps, weight_decay, maximize, decoupled_weight_decay
         As for :func:`adam_`.
     clock : optional
@@ -418,20 +484,31 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
         and whose step and learning rate the kernels read on the device (so a
         captured step, ``numbapos.cuda.capture``, replays correctly). The
         values are those the host would compute: same bits.
+    stochastic_rounding : bool, default True
+        For a bfloat16 / float16 ``param``: each updated element, computed in
+        float32, is stored stochastically rounded with the keyed hash of
+        ``(seed, rounding_step, row * D + column)``; False rounds to nearest
+        even. Ignored for float32 / float64.
+    seed, rounding_step : int, default 0
+        The stochastic rounding's key, each in ``[0, 2**64)`` (a new
+        ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
 
     Returns
     -------
     ndarray
         ``param``.
     """
-    hyper = _adam_hyper(_checks.check_update_target(param).dtype, step, lr, betas, eps,
-                        weight_decay, maximize, decoupled_weight_decay, sparse=True)
+    param, dtype = _sparse_target(param)
+    hyper = _adam_hyper(dtype, step, lr, betas, eps, weight_decay, maximize,
+                        decoupled_weight_decay, sparse=True)
+    rounding = _rounding(param, stochastic_rounding, seed, rounding_step)
     names = ["exp_avg", "exp_avg_sq"]
-    K, param, rows = _sparse_args(param, grad, (exp_avg, exp_avg_sq), names)
+    K, param, rows = _sparse_args(param, dtype, grad, (exp_avg, exp_avg_sq), names)
     hyper = _live(K, hyper, clock, param, "ADAM", beta1=betas[0], beta2=betas[1],
                   weight_decay=weight_decay, sparse=True)
-    m, v = _same_as_param((exp_avg, exp_avg_sq), names, param)
-    _update_rows(K.adam_rows_, K.adam_row_groups_, param, rows, m, v, hyper)
+    m, v = _same_as_param((exp_avg, exp_avg_sq), names, param, dtype=dtype)
+    _update_rows((K.adam_rows_, K.adam_row_groups_, K.adam_half_rows_, K.adam_half_row_groups_),
+                 param, rows, rounding, m, v, hyper)
     return param
 
 
@@ -502,7 +579,8 @@ def adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, weight_deca
 
 
 def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=1e-10,
-                    maximize=False, clock=None):
+                    maximize=False, clock=None, stochastic_rounding=True, seed=0,
+                    rounding_step=0):
     """Adagrad on the rows a SparseRows gradient lists, as ``torch.optim.Adagrad`` does.
 
     The listed elements follow :func:`adagrad_`'s rule (PyTorch's sparse path
@@ -510,14 +588,20 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
     touched. PyTorch refuses weight decay with sparse gradients, and so does
     this op (it has no ``weight_decay``).
 
+    A bfloat16 / float16 ``param`` (C-contiguous) is updated in float32: each
+    listed element is widened, updated with float32 gradient and state, and
+    stored back rounded, in one pass, with no float32 copy of the table.
+
     Parameters
     ----------
-    param : ndarray or CUDA array, shape (V, D), float32 or float64
+    param : ndarray or CUDA array, shape (V, D), float32, float64, bfloat16 or float16
         Updated in place.
     grad : SparseRows
-        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype.
+        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
+        (float32 for a 16-bit ``param``).
     state_sum : ndarray or CUDA array, shape (V, D)
-        ``param``'s dtype, C-contiguous, updated in place.
+        ``param``'s dtype (float32 for a 16-bit ``param``), C-contiguous,
+        updated in place.
     step, lr, lr_decay, eps, maximize
         As for :func:`adagrad_`.
     clock : optional
@@ -526,18 +610,28 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
         and whose step and learning rate the kernels read on the device (so a
         captured step, ``numbapos.cuda.capture``, replays correctly). The
         values are those the host would compute: same bits.
+    stochastic_rounding : bool, default True
+        For a bfloat16 / float16 ``param``: each updated element, computed in
+        float32, is stored stochastically rounded with the keyed hash of
+        ``(seed, rounding_step, row * D + column)``; False rounds to nearest
+        even. Ignored for float32 / float64.
+    seed, rounding_step : int, default 0
+        The stochastic rounding's key, each in ``[0, 2**64)`` (a new
+        ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
 
     Returns
     -------
     ndarray
         ``param``.
     """
-    hyper = _adagrad_hyper(_checks.check_update_target(param).dtype, step, lr, lr_decay, 0.0,
-                           eps, maximize)
-    K, param, rows = _sparse_args(param, grad, (state_sum,), ("state_sum",))
+    param, dtype = _sparse_target(param)
+    hyper = _adagrad_hyper(dtype, step, lr, lr_decay, 0.0, eps, maximize)
+    rounding = _rounding(param, stochastic_rounding, seed, rounding_step)
+    K, param, rows = _sparse_args(param, dtype, grad, (state_sum,), ("state_sum",))
     hyper = _live(K, hyper, clock, param, "ADAGRAD", lr_decay=lr_decay)
-    (state_sum,) = _same_as_param((state_sum,), ["state_sum"], param)
-    _update_rows(K.adagrad_rows_, K.adagrad_row_groups_, param, rows, state_sum, hyper)
+    (state_sum,) = _same_as_param((state_sum,), ["state_sum"], param, dtype=dtype)
+    _update_rows((K.adagrad_rows_, K.adagrad_row_groups_, K.adagrad_half_rows_,
+                  K.adagrad_half_row_groups_), param, rows, rounding, state_sum, hyper)
     return param
 
 
@@ -636,21 +730,28 @@ def rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=
 
 
 def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=0.0,
-                            weight_decay_mode="none", clock=None):
+                            weight_decay_mode="none", clock=None, stochastic_rounding=True,
+                            seed=0, rounding_step=0):
     """Row-wise Adagrad (FBGEMM's exact rule) on the rows a SparseRows gradient lists.
 
     Each listed row follows :func:`rowwise_adagrad_`; every other row and its
     accumulator are left alone (FBGEMM's sparse update). The work is
     O(rows listed * D).
 
+    A bfloat16 / float16 ``param`` (C-contiguous) is updated in float32: each
+    listed element is widened, updated with float32 gradient and state, and
+    stored back rounded, in one pass, with no float32 copy of the table.
+
     Parameters
     ----------
-    param : ndarray or CUDA array, shape (V, D), float32 or float64
+    param : ndarray or CUDA array, shape (V, D), float32, float64, bfloat16 or float16
         Updated in place.
     grad : SparseRows
-        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype.
+        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
+        (float32 for a 16-bit ``param``).
     state_sum : ndarray or CUDA array, shape (V,)
-        One accumulator per row, ``param``'s dtype, updated in place.
+        One accumulator per row, ``param``'s dtype (float32 for a 16-bit
+        ``param``), updated in place.
     lr, eps, weight_decay, weight_decay_mode
         As for :func:`rowwise_adagrad_`.
     clock : optional
@@ -659,18 +760,28 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
         and whose step and learning rate the kernels read on the device (so a
         captured step, ``numbapos.cuda.capture``, replays correctly). The
         values are those the host would compute: same bits.
+    stochastic_rounding : bool, default True
+        For a bfloat16 / float16 ``param``: each updated element, computed in
+        float32, is stored stochastically rounded with the keyed hash of
+        ``(seed, rounding_step, row * D + column)``; False rounds to nearest
+        even. Ignored for float32 / float64.
+    seed, rounding_step : int, default 0
+        The stochastic rounding's key, each in ``[0, 2**64)`` (a new
+        ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
 
     Returns
     -------
     ndarray
         ``param``.
     """
-    hyper = _rowwise_hyper(_checks.check_update_target(param).dtype, lr, eps, weight_decay,
-                           weight_decay_mode)
-    K, param, rows = _sparse_args(param, grad, (state_sum,), ("state_sum",))
+    param, dtype = _sparse_target(param)
+    hyper = _rowwise_hyper(dtype, lr, eps, weight_decay, weight_decay_mode)
+    rounding = _rounding(param, stochastic_rounding, seed, rounding_step)
+    K, param, rows = _sparse_args(param, dtype, grad, (state_sum,), ("state_sum",))
     hyper = _live(K, hyper, clock, param, "SGD")  # the learning rate alone
-    state_sum = _checks.check_out(state_sum, (param.shape[0],), param.dtype, "state_sum",
+    state_sum = _checks.check_out(state_sum, (param.shape[0],), dtype, "state_sum",
                                   avoid=(param,))
-    _update_rows(K.rowwise_adagrad_rows_, K.rowwise_adagrad_row_groups_, param, rows,
-                 state_sum, hyper)
+    _update_rows((K.rowwise_adagrad_rows_, K.rowwise_adagrad_row_groups_,
+                  K.rowwise_adagrad_half_rows_, K.rowwise_adagrad_half_row_groups_),
+                 param, rows, rounding, state_sum, hyper)
     return param

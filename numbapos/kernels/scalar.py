@@ -14,9 +14,13 @@ implementation per target.
 - :func:`sqrt_rn`: the correctly rounded square root in the operand's dtype
   (``np.sqrt`` on the CPU; on the GPU :mod:`~numbapos.kernels.cuda.fpmath`
   registers the float64 root cast back, which rounds the same for float32).
+- :func:`f32_from_bits` / :func:`f32_bits`: a float32 from its IEEE bits and back, a bit
+  cast (no arithmetic, NaN payloads kept), so a 16-bit table's element widened with
+  :mod:`numbapos.kernels.halfbits` is a float32 value in a register.
 """
 
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
@@ -55,6 +59,39 @@ def sqrt_rn(x):
     return np.sqrt(x)
 
 
+def f32_from_bits(u):
+    """The float32 whose IEEE bits are the integer ``u`` (taken modulo 2**32)."""
+    return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
+
+
+def f32_bits(x):
+    """The IEEE bits of the float32 ``x``, as a uint32."""
+    return np.float32(x).view(np.uint32)
+
+
+@intrinsic
+def _bitcast_f32(typingctx, u):
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        bits = context.cast(builder, args[0], signature.args[0], types.uint32)
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(u), codegen
+
+
+@intrinsic
+def _bitcast_u32(typingctx, x):
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(x), codegen
+
+
 @overload(choose, target="generic", inline="always")
 def _choose(flag, if_true, if_false):
     return lambda flag, if_true, if_false: select(flag, if_true, if_false)
@@ -68,3 +105,13 @@ def _mul_rn_cpu(a, b):
 @overload(sqrt_rn, target="cpu", inline="always")
 def _sqrt_rn_cpu(x):
     return lambda x: np.sqrt(x)
+
+
+@overload(f32_from_bits, target="generic", inline="always")
+def _f32_from_bits(u):
+    return lambda u: _bitcast_f32(u)
+
+
+@overload(f32_bits, target="generic", inline="always")
+def _f32_bits(x):
+    return lambda x: _bitcast_u32(x)

@@ -211,6 +211,8 @@ class BertEmbeddings(Module):
     frozen parameters (``requires_grad=False``) get no gradient computed.
     """
 
+    _fused_tables = True  # its fused lookups take float32 / float64 tables
+
     def __init__(self, vocab_size, hidden_size, max_position_embeddings=512, type_vocab_size=2,
                  pad_token_id=0, layer_norm_eps=1e-12, hidden_dropout_prob=0.1, seed=None,
                  dtype=np.float32, device="cpu", *, _weights=None):
@@ -503,6 +505,8 @@ class GPT2Embeddings(Module):
     ``cumsum(mask) - 1`` with padding set to 1, last L columns, so left- and
     right-padded batches give each real token the same position.
     """
+
+    _fused_tables = True  # its fused lookups take float32 / float64 tables
 
     def __init__(self, vocab_size, n_positions, n_embd, embd_pdrop=0.1, seed=None,
                  dtype=np.float32, device="cpu", *, _weights=None):

@@ -69,6 +69,8 @@ class Embedding(Module):
         The table, shape (V, D).
     """
 
+    _half_table = "weight"  # Module.to("bfloat16") rounds this table
+
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None,
                  norm_type=2.0, scale_grad_by_freq=False, sparse=False, _weight=None,
                  dtype=np.float32, init=None, seed=None, device=None, out_dtype=None):

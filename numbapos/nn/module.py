@@ -22,11 +22,17 @@ def max_pending() -> int:
 
 
 def _is_dtype_name(text: str) -> bool:
-    """Whether NumPy reads ``text`` as a dtype (so ``to()`` takes it for one)."""
+    """Whether NumPy reads ``text`` as a dtype, or it names a 16-bit table dtype
+    (``"bfloat16"``, ``"half"``): ``to()`` takes it for one."""
     try:
         np.dtype(text)
     except TypeError:
-        return text.strip() == "float"
+        if text.strip() == "float":
+            return True
+        try:
+            return _checks.is_half_dtype(_checks.check_table_dtype(text))
+        except TypeError:
+            return False
     return True
 
 
@@ -427,19 +433,30 @@ class Module:
         dropped, so call it between steps, not between a forward and its
         backward. Everything is checked before anything changes.
 
+        bfloat16 / float16 (``"bfloat16"``, ``"float16"``, ``"half"``, the
+        ``ml_dtypes`` / NumPy / ``torch`` dtypes) convert only the tables of
+        :class:`~numbapos.nn.Embedding` layers, rounded to nearest even:
+        unlike PyTorch, every other parameter and buffer (LayerNorm's, say)
+        stays as it is, since numbapos computes everything else in float32 or
+        float64. Their gradients become float32, and an optimiser made before
+        keeps working (its state of a 16-bit table is float32, as it was).
+        Blocks that look their tables up in fused kernels (BERT's and GPT-2's
+        embeddings) take float32 / float64 tables only and are refused.
+
         Parameters
         ----------
         *args : device and/or dtype, at most one of each
         device : str or torch.device, optional
             ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (N the current CUDA device).
-        dtype : float32 or float64, optional
+        dtype : float32, float64, bfloat16 or float16, optional
 
         Raises
         ------
         TypeError, ValueError
             A bad device (the message names ``device``), a dtype other than
-            float32 / float64 (names ``dtype``), an argument that is neither,
-            or more than one of each.
+            these four (names ``dtype``), an argument that is neither, or more
+            than one of each; a 16-bit dtype for a block with fused table
+            lookups, or bfloat16 with CUDA (bfloat16 tables stay on the CPU).
         RuntimeError
             CUDA where it cannot be used.
         """
@@ -455,22 +472,29 @@ class Module:
                 if isinstance(arg, str) and not _is_dtype_name(arg):
                     raise ValueError(
                         f"to: expected a device ('cpu', 'cuda', 'cuda:N', a torch.device) or a "
-                        f"dtype (float32, float64), got {_checks.quote(arg)}")
+                        f"dtype (float32, float64, bfloat16, float16), got "
+                        f"{_checks.quote(arg)}")
                 if dtype is not None:
                     raise TypeError(f"to: got two dtypes, {dtype!r} and {arg!r}")
                 dtype = arg
         device = None if device is None else _device.check_device(device, "device")
-        dtype = None if dtype is None else _checks.check_float_dtype(dtype, "dtype")
+        tables = None
+        if dtype is not None:
+            dtype = _checks.check_table_dtype(dtype, "dtype")
+            if _checks.is_half_dtype(dtype):
+                tables = self._half_tables(dtype, device)
         for param in self.parameters():
-            if dtype is not None:
+            if dtype is not None and tables is None:
                 param._cast(dtype)
             if device is not None:
                 param.to(device)
+        for param in tables or ():
+            param._cast(dtype)
         for _, module in self.named_modules():
             for name, buf in module._buffers.items():
                 if buf is None:
                     continue
-                if dtype is not None and buf.dtype in _checks.FLOAT_DTYPES:
+                if dtype is not None and tables is None and buf.dtype in _checks.FLOAT_DTYPES:
                     where = _device.device_of(buf)
                     buf = _device.to_device(_device.to_host(buf).astype(dtype), where)
                 if device is not None and buf.ndim > 0:
@@ -478,7 +502,7 @@ class Module:
                 module._buffers[name] = buf
                 if name in module.__dict__:
                     object.__setattr__(module, name, buf)
-            if dtype is not None and "dtype" in module.__dict__:
+            if dtype is not None and tables is None and "dtype" in module.__dict__:
                 object.__setattr__(module, "dtype", dtype)
             if device is not None:
                 object.__setattr__(module, "_device", device)
@@ -513,6 +537,37 @@ class Module:
     def double(self) -> Module:
         """Cast float parameters and buffers to float64: ``to(np.float64)``; returns self."""
         return self.to(dtype=np.float64)
+
+    def half(self) -> Module:
+        """Cast the tables of Embedding layers to float16: ``to("float16")``; returns self."""
+        return self.to(dtype=_checks.FLOAT16)
+
+    def bfloat16(self) -> Module:
+        """Cast the tables of Embedding layers to bfloat16: ``to("bfloat16")``; returns self."""
+        return self.to(dtype=_checks.bfloat16_dtype())
+
+    # Which parameter of a layer may hold a bfloat16 / float16 table (Embedding's
+    # "weight"), and whether a block reads its children's tables in fused kernels
+    # that take float tables only (then to(16-bit dtype) refuses it).
+    _half_table: str | None = None
+    _fused_tables = False
+
+    def _half_tables(self, dtype, device) -> list:
+        """The parameters ``to(dtype)`` makes 16-bit (checked, nothing changed)."""
+        tables = []
+        for name, module in self.named_modules():
+            if type(module)._fused_tables:
+                raise TypeError(f"dtype: {type(module).__name__} "
+                                f"{'(' + name + ') ' if name else ''}looks its tables up in "
+                                f"fused kernels that take float32 / float64 tables, not {dtype}")
+            if type(module)._half_table is not None:
+                tables.append(getattr(module, type(module)._half_table))
+        if dtype != _checks.FLOAT16:
+            where = device or next((p.device for p in tables if p.device != "cpu"), None)
+            if where is not None and where != "cpu":
+                raise TypeError(f"dtype: bfloat16 tables stay on the CPU (Numba's CUDA arrays "
+                                f"have no bfloat16), got device {where!r}")
+        return tables
 
     def _on_device_change(self) -> None:
         """Drop recorded forwards; subclasses with device-dependent caches extend this."""

@@ -195,12 +195,13 @@ class Parameter(NDArrayOperatorsMixin):
             return
         device = self.device
         self.data = _device.to_device(_device.to_host(self.data).astype(dtype), device)
+        wanted = grad_dtype(dtype)  # float32 for a 16-bit table
         if isinstance(self.grad, SparseRows):
             values = self.grad.materialize().values
-            values = _device.to_device(_device.to_host(values).astype(dtype), device)
+            values = _device.to_device(_device.to_host(values).astype(wanted), device)
             self.grad = SparseRows(self.grad.indices, values, self.grad.num_rows)
         elif self.grad is not None:
-            self.grad = _device.to_device(_device.to_host(self.grad).astype(dtype), device)
+            self.grad = _device.to_device(_device.to_host(self.grad).astype(wanted), device)
         self.bump_version()
 
     def register_post_accumulate_grad_hook(self, hook) -> HookHandle:

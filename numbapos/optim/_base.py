@@ -235,9 +235,9 @@ class Optimizer:
     def _clock(self, param: Parameter, group: dict, state: dict):
         """``param``'s device clock (made at its first CUDA step, at the state's step count,
         before this step's increment), its learning rate set to the group's; None on the
-        CPU."""
-        if _device.device_of(param.data) != "cuda":
-            return None
+        CPU and for a 16-bit table."""
+        if _device.device_of(param.data) != "cuda" or self.__dict__.get("_host_steps"):
+            return None  # (a 16-bit table's update: see _apply)
         clock = self._clocks.get(id(param))
         if clock is None:
             K = _device.kernels_for("cuda")
@@ -338,10 +338,12 @@ class Optimizer:
         param.bump_version()
         param.grad = None
 
-    # 16-bit tables (bfloat16 / float16) are updated in float32: _check widens the
-    # table into a float32 copy (kept in _shadows until _apply), the subclass's
-    # _update runs on that copy with float32 state, and _apply stores it back,
-    # rounded stochastically (or to nearest even).
+    # 16-bit tables (bfloat16 / float16) are updated in float32 with float32 state and
+    # stored back rounded stochastically (or to nearest even). A SparseRows gradient goes
+    # to the sparse functional ops, which do all three per row in one pass (the
+    # subclass's _update passes them _rounding(...)). A dense gradient updates a float32
+    # copy of the whole table: _check widens it (kept in _shadows until _apply), _update
+    # runs on the copy, and _apply stores it back.
 
     @property
     def _shadows(self) -> dict:
@@ -358,24 +360,32 @@ class Optimizer:
     def _check(self, param: Parameter, group: dict) -> None:
         """Validate ``param``, its gradient and its state, before any parameter is updated."""
         table = param.data
-        if _checks.is_half_dtype(getattr(table, "dtype", None)):
-            table = _checks.check_table(table, "param.data")
-            _checks.check_writeable(table, "param.data", "the optimiser updates it in place")
-            entry = self._shadows.get(id(param))
-            if entry is None:
-                entry = self._shadows[id(param)] = self._widen(table, param.grad)
-            param.data = entry[0]
-            try:
-                self._check_float(param, group)
-            finally:
-                param.data = table
+        if not _checks.is_half_dtype(getattr(table, "dtype", None)):
+            self._check_float(param, group)
             return
-        self._check_float(param, group)
+        table = _checks.check_table(table, "param.data")
+        _checks.check_writeable(table, "param.data", "the optimiser updates it in place")
+        if isinstance(param.grad, SparseRows):
+            if not _device.is_c_contiguous(table):
+                raise ValueError(f"param.data: a {table.dtype} table is updated in place "
+                                 "through its bits and must be C-contiguous")
+            self._check_float(param, group, table)
+            return
+        shadow = self._shadows.get(id(param))
+        if shadow is None:
+            K = _device.backend(table)
+            shadow = self._shadows[id(param)] = F._widen(K, table, None, 0)
+        param.data = shadow
+        try:
+            self._check_float(param, group)
+        finally:
+            param.data = table
 
     def _apply(self, param: Parameter, group: dict) -> None:
-        """:meth:`_update`, through the float32 copy of a 16-bit table."""
-        entry = self._shadows.pop(id(param), None)
-        if entry is None:
+        """:meth:`_update`; a 16-bit table's rounding step counted, its dense update run on
+        the float32 copy :meth:`_check` made and stored back."""
+        table = param.data
+        if not _checks.is_half_dtype(table.dtype):
             self._update(param, group)
             return
         if _capturing():
@@ -383,34 +393,36 @@ class Optimizer:
                 "numbapos.cuda.capture: the update of a 16-bit table cannot be captured yet "
                 "(its write-back's rounding step is a host counter that replays would not "
                 "advance); keep float32 tables in a captured step")
-        shadow, rows, used = entry
-        table = param.data
-        state = self._state(param, group)  # float32 arrays, the rounding step
-        param.data = shadow
+        shadow = self._shadows.pop(id(param), None)
+        if shadow is not None:
+            param.data = shadow
+        # A 16-bit table's step counts stay on the host (no device clock): its update
+        # cannot be captured, and its sparse kernels take the host's step values.
+        self.__dict__["_host_steps"] = True
         try:
             self._update(param, group)
         finally:
             param.data = table
+            self.__dict__["_host_steps"] = False
+        state = self._state(param, group)  # float32 arrays, the rounding step
         step = state["rounding_step"]
         state["rounding_step"] = step + 1
-        F._store(_device.backend(table), table, shadow, rows, used, getattr(self, "seed", 0),
-                 step, getattr(self, "stochastic_rounding", True))
+        if shadow is not None:
+            F._store(_device.backend(table), table, shadow, None, None,
+                     getattr(self, "seed", 0), step, getattr(self, "stochastic_rounding", True))
 
-    @staticmethod
-    def _widen(table, grad):
-        """``(float32 copy, rows, used)`` of a 16-bit table for an update by ``grad``: only the
-        rows of a SparseRows gradient (every sparse update reads and writes only those),
-        else all (rows None)."""
-        K = _device.backend(table)
-        # (A SparseRows of another shape widens everything: the checks then refuse it.)
-        if isinstance(grad, SparseRows) and tuple(grad.shape) == tuple(table.shape):
-            rows, _, used = grad._padded()
-            rows = K.contiguous(rows, np.int64)
-            return F._widen(K, table, rows, used), rows, used
-        return F._widen(K, table, None, 0), None, None
+    def _rounding(self, param: Parameter, state: dict) -> dict:
+        """The sparse functional ops' rounding keywords for ``param``: its step's key for a
+        16-bit table, nothing for a float one (or the float32 copy of a dense step)."""
+        if not _checks.is_half_dtype(param.data.dtype):
+            return {}
+        return {"stochastic_rounding": getattr(self, "stochastic_rounding", True),
+                "seed": getattr(self, "seed", 0), "rounding_step": state["rounding_step"]}
 
-    def _check_float(self, param: Parameter, group: dict) -> None:
-        data = _checks.check_update_target(param.data, "param.data")
+    def _check_float(self, param: Parameter, group: dict, table=None) -> None:
+        """The checks of a float parameter, or (``table``) of a 16-bit table's sparse step."""
+        data = table if table is not None else _checks.check_update_target(param.data,
+                                                                           "param.data")
         self._check_state(param, group)
         grad = param.grad
         if isinstance(grad, SparseRows):

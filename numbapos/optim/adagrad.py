@@ -80,7 +80,7 @@ class Adagrad(Optimizer):
         options = {name: group[name] for name in ("lr", "lr_decay", "eps", "maximize")}
         if isinstance(param.grad, SparseRows):
             F.sparse_adagrad_(param.data, param.grad, state["sum"], step=state["step"],
-                              clock=clock, **options)
+                              clock=clock, **options, **self._rounding(param, state))
         else:
             F.adagrad_(param.data, param.grad, state["sum"], step=state["step"],
                        weight_decay=group["weight_decay"], clock=clock, **options)
@@ -151,7 +151,10 @@ class RowWiseAdagrad(Optimizer):
     def _update(self, param: Parameter, group: dict) -> None:
         state = self._state(param, group)
         options = {name: group[name] for name in self._OPTIONS}
-        update = F.sparse_rowwise_adagrad_ if isinstance(param.grad, SparseRows) \
-            else F.rowwise_adagrad_
-        update(param.data, param.grad, state["sum"], clock=self._clock(param, group, state),
-               **options)
+        if isinstance(param.grad, SparseRows):
+            F.sparse_rowwise_adagrad_(param.data, param.grad, state["sum"],
+                                      clock=self._clock(param, group, state), **options,
+                                      **self._rounding(param, state))
+        else:
+            F.rowwise_adagrad_(param.data, param.grad, state["sum"],
+                               clock=self._clock(param, group, state), **options)

@@ -110,7 +110,7 @@ class Adam(Optimizer):
         moments = (state["exp_avg"], state["exp_avg_sq"])
         if isinstance(param.grad, SparseRows):
             F.sparse_adam_(param.data, param.grad, *moments, step=state["step"], clock=clock,
-                           **options)
+                           **options, **self._rounding(param, state))
         else:
             F.adam_(param.data, param.grad, *moments, state.get("max_exp_avg_sq"),
                     step=state["step"], amsgrad=group["amsgrad"], clock=clock, **options)

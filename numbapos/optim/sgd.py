@@ -118,7 +118,7 @@ class SGD(Optimizer):
         grad = param.grad
         options["clock"] = self._clock(param, group, state)
         if isinstance(grad, SparseRows):
-            F.sparse_sgd_(data, grad, buf, started, **options)
+            F.sparse_sgd_(data, grad, buf, started, **options, **self._rounding(param, state))
             return
         if momentum != 0 and not state["dense_started"] and data.ndim == 2 \
                 and _device.to_host(started).any():

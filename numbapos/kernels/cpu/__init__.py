@@ -15,6 +15,7 @@ from . import (
     dropout,
     embedding,
     half,
+    halfoptim,
     init,
     normalization,
     optim,
@@ -30,6 +31,7 @@ from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
 from .embedding import *  # noqa: F403
 from .half import *  # noqa: F403
+from .halfoptim import *  # noqa: F403
 from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
@@ -38,8 +40,8 @@ from .quantized import *  # noqa: F403
 from .resize import *  # noqa: F403
 from .rotary import *  # noqa: F403
 
-AREAS = (alibi, arrays, blocks, dropout, embedding, half, init, normalization, optim, positional,
-         quantized, resize, rotary)
+AREAS = (alibi, arrays, blocks, dropout, embedding, half, halfoptim, init, normalization, optim,
+         positional, quantized, resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 

@@ -19,6 +19,7 @@ from . import (
     errors,  # noqa: F401 (``_device`` raises and synchronises through it)
     graphs,  # noqa: F401 (numbapos.cuda.capture)
     half,
+    halfoptim,
     init,
     launch,  # noqa: F401 (every launcher launches through it)
     memory,
@@ -36,6 +37,7 @@ from .blocks import *  # noqa: F403
 from .dropout import *  # noqa: F403
 from .embedding import *  # noqa: F403
 from .half import *  # noqa: F403
+from .halfoptim import *  # noqa: F403
 from .init import *  # noqa: F403
 from .normalization import *  # noqa: F403
 from .optim import *  # noqa: F403
@@ -44,8 +46,8 @@ from .quantized import *  # noqa: F403
 from .resize import *  # noqa: F403
 from .rotary import *  # noqa: F403
 
-AREAS = (alibi, arrays, blocks, dropout, embedding, half, init, normalization, optim, positional,
-         quantized, resize, rotary)
+AREAS = (alibi, arrays, blocks, dropout, embedding, half, halfoptim, init, normalization, optim,
+         positional, quantized, resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
 
 

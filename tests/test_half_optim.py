@@ -1,0 +1,281 @@
+"""Sparse optimiser steps on bfloat16 / float16 tables, fused in one pass per step.
+
+Each step must give the bits of the composition it replaces: widen the table
+to float32 (``widen_table``), run the float32 sparse update with float32 state,
+store the listed rows back rounded (``store_rounded_``, keyed by ``(seed,
+step, row * D + column)``): for every optimiser and option branch, summed and
+unsummed (fused with the lookup's gradient) rows, stochastic and nearest
+rounding, 1 and 2 threads, on the CPU and on CUDA (the simulator without a
+GPU). And it must never allocate a float32 copy of the table.
+"""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from conftest import host, on
+
+import numbapos
+from numbapos import functional as F
+from numbapos import nn
+from numbapos.sparse import SparseRows
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+HALVES = [BF16, F16]
+V, D = 13, 7
+
+# (functional op, its options, the state it takes: name -> shape "table" | "rows" | "flags")
+SPARSE_CASES = [
+    ("sparse_sgd_", dict(lr=0.1), {}),
+    ("sparse_sgd_", dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
+     {"momentum_buffer": "table", "row_started": "flags"}),
+    ("sparse_sgd_", dict(lr=0.1, momentum=0.9, nesterov=True, maximize=True),
+     {"momentum_buffer": "table", "row_started": "flags"}),
+    ("sparse_sgd_", dict(lr=0.1, weight_decay=0.05, maximize=True), {}),
+    ("sparse_adam_", dict(lr=0.01), {"exp_avg": "table", "exp_avg_sq": "table"}),
+    ("sparse_adam_", dict(lr=0.01, weight_decay=0.1, maximize=True),
+     {"exp_avg": "table", "exp_avg_sq": "table"}),
+    ("sparse_adam_", dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
+     {"exp_avg": "table", "exp_avg_sq": "table"}),
+    ("sparse_adagrad_", dict(lr=0.1, lr_decay=0.01), {"state_sum": "table"}),
+    ("sparse_adagrad_", dict(lr=0.1, maximize=True), {"state_sum": "table"}),
+    ("sparse_rowwise_adagrad_", dict(lr=0.1), {"state_sum": "rows"}),
+    ("sparse_rowwise_adagrad_", dict(lr=0.1, weight_decay=0.1, weight_decay_mode="l2"),
+     {"state_sum": "rows"}),
+    ("sparse_rowwise_adagrad_", dict(lr=0.1, weight_decay=0.1, weight_decay_mode="decoupled"),
+     {"state_sum": "rows"}),
+]
+STEPPED = {"sparse_adam_", "sparse_adagrad_"}  # ops that take the optimiser's step count
+
+
+def _case_id(case):
+    name, options, _ = case
+    return name[7:-1] + "".join(f",{k}={v}" for k, v in options.items())
+
+
+def _bits(x):
+    return np.ascontiguousarray(host(x)).view(np.uint16)
+
+
+def _state(kind, rng):
+    if kind == "flags":
+        return np.zeros(V, np.bool_)
+    shape = (V, D) if kind == "table" else (V,)
+    return np.abs(rng.normal(size=shape)).astype(np.float32) * 0.1
+
+
+def _steps(rng, steps=3):
+    """Per step: ids with repeats and a padding id (0), and the lookup's gradient."""
+    out = []
+    for _ in range(steps):
+        ids = rng.integers(0, V, size=(4, 3))
+        ids[0, 0] = 0
+        out.append((ids, (rng.normal(size=(4, 3, D)) * 2).astype(np.float32)))
+    return out
+
+
+def _gradient(device, ids, grad_out, summed):
+    """The SparseRows of a lookup's gradient (padding row 0): summed, or left for the
+    update to sum (lazy)."""
+    grad = F.embedding_backward(on(device, grad_out), on(device, ids), V, padding_idx=0,
+                                sparse=True, lazy=not summed)
+    return grad.materialize() if summed else grad
+
+
+def _run(device, dtype, case, summed, stochastic, seed=7):
+    """``(fused, composed)``: the table and state after 3 steps, each way."""
+    name, options, kinds = case
+    op = getattr(F, name)
+    rng = np.random.default_rng(5)
+    table = (rng.normal(size=(V, D)) * 3).astype(dtype)
+    states = {n: _state(kind, rng) for n, kind in kinds.items()}
+    steps = _steps(rng)
+    results = []
+    for fused in (True, False):
+        half = on(device, table.copy())
+        state = {n: on(device, s.copy()) for n, s in states.items()}
+        for k, (ids, grad_out) in enumerate(steps):
+            grad = _gradient(device, ids, grad_out, summed)
+            extra = {"step": k + 1} if name in STEPPED else {}
+            if fused:
+                op(half, grad, **state, **options, **extra, seed=seed, rounding_step=k,
+                   stochastic_rounding=stochastic)
+            else:
+                wide = F.widen_table(half)
+                op(wide, grad, **state, **options, **extra)
+                rows = np.unique(ids[ids != 0])
+                F.store_rounded_(half, wide, rows=on(device, rows), seed=seed, step=k,
+                                 stochastic_rounding=stochastic)
+        results.append((_bits(half), {n: host(s) for n, s in state.items()}))
+    return results
+
+
+def _same(fused, composed):
+    np.testing.assert_array_equal(fused[0], composed[0])
+    for name in composed[1]:
+        np.testing.assert_array_equal(fused[1][name], composed[1][name], err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("summed", [True, False], ids=["summed", "fused_with_lookup"])
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=_case_id)
+def test_sparse_steps_give_the_bits_of_widen_update_store(dtype, summed, case,
+                                                          parallel_threshold):
+    from conftest import two_threads
+
+    before = numbapos.get_num_threads()
+    runs = []
+    try:
+        for threads, threshold in ((1, 1 << 40), (two_threads(), 1)):
+            parallel_threshold(threshold)
+            numbapos.set_num_threads(threads)
+            for stochastic in (True, False):
+                fused, composed = _run("cpu", dtype, case, summed, stochastic)
+                _same(fused, composed)
+                runs.append(fused)
+    finally:
+        numbapos.set_num_threads(before)
+    _same(runs[0], runs[2])  # 1 and 2 threads, stochastic
+    assert not np.array_equal(runs[0][0], runs[1][0])  # stochastic rounding did round
+
+
+@pytest.mark.parametrize("summed", [True, False], ids=["summed", "fused_with_lookup"])
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=_case_id)
+def test_cuda_sparse_steps_of_float16_tables_give_the_cpu_bits(summed, case):
+    if not numbapos.cuda_available():
+        pytest.skip("CUDA is not available (no GPU and the simulator is off)")
+    cpu = _run("cpu", F16, case, summed, True)
+    gpu = _run("cuda", F16, case, summed, True)
+    _same(gpu[0], cpu[0])
+    _same(gpu[1], cpu[0])
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adagrad", "rowwise_adagrad"])
+def test_cuda_launchers_round_bfloat16_bits_as_the_cpu(name, rng):
+    """bfloat16 tables stay on the CPU, but the CUDA launchers take any format's bits."""
+    if not numbapos.cuda_available():
+        pytest.skip("CUDA is not available (no GPU and the simulator is off)")
+    from conftest import dev
+
+    from numbapos._args import HalfRounding
+
+    cpu_k, gpu_k = numbapos._device.kernels_for("cpu"), numbapos._device.kernels_for("cuda")
+    bits = _bits((rng.normal(size=(V, D)) * 3).astype(BF16))
+    rows = np.array([0, 3, 4, 12], np.int64)
+    values = rng.normal(size=(4, D)).astype(np.float32)
+    state = np.abs(rng.normal(size=(V, D))).astype(np.float32)
+    hyper = {"sgd": F.optim._sgd_hyper(np.float32, 0.1, 0.9, 0.0, 0.0, True, False),
+             "adam": F.optim._adam_hyper(np.float32, 2, 0.01, (0.9, 0.999), 1e-8, 0.0, False,
+                                         False, sparse=True),
+             "adagrad": F.optim._adagrad_hyper(np.float32, 2, 0.1, 0.0, 0.0, 1e-10, False),
+             "rowwise_adagrad": F.optim._rowwise_hyper(np.float32, 0.1, 1e-8, 0.0, "none")}[name]
+    states = {"sgd": [state, np.zeros(V, np.bool_)], "adam": [state, state * 2],
+              "adagrad": [state], "rowwise_adagrad": [state[:, 0].copy()]}[name]
+    rounding = HalfRounding(0, np.uint64(3), np.uint64(9), True)
+    launch = f"{name}_half_rows_"
+    mine = [bits.copy(), *[s.copy() for s in states]]
+    getattr(cpu_k, launch)(mine[0], rows, values, 4, *mine[1:], hyper, rounding)
+    theirs = [dev(a) for a in (bits, *states)]
+    getattr(gpu_k, launch)(theirs[0], dev(rows), dev(values), 4, *theirs[1:], hyper, rounding)
+    for a, b in zip(mine, theirs, strict=True):
+        np.testing.assert_array_equal(a, host(b))
+    assert not np.array_equal(mine[0], bits)
+
+
+# ------------------------------------------------------------------ through the optimisers
+
+
+OPTIMISERS = [
+    ("SGD", dict(lr=0.1)),
+    ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    ("Adam", dict(lr=0.01)),
+    ("AdamW", dict(lr=0.01)),
+    ("Adagrad", dict(lr=0.1, lr_decay=0.01)),
+    ("RowWiseAdagrad", dict(lr=0.1, weight_decay=0.01, weight_decay_mode="l2")),
+]
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("name, options", OPTIMISERS,
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(OPTIMISERS)])
+def test_optimisers_step_as_a_float32_run_stored_with_stochastic_rounding(dtype, name, options):
+    """An optimiser's sparse steps on a 16-bit table: each the float32 optimiser's step on
+    the widened table (float32 state), stored rounded with the key (seed, step number)."""
+    cls = getattr(numbapos.optim, name)
+    table = (np.random.default_rng(2).normal(size=(V, D)) * 2).astype(dtype)
+    half = nn.Embedding.from_pretrained(table.copy(), freeze=False, sparse=True)
+    opt = cls(half.parameters(), seed=21, **options)
+    full = nn.Embedding.from_pretrained(table.astype(np.float32), freeze=False, sparse=True)
+    reference = cls(full.parameters(), **options)
+    expected = table.copy()
+    rng = np.random.default_rng(3)
+    for k in range(4):
+        ids = rng.integers(0, V, size=(3, 5))
+        grad = rng.normal(size=(3, 5, D)).astype(np.float32)
+        half(ids)
+        half.backward(grad)
+        opt.step()
+        half.zero_grad()
+        full.weight.data[...] = expected.astype(np.float32)
+        full(ids)
+        full.backward(grad)
+        reference.step()
+        full.zero_grad()
+        F.store_rounded_(expected, full.weight.data, rows=np.unique(ids), seed=21, step=k)
+    np.testing.assert_array_equal(_bits(half.weight.data), _bits(expected))
+    mine, theirs = opt.state_dict()["state"][0], reference.state_dict()["state"].get(0, {})
+    assert mine.pop("rounding_step") == 4
+    assert mine.keys() == theirs.keys()
+    for key in mine:
+        np.testing.assert_array_equal(mine[key], theirs[key], err_msg=key)
+
+
+@pytest.mark.parametrize("name, options", OPTIMISERS[1:3], ids=["SGD", "Adam"])
+def test_sparse_steps_allocate_no_float32_copy_of_the_table(name, options):
+    """Each sparse step (plain and fused into the backward) allocates O(rows used), never
+    the (V, D) float32 copy the widen-update-store composition needs."""
+    vocab, dim = 100_000, 16  # 6.4 MB as float32
+    module = nn.Embedding(vocab, dim, dtype="bfloat16", sparse=True, seed=1)
+    opt = getattr(numbapos.optim, name)(module.parameters(), **options)
+    ids = np.arange(0, vocab, vocab // 50)
+    for fused in (False, True):
+        handles = opt.fuse_with_backward() if fused else None
+        for _ in range(2):  # the first step makes the optimiser's state (float32, (V, D))
+            y = module(ids)
+            tracemalloc.start()
+            module.backward(np.ones_like(y))
+            if not fused:
+                opt.step()
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            module.zero_grad()
+        if handles is not None:
+            handles.remove()
+        assert peak < vocab * dim * 4 // 10, f"peak {peak} bytes (fused={fused})"
+        assert opt.state_dict()["state"][0]["rounding_step"] == 2 * (1 + fused)
+
+
+def test_sparse_steps_of_16_bit_tables_are_checked():
+    table = np.zeros((V, 2 * D), BF16)[:, ::2]  # not C-contiguous
+    grad = SparseRows(np.array([1]), np.ones((1, D), np.float32), V)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        F.sparse_sgd_(table, grad, lr=0.1)
+    module = nn.Embedding.from_pretrained(table, freeze=False, sparse=True)
+    module(np.array([1]))
+    module.backward(np.ones((1, D), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        numbapos.optim.SGD(module.parameters(), lr=0.1).step()
+    contiguous = np.zeros((V, D), BF16)
+    with pytest.raises(ValueError, match="momentum_buffer.*float32"):
+        F.sparse_sgd_(contiguous, grad, np.zeros((V, D), BF16), np.zeros(V, bool), lr=0.1,
+                      momentum=0.9)
+    with pytest.raises(ValueError, match="rounding_step"):
+        F.sparse_sgd_(contiguous, grad, lr=0.1, rounding_step=-1)
+    with pytest.raises(TypeError, match="updated by the numbapos.optim optimisers"):
+        F.sgd_(contiguous, np.ones((V, D), np.float32), lr=0.1)
+    # Float tables ignore the rounding keywords.
+    plain = np.zeros((V, D), np.float32)
+    F.sparse_sgd_(plain, grad, lr=1.0, seed=3, rounding_step=4, stochastic_rounding=False)
+    np.testing.assert_array_equal(plain[1], -1.0)
