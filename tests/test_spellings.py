@@ -142,7 +142,8 @@ def test_cpu_cuda_float_double():
 @pytest.mark.parametrize("args, kwargs, error, message", [
     (("gpu",), {}, ValueError, "to: expected a device .* or a dtype .*, got 'gpu'"),
     (("cuda:7",), {}, ValueError, "device: got 'cuda:7'"),
-    ((torch.float16,), {}, TypeError, "dtype: expected float32 or float64, got torch.float16"),
+    ((torch.int64,), {}, TypeError,
+     "dtype: expected float32, float64, bfloat16 or float16, got torch.int64"),
     ((), {"dtype": "cpu"}, TypeError, "dtype: .*got the device 'cpu'"),
     ((), {"device": np.float64}, TypeError, "device: expected 'cpu' or 'cuda'"),
     (("cpu", "cuda"), {}, TypeError, "to: got two devices"),
