@@ -118,9 +118,31 @@ def _same(fused, composed):
         np.testing.assert_array_equal(fused[1][name], composed[1][name], err_msg=name)
 
 
-@pytest.mark.parametrize("dtype", HALVES, ids=str)
-@pytest.mark.parametrize("summed", [True, False], ids=["summed", "fused_with_lookup"])
-@pytest.mark.parametrize("case", SPARSE_CASES, ids=_case_id)
+# Every option set compiles its own kernels (SGD's usual options are constants), serial
+# and parallel: seconds each on a cold cache. The default run takes one representative
+# case per optimiser, each format and each gradient kind among them; every combination
+# runs under the exhaustive marker (pytest -m exhaustive, which CI runs too).
+REPRESENTATIVE = {(1, BF16, True), (4, F16, False), (7, BF16, False), (10, F16, True)}
+
+
+def _sweep(formats=HALVES):
+    """``(dtype, summed, case)`` params: the representative ones by default, the rest
+    marked exhaustive."""
+    params = []
+    for index, case in enumerate(SPARSE_CASES):
+        for dtype in formats:
+            for summed in (True, False):
+                wanted = (index, dtype, summed) in REPRESENTATIVE or (
+                    len(formats) == 1 and any(r[0] == index and r[2] == summed
+                                              for r in REPRESENTATIVE))
+                params.append(pytest.param(
+                    dtype, summed, case, marks=() if wanted else pytest.mark.exhaustive,
+                    id=f"{_case_id(case)}-{'summed' if summed else 'fused_with_lookup'}-"
+                       f"{dtype}"))
+    return params
+
+
+@pytest.mark.parametrize("dtype, summed, case", _sweep())
 def test_sparse_steps_give_the_bits_of_widen_update_store(dtype, summed, case,
                                                           parallel_threshold):
     from conftest import two_threads
@@ -141,13 +163,12 @@ def test_sparse_steps_give_the_bits_of_widen_update_store(dtype, summed, case,
     assert not np.array_equal(runs[0][0], runs[1][0])  # stochastic rounding did round
 
 
-@pytest.mark.parametrize("summed", [True, False], ids=["summed", "fused_with_lookup"])
-@pytest.mark.parametrize("case", SPARSE_CASES, ids=_case_id)
-def test_cuda_sparse_steps_of_float16_tables_give_the_cpu_bits(summed, case):
+@pytest.mark.parametrize("dtype, summed, case", _sweep([F16]))
+def test_cuda_sparse_steps_of_float16_tables_give_the_cpu_bits(dtype, summed, case):
     if not numbapos.cuda_available():
         pytest.skip("CUDA is not available (no GPU and the simulator is off)")
-    cpu = _run("cpu", F16, case, summed, True)
-    gpu = _run("cuda", F16, case, summed, True)
+    cpu = _run("cpu", dtype, case, summed, True)
+    gpu = _run("cuda", dtype, case, summed, True)
     _same(gpu[0], cpu[0])
     _same(gpu[1], cpu[0])
 
@@ -197,9 +218,10 @@ OPTIMISERS = [
 ]
 
 
-@pytest.mark.parametrize("dtype", HALVES, ids=str)
-@pytest.mark.parametrize("name, options", OPTIMISERS,
-                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(OPTIMISERS)])
+@pytest.mark.parametrize("dtype, name, options", [
+    pytest.param(dtype, name, options, id=f"{name}-{i}-{dtype}",
+                 marks=() if (i + (dtype == F16)) % 2 == 0 else pytest.mark.exhaustive)
+    for i, (name, options) in enumerate(OPTIMISERS) for dtype in HALVES])
 def test_optimisers_step_as_a_float32_run_stored_with_stochastic_rounding(dtype, name, options):
     """An optimiser's sparse steps on a 16-bit table: each the float32 optimiser's step on
     the widened table (float32 state), stored rounded with the key (seed, step number)."""
