@@ -32,6 +32,7 @@ from ..rowwise import (
     scale_bias_8bit,
     unquantizable,
 )
+from ..scalar import f32_bits, f32_from_bits
 from .arrays import pick
 from .jit import kernel
 from .prefetch import AHEAD, prefetch_listed
@@ -103,31 +104,6 @@ def fma32(typingctx, a, b, c):
     return types.float32(types.float32, types.float32, types.float32), codegen
 
 
-@intrinsic
-def f32_from_u32(typingctx, u):
-    """The float32 whose IEEE bits are the integer ``u`` (a bit cast, no arithmetic)."""
-    if not isinstance(u, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        bits = context.cast(builder, args[0], signature.args[0], types.uint32)
-        return builder.bitcast(bits, ir.FloatType())
-
-    return types.float32(u), codegen
-
-
-@intrinsic
-def u32_from_f32(typingctx, x):
-    """The IEEE bits of the float32 ``x`` as a uint32 (a bit cast)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(x), codegen
-
-
 # ---------------------------------------------------------------- kernels
 
 
@@ -193,8 +169,8 @@ def _quantize8_row(table, out, r):
         return
     low, high = _row_bounds(table, r)
     scale, bias, inverse = scale_bias_8bit(low, high)
-    _write_bytes(out, r, dim, np.int64(u32_from_f32(scale)), 4)
-    _write_bytes(out, r, dim + 4, np.int64(u32_from_f32(bias)), 4)
+    _write_bytes(out, r, dim, np.int64(f32_bits(scale)), 4)
+    _write_bytes(out, r, dim + 4, np.int64(f32_bits(bias)), 4)
     for d in range(dim):
         out[r, d] = np.uint8(code_8bit(table[r, d], bias, inverse))
 
@@ -246,8 +222,8 @@ def _quantize4_parallel(table, out):
 def _decode8(packed, r, out, i):
     """``out[i, d] = fma(scale, code, bias)`` for the 8-bit row ``r``."""
     dim = out.shape[1]
-    scale = f32_from_u32(_read_u32(packed, r, dim))
-    bias = f32_from_u32(_read_u32(packed, r, dim + 4))
+    scale = f32_from_bits(_read_u32(packed, r, dim))
+    bias = f32_from_bits(_read_u32(packed, r, dim + 4))
     for d in range(dim):
         out[i, d] = fma32(np.float32(packed[r, d]), scale, bias)
 
