@@ -85,7 +85,14 @@ _STEP = textwrap.dedent("""
         background.QUIET_SECONDS = 0.0
     first = step()
     report = {"parallel_at_first": len(parallel.signatures), "pending": background.pending()}
-    if mode == "exit":  # leave while the background thread compiles
+    if mode == "exit":  # leave while the background thread compiles the last queued kernel
+        # (the backward's: the lookup's kernel, queued first, may take longer to compile
+        # than the serial step, and a kernel still waiting at exit is not compiled)
+        for _ in range(12000):
+            if background.pending() <= 1:
+                break
+            time.sleep(0.01)
+        time.sleep(0.05)  # the worker has taken it from the queue
         print(json.dumps(report))
         sys.exit(0)
     if mode == "fork" and report["pending"]:
