@@ -12,6 +12,13 @@ applied to the block's output, element for element.
 
 Gradients are deterministic: the LayerNorm parameter gradients are summed in
 fixed token chunks, the tables by the row-bucketed embedding backward.
+
+The tables may be float32 / float64, or bfloat16 / float16 (all three / both
+of one dtype): the kernels then read the rows as their ``uint16`` bits and
+widen them exactly to float32 (:mod:`numbapos.functional.half`), and
+everything else is float32, as for a float32 block run on the widened tables,
+bit for bit: the LayerNorm parameters, the output, the statistics, the
+gradients (dense or :class:`~numbapos.sparse.SparseRows`, summed in float32).
 """
 
 from __future__ import annotations
@@ -33,6 +40,12 @@ from ._common import (
     on_backend,
 )
 from .embedding import _scatter
+from .half import _is_contiguous, half_format
+
+# The kernels' format code of float32 / float64 tables (numbapos.kernels.widen.FLOAT_TABLES;
+# kernels are imported by _device only).
+_FLOAT_TABLES = -1
+_UINT16 = np.dtype(np.uint16)
 
 # Token-type tables up to this many rows get their gradient summed inside the
 # fused backward kernel (per-chunk partial tables); larger ones are scattered
@@ -107,8 +120,8 @@ def _check_mask(output_mask, count, names):
 
 
 def _check_tables(tables, names):
-    """Same dtype and same D for every table (float, 2-D, one device)."""
-    tables = [_checks.check_weight(t, n) for t, n in zip(tables, names, strict=True)]
+    """Same dtype and same D for every table (float or 16-bit, 2-D, one device)."""
+    tables = [_checks.check_table(t, n) for t, n in zip(tables, names, strict=True)]
     first = tables[0]
     for table, name in zip(tables[1:], names[1:], strict=True):
         if table.dtype != first.dtype:
@@ -127,11 +140,35 @@ def _bert_tables(word, position, token_type, ln_weight, ln_bias):
     if dim == 0:
         raise ValueError(f"word_embeddings: expected a hidden size >= 1 (LayerNorm normalises "
                          f"over it), got shape {tuple(word.shape)}")
-    ln_weight = _checks.check_vector_param(ln_weight, "ln_weight", dim, word.dtype,
-                                           "the hidden size", "that of the tables")
-    ln_bias = _checks.check_vector_param(ln_bias, "ln_bias", dim, word.dtype,
-                                         "the hidden size", "that of the tables")
+    dtype, what = _compute_dtype(word.dtype)
+    ln_weight = _checks.check_vector_param(ln_weight, "ln_weight", dim, dtype,
+                                           "the hidden size", what)
+    ln_bias = _checks.check_vector_param(ln_bias, "ln_bias", dim, dtype,
+                                         "the hidden size", what)
     return BertTables(word, position, token_type, ln_weight, ln_bias)
+
+
+def _compute_dtype(table_dtype):
+    """The dtype of the arithmetic, the output and the gradients for tables of
+    ``table_dtype`` (float32 for 16-bit tables), and its description for messages."""
+    if _checks.is_half_dtype(table_dtype):
+        return np.dtype(np.float32), f"float32, the arithmetic of {table_dtype} tables"
+    return table_dtype, "that of the tables"
+
+
+def _kernel_tables(K, tables):
+    """The tables as the kernels take them (C-contiguous; 16-bit ones as their ``uint16``
+    bits) and their format code."""
+    fmt = (half_format(tables[0].dtype) if _checks.is_half_dtype(tables[0].dtype)
+           else _FLOAT_TABLES)
+    kernel = []
+    for table in tables:
+        if table is not None:
+            table = K.contiguous(table)
+            if fmt != _FLOAT_TABLES and table.ndim == 2:
+                table = table.view(_UINT16)
+        kernel.append(table)
+    return kernel, fmt
 
 
 def _check_dropout(p, seed, training, counter) -> DropoutArgs:
@@ -371,22 +408,32 @@ def _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask, vocab_siz
     return shape, flat, pos
 
 
-def _check_grad(grad_output, shape, dtype, name="grad_output"):
+def _check_grad(grad_output, shape, dtype, name="grad_output", what="that of the tables"):
     """A float array (gradient or statistic) of exactly ``shape`` and ``dtype``."""
-    what = "input_ids.shape + (hidden size,)" if name == "grad_output" else "input_ids.shape"
-    return _checks.check_float_like(grad_output, name, shape, dtype, what, "that of the tables")
+    shape_what = ("input_ids.shape + (hidden size,)" if name == "grad_output"
+                  else "input_ids.shape")
+    return _checks.check_float_like(grad_output, name, shape, dtype, shape_what, what)
 
 
 def _clip_tables(K, tables, flats, options, names, num_tokens):
     """Clip the looked-up rows of every table with ``max_norm``, after checking that each
-    such table is writeable (so nothing is clipped when one is not)."""
+    such table is writeable (so nothing is clipped when one is not). A 16-bit table's
+    norm is taken in float32 / float64 and its clipped rows rounded to nearest even, as
+    :func:`numbapos.functional.embedding` does."""
     for table, opts, name in zip(tables, options, names, strict=True):
         if opts.max_norm is not None:
             _checks.check_writeable(table, name, "its max_norm clips looked-up rows in place")
+            if _checks.is_half_dtype(table.dtype) and not _is_contiguous(table):
+                raise ValueError(f"{name}: max_norm clips rows in place and needs a "
+                                 f"C-contiguous 16-bit table")
     for table, flat, opts in zip(tables, flats, options, strict=True):
         if opts.max_norm is not None and num_tokens:
-            K.renorm_used_rows_(table, _full(K, flat, num_tokens), opts.max_norm,
-                                opts.norm_type)
+            if _checks.is_half_dtype(table.dtype):
+                K.renorm_half_rows_(table.view(_UINT16), _full(K, flat, num_tokens),
+                                    opts.max_norm, opts.norm_type, half_format(table.dtype))
+            else:
+                K.renorm_used_rows_(table, _full(K, flat, num_tokens), opts.max_norm,
+                                    opts.norm_type)
 
 
 def _inline_checks(options):
@@ -481,16 +528,16 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
     options = _check_options(table_options, [t.shape[0] for t in tables[:3]], _BERT_NAMES)
     shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables,
                            inline=_inline_checks(options))
-    dim, dtype = tables.word.shape[1], tables.word.dtype
+    dim, dtype = tables.word.shape[1], _compute_dtype(tables.word.dtype)[0]
     y = _result(K, out, shape + (dim,), dtype,
                 avoid=tuple(tables) + tuple(_ids_array(i) for i in ids))
     _clip_tables(K, tables[:3], ids, options, _BERT_NAMES, ids.word.size)
     mean = K.empty(shape, dtype)
     rstd = K.empty(shape, dtype)
-    kernel_tables = BertTables(*(None if t is None else K.contiguous(t) for t in tables))
+    kernel_tables, fmt = _kernel_tables(K, tables)
     num_tokens = ids.word.size
-    K.bert_forward(ids, kernel_tables, eps, drop, y.reshape(num_tokens, dim),
-                   mean.reshape(num_tokens), rstd.reshape(num_tokens))
+    K.bert_forward(ids, BertTables(*kernel_tables), eps, drop, y.reshape(num_tokens, dim),
+                   mean.reshape(num_tokens), rstd.reshape(num_tokens), fmt)
     return y, mean, rstd
 
 
@@ -571,10 +618,10 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
         raise ValueError("padding_idx / sparse: give them inside table_options, not beside it")
     options = _check_options(table_options, [t.shape[0] for t in tables[:3]], _BERT_NAMES)
     mask = _check_mask(output_mask, 5, _BERT_NAMES + ("ln_weight", "ln_bias"))
-    dim, dtype = tables.word.shape[1], tables.word.dtype
-    grad_output = _check_grad(grad_output, shape + (dim,), dtype)
-    mean = _check_grad(mean, shape, dtype, "mean")
-    rstd = _check_grad(rstd, shape, dtype, "rstd")
+    dim, (dtype, what) = tables.word.shape[1], _compute_dtype(tables.word.dtype)
+    grad_output = _check_grad(grad_output, shape + (dim,), dtype, what=what)
+    mean = _check_grad(mean, shape, dtype, "mean", what)
+    rstd = _check_grad(rstd, shape, dtype, "rstd", what)
     want_w = mask[3] and tables.gamma is not None
     want_b = mask[4] and (tables.gamma is not None or tables.beta is not None)
     type_opts = options[2]
@@ -585,10 +632,11 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
     grad_w = K.empty((dim,), dtype) if want_w else None
     grad_b = K.empty((dim,), dtype) if want_b else None
     grad_type = K.empty(tuple(tables.token_type.shape), dtype) if fuse_type else None
-    kernel_tables = BertTables(*(None if t is None else K.contiguous(t) for t in tables))
-    K.bert_backward(K.contiguous(grad_output).reshape(num_tokens, dim), ids, kernel_tables,
-                    K.contiguous(mean).reshape(num_tokens), K.contiguous(rstd).reshape(num_tokens),
-                    drop, grad_sum, grad_w, grad_b, grad_type)
+    kernel_tables, fmt = _kernel_tables(K, tables)
+    K.bert_backward(K.contiguous(grad_output).reshape(num_tokens, dim), ids,
+                    BertTables(*kernel_tables), K.contiguous(mean).reshape(num_tokens),
+                    K.contiguous(rstd).reshape(num_tokens), drop, grad_sum, grad_w, grad_b,
+                    grad_type, fmt)
 
     def scatter(flat, table, opts):
         return _scatter(K, grad_sum, _full(K, flat, num_tokens), table.shape[0],
@@ -667,10 +715,11 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
     shape, ids, pos = _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask,
                                 wte.shape[0], wpe.shape[0], inline=_inline_checks(options))
     dim = wte.shape[1]
-    y = _result(K, out, shape + (dim,), wte.dtype, avoid=(wte, wpe, ids, _ids_array(pos)))
+    y = _result(K, out, shape + (dim,), _compute_dtype(wte.dtype)[0],
+                avoid=(wte, wpe, ids, _ids_array(pos)))
     _clip_tables(K, (wte, wpe), (ids, pos), options, _GPT2_NAMES, ids.size)
-    K.gpt2_forward(ids, pos, K.contiguous(wte), K.contiguous(wpe), drop,
-                   y.reshape(ids.size, dim))
+    (wte, wpe), fmt = _kernel_tables(K, (wte, wpe))
+    K.gpt2_forward(ids, pos, wte, wpe, drop, y.reshape(ids.size, dim), fmt)
     return y
 
 
@@ -684,19 +733,25 @@ def _small_gpt2(input_ids, wte, wpe, past_length):
     """
     if (type(input_ids) is not np.ndarray or type(wte) is not np.ndarray
             or type(wpe) is not np.ndarray or type(past_length) is not int
-            or input_ids.dtype not in INDEX_DTYPES or wte.dtype not in FLOAT_DTYPES
-            or wpe.dtype != wte.dtype or wte.ndim != 2 or wpe.ndim != 2
+            or input_ids.dtype not in INDEX_DTYPES or wpe.dtype != wte.dtype
+            or wte.ndim != 2 or wpe.ndim != 2
             or wte.shape[1] != wpe.shape[1] or input_ids.ndim not in (1, 2)
             or not input_ids.flags.c_contiguous or past_length < 0):
         return None
+    dtype, fmt = wte.dtype, _FLOAT_TABLES
+    if dtype not in FLOAT_DTYPES:
+        if not _checks.is_half_dtype(dtype):
+            return None
+        dtype, fmt = np.dtype(np.float32), half_format(dtype)
+        wte, wpe = wte.view(_UINT16), wpe.view(_UINT16)
     length = input_ids.shape[-1]
     dim = wte.shape[1]
     if past_length + length > wpe.shape[0] or input_ids.size * dim > SMALL_WORK:
         return None
-    y = np.empty(input_ids.shape + (dim,), wte.dtype)
+    y = np.empty(input_ids.shape + (dim,), dtype)
     K = cpu_kernels()
     bad = K.gpt2_forward_checked(input_ids.reshape(input_ids.size), past_length, max(length, 1),
-                                 wte, wpe, y.reshape(input_ids.size, dim))
+                                 wte, wpe, y.reshape(input_ids.size, dim), fmt)
     return y if bad < 0 else None
 
 

@@ -109,8 +109,25 @@ def _prefix_hint(state_dict, prefix, suffix):
     return f"; the state dict has {found[0]!r}: pass prefix={other!r}"
 
 
-def _load_arrays(state_dict, prefix, suffixes, aliases=None):
-    """The arrays at ``prefix + suffix``, converted to one float dtype (float16 -> float32)."""
+def _host_array(value, name):
+    """A state dict's value as a host array; a PyTorch bfloat16 tensor (which NumPy cannot
+    view) as an ``ml_dtypes.bfloat16`` view of its bits, without a copy."""
+    if str(getattr(value, "dtype", "")) == "torch.bfloat16":
+        import torch
+
+        value = value.detach().cpu().contiguous().view(torch.int16).numpy().view(
+            _checks.bfloat16_dtype())
+    return _device.to_host(_checks.as_array(value, name))
+
+
+def _load_arrays(state_dict, prefix, suffixes, aliases=None, *, tables=(), keep_dtype=False):
+    """The arrays at ``prefix + suffix`` and the dtype of the block's ``tables``.
+
+    bfloat16 / float16 arrays are widened to float32 (exactly), except the
+    ``tables`` with ``keep_dtype``. The tables must then share one dtype and
+    the other arrays (the LayerNorm's) have the tables' arithmetic dtype:
+    theirs, or float32 for 16-bit tables (a 16-bit LayerNorm array is widened).
+    """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict: expected a mapping of names to arrays, got "
                         f"{type(state_dict).__name__}")
@@ -125,19 +142,27 @@ def _load_arrays(state_dict, prefix, suffixes, aliases=None):
         if key not in state_dict:
             raise KeyError(f"state_dict: missing {prefix + suffix!r}"
                            f"{_prefix_hint(state_dict, prefix, suffix)}")
-        value = _device.to_host(_checks.as_array(state_dict[key], f"state_dict[{key!r}]"))
-        if value.dtype == np.float16:
-            value = value.astype(np.float32)
-        if value.dtype not in _checks.FLOAT_DTYPES:
-            raise ValueError(f"state_dict[{key!r}]: expected a float16, float32 or float64 "
-                             f"array, got dtype {value.dtype}")
+        value = _host_array(state_dict[key], f"state_dict[{key!r}]")
+        if _checks.is_half_dtype(value.dtype) and not (keep_dtype and suffix in tables):
+            value = value.astype(np.float32)  # exact
+        if value.dtype not in _checks.FLOAT_DTYPES and not _checks.is_half_dtype(value.dtype):
+            raise ValueError(f"state_dict[{key!r}]: expected a bfloat16, float16, float32 or "
+                             f"float64 array, got dtype {value.dtype}")
         arrays[suffix] = (key, value)
-    dtypes = {value.dtype for _, value in arrays.values()}
-    if len(dtypes) > 1:
+    table_dtypes = {value.dtype for suffix, (_, value) in arrays.items() if suffix in tables}
+    dtype = arrays[tables[0]][1].dtype if len(table_dtypes) == 1 else None
+    if dtype is not None and _checks.is_half_dtype(dtype):
+        # The LayerNorm computes in float32 beside 16-bit tables: float32 or 16-bit arrays
+        # (widened above) are taken; a float64 one is not rounded silently.
+        expected = {s: dtype if s in tables else np.dtype(np.float32) for s in arrays}
+    else:
+        expected = dict.fromkeys(arrays, dtype)
+    if any(value.dtype != expected[s] for s, (_, value) in arrays.items()):
         listing = ", ".join(f"{key!r}: {value.dtype}" for key, value in arrays.values())
-        raise ValueError(f"state_dict: mismatched dtypes ({listing}); all tensors of the block "
-                         f"must share one dtype")
-    return arrays, dtypes.pop()
+        raise ValueError(f"state_dict: mismatched dtypes ({listing}); the tables of the block "
+                         f"must share one dtype, and the other tensors have it too (float32 "
+                         f"beside bfloat16 / float16 tables kept with keep_dtype=True)")
+    return arrays, dtype
 
 
 def _check_shape(arrays, suffix, expected):
@@ -151,8 +176,15 @@ def _check_shape(arrays, suffix, expected):
     return value
 
 
-def _owned(value, dtype):
-    return np.array(value, dtype=dtype, order="C", copy=True)
+def _owned(value):
+    return np.array(value, order="C", copy=True)
+
+
+def _block_dtypes(dtype):
+    """``(table dtype, LayerNorm dtype)`` of a block made with ``dtype``: 16-bit tables
+    compute in float32, so their block's LayerNorm parameters are float32."""
+    dtype = _checks.check_table_dtype(dtype)
+    return dtype, _checks.grad_dtype(dtype)
 
 
 # ------------------------------------------------------------------ BERT
@@ -186,8 +218,18 @@ class BertEmbeddings(Module):
     seed : int, numpy.random.Generator or None
         Seeds the table initialisation (N(0, 0.02**2), BERT's
         ``initializer_range``) and the dropout mask stream.
-    dtype : float32 or float64, default float32
-        Dtype of every table and of the LayerNorm parameters.
+    dtype : float32, float64, bfloat16 or float16, default float32
+        Dtype of the three tables. float32 / float64: the LayerNorm
+        parameters, the output and the arithmetic have it too. bfloat16
+        (``"bfloat16"``, ``ml_dtypes.bfloat16``, ``torch.bfloat16``) or
+        float16 (``"float16"``, ``"half"``): the tables take half the memory
+        (drawn in float32 and rounded to nearest even), the fused kernels
+        widen their rows exactly to float32, and the LayerNorm parameters,
+        the output and the gradients are float32: bit for bit the float32
+        block run on the widened tables. The optimisers update such tables
+        in float32 and store them back with stochastic rounding (see
+        :mod:`numbapos.functional.half`). bfloat16 tables stay on the CPU;
+        float16 ones work on either device.
     device : {"cpu", "cuda"}, default "cpu"
         Where the parameters live and the module computes (see :meth:`Module.to`).
 
@@ -209,9 +251,13 @@ class BertEmbeddings(Module):
     the same mask. A child ``nn.Embedding``'s ``max_norm``, ``sparse``,
     ``scale_grad_by_freq`` and ``padding_idx`` settings are honoured, and
     frozen parameters (``requires_grad=False``) get no gradient computed.
+
+    ``to("bfloat16")`` / :meth:`bfloat16` / :meth:`half` round the three
+    tables to 16 bits and leave the LayerNorm float32 (a float64 block is
+    refused: call :meth:`float` first); :meth:`float` widens them back.
     """
 
-    _fused_tables = True  # its fused lookups take float32 / float64 tables
+    _fused_tables = True  # 16-bit tables: its LayerNorm must be float32 (see Module.to)
 
     def __init__(self, vocab_size, hidden_size, max_position_embeddings=512, type_vocab_size=2,
                  pad_token_id=0, layer_norm_eps=1e-12, hidden_dropout_prob=0.1, seed=None,
@@ -223,7 +269,7 @@ class BertEmbeddings(Module):
                                                     "max_position_embeddings", minimum=1)
         type_vocab_size = _checks.check_int(type_vocab_size, "type_vocab_size", minimum=1)
         pad_token_id = _checks.check_padding_idx(pad_token_id, vocab_size, "pad_token_id")
-        dtype = _checks.check_float_dtype(dtype)
+        dtype, ln_dtype = _block_dtypes(dtype)
         layer_norm_eps = _checks.check_eps(layer_norm_eps, "layer_norm_eps")
         hidden_dropout_prob = _checks.check_unit_interval(hidden_dropout_prob,
                                                           "hidden_dropout_prob")
@@ -239,7 +285,7 @@ class BertEmbeddings(Module):
         self.word_embeddings = table(vocab_size, "word_embeddings.weight", pad_token_id)
         self.position_embeddings = table(max_position_embeddings, "position_embeddings.weight")
         self.token_type_embeddings = table(type_vocab_size, "token_type_embeddings.weight")
-        layer_norm = LayerNorm(hidden_size, eps=layer_norm_eps, dtype=dtype)
+        layer_norm = LayerNorm(hidden_size, eps=layer_norm_eps, dtype=ln_dtype)
         if _weights is not None:
             layer_norm.weight = Parameter(_weights["LayerNorm.weight"])
             layer_norm.bias = Parameter(_weights["LayerNorm.bias"])
@@ -315,7 +361,7 @@ class BertEmbeddings(Module):
         if out is None:
             word = self.word_embeddings.weight
             out = self._output_buffer(input_ids, np.shape(input_ids) + (word.shape[1],),
-                                      word.dtype)
+                                      _checks.grad_dtype(word.dtype))
         y, mean, rstd = F.bert_embeddings_forward(
             input_ids, *self._arrays(), token_type_ids=token_type_ids, position_ids=position_ids,
             past_length=past_length, eps=self.LayerNorm.eps, out=out,
@@ -359,8 +405,8 @@ class BertEmbeddings(Module):
         want = tuple(p is not None and p.requires_grad for p in params)
         word, position, token_type, gamma, beta = self._arrays()
         _checks.check_float_like(grad_output, "grad_output", tuple(mean.shape) + (word.shape[1],),
-                                 word.dtype, "the shape of the matching forward's output",
-                                 "that of the tables")
+                                 mean.dtype, "the shape of the matching forward's output",
+                                 "that of the forward's output")
         self._check_unchanged(watched)
         grads = None
         if any(want):
@@ -379,7 +425,8 @@ class BertEmbeddings(Module):
 
     @classmethod
     def from_hf_state_dict(cls, state_dict, prefix="embeddings.", *, pad_token_id=0,
-                           layer_norm_eps=1e-12, hidden_dropout_prob=0.1, seed=None):
+                           layer_norm_eps=1e-12, hidden_dropout_prob=0.1, seed=None,
+                           keep_dtype=False):
         """Build the block from a Hugging Face BERT state dict (NumPy arrays).
 
         Reads ``{prefix}word_embeddings.weight``,
@@ -395,6 +442,12 @@ class BertEmbeddings(Module):
             emb = BertEmbeddings.from_hf_state_dict(state)              # BertModel
             emb = BertEmbeddings.from_hf_state_dict(state, "bert.embeddings.")  # *For* heads
 
+        A bfloat16 checkpoint keeps half the table memory when both steps
+        keep its dtype::
+
+            state = numbapos.io.load_state(path, keep_dtype=True)
+            emb = BertEmbeddings.from_hf_state_dict(state, keep_dtype=True)
+
         Parameters
         ----------
         state_dict : mapping of str to array_like
@@ -406,12 +459,18 @@ class BertEmbeddings(Module):
         pad_token_id, layer_norm_eps, hidden_dropout_prob, seed
             Not stored in the weights: as for :class:`BertEmbeddings`
             (``seed`` only seeds the dropout stream here).
+        keep_dtype : bool, default False
+            Keep bfloat16 / float16 tables as such (half the memory of
+            float32; see ``dtype`` of :class:`BertEmbeddings`), as
+            :func:`numbapos.io.load_state`'s ``keep_dtype`` keeps them in the
+            state dict. The LayerNorm parameters are float32 either way
+            (widened exactly when stored in 16 bits).
 
         Returns
         -------
         BertEmbeddings
-            Owning copies of the arrays. float16 weights are converted to
-            float32 (the kernels compute in float32 or float64); float32 and
+            Owning copies of the arrays. bfloat16 / float16 weights are
+            widened to float32 (exactly) unless ``keep_dtype``; float32 and
             float64 are kept.
 
         Raises
@@ -424,13 +483,15 @@ class BertEmbeddings(Module):
         ValueError
             A tensor with the wrong number of dimensions or a hidden size that
             disagrees with the word table, a non-float dtype, or tensors of
-            different dtypes.
+            different dtypes (the LayerNorm may be float32 beside 16-bit
+            tables).
         """
+        tables = ("word_embeddings.weight", "position_embeddings.weight",
+                  "token_type_embeddings.weight")
         arrays, dtype = _load_arrays(
-            state_dict, prefix,
-            ("word_embeddings.weight", "position_embeddings.weight",
-             "token_type_embeddings.weight", "LayerNorm.weight", "LayerNorm.bias"),
-            aliases={"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"})
+            state_dict, prefix, tables + ("LayerNorm.weight", "LayerNorm.bias"),
+            aliases={"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"},
+            tables=tables, keep_dtype=keep_dtype)
         word = _check_shape(arrays, "word_embeddings.weight", (None, None))
         dim = word.shape[1]
         weights = {
@@ -445,7 +506,7 @@ class BertEmbeddings(Module):
         for name, value in weights.items():
             if value.size == 0:
                 raise ValueError(f"state_dict[{prefix + name!r}]: is empty (shape {value.shape})")
-        weights = {name: _owned(value, dtype) for name, value in weights.items()}
+        weights = {name: _owned(value) for name, value in weights.items()}
         return cls(word.shape[0], dim, weights["position_embeddings.weight"].shape[0],
                    weights["token_type_embeddings.weight"].shape[0], pad_token_id=pad_token_id,
                    layer_norm_eps=layer_norm_eps, hidden_dropout_prob=hidden_dropout_prob,
@@ -488,8 +549,11 @@ class GPT2Embeddings(Module):
         Dropout probability.
     seed : int, numpy.random.Generator or None
         Seeds the initialisation (N(0, 0.02**2)) and the dropout stream.
-    dtype : float32 or float64, default float32
-        Dtype of every table and of the LayerNorm parameters.
+    dtype : float32, float64, bfloat16 or float16, default float32
+        Dtype of both tables; the output has it for float32 / float64
+        tables, and is float32 for bfloat16 / float16 ones (half the table
+        memory; rows widened exactly in the fused kernel, float32 gradients,
+        as for :class:`BertEmbeddings`).
     device : {"cpu", "cuda"}, default "cpu"
         Where the parameters live and the module computes (see :meth:`Module.to`).
 
@@ -504,9 +568,10 @@ class GPT2Embeddings(Module):
     convention (:func:`numbapos.functional.positions_from_attention_mask`):
     ``cumsum(mask) - 1`` with padding set to 1, last L columns, so left- and
     right-padded batches give each real token the same position.
-    """
 
-    _fused_tables = True  # its fused lookups take float32 / float64 tables
+    ``to("bfloat16")`` / :meth:`bfloat16` / :meth:`half` round both tables to
+    16 bits; :meth:`float` widens them back.
+    """
 
     def __init__(self, vocab_size, n_positions, n_embd, embd_pdrop=0.1, seed=None,
                  dtype=np.float32, device="cpu", *, _weights=None):
@@ -514,7 +579,7 @@ class GPT2Embeddings(Module):
         vocab_size = _checks.check_int(vocab_size, "vocab_size", minimum=1)
         n_positions = _checks.check_int(n_positions, "n_positions", minimum=1)
         n_embd = _checks.check_int(n_embd, "n_embd", minimum=1)
-        dtype = _checks.check_float_dtype(dtype)
+        dtype = _checks.check_table_dtype(dtype)
         embd_pdrop = _checks.check_unit_interval(embd_pdrop, "embd_pdrop")
         rng = _checks.as_rng(seed)
         init = initializers.normal(0.0, INITIALIZER_RANGE)
@@ -576,7 +641,8 @@ class GPT2Embeddings(Module):
         drop = self.drop._draw()
         if out is None:
             wte = self.wte.weight
-            out = self._output_buffer(input_ids, np.shape(input_ids) + (wte.shape[1],), wte.dtype)
+            out = self._output_buffer(input_ids, np.shape(input_ids) + (wte.shape[1],),
+                                      _checks.grad_dtype(wte.dtype))
         y = F.gpt2_embeddings(input_ids, self.wte.weight.data, self.wpe.weight.data,
                               past_length=past_length, position_ids=position_ids,
                               attention_mask=attention_mask, out=out,
@@ -612,8 +678,8 @@ class GPT2Embeddings(Module):
         want = tuple(p.requires_grad for p in params)
         wte, wpe = self.wte.weight.data, self.wpe.weight.data
         grad_output = _checks.check_float_like(
-            grad_output, "grad_output", shape, wte.dtype, "the shape of the matching forward's "
-            "output", "that of the tables")
+            grad_output, "grad_output", shape, _checks.grad_dtype(wte.dtype), "the shape of the "
+            "matching forward's output", "that of the forward's output")
         grads = None
         if any(want):
             grads = F.gpt2_embeddings_backward(
@@ -628,7 +694,8 @@ class GPT2Embeddings(Module):
         return None
 
     @classmethod
-    def from_hf_state_dict(cls, state_dict, prefix="", *, embd_pdrop=0.1, seed=None):
+    def from_hf_state_dict(cls, state_dict, prefix="", *, embd_pdrop=0.1, seed=None,
+                           keep_dtype=False):
         """Build the block from a Hugging Face GPT-2 state dict (NumPy arrays).
 
         Reads ``{prefix}wte.weight`` and ``{prefix}wpe.weight``, infers the
@@ -647,11 +714,15 @@ class GPT2Embeddings(Module):
         prefix : str, default ""
         embd_pdrop, seed
             As for :class:`GPT2Embeddings` (``seed`` seeds the dropout stream).
+        keep_dtype : bool, default False
+            Keep bfloat16 / float16 tables as such (half the memory), as for
+            :meth:`BertEmbeddings.from_hf_state_dict`.
 
         Returns
         -------
         GPT2Embeddings
-            Owning copies of the arrays; float16 is converted to float32.
+            Owning copies of the arrays; bfloat16 / float16 are widened to
+            float32 (exactly) unless ``keep_dtype``.
 
         Raises
         ------
@@ -664,13 +735,15 @@ class GPT2Embeddings(Module):
             A tensor that is not 2-D, widths that differ, a non-float dtype,
             or the two tensors of different dtypes.
         """
-        arrays, dtype = _load_arrays(state_dict, prefix, ("wte.weight", "wpe.weight"))
+        names = ("wte.weight", "wpe.weight")
+        arrays, dtype = _load_arrays(state_dict, prefix, names, tables=names,
+                                     keep_dtype=keep_dtype)
         wte = _check_shape(arrays, "wte.weight", (None, None))
         wpe = _check_shape(arrays, "wpe.weight", (None, wte.shape[1]))
         for name, value in (("wte.weight", wte), ("wpe.weight", wpe)):
             if value.size == 0:
                 raise ValueError(f"state_dict[{prefix + name!r}]: is empty (shape {value.shape})")
-        weights = {"wte.weight": _owned(wte, dtype), "wpe.weight": _owned(wpe, dtype)}
+        weights = {"wte.weight": _owned(wte), "wpe.weight": _owned(wpe)}
         return cls(wte.shape[0], wpe.shape[0], wte.shape[1], embd_pdrop=embd_pdrop, seed=seed,
                    dtype=dtype, _weights=weights)
 

@@ -440,8 +440,11 @@ class Module:
         stays as it is, since numbapos computes everything else in float32 or
         float64. Their gradients become float32, and an optimiser made before
         keeps working (its state of a 16-bit table is float32, as it was).
-        Blocks that look their tables up in fused kernels (BERT's and GPT-2's
-        embeddings) take float32 / float64 tables only and are refused.
+        The BERT / GPT-2 embedding blocks convert their tables (their fused
+        kernels widen 16-bit rows to float32); a block whose fused kernels
+        compute in float32 beside 16-bit tables (BERT's, with its LayerNorm)
+        is refused while its other parameters are not float32 (call
+        :meth:`float` first).
 
         Parameters
         ----------
@@ -455,8 +458,8 @@ class Module:
         TypeError, ValueError
             A bad device (the message names ``device``), a dtype other than
             these four (names ``dtype``), an argument that is neither, or more
-            than one of each; a 16-bit dtype for a block with fused table
-            lookups, or bfloat16 with CUDA (bfloat16 tables stay on the CPU).
+            than one of each; a 16-bit dtype for a float64 BERT block, or
+            bfloat16 with CUDA (bfloat16 tables stay on the CPU).
         RuntimeError
             CUDA where it cannot be used.
         """
@@ -548,20 +551,28 @@ class Module:
 
     # Which parameter of a layer may hold a bfloat16 / float16 table (Embedding's
     # "weight"), and whether a block reads its children's tables in fused kernels
-    # that take float tables only (then to(16-bit dtype) refuses it).
+    # that compute in float32 beside 16-bit tables: then to(16-bit dtype) refuses it
+    # while its other parameters (BERT's LayerNorm) are not float32.
     _half_table: str | None = None
     _fused_tables = False
 
     def _half_tables(self, dtype, device) -> list:
         """The parameters ``to(dtype)`` makes 16-bit (checked, nothing changed)."""
         tables = []
-        for name, module in self.named_modules():
-            if type(module)._fused_tables:
-                raise TypeError(f"dtype: {type(module).__name__} "
-                                f"{'(' + name + ') ' if name else ''}looks its tables up in "
-                                f"fused kernels that take float32 / float64 tables, not {dtype}")
+        for _, module in self.named_modules():
             if type(module)._half_table is not None:
                 tables.append(getattr(module, type(module)._half_table))
+        kept = {id(table) for table in tables}
+        for name, module in self.named_modules():
+            if not type(module)._fused_tables:
+                continue
+            other = next(((n, p) for n, p in module.named_parameters()
+                          if id(p) not in kept and p.dtype != np.float32), None)
+            if other is not None:
+                raise TypeError(f"dtype: {type(module).__name__} "
+                                f"{'(' + name + ') ' if name else ''}computes in float32 "
+                                f"beside {dtype} tables, but its {other[0]} is {other[1].dtype}: "
+                                f"call .float() first")
         if dtype != _checks.FLOAT16:
             where = device or next((p.device for p in tables if p.device != "cpu"), None)
             if where is not None and where != "cpu":

@@ -32,6 +32,7 @@ from numba import prange
 
 from ..._args import chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
+from ..widen import FLOAT_TABLES, widen
 from .arrays import pick
 from .jit import kernel
 from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum, zero_rows
@@ -49,28 +50,33 @@ def _with_affine(tables, dim, dtype):
 # ---------------------------------------------------------------- launchers
 
 
-def bert_forward(ids, tables, eps, drop, y, mean, rstd):
+def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
     """Fused gather + sum + LayerNorm (+ dropout) of every token.
 
     ``ids`` / ``tables`` / ``drop`` are :class:`~numbapos.kernels.args.BertIds`,
     :class:`~numbapos.kernels.args.BertTables` and
     :class:`~numbapos.kernels.args.DropoutArgs`; ``y`` is ``(T, D)``, ``mean``
-    and ``rstd`` ``(T,)``.
+    and ``rstd`` ``(T,)``. ``fmt`` is the three tables' format: ``FLOAT_TABLES``
+    (-1) for float tables of ``y``'s dtype, or ``halfbits.BF16`` / ``F16`` for
+    16-bit tables given as their ``uint16`` bits (widened exactly; ``y``, the
+    LayerNorm parameters and all arithmetic float32).
     """
     if ids.word.size == 0:
         return
     tables = _with_affine(tables, y.shape[1], y.dtype)
-    pick(_bert_forward, _bert_forward_parallel, y.size)(ids, tables, eps, drop, y, mean, rstd)
+    pick(_bert_forward, _bert_forward_parallel, y.size)(ids, tables, eps, drop, y, mean, rstd,
+                                                         np.int64(fmt))
 
 
 def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, grad_beta,
-                  grad_type):
+                  grad_type, fmt=FLOAT_TABLES):
     """Dropout + LayerNorm backward per token: ``grad_sum[t]`` = d(loss)/d(row sum of t).
 
     ``grad_gamma`` / ``grad_beta`` (``(D,)``) and ``grad_type`` (the token-type
     table's gradient, ``(type_vocab, D)``) are outputs, or None when not
     wanted; each is summed per fixed chunk of tokens and the chunks added in
-    order (bit-identical for any thread count).
+    order (bit-identical for any thread count). ``fmt`` as for
+    :func:`bert_forward` (gradients are float32 for 16-bit tables).
     """
     num_tokens, dim = grad_y.shape
     dtype = grad_y.dtype
@@ -87,7 +93,7 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
         flags = (grad_gamma is not None, grad_beta is not None, grad_type is not None)
         kernel = pick(_bert_backward, _bert_backward_parallel, grad_y.size)
         kernel(grad_y, ids, _with_affine(tables, dim, dtype), mean, rstd, drop, flags,
-               chunk_rows(num_tokens), grad_sum, part_w, part_b, part_t, scratch)
+               chunk_rows(num_tokens), grad_sum, part_w, part_b, part_t, scratch, np.int64(fmt))
     if grad_gamma is not None:
         _sum_partials(part_w.reshape(chunks, 1, -1), grad_gamma.reshape(1, -1))
     if grad_beta is not None:
@@ -96,21 +102,27 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
         _sum_partials(part_t, grad_type)
 
 
-def gpt2_forward(ids, pos, wte, wpe, drop, y):
-    """``y[t] = (wte[ids[t]] + wpe[pos[t]]) * dropout mask`` for ``(T, D)`` ``y``."""
+def gpt2_forward(ids, pos, wte, wpe, drop, y, fmt=FLOAT_TABLES):
+    """``y[t] = (wte[ids[t]] + wpe[pos[t]]) * dropout mask`` for ``(T, D)`` ``y``.
+
+    ``fmt`` as for :func:`bert_forward`: 16-bit tables come as ``uint16`` bits
+    and ``y`` is float32.
+    """
     if ids.size:
-        pick(_gpt2_forward, _gpt2_forward_parallel, y.size)(ids, pos, wte, wpe, drop, y)
+        pick(_gpt2_forward, _gpt2_forward_parallel, y.size)(ids, pos, wte, wpe, drop, y,
+                                                             np.int64(fmt))
 
 
-def gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
+def gpt2_forward_checked(ids, past_length, length, wte, wpe, y, fmt=FLOAT_TABLES):
     """``y[t] = wte[ids[t]] + wpe[past_length + t % length]``, ids not range-checked yet.
 
     The no-dropout forward with default positions of a small call (one token
     at a time in generation), in one serial pass that checks each id as it
     goes: -1 when all are in ``[0, V)``, else the first bad position (``y``
-    partly written). Positions must already be known to fit ``wpe``.
+    partly written). Positions must already be known to fit ``wpe``. ``fmt``
+    as for :func:`gpt2_forward`.
     """
-    return int(_gpt2_forward_checked(ids, past_length, length, wte, wpe, y))
+    return int(_gpt2_forward_checked(ids, past_length, length, wte, wpe, y, np.int64(fmt)))
 
 
 def tile_ids(values, start, length, out):
@@ -132,7 +144,7 @@ def tile_ids(values, start, length, out):
 
 
 @kernel()
-def _gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
+def _gpt2_forward_checked(ids, past_length, length, wte, wpe, y, fmt):
     vocab = wte.shape[0]
     for t in range(ids.size):
         token = ids[t]
@@ -142,15 +154,15 @@ def _gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
         a = wte[token]
         b = wpe[past_length + t % length]
         for d in range(row.size):
-            row[d] = a[d] + b[d]
+            row[d] = widen(a[d], fmt) + widen(b[d], fmt)
     return -1
 
 
 @kernel(inline="always")
-def sum3_row(a, b, c, out):
-    """``out = a + b + c`` (added left to right)."""
+def sum3_row(a, b, c, out, fmt):
+    """``out = a + b + c`` (added left to right; 16-bit rows of format ``fmt`` widened)."""
     for d in range(out.size):
-        out[d] = a[d] + b[d] + c[d]
+        out[d] = widen(a[d], fmt) + widen(b[d], fmt) + widen(c[d], fmt)
 
 
 @kernel(inline="always")
@@ -168,12 +180,12 @@ def normalize_dropout_row_(v, mean, rstd, weight, bias, key, threshold, scale, b
 
 
 @kernel(inline="always")
-def _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd):
+def _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd, fmt):
     prefetch_listed(tables.word, ids.word, t + AHEAD)
     row = y[t]
     dim = row.size
     sum3_row(tables.word[ids.word[t]], tables.token_type[ids.token_type[t]],
-             tables.position[ids.position[t]], row)
+             tables.position[ids.position[t]], row, fmt)
     first = row_sum(row) / row.dtype.type(dim)
     m, r = row_moments(row, first, eps)
     mean[t] = m
@@ -186,22 +198,22 @@ def _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd):
 
 
 @kernel()
-def _bert_forward(ids, tables, eps, drop, y, mean, rstd):
+def _bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt):
     key = dropout_key(drop.seed, drop.counter)
     for t in range(ids.word.size):
-        _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd)
+        _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd, fmt)
 
 
 @kernel(parallel=True)
-def _bert_forward_parallel(ids, tables, eps, drop, y, mean, rstd):
+def _bert_forward_parallel(ids, tables, eps, drop, y, mean, rstd, fmt):
     key = dropout_key(drop.seed, drop.counter)
     for t in prange(ids.word.size):
-        _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd)
+        _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd, fmt)
 
 
 @kernel(inline="always")
 def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
-                         grad_sum, part_w, part_b, part_t, scratch):
+                         grad_sum, part_w, part_b, part_t, scratch, fmt):
     want_w, want_b, fuse_type = flags
     num_tokens, dim = grad_y.shape
     start = c * chunk
@@ -216,7 +228,7 @@ def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, f
     for t in range(start, stop):
         prefetch_listed(tables.word, ids.word, t + AHEAD)
         sum3_row(tables.word[ids.word[t]], tables.token_type[ids.token_type[t]],
-                 tables.position[ids.position[t]], s)
+                 tables.position[ids.position[t]], s, fmt)
         gy = grad_y[t]
         if drop.active:
             base = t * dim
@@ -234,20 +246,20 @@ def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, f
 
 @kernel()
 def _bert_backward(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum, part_w,
-                   part_b, part_t, scratch):
+                   part_b, part_t, scratch, fmt):
     key = dropout_key(drop.seed, drop.counter)
     for c in range(scratch.shape[0]):
         _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
-                             grad_sum, part_w, part_b, part_t, scratch)
+                             grad_sum, part_w, part_b, part_t, scratch, fmt)
 
 
 @kernel(parallel=True)
 def _bert_backward_parallel(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum,
-                            part_w, part_b, part_t, scratch):
+                            part_w, part_b, part_t, scratch, fmt):
     key = dropout_key(drop.seed, drop.counter)
     for c in prange(scratch.shape[0]):
         _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
-                             grad_sum, part_w, part_b, part_t, scratch)
+                             grad_sum, part_w, part_b, part_t, scratch, fmt)
 
 
 @kernel()
@@ -265,7 +277,7 @@ def _sum_partials(part, out):
 
 
 @kernel(inline="always")
-def _gpt2_token(t, ids, pos, wte, wpe, key, drop, y):
+def _gpt2_token(t, ids, pos, wte, wpe, key, drop, y, fmt):
     prefetch_listed(wte, ids, t + AHEAD)
     row = y[t]
     a = wte[ids[t]]
@@ -276,21 +288,21 @@ def _gpt2_token(t, ids, pos, wte, wpe, key, drop, y):
         base = t * row.size
         for d in range(row.size):
             m = s if keeps(key, base + d, drop.threshold) else zero
-            row[d] = (a[d] + b[d]) * m
+            row[d] = (widen(a[d], fmt) + widen(b[d], fmt)) * m
     else:
         for d in range(row.size):
-            row[d] = a[d] + b[d]
+            row[d] = widen(a[d], fmt) + widen(b[d], fmt)
 
 
 @kernel()
-def _gpt2_forward(ids, pos, wte, wpe, drop, y):
+def _gpt2_forward(ids, pos, wte, wpe, drop, y, fmt):
     key = dropout_key(drop.seed, drop.counter)
     for t in range(ids.size):
-        _gpt2_token(t, ids, pos, wte, wpe, key, drop, y)
+        _gpt2_token(t, ids, pos, wte, wpe, key, drop, y, fmt)
 
 
 @kernel(parallel=True)
-def _gpt2_forward_parallel(ids, pos, wte, wpe, drop, y):
+def _gpt2_forward_parallel(ids, pos, wte, wpe, drop, y, fmt):
     key = dropout_key(drop.seed, drop.counter)
     for t in prange(ids.size):
-        _gpt2_token(t, ids, pos, wte, wpe, key, drop, y)
+        _gpt2_token(t, ids, pos, wte, wpe, key, drop, y, fmt)

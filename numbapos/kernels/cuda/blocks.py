@@ -58,6 +58,7 @@ from numba import cuda, float32, int64
 
 from ..._args import NO_DROPOUT, TiledIds, chunk_rows, num_chunks
 from ..hash import dropout_key, keeps
+from ..widen import FLOAT_TABLES, widen
 from . import errors, streams, vector
 from .arrays import THREADS, grid
 from .fpmath import mul_for, numba_float
@@ -107,7 +108,7 @@ def _drop_scalars(drop, dtype):
 # ---------------------------------------------------------------- launchers
 
 
-def bert_forward(ids, tables, eps, drop, y, mean, rstd):
+def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
     """Fused gather + sum + LayerNorm (+ dropout) of every token: one launch.
 
     ``ids`` / ``tables`` / ``drop`` are :class:`~numbapos._args.BertIds` (its
@@ -115,7 +116,8 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd):
     :class:`~numbapos._args.BertTables` and :class:`~numbapos._args.DropoutArgs`;
     ``y`` is ``(T, D)``, ``mean`` and ``rstd`` ``(T,)``. Ids are range-checked
     in the kernel (deferred errors; a bad token's ``y`` row, mean and rstd
-    are zeros).
+    are zeros). ``fmt``: the tables' format, as on the CPU (16-bit tables as
+    ``uint16`` bits, widened exactly in the kernel, which is compiled per format).
     """
     num_tokens = y.shape[0]
     if num_tokens == 0:
@@ -131,7 +133,7 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd):
                errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
         errors.after_launch()
         return
-    launch(_bert_forward_kernel(dtype), row_blocks(num_tokens), tree_threads(y.shape[1]),
+    launch(_bert_forward_kernel(dtype, fmt), row_blocks(num_tokens), tree_threads(y.shape[1]),
            ids.word, *_ids_args(ids.position, num_tokens),
            *_ids_args(ids.token_type, num_tokens), tables.word, tables.position,
            tables.token_type, *_affine_args(tables, dtype), dtype.type(eps),
@@ -141,14 +143,14 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd):
 
 
 def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, grad_beta,
-                  grad_type):
+                  grad_type, fmt=FLOAT_TABLES):
     """Dropout + LayerNorm backward per token: ``grad_sum[t]`` = d(loss)/d(row sum of t).
 
     ``grad_gamma`` / ``grad_beta`` (``(D,)``) and ``grad_type`` (the token-type
     table's gradient, ``(type_vocab, D)``) are outputs, or None when not
     wanted; each is summed per fixed chunk of tokens and the chunks added in
     order (no atomics; the same order as the CPU). Nothing is written while
-    an index error is pending.
+    an index error is pending. ``fmt`` as for :func:`bert_forward`.
     """
     num_tokens, dim = grad_y.shape
     dtype = grad_y.dtype
@@ -162,7 +164,8 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     id_args = (ids.word, *_ids_args(ids.position, num_tokens),
                *_ids_args(ids.token_type, num_tokens))
     word = errors.device_word()
-    launch(_bert_backward_kernel(dtype), row_blocks(num_tokens), tree_threads(grad_y.shape[1]),
+    launch(_bert_backward_kernel(dtype, fmt), row_blocks(num_tokens),
+           tree_threads(grad_y.shape[1]),
            grad_y, *id_args, tables.word, tables.position, tables.token_type, gamma, has_gamma,
            mean, rstd, *drop_args, grad_sum, word)
     if not wanted:
@@ -176,7 +179,7 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     part_w = cuda.device_array((chunks, dim) if want_w else (1, 1), dtype=dtype)
     part_b = cuda.device_array((chunks, dim) if want_b else (1, 1), dtype=dtype)
     part_t = cuda.device_array((chunks, types, dim) if want_t else (1, 1, 1), dtype=dtype)
-    launch(_bert_partials_kernel(dtype), grid(chunks * dim), THREADS, grad_y, *id_args,
+    launch(_bert_partials_kernel(dtype, fmt), grid(chunks * dim), THREADS, grad_y, *id_args,
            tables.word, tables.position, tables.token_type, mean, rstd, *drop_args, grad_sum,
            chunks, chunk_rows(num_tokens), want_w, want_b, want_t, part_w, part_b, part_t, word)
     if want_w:
@@ -187,23 +190,24 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
         add_partials(part_t, grad_type)
 
 
-def gpt2_forward_checked(ids, past_length, length, wte, wpe, y):
+def gpt2_forward_checked(ids, past_length, length, wte, wpe, y, fmt=FLOAT_TABLES):
     """``y[t] = wte[ids[t]] + wpe[past_length + t % length]``, ids not range-checked yet.
 
     The CPU twin returns -1 or the first bad position; here the ids are
     checked in the one launch (deferred error, the bad token's row zeroed)
     and -1 is returned without waiting. Positions are computed in the kernel.
     """
-    gpt2_forward(ids, TiledIds(None, past_length, length), wte, wpe, NO_DROPOUT, y)
+    gpt2_forward(ids, TiledIds(None, past_length, length), wte, wpe, NO_DROPOUT, y, fmt)
     return -1
 
 
-def gpt2_forward(ids, pos, wte, wpe, drop, y):
+def gpt2_forward(ids, pos, wte, wpe, drop, y, fmt=FLOAT_TABLES):
     """``y[t] = (wte[ids[t]] + wpe[pos[t]]) * dropout mask`` for ``(T, D)`` ``y``: one launch.
 
     ``pos`` is a flat ``(T,)`` array or a :class:`~numbapos._args.TiledIds`.
     Ids and positions are range-checked in the kernel (deferred errors; a
-    bad token's row is zeros).
+    bad token's row is zeros). ``fmt`` as for :func:`bert_forward` (16-bit
+    tables as ``uint16`` bits, by elements).
     """
     num_tokens, dim = y.shape
     if num_tokens == 0 or dim == 0:
@@ -216,7 +220,7 @@ def gpt2_forward(ids, pos, wte, wpe, drop, y):
                errors.tag(*_GPT2_POSITION_TAG))
     else:
         launch(_gpt2_forward, row_blocks(num_tokens), _row_threads(dim), ids,
-               *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
+               *_ids_args(pos, num_tokens), wte, wpe, int64(fmt), *_drop_scalars(drop, y.dtype),
                y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG),
                errors.tag(*_GPT2_POSITION_TAG))
     errors.after_launch()
@@ -307,7 +311,8 @@ def _bert_output(s, m, r, gamma, beta, has_gamma, has_beta, d, key, index, thres
 
 
 @cache
-def _bert_forward_kernel(dtype):
+def _bert_forward_kernel(dtype, fmt=FLOAT_TABLES):
+    """The scalar BERT forward for ``dtype`` outputs and tables of format ``fmt``."""
     nbt = numba_float(dtype)
 
     @cuda.jit
@@ -336,7 +341,8 @@ def _bert_forward_kernel(dtype):
                 continue  # the same for every thread of the block
             acc = zero
             for d in range(tid, dim, nt):
-                s = (word[w, d] + token_type[k, d]) + position[p, d]
+                s = (widen(word[w, d], fmt) + widen(token_type[k, d], fmt)) \
+                    + widen(position[p, d], fmt)
                 y[t, d] = s
                 acc += s
             first = block_sum(sh, acc, tid, nt) / n
@@ -424,7 +430,7 @@ def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals
 
 
 @cache
-def _bert_backward_kernel(dtype):
+def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
     nbt = numba_float(dtype)
 
     @cuda.jit
@@ -462,7 +468,8 @@ def _bert_backward_kernel(dtype):
             sg = zero
             sgx = zero
             for d in range(tid, dim, nt):
-                s = (word[w, d] + token_type[k, d]) + position[p, d]
+                s = (widen(word[w, d], fmt) + widen(token_type[k, d], fmt)) \
+                    + widen(position[p, d], fmt)
                 gy = grad_y[t, d]
                 if active:
                     gy = gy * (scale if keeps(key, base + d, threshold) else zero)
@@ -474,7 +481,8 @@ def _bert_backward_kernel(dtype):
             a = sg / n
             b = sgx / n
             for d in range(tid, dim, nt):
-                s = (word[w, d] + token_type[k, d]) + position[p, d]
+                s = (widen(word[w, d], fmt) + widen(token_type[k, d], fmt)) \
+                    + widen(position[p, d], fmt)
                 xhat = (s - m) * r
                 grad_sum[t, d] = r * (grad_sum[t, d] - a - xhat * b)
 
@@ -482,7 +490,7 @@ def _bert_backward_kernel(dtype):
 
 
 @cache
-def _bert_partials_kernel(dtype):
+def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
     nbt = numba_float(dtype)
     mul = mul_for(dtype)
 
@@ -524,7 +532,8 @@ def _bert_partials_kernel(dtype):
                     if active:
                         gy = mul(gy, scale if keeps(key, t * dim + d, threshold) else zero)
                     if want_w:
-                        s = (word[w, d] + token_type[k, d]) + position[p, d]
+                        s = (widen(word[w, d], fmt) + widen(token_type[k, d], fmt)) \
+                            + widen(position[p, d], fmt)
                         pw += mul(gy, (s - mean[t]) * rstd[t])
                     if want_b:
                         pb += gy
@@ -539,12 +548,12 @@ def _bert_partials_kernel(dtype):
 
 
 @cuda.jit
-def _gpt2_forward(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, seed, counter,
+def _gpt2_forward(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, fmt, seed, counter,
                   threshold, scale, active, zero, y, err, err_host, word_tag, pos_tag):
     """One block per token, threads along D: ``y[t, d] = wte[ids[t], d] + wpe[pos[t], d]``
     (times the mask). The id and position are read and checked once per token; a bad
     one is recorded (thread 0) and the row is zeros. ``scale`` / ``zero`` are of
-    ``y``'s dtype."""
+    ``y``'s dtype; 16-bit tables (``uint16`` bits of format ``fmt``) are widened."""
     num_tokens, dim = y.shape
     key = dropout_key(seed, counter)
     tid = cuda.threadIdx.x
@@ -564,7 +573,7 @@ def _gpt2_forward(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, seed, co
             continue
         base = t * dim
         for d in range(tid, dim, cuda.blockDim.x):
-            v = wte[w, d] + wpe[p, d]
+            v = widen(wte[w, d], fmt) + widen(wpe[p, d], fmt)
             if active:
                 v = v * (scale if keeps(key, base + d, threshold) else zero)
             y[t, d] = v
