@@ -509,7 +509,7 @@ def test_bert_constructor_errors():
         nn.BertEmbeddings(10, 4, hidden_dropout_prob=1.5)
     with pytest.raises(ValueError, match="layer_norm_eps: expected a finite number >= 0"):
         nn.BertEmbeddings(10, 4, layer_norm_eps=-1.0)
-    with pytest.raises(TypeError, match="dtype: expected float32 or float64"):
+    with pytest.raises(TypeError, match="dtype: expected float32, float64, bfloat16 or float16"):
         nn.BertEmbeddings(10, 4, dtype=np.int64)
 
 
@@ -641,8 +641,8 @@ def test_bert_from_hf_state_dict_errors(rng):
     with pytest.raises(ValueError, match="mismatched dtypes"):
         nn.BertEmbeddings.from_hf_state_dict(bad)
     bad = dict(state, **{"embeddings.word_embeddings.weight": np.zeros((V, D), np.int32)})
-    with pytest.raises(ValueError, match="expected a float16, float32 or float64 array, got "
-                                         "dtype int32"):
+    with pytest.raises(ValueError, match="expected a bfloat16, float16, float32 or float64 "
+                                         "array, got dtype int32"):
         nn.BertEmbeddings.from_hf_state_dict(bad)
     bad = dict(state, **{"embeddings.LayerNorm.weight": [1.0] * D})
     with pytest.raises(TypeError,

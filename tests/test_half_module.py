@@ -74,12 +74,14 @@ def test_an_optimiser_made_before_keeps_training_the_16_bit_table():
     assert state["momentum_buffer"].dtype == np.float32 and state["rounding_step"] == 2
 
 
-def test_blocks_with_fused_lookups_and_bad_dtypes_are_refused():
+def test_float64_bert_blocks_and_bad_dtypes_are_refused():
+    # BERT's fused kernels compute in float32 beside 16-bit tables (tests/test_half_blocks.py):
+    # a float64 LayerNorm would be rounded silently.
     block = nn.BertEmbeddings(vocab_size=20, hidden_size=8, max_position_embeddings=16,
-                              type_vocab_size=2, seed=0)
-    with pytest.raises(TypeError, match="BertEmbeddings.*fused kernels"):
+                              type_vocab_size=2, seed=0, dtype=np.float64)
+    with pytest.raises(TypeError, match="BertEmbeddings computes in float32.*float\\(\\)"):
         block.to("bfloat16")
-    assert block.word_embeddings.weight.dtype == np.float32  # nothing changed
+    assert block.word_embeddings.weight.dtype == np.float64  # nothing changed
     with pytest.raises(ValueError, match="bfloat16, float16"):
         nn.Embedding(3, 2).to("int8x")
     with pytest.raises(TypeError, match="dtype"):
