@@ -145,6 +145,40 @@ def test_bert_embeddings_match_transformers(torch, transformers, rng, dtype, cas
                                    err_msg=f"{name} {kwargs}")
 
 
+def test_bert_bfloat16_tables_match_transformers_on_the_widened_tables(torch, transformers, rng):
+    # A bfloat16 state dict (PyTorch tensors, kept as bfloat16 tables) against
+    # transformers' float32 block holding the same values widened.
+    hf = _hf_bert_embeddings(torch, transformers, np.float32, rng)
+    tables = {"word_embeddings.weight", "position_embeddings.weight",
+              "token_type_embeddings.weight"}
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name in tables:
+                param.copy_(param.to(torch.bfloat16).float())
+    hf.eval()
+    state = {name: (value.detach().to(torch.bfloat16) if name in tables else value.detach())
+             for name, value in hf.state_dict().items()}
+    ours = nn.BertEmbeddings.from_hf_state_dict(state, prefix="", pad_token_id=1,
+                                                keep_dtype=True)
+    assert str(ours.word_embeddings.weight.dtype) == "bfloat16"
+    assert ours.LayerNorm.weight.dtype == np.float32
+    ours.dropout.eval()
+    ids = rng.integers(0, 40, (3, 7))
+    types = rng.integers(0, 3, (3, 7))
+    expected = hf(torch.from_numpy(ids), token_type_ids=torch.from_numpy(types))
+    got = ours(ids, token_type_ids=types)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected.detach().numpy(), **_tol(np.float32))
+    probe = rng.standard_normal(got.shape).astype(np.float32)
+    expected.backward(torch.from_numpy(probe))
+    ours.backward(probe)
+    theirs = dict(hf.named_parameters())
+    for name, param in ours.named_parameters():
+        assert param.grad.dtype == np.float32
+        np.testing.assert_allclose(param.grad, theirs[name].grad.numpy(),
+                                   **_tol(np.float32) | dict(atol=1e-4), err_msg=name)
+
+
 def test_bert_checkpoint_of_a_whole_transformers_model(torch, transformers, rng, tmp_path):
     pytest.importorskip("safetensors")
     from numbapos.io import load_state, save_state
