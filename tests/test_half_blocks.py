@@ -204,6 +204,30 @@ def test_bfloat16_blocks_are_refused_on_cuda():
         nn.GPT2Embeddings(V, P, D, device="cuda").bfloat16()
 
 
+@pytest.mark.parametrize("mode", ["copy", "linear"])
+def test_resize_position_embeddings_of_a_16_bit_table(mode):
+    # Resized in float32 (widened exactly), rounded back to nearest even.
+    half = nn.GPT2Embeddings(V, P, D, seed=0, dtype=BF16)
+    wide = nn.GPT2Embeddings(V, P, D, seed=0)
+    _copy_widened(half, wide)
+    opt = numbapos.optim.SGD(half.parameters(), lr=0.1, momentum=0.9)
+    half(np.array([[1, 2]]))
+    half.backward(np.ones((1, 2, D), np.float32))
+    opt.step()
+    old = half.wpe.weight.data.copy()
+    half.resize_position_embeddings(2 * P, mode, optimizer=opt)
+    wide.wpe.weight.data[...] = old.astype(np.float32)
+    wide.resize_position_embeddings(2 * P, mode)
+    table = half.wpe.weight.data
+    assert table.dtype == BF16 and table.shape == (2 * P, D) and half.n_positions == 2 * P
+    np.testing.assert_array_equal(table.view(np.uint16),
+                                  wide.wpe.weight.data.astype(BF16).view(np.uint16))
+    if mode == "copy":
+        np.testing.assert_array_equal(table[:P].view(np.uint16), old.view(np.uint16))
+    assert half(np.array([[3, 4]]), past_length=P + 2).dtype == np.float32
+    opt.step()  # the momentum was resized with the table
+
+
 # ------------------------------------------------------------------ training
 
 

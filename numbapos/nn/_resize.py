@@ -32,19 +32,29 @@ def check_no_pending(module, call: str) -> None:
 
 
 def resized(param, new_len, mode, num_prefix_rows, init, rng):
-    """The resized table of ``param`` (validated; nothing changed yet) and its kept rows."""
+    """The resized table of ``param`` (validated; nothing changed yet) and its kept rows.
+
+    A bfloat16 / float16 table is resized in float32 (widened exactly) and rounded
+    back to nearest even: copied rows keep their bits, new ones are rounded.
+    """
     if not isinstance(mode, str) or mode not in RESIZE_MODES:
         raise ValueError(f"mode: expected one of {list(RESIZE_MODES)}, got "
                          f"{_checks.quote(mode)}")
     data = param.data
+    half = _checks.is_half_dtype(data.dtype)
+    source = F.widen_table(data) if half else data
     old_len, dim = (int(n) for n in data.shape)
     new_len = _checks.check_int(new_len, "new_len", minimum=1)
     fill = None
     if mode == "init" and new_len > old_len:
-        rows = initializers.make_array(init, (new_len - old_len, dim), data.dtype, rng)
+        rows = initializers.make_array(init, (new_len - old_len, dim), source.dtype, rng)
         fill = _device.to_device(rows, _device.device_of(data))
-    table = F.resize_pos_table(data, new_len, mode=mode, num_prefix_rows=num_prefix_rows,
+    table = F.resize_pos_table(source, new_len, mode=mode, num_prefix_rows=num_prefix_rows,
                                fill=fill)
+    if half:
+        wide, table = table, _device.empty(tuple(table.shape), data.dtype,
+                                           _device.device_of(data))
+        F.store_rounded_(table, wide, stochastic_rounding=False)
     return table, kept_rows(old_len, new_len, mode, num_prefix_rows)
 
 
