@@ -100,7 +100,9 @@ def load_state(path, keep_dtype=False) -> dict[str, np.ndarray]:
         Return bfloat16 tensors as bfloat16 (``ml_dtypes.bfloat16`` arrays,
         the file's bits, half the memory of float32), ready for a bfloat16
         :class:`~numbapos.nn.Embedding` (``from_pretrained`` or
-        ``load_state_dict``). float16 tensors are float16 either way.
+        ``load_state_dict``) or the BERT / GPT-2 blocks
+        (``from_hf_state_dict(state, keep_dtype=True)``). float16 tensors
+        are float16 either way.
 
     Returns
     -------

@@ -469,11 +469,14 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
     ----------
     input_ids : array_like of int, shape (N, L) or (L,)
         Token ids in ``[0, V)``.
-    word_embeddings : ndarray, shape (V, D), float32 or float64
+    word_embeddings : ndarray, shape (V, D), float32, float64, bfloat16 or float16
     position_embeddings : ndarray, shape (P, D), same dtype
     token_type_embeddings : ndarray, shape (T, D), same dtype
     ln_weight, ln_bias : ndarray, shape (D,), optional
-        LayerNorm scale and shift (None: ones / zeros).
+        LayerNorm scale and shift (None: ones / zeros), of the tables' dtype,
+        float32 for 16-bit tables (whose rows are widened exactly: ``y``,
+        ``mean`` and ``rstd`` are then float32, the float32 block's bits on
+        the widened tables).
     token_type_ids : array_like of int, optional
         Shape of ``input_ids`` (or (L,) / (1, L), broadcast over the batch),
         each in ``[0, T)``. Default: all 0.
@@ -570,7 +573,8 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
     Parameters
     ----------
     grad_output : ndarray, shape ``input_ids.shape + (D,)``
-        Gradient wrt the block's output, in the tables' dtype.
+        Gradient wrt the block's output, of the output's dtype (the tables',
+        float32 for 16-bit tables: every gradient is then float32).
     input_ids, word_embeddings, position_embeddings, token_type_embeddings
         As for the forward call.
     mean, rstd : ndarray, shape ``input_ids.shape``
@@ -663,7 +667,7 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
     ----------
     input_ids : array_like of int, shape (N, L) or (L,)
         Token ids in ``[0, V)``.
-    wte : ndarray, shape (V, D), float32 or float64
+    wte : ndarray, shape (V, D), float32, float64, bfloat16 or float16
         Token embeddings.
     wpe : ndarray, shape (P, D), same dtype
         Position embeddings.
@@ -688,7 +692,8 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
     Returns
     -------
     ndarray, shape ``input_ids.shape + (D,)``
-        Default positions are ``past_length .. past_length + L - 1``.
+        Default positions are ``past_length .. past_length + L - 1``. Of the
+        tables' dtype, float32 for 16-bit tables (rows widened exactly).
 
     Raises
     ------

@@ -25,6 +25,12 @@ argument tuples of :mod:`numbapos._args`. Flat views: ids are ``(T,)`` int64,
 activations ``(T, D)`` C-contiguous, and
 the dropout index of element ``(t, d)`` is ``t * D + d`` (the flat C-order
 index of the ``(N, L, D)`` output, as in :func:`numbapos.functional.dropout`).
+
+Tables are float32 / float64 (of the activations' dtype), or bfloat16 /
+float16 given as their ``uint16`` bits with a format code ``fmt``: every table
+element is read through :func:`numbapos.kernels.widen.widen` (exact, shared
+with the CUDA twin), so the activations, statistics and gradients are then
+float32 and equal the float32 kernels' on the widened tables bit for bit.
 """
 
 import numpy as np

@@ -38,6 +38,11 @@ mask``, bit-identical to the CPU. For float32 tables whose rows are whole,
 columns, the same operations per element, the same bits); otherwise by
 elements.
 
+Tables may also be bfloat16 / float16 ``uint16`` bits (format code ``fmt``):
+every element is read through :func:`numbapos.kernels.widen.widen`, exactly as
+on the CPU (the per-dtype kernels are compiled per format too; the vector paths
+stay float32-only, so 16-bit tables run by elements).
+
 Nothing here reads data back to the host, and each forward is ONE launch.
 Ids are checked inside the kernels that read them: a bad word id, token type
 or position is recorded in the deferred error word (:mod:`.errors`, with the
