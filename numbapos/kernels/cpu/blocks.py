@@ -37,6 +37,7 @@ import numpy as np
 from numba import prange
 
 from ..._args import chunk_rows, num_chunks
+from ..halfbits import BF16
 from ..hash import dropout_key, keeps
 from ..widen import FLOAT_TABLES, widen
 from .arrays import pick
@@ -167,8 +168,12 @@ def _gpt2_forward_checked(ids, past_length, length, wte, wpe, y, fmt):
 @kernel(inline="always")
 def sum3_row(a, b, c, out, fmt):
     """``out = a + b + c`` (added left to right; 16-bit rows of format ``fmt`` widened)."""
-    for d in range(out.size):
-        out[d] = widen(a[d], fmt) + widen(b[d], fmt) + widen(c[d], fmt)
+    if fmt == BF16:  # the format settled outside the loop, so that the loop vectorises
+        for d in range(out.size):
+            out[d] = widen(a[d], BF16) + widen(b[d], BF16) + widen(c[d], BF16)
+    else:
+        for d in range(out.size):
+            out[d] = widen(a[d], fmt) + widen(b[d], fmt) + widen(c[d], fmt)
 
 
 @kernel(inline="always")
