@@ -287,6 +287,9 @@ def _half(dtype, index_dtype) -> None:
         emb = nn.Embedding(_ROWS, _DIM, dtype=half, seed=0, max_norm=1.0, out_dtype=half)
         emb(ids)
         F.widen_table(emb.weight.data, rows=np.arange(2))  # the functional op's sparse form
+        # The BERT / GPT-2 blocks' fused kernels on 16-bit tables.
+        _bert(half, index_dtype)
+        _gpt2(half, index_dtype)
 
 
 class Case(NamedTuple):
@@ -340,8 +343,8 @@ CASES: tuple[Case, ...] = (
          "decay (opt-in)", _rowwise_adagrad, default=False, seconds=59.0),
     Case("half", "bfloat16 / float16 tables: lookups to float32 and to the table's dtype, "
          "max_norm, every optimiser's sparse step and SGD's dense one with stochastic "
-         "rounding (opt-in)", _half, default=False,
-         indexed=True, seconds=15.0),
+         "rounding, the BERT / GPT-2 blocks (opt-in)", _half, default=False,
+         indexed=True, seconds=20.0),
 )
 CASE_NAMES = tuple(case.name for case in CASES)
 
