@@ -161,6 +161,12 @@ def test_functional_ops_take_16_bit_tables_with_float32_layer_norm(rng):
         F.bert_embeddings(ids, word, pos, types, gamma, beta.astype(np.float64))
     with pytest.raises(TypeError, match="position_embeddings: expected dtype float16"):
         F.bert_embeddings(ids, word, pos.astype(np.float32), types)
+    strided = np.repeat(word, 2, axis=1)[:, ::2]  # the same values, not contiguous
+    np.testing.assert_array_equal(F.bert_embeddings(ids, strided, pos, types, gamma, beta), y)
+    clip = (F.TableOptions(max_norm=1.0), F.TableOptions(), F.TableOptions())
+    with pytest.raises(ValueError, match="word_embeddings: max_norm clips rows in place and "
+                                         "needs a C-contiguous 16-bit table"):
+        F.bert_embeddings(ids, strided, pos, types, table_options=clip)
     with pytest.raises(TypeError, match="grad_output: expected dtype float32"):
         F.bert_embeddings_backward(np.ones(y.shape, np.float64), ids, word, pos, types, mean,
                                    rstd)

@@ -40,7 +40,7 @@ from ._common import (
     on_backend,
 )
 from .embedding import _scatter
-from .half import _is_contiguous, half_format
+from .half import half_format
 
 # The kernels' format code of float32 / float64 tables (numbapos.kernels.widen.FLOAT_TABLES;
 # kernels are imported by _device only).
@@ -157,8 +157,9 @@ def _compute_dtype(table_dtype):
 
 
 def _kernel_tables(K, tables):
-    """The tables as the kernels take them (C-contiguous; 16-bit ones as their ``uint16``
-    bits) and their format code."""
+    """The block's arrays as the kernels take them, C-contiguous, and the tables' format
+    code: 16-bit tables (the 2-D arrays) as their ``uint16`` bits; the LayerNorm
+    vectors of a BERT block (float32 beside them) as they are."""
     fmt = (half_format(tables[0].dtype) if _checks.is_half_dtype(tables[0].dtype)
            else _FLOAT_TABLES)
     kernel = []
@@ -423,7 +424,7 @@ def _clip_tables(K, tables, flats, options, names, num_tokens):
     for table, opts, name in zip(tables, options, names, strict=True):
         if opts.max_norm is not None:
             _checks.check_writeable(table, name, "its max_norm clips looked-up rows in place")
-            if _checks.is_half_dtype(table.dtype) and not _is_contiguous(table):
+            if _checks.is_half_dtype(table.dtype) and not _device.is_c_contiguous(table):
                 raise ValueError(f"{name}: max_norm clips rows in place and needs a "
                                  f"C-contiguous 16-bit table")
     for table, flat, opts in zip(tables, flats, options, strict=True):
