@@ -36,7 +36,7 @@ from ..scalar import f32_bits, f32_from_bits
 from .arrays import option, pick, runs_parallel
 from .embedding import group_gradient
 from .jit import kernel
-from .prefetch import AHEAD, prefetch_listed_for_write
+from .prefetch import AHEAD, half_prefetch_listed_for_write
 
 __all__ = ["adagrad_half_row_groups_", "adagrad_half_rows_", "adam_half_row_groups_",
            "adam_half_rows_", "rowwise_adagrad_half_row_groups_", "rowwise_adagrad_half_rows_",
@@ -218,9 +218,9 @@ def _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, st
                buf, started, general, h):
     lo, hi = _bounds(chunk, rows.size, scratch.shape[0])
     for j in range(lo, hi):
-        prefetch_listed_for_write(table, rows, j + AHEAD)
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
         if buf is not None:
-            prefetch_listed_for_write(buf, rows, j + AHEAD)
+            half_prefetch_listed_for_write(buf, rows, j + AHEAD)
         g = _gradient(j, values, grad, groups, scale, scratch[chunk])
         if f16 is None:
             _sgd_options_row(rows[j], g, table, buf, started, general, h, key, stochastic, BF16)
@@ -267,9 +267,9 @@ def _adam_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, s
                 exp_avg, exp_avg_sq, h):
     lo, hi = _bounds(chunk, rows.size, scratch.shape[0])
     for j in range(lo, hi):
-        prefetch_listed_for_write(table, rows, j + AHEAD)
-        prefetch_listed_for_write(exp_avg, rows, j + AHEAD)
-        prefetch_listed_for_write(exp_avg_sq, rows, j + AHEAD)
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
+        half_prefetch_listed_for_write(exp_avg, rows, j + AHEAD)
+        half_prefetch_listed_for_write(exp_avg_sq, rows, j + AHEAD)
         g = _gradient(j, values, grad, groups, scale, scratch[chunk])
         if f16 is None:
             _adam_row(rows[j], g, table, exp_avg, exp_avg_sq, h, key, stochastic, BF16)
@@ -314,8 +314,8 @@ def _adagrad_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key
                    f16, state_sum, h):
     lo, hi = _bounds(chunk, rows.size, scratch.shape[0])
     for j in range(lo, hi):
-        prefetch_listed_for_write(table, rows, j + AHEAD)
-        prefetch_listed_for_write(state_sum, rows, j + AHEAD)
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
+        half_prefetch_listed_for_write(state_sum, rows, j + AHEAD)
         g = _gradient(j, values, grad, groups, scale, scratch[chunk])
         if f16 is None:
             _adagrad_row(rows[j], g, table, state_sum, h, key, stochastic, BF16)
@@ -367,7 +367,7 @@ def _rowwise_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key
                    f16, state_sum, h):
     lo, hi = _bounds(chunk, rows.size, scratch.shape[0])
     for j in range(lo, hi):
-        prefetch_listed_for_write(table, rows, j + AHEAD)
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
         g = _gradient(j, values, grad, groups, scale, scratch[chunk])
         if f16 is None:
             _rowwise_row(rows[j], g, table, state_sum, h, key, stochastic, BF16)
