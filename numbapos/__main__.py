@@ -40,8 +40,8 @@ def info() -> int:
     print(f"threads  {pool['threads']} of {pool['pool_size']} (numba threading layer: "
           f"{pool['layer']}; idle threads: {pool['wait']})")
     prefetch = numbapos._device.kernels_for("cpu").prefetch
-    print(f"prefetch {prefetch.PREFETCH_LINES} cache lines per table row (CPU "
-          f"{prefetch.cpu_name()})")
+    print(f"prefetch {prefetch.PREFETCH_LINES} cache lines per table row, "
+          f"{prefetch.HALF_PREFETCH_LINES} per 16-bit row widened (CPU {prefetch.cpu_name()})")
     print("devices  cpu: available")
     print(f"         cuda: {_cuda_status()}")
     print("tables   (format: bytes a row; use; per-row error of a value read back)")

@@ -291,8 +291,11 @@ def test_sparse_steps_of_16_bit_tables_are_checked():
         numbapos.optim.SGD(module.parameters(), lr=0.1).step()
     contiguous = np.zeros((V, D), BF16)
     with pytest.raises(ValueError, match="momentum_buffer.*float32"):
-        F.sparse_sgd_(contiguous, grad, np.zeros((V, D), BF16), np.zeros(V, bool), lr=0.1,
+        F.sparse_sgd_(contiguous, grad, np.zeros((V, D), F16), np.zeros(V, bool), lr=0.1,
                       momentum=0.9)
+    with pytest.raises(ValueError, match="momentum_buffer.*float32"):  # bfloat16 tables only
+        F.sparse_sgd_(np.zeros((V, D), np.float32), grad, np.zeros((V, D), BF16),
+                      np.zeros(V, bool), lr=0.1, momentum=0.9)
     with pytest.raises(ValueError, match="rounding_step"):
         F.sparse_sgd_(contiguous, grad, lr=0.1, rounding_step=-1)
     with pytest.raises(TypeError, match="updated by the numbapos.optim optimisers"):
@@ -301,3 +304,158 @@ def test_sparse_steps_of_16_bit_tables_are_checked():
     plain = np.zeros((V, D), np.float32)
     F.sparse_sgd_(plain, grad, lr=1.0, seed=3, rounding_step=4, stochastic_rounding=False)
     np.testing.assert_array_equal(plain[1], -1.0)
+
+
+# ------------------------------------------------------------------ bfloat16 momentum
+
+MOMENTUM_CASES = [  # (op, options, its state: name -> kind), the momentum first
+    ("sparse_sgd_", dict(lr=0.1, momentum=0.9, dampening=0.1),
+     {"momentum_buffer": "table", "row_started": "flags"}),
+    ("sparse_adam_", dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
+     {"exp_avg": "table", "exp_avg_sq": "table"}),
+]
+
+
+@pytest.mark.parametrize("summed", [True, False], ids=["summed", "fused_with_lookup"])
+@pytest.mark.parametrize("case", MOMENTUM_CASES, ids=["SGD", "AdamW"])
+def test_bfloat16_momentum_is_widened_updated_in_float32_and_stored_to_nearest(case, summed,
+                                                                              parallel_threshold):
+    """A sparse step with bfloat16 momentum: the bits of widening table and momentum, the
+    float32 step, the table stored stochastically and the momentum to nearest even (as
+    ``ml_dtypes``' cast), for 1 and 2 threads."""
+    from conftest import two_threads
+
+    name, options, kinds = case
+    op = getattr(F, name)
+    rng = np.random.default_rng(11)
+    table = (rng.normal(size=(V, D)) * 3).astype(BF16)
+    states = {n: _state(kind, rng) for n, kind in kinds.items()}
+    momentum = next(iter(kinds))
+    states[momentum] = (rng.normal(size=(V, D)) * 0.3).astype(BF16)
+    steps = _steps(rng)
+    extra = {"step": 1} if name in STEPPED else {}
+    # The composition, once.
+    wide_state = {n: s.astype(np.float32) if n == momentum else s.copy()
+                  for n, s in states.items()}
+    expected = table.copy()
+    for k, (ids, grad_out) in enumerate(steps):
+        wide = F.widen_table(expected)
+        op(wide, _gradient("cpu", ids, grad_out, True), **wide_state, **options, **extra)
+        F.store_rounded_(expected, wide, rows=np.unique(ids[ids != 0]), seed=4, step=k)
+        wide_state[momentum] = wide_state[momentum].astype(BF16).astype(np.float32)
+    before = numbapos.get_num_threads()
+    try:
+        for threads, threshold in ((1, 1 << 40), (two_threads(), 1)):
+            parallel_threshold(threshold)
+            numbapos.set_num_threads(threads)
+            half = table.copy()
+            state = {n: s.copy() for n, s in states.items()}
+            for k, (ids, grad_out) in enumerate(steps):
+                op(half, _gradient("cpu", ids, grad_out, summed), **state, **options, **extra,
+                   seed=4, rounding_step=k)
+            np.testing.assert_array_equal(_bits(half), _bits(expected))
+            assert state[momentum].dtype == BF16
+            np.testing.assert_array_equal(_bits(state[momentum]),
+                                          _bits(wide_state[momentum].astype(BF16)))
+            for n in kinds:
+                if n != momentum:
+                    np.testing.assert_array_equal(state[n], wide_state[n], err_msg=n)
+    finally:
+        numbapos.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_cuda_launchers_update_bfloat16_momentum_as_the_cpu(name, rng):
+    if not numbapos.cuda_available():
+        pytest.skip("CUDA is not available (no GPU and the simulator is off)")
+    from conftest import dev
+
+    from numbapos._args import HalfRounding
+
+    cpu_k, gpu_k = numbapos._device.kernels_for("cpu"), numbapos._device.kernels_for("cuda")
+    bits = _bits((rng.normal(size=(V, D)) * 3).astype(BF16))
+    rows = np.array([0, 3, 4, 12], np.int64)
+    values = rng.normal(size=(4, D)).astype(np.float32)
+    momentum = _bits((rng.normal(size=(V, D)) * 0.3).astype(BF16))
+    hyper = {"sgd": F.optim._sgd_hyper(np.float32, 0.1, 0.9, 0.0, 0.0, True, False),
+             "adam": F.optim._adam_hyper(np.float32, 2, 0.01, (0.9, 0.999), 1e-8, 0.0, False,
+                                         False, sparse=True)}[name]
+    states = {"sgd": [momentum, np.ones(V, np.bool_)],
+              "adam": [momentum, np.abs(rng.normal(size=(V, D))).astype(np.float32)]}[name]
+    rounding = HalfRounding(0, np.uint64(3), np.uint64(9), False)
+    launch = f"{name}_half_rows_"
+    mine = [bits.copy(), *[s.copy() for s in states]]
+    getattr(cpu_k, launch)(mine[0], rows, values, 4, *mine[1:], hyper, rounding)
+    theirs = [dev(a) for a in (bits, *states)]
+    getattr(gpu_k, launch)(theirs[0], dev(rows), dev(values), 4, *theirs[1:], hyper, rounding)
+    for a, b in zip(mine, theirs, strict=True):
+        np.testing.assert_array_equal(a, host(b))
+    assert not np.array_equal(mine[1], momentum)
+
+
+@pytest.mark.parametrize("name, options", [("SGD", dict(lr=0.1, momentum=0.9)),
+                                           ("AdamW", dict(lr=0.01))])
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_optimisers_keep_bfloat16_momentum_of_16_bit_tables(name, options, sparse):
+    """``momentum_dtype="bfloat16"``: the momentum of a bfloat16 table is bfloat16 (half the
+    bytes), its steps those of the float32 step with the momentum rounded to nearest after
+    each; a float32 parameter of the same optimiser keeps float32 state; checkpoints resume."""
+    cls = getattr(numbapos.optim, name)
+    table = (np.random.default_rng(2).normal(size=(V, D)) * 2).astype(BF16)
+    moment = "momentum_buffer" if name == "SGD" else "exp_avg"
+
+    def run(momentum_dtype, steps, module=None, opt=None, rng_seed=3):
+        if module is None:
+            module = nn.Embedding.from_pretrained(table.copy(), freeze=False, sparse=sparse)
+            bias = nn.Parameter(np.zeros(D, np.float32))
+            opt = cls([module.weight, bias], seed=21, momentum_dtype=momentum_dtype, **options)
+        rng = np.random.default_rng(rng_seed)
+        for _ in range(steps):
+            ids = rng.integers(0, V, size=(3, 5))
+            module(ids)
+            module.backward(rng.normal(size=(3, 5, D)).astype(np.float32))
+            opt.param_groups[0]["params"][1].grad = np.ones(D, np.float32)
+            opt.step()
+            module.zero_grad()
+        return module, opt
+
+    module, opt = run("bfloat16", 3)
+    state = opt.state[id(module.weight)]
+    assert state[moment].dtype == BF16 and state[moment].nbytes == V * D * 2
+    assert opt.state[id(opt.param_groups[0]["params"][1])][moment].dtype == np.float32
+    # The same steps with float32 momentum, rounded to bfloat16 after each step.
+    ref_module, ref_opt = run(None, 0)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        ids = rng.integers(0, V, size=(3, 5))
+        ref_module(ids)
+        ref_module.backward(rng.normal(size=(3, 5, D)).astype(np.float32))
+        ref_opt.param_groups[0]["params"][1].grad = np.ones(D, np.float32)
+        ref_opt.step()
+        ref_module.zero_grad()
+        ref_state = ref_opt.state[id(ref_module.weight)]
+        ref_state[moment][...] = ref_state[moment].astype(BF16).astype(np.float32)
+    np.testing.assert_array_equal(_bits(module.weight.data), _bits(ref_module.weight.data))
+    np.testing.assert_array_equal(_bits(state[moment]),
+                                  _bits(ref_state[moment].astype(BF16)))
+    # A checkpoint keeps the dtype and resumes bit for bit.
+    saved = opt.state_dict()
+    assert saved["state"][0][moment].dtype == BF16
+    resumed_module = nn.Embedding.from_pretrained(module.weight.data.copy(), freeze=False,
+                                                  sparse=sparse)
+    bias = nn.Parameter(opt.param_groups[0]["params"][1].data.copy())
+    resumed = cls([resumed_module.weight, bias], seed=21, momentum_dtype="bfloat16", **options)
+    resumed.load_state_dict(saved)
+    run(None, 2, module, opt, rng_seed=9)
+    run(None, 2, resumed_module, resumed, rng_seed=9)
+    np.testing.assert_array_equal(_bits(resumed_module.weight.data), _bits(module.weight.data))
+
+
+def test_momentum_dtype_is_checked():
+    p = nn.Parameter(np.zeros((V, D), BF16))
+    for bad in ("float16", "int8", np.float64, 3):
+        with pytest.raises(ValueError, match="momentum_dtype: expected None, 'float32' or "
+                                             "'bfloat16'"):
+            numbapos.optim.SGD([p], lr=0.1, momentum=0.9, momentum_dtype=bad)
+    for good in (None, "float32", np.float32, "bfloat16", BF16):
+        numbapos.optim.Adam([p], momentum_dtype=good)

@@ -9,6 +9,8 @@ import numbapos
 from numbapos.kernels.cpu import prefetch
 from numbapos.kernels.cpu.prefetch import (
     AHEAD,
+    half_prefetch_listed,
+    half_prefetch_listed_for_write,
     prefetch_listed,
     prefetch_listed_for_write,
     prefetch_row,
@@ -110,5 +112,34 @@ def test_prefetch_setting_changes_the_code_not_the_result(monkeypatch, lines):
     out = np.empty((4, 5))
     gather(table, rows, out)
     np.testing.assert_array_equal(out, table[rows])
+    ir = next(iter(gather.inspect_llvm().values()))
+    assert ("llvm.prefetch" in ir) == (lines > 0)
+
+
+def test_kernels_widening_16_bit_rows_prefetch_at_least_eight_lines_unless_set():
+    for cpu, lines in [("rocketlake", 8), ("emeraldrapids", 8), ("znver3", 64)]:
+        with numbapos.config.override(prefetch_lines=None):
+            assert prefetch.half_prefetch_lines(cpu=cpu) == lines
+    for lines in (0, 4):
+        with numbapos.config.override(prefetch_lines=lines):
+            assert prefetch.half_prefetch_lines(cpu="rocketlake") == lines
+
+
+@pytest.mark.parametrize("lines", [0, 8])
+def test_half_prefetch_setting_changes_the_code_not_the_result(monkeypatch, lines):
+    monkeypatch.setattr(prefetch, "HALF_PREFETCH_LINES", lines)
+
+    @njit
+    def gather(table, rows, out):
+        for j in range(rows.size):
+            half_prefetch_listed(table, rows, j + AHEAD)
+            half_prefetch_listed_for_write(out, rows, j + AHEAD)
+            out[j] = table[rows[j]]
+
+    table = np.arange(40, dtype=np.uint16).reshape(8, 5)
+    rows = np.array([7, 0, 3, 3])
+    out = np.zeros((8, 5), np.uint16)
+    gather(table, rows, out)
+    np.testing.assert_array_equal(out[:4], table[rows])
     ir = next(iter(gather.inspect_llvm().values()))
     assert ("llvm.prefetch" in ir) == (lines > 0)

@@ -183,6 +183,18 @@ def _update_rows(launchers, param, rows, rounding, *rest):
         update_rows(param, rows.rows, rows.values, rows.used, *rest)
 
 
+def _momentum_state(state, name, param, dtype, avoid=()):
+    """A sparse step's momentum state (SGD's buffer, Adam's ``exp_avg``) checked: ``dtype``
+    (float32 for a 16-bit ``param``), or bfloat16 beside a bfloat16 / float16 ``param``, then
+    passed to the kernels as its ``uint16`` bits."""
+    if (_checks.is_half_dtype(param.dtype) and state is not None
+            and getattr(getattr(state, "dtype", None), "name", None) == "bfloat16"):
+        state = _checks.check_out(state, tuple(param.shape), state.dtype, name,
+                                  avoid=(param, *avoid))
+        return state.view(np.uint16)
+    return _same_as_param([state], [name], param, avoid, dtype=dtype)[0]
+
+
 def _same_as_param(states, names, param, avoid=(), dtype=None):
     """Each state checked to have ``param``'s shape and dtype (or ``dtype``), C-contiguous
     and not aliased."""
@@ -292,7 +304,8 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
         (float32 for a 16-bit ``param``).
     momentum_buffer : ndarray, shape (V, D), optional
         Needed when ``momentum != 0``; C-contiguous, ``param``'s dtype
-        (float32 for a 16-bit ``param``).
+        (float32 for a 16-bit ``param``, or bfloat16: widened, updated in
+        float32 and stored back rounded to nearest even).
     row_started : ndarray of bool, shape (V,), optional
         Needed when ``momentum != 0``; updated in place.
     lr, momentum, dampening, weight_decay, nesterov, maximize
@@ -325,7 +338,7 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
                                   ("momentum_buffer", "row_started"))
     hyper = _live(K, hyper, clock, param, "SGD")
     if bufs:
-        bufs = _same_as_param(bufs, ["momentum_buffer"], param, dtype=dtype)
+        bufs = [_momentum_state(bufs[0], "momentum_buffer", param, dtype)]
         if row_started is None:
             raise ValueError("row_started: required when momentum != 0 (a bool array with "
                              "one flag per row)")
@@ -474,8 +487,9 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
         Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
         (float32 for a 16-bit ``param``).
     exp_avg, exp_avg_sq : ndarray or CUDA array, shape (V, D)
-        The moments, ``param``'s dtype (float32 for a 16-bit ``param``),
-        C-contiguous, updated in place.
+        The moments, ``param``'s dtype (float32 for a 16-bit ``param``;
+        ``exp_avg`` may then be bfloat16: widened, updated in float32 and
+        stored back rounded to nearest even), C-contiguous, updated in place.
     step, lr, betas, eps, weight_decay, maximize, decoupled_weight_decay
         As for :func:`adam_`.
     clock : optional
@@ -506,7 +520,8 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
     K, param, rows = _sparse_args(param, dtype, grad, (exp_avg, exp_avg_sq), names)
     hyper = _live(K, hyper, clock, param, "ADAM", beta1=betas[0], beta2=betas[1],
                   weight_decay=weight_decay, sparse=True)
-    m, v = _same_as_param((exp_avg, exp_avg_sq), names, param, dtype=dtype)
+    m = _momentum_state(exp_avg, "exp_avg", param, dtype, avoid=(exp_avg_sq,))
+    v = _same_as_param([exp_avg_sq], ["exp_avg_sq"], param, avoid=(exp_avg,), dtype=dtype)[0]
     _update_rows((K.adam_rows_, K.adam_row_groups_, K.adam_half_rows_, K.adam_half_row_groups_),
                  param, rows, rounding, m, v, hyper)
     return param

@@ -61,6 +61,22 @@ def _capturing() -> bool:
     return streams is not None and streams.capturing() is not None
 
 
+def _check_momentum_dtype(momentum_dtype):
+    """An optimiser's ``momentum_dtype``: None (float32) or bfloat16."""
+    if momentum_dtype is None:
+        return None
+    try:
+        dtype = _checks.check_table_dtype(momentum_dtype, "momentum_dtype")
+    except TypeError:
+        dtype = None
+    if dtype == np.float32:
+        return None
+    if dtype is None or dtype.name != "bfloat16":
+        raise ValueError("momentum_dtype: expected None, 'float32' or 'bfloat16' (the momentum "
+                         f"of bfloat16 / float16 tables), got {momentum_dtype!r}")
+    return dtype
+
+
 def num_rows(shape) -> int:
     """Rows of a parameter of ``shape``: ``shape[0]``, or 1 for a 0-d parameter."""
     return int(shape[0]) if len(shape) else 1
@@ -198,13 +214,21 @@ class Optimizer:
         """
         return {}, {}
 
+    _MOMENTUM: str | None = None
+    """The state array ``momentum_dtype`` applies to (SGD's buffer, Adam's ``exp_avg``)."""
+
     def _spec(self, data, group) -> tuple[dict, dict]:
-        """:meth:`_state_spec` of a parameter array: float32 state for a 16-bit table, which
-        also counts its rounding steps (``"rounding_step"``, the stochastic rounding's key)."""
+        """:meth:`_state_spec` of a parameter array: float32 state for a 16-bit table (its
+        momentum bfloat16 with ``momentum_dtype="bfloat16"``), which also counts its rounding
+        steps (``"rounding_step"``, the stochastic rounding's key)."""
         arrays, scalars = self._state_spec(tuple(data.shape), _checks.grad_dtype(data.dtype),
                                            group)
         if _checks.is_half_dtype(data.dtype):
             scalars = {**scalars, "rounding_step": 0}
+            momentum_dtype = self.__dict__.get("momentum_dtype")
+            if momentum_dtype is not None and self._MOMENTUM in arrays:
+                arrays = {**arrays, self._MOMENTUM:
+                          arrays[self._MOMENTUM]._replace(dtype=momentum_dtype)}
         return arrays, scalars
 
     def _state(self, param: Parameter, group: dict) -> dict:
@@ -352,10 +376,12 @@ class Optimizer:
             shadows = self.__dict__["_shadow_tables"] = {}
         return shadows
 
-    def _set_rounding(self, stochastic_rounding, seed) -> None:
-        """How 16-bit tables are written back (the subclasses' keyword arguments)."""
+    def _set_rounding(self, stochastic_rounding, seed, momentum_dtype=None) -> None:
+        """How 16-bit tables are written back and the dtype of their momentum (the
+        subclasses' keyword arguments)."""
         self.stochastic_rounding = bool(stochastic_rounding)
         self.seed = _checks.check_uint64(seed, "seed")
+        self.momentum_dtype = _check_momentum_dtype(momentum_dtype)
 
     def _check(self, param: Parameter, group: dict) -> None:
         """Validate ``param``, its gradient and its state, before any parameter is updated."""
@@ -371,13 +397,14 @@ class Optimizer:
                                  "through its bits and must be C-contiguous")
             self._check_float(param, group, table)
             return
+        self._check_state(param, group)  # the state is the 16-bit table's
         shadow = self._shadows.get(id(param))
         if shadow is None:
             K = _device.backend(table)
             shadow = self._shadows[id(param)] = F._widen(K, table, None, 0)
         param.data = shadow
         try:
-            self._check_float(param, group)
+            self._check_float(param, group, state=False)
         finally:
             param.data = table
 
@@ -394,7 +421,9 @@ class Optimizer:
                 "(its write-back's rounding step is a host counter that replays would not "
                 "advance); keep float32 tables in a captured step")
         shadow = self._shadows.pop(id(param), None)
+        narrow = {}
         if shadow is not None:
+            narrow = self._widen_state(param, group)  # its state made for the 16-bit table
             param.data = shadow
         # A 16-bit table's step counts stay on the host (no device clock): its update
         # cannot be captured, and its sparse kernels take the host's step values.
@@ -404,12 +433,31 @@ class Optimizer:
         finally:
             param.data = table
             self.__dict__["_host_steps"] = False
-        state = self._state(param, group)  # float32 arrays, the rounding step
+            self._narrow_state(param, narrow)
+        state = self._state(param, group)  # the state arrays, the rounding step
         step = state["rounding_step"]
         state["rounding_step"] = step + 1
         if shadow is not None:
             F._store(_device.backend(table), table, shadow, None, None,
                      getattr(self, "seed", 0), step, getattr(self, "stochastic_rounding", True))
+
+    def _widen_state(self, param: Parameter, group: dict) -> dict:
+        """A dense step on a 16-bit table's float32 copy: its bfloat16 momentum (if any) swapped
+        for a float32 copy in the state; ``{name: bfloat16 array}`` to store back into."""
+        state = self._state(param, group)
+        value = state.get(self._MOMENTUM) if self._MOMENTUM else None
+        if value is None or not _checks.is_half_dtype(value.dtype):
+            return {}
+        state[self._MOMENTUM] = F._widen(_device.backend(value), value, None, 0)
+        return {self._MOMENTUM: value}
+
+    def _narrow_state(self, param: Parameter, narrow: dict) -> None:
+        """Store the float32 copies :meth:`_widen_state` made back into their bfloat16 arrays,
+        rounded to nearest even, and put those back in the state."""
+        state = self.state.get(id(param), {})
+        for name, value in narrow.items():
+            F._store(_device.backend(value), value, state[name], None, None, 0, 0, False)
+            state[name] = value
 
     def _rounding(self, param: Parameter, state: dict) -> dict:
         """The sparse functional ops' rounding keywords for ``param``: its step's key for a
@@ -419,11 +467,13 @@ class Optimizer:
         return {"stochastic_rounding": getattr(self, "stochastic_rounding", True),
                 "seed": getattr(self, "seed", 0), "rounding_step": state["rounding_step"]}
 
-    def _check_float(self, param: Parameter, group: dict, table=None) -> None:
-        """The checks of a float parameter, or (``table``) of a 16-bit table's sparse step."""
+    def _check_float(self, param: Parameter, group: dict, table=None, state=True) -> None:
+        """The checks of a float parameter, or (``table``) of a 16-bit table's sparse step;
+        its state's too unless ``state`` is False."""
         data = table if table is not None else _checks.check_update_target(param.data,
                                                                            "param.data")
-        self._check_state(param, group)
+        if state:
+            self._check_state(param, group)
         grad = param.grad
         if isinstance(grad, SparseRows):
             _checks.check_sparse_grad(grad, data, "param.grad", summed=grad.summed)

@@ -64,6 +64,11 @@ class Adam(Optimizer):
         when False, to nearest even.
     seed : int, default 0
         The stochastic rounding's seed.
+    momentum_dtype : None, "float32" or "bfloat16", default None
+        The dtype of the first moment ``exp_avg`` of bfloat16 / float16 tables: float32,
+        or bfloat16 to halve it (widened to float32 for each update and
+        stored back rounded to nearest even; FBGEMM's bfloat16 momentum).
+        Float32 / float64 parameters keep their state in their own dtype.
 
     Examples
     --------
@@ -80,14 +85,15 @@ class Adam(Optimizer):
 
     _OPTIONS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize",
                 "decoupled_weight_decay")
+    _MOMENTUM = "exp_avg"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  amsgrad=False, *, maximize=False, decoupled_weight_decay=False,
-                 stochastic_rounding=True, seed=0):
+                 stochastic_rounding=True, seed=0, momentum_dtype=None):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, maximize=maximize,
                                       decoupled_weight_decay=decoupled_weight_decay))
-        self._set_rounding(stochastic_rounding, seed)
+        self._set_rounding(stochastic_rounding, seed, momentum_dtype)
 
     def _check_options(self, options):
         return F.check_adam_options(options)
@@ -142,13 +148,20 @@ class AdamW(Adam):
         when False, to nearest even.
     seed : int, default 0
         The stochastic rounding's seed.
+    momentum_dtype : None, "float32" or "bfloat16", default None
+        The dtype of the first moment ``exp_avg`` of bfloat16 / float16 tables: float32,
+        or bfloat16 to halve it (widened to float32 for each update and
+        stored back rounded to nearest even; FBGEMM's bfloat16 momentum).
+        Float32 / float64 parameters keep their state in their own dtype.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False, stochastic_rounding=True, seed=0):
+                 amsgrad=False, *, maximize=False, stochastic_rounding=True, seed=0,
+                 momentum_dtype=None):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          amsgrad=amsgrad, maximize=maximize, decoupled_weight_decay=True,
-                         stochastic_rounding=stochastic_rounding, seed=seed)
+                         stochastic_rounding=stochastic_rounding, seed=seed,
+                         momentum_dtype=momentum_dtype)
 
     def _check_options(self, options):
         checked = super()._check_options(options)

@@ -40,7 +40,8 @@ class SGD(Optimizer):
     parameter of shape ``(V, ...)``:
 
     ``momentum_buffer``
-        Array of the parameter's shape and dtype (per row).
+        Array of the parameter's shape and dtype (per row); float32 for a
+        bfloat16 / float16 table, or bfloat16 with ``momentum_dtype="bfloat16"``.
     ``row_started``
         Bool array of shape ``(V,)`` (per row): whether the row's momentum has
         started (``(1,)`` for a 0-d parameter).
@@ -74,6 +75,11 @@ class SGD(Optimizer):
         when False, to nearest even.
     seed : int, default 0
         The stochastic rounding's seed.
+    momentum_dtype : None, "float32" or "bfloat16", default None
+        The dtype of the momentum buffer of bfloat16 / float16 tables: float32,
+        or bfloat16 to halve it (widened to float32 for each update and
+        stored back rounded to nearest even; FBGEMM's bfloat16 momentum).
+        Float32 / float64 parameters keep their state in their own dtype.
 
     Examples
     --------
@@ -90,13 +96,15 @@ class SGD(Optimizer):
     """
 
     _OPTIONS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")
+    _MOMENTUM = "momentum_buffer"
 
     def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                 nesterov=False, maximize=False, *, stochastic_rounding=True, seed=0):
+                 nesterov=False, maximize=False, *, stochastic_rounding=True, seed=0,
+                 momentum_dtype=None):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       maximize=maximize))
-        self._set_rounding(stochastic_rounding, seed)
+        self._set_rounding(stochastic_rounding, seed, momentum_dtype)
 
     def _check_options(self, options):
         return F.check_sgd_options(options)

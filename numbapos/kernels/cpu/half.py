@@ -29,7 +29,7 @@ from ..hash import dropout_bits_keyed, dropout_key
 from .arrays import option, pick
 from .embedding import unique_rows
 from .jit import kernel
-from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
+from .prefetch import AHEAD, half_prefetch_listed, half_prefetch_listed_for_write
 from .rowcopy import put_row, streams
 
 __all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_",
@@ -126,42 +126,42 @@ def _widen_f16_row(table, r, out, i):
 @kernel()
 def _widen_bf16(flat_idx, table, out):
     for i in range(flat_idx.size):
-        prefetch_listed(table, flat_idx, i + AHEAD)
+        half_prefetch_listed(table, flat_idx, i + AHEAD)
         _widen_bf16_row(table, flat_idx[i], out, i)
 
 
 @kernel(parallel=True)
 def _widen_bf16_parallel(flat_idx, table, out):
     for i in prange(flat_idx.size):
-        prefetch_listed(table, flat_idx, i + AHEAD)
+        half_prefetch_listed(table, flat_idx, i + AHEAD)
         _widen_bf16_row(table, flat_idx[i], out, i)
 
 
 @kernel()
 def _widen_f16(flat_idx, table, out):
     for i in range(flat_idx.size):
-        prefetch_listed(table, flat_idx, i + AHEAD)
+        half_prefetch_listed(table, flat_idx, i + AHEAD)
         _widen_f16_row(table, flat_idx[i], out, i)
 
 
 @kernel(parallel=True)
 def _widen_f16_parallel(flat_idx, table, out):
     for i in prange(flat_idx.size):
-        prefetch_listed(table, flat_idx, i + AHEAD)
+        half_prefetch_listed(table, flat_idx, i + AHEAD)
         _widen_f16_row(table, flat_idx[i], out, i)
 
 
 @kernel()
 def _copy_rows(flat_idx, table, out, stream):
     for i in range(flat_idx.size):
-        prefetch_listed(table, flat_idx, i + AHEAD)
+        half_prefetch_listed(table, flat_idx, i + AHEAD)
         put_row(out, i, table, flat_idx[i], stream)
 
 
 @kernel(parallel=True)
 def _copy_rows_parallel(flat_idx, table, out, stream):
     for i in prange(flat_idx.size):
-        prefetch_listed(table, flat_idx, i + AHEAD)
+        half_prefetch_listed(table, flat_idx, i + AHEAD)
         put_row(out, i, table, flat_idx[i], stream)
 
 
@@ -202,7 +202,7 @@ def _renorm(table, rows, max_norm, norm_type, fmt):
 @kernel(parallel=True)
 def _renorm_parallel(table, rows, max_norm, norm_type, fmt):
     for j in prange(rows.size):
-        prefetch_listed_for_write(table, rows, j + AHEAD)
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
         _renorm_row(table, rows[j], max_norm, norm_type, fmt)
 
 

@@ -12,7 +12,11 @@ any thread count and on the GPU (``kernels/cuda/halfoptim.py``: same names,
 same signatures, same bits).
 
 Each launcher is the 16-bit twin of the float launcher of :mod:`.optim` with
-the same arguments plus ``rounding`` (:class:`~numbapos._args.HalfRounding`):
+the same arguments plus ``rounding`` (:class:`~numbapos._args.HalfRounding`).
+SGD's momentum buffer and Adam's ``exp_avg`` may be float32 or bfloat16 (given
+as its ``uint16`` bits): a bfloat16 one is widened exactly, updated in float32
+and stored back rounded to nearest even (:func:`_load_state` /
+:func:`_store_state`). The launchers:
 ``*_half_rows_`` take summed gradient rows, ``*_half_row_groups_`` a lookup's
 unsummed gradient, each row summed into per-chunk scratch
 (:func:`.embedding.group_gradient`) just before its update.
@@ -27,6 +31,8 @@ from .. import updates
 from ..halfbits import (
     BF16,
     F16,
+    bf16_to_f32_bits,
+    f32_bits_to_bf16,
     half_from_f32_bits,
     half_from_f32_bits_stochastic,
     half_to_f32_bits,
@@ -36,7 +42,7 @@ from ..scalar import f32_bits, f32_from_bits
 from .arrays import option, pick, runs_parallel
 from .embedding import group_gradient
 from .jit import kernel
-from .prefetch import AHEAD, prefetch_listed_for_write
+from .prefetch import AHEAD, half_prefetch_listed_for_write
 
 __all__ = ["adagrad_half_row_groups_", "adagrad_half_rows_", "adam_half_row_groups_",
            "adam_half_rows_", "rowwise_adagrad_half_row_groups_", "rowwise_adagrad_half_rows_",
@@ -64,15 +70,17 @@ def sgd_half_row_groups_(table, grad, groups, scale_grad_by_freq, buf, row_start
 
 
 def adam_half_rows_(table, rows, values, used, exp_avg, exp_avg_sq, hyper, rounding):
-    """SparseAdam (:func:`.optim.adam_rows_`) on the listed rows of the 16-bit ``table``."""
-    _rows(_adam, _adam_parallel, table, rows, values, used, rounding, exp_avg, exp_avg_sq, hyper)
+    """SparseAdam (:func:`.optim.adam_rows_`) on the listed rows of the 16-bit ``table``
+    (``exp_avg`` float32, or bfloat16 as ``uint16`` bits)."""
+    _rows(_adam, _adam_parallel, table, rows, values, used, rounding, exp_avg,
+          _bf16_state(exp_avg), exp_avg_sq, hyper)
 
 
 def adam_half_row_groups_(table, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper,
                           rounding):
     """:func:`adam_half_rows_` fused with the gradient of a lookup."""
     _groups(_adam, _adam_parallel, table, grad, groups, scale_grad_by_freq, rounding, exp_avg,
-            exp_avg_sq, hyper)
+            _bf16_state(exp_avg), exp_avg_sq, hyper)
 
 
 def adagrad_half_rows_(table, rows, values, used, state_sum, hyper, rounding):
@@ -101,11 +109,19 @@ def rowwise_adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, st
 
 
 def _sgd_state(buf, row_started, hyper):
-    """SGD's state arguments: the buffer is None without momentum, and ``general`` None for
-    SGD's usual options (no Nesterov, maximize or weight decay): each compiles its own loop,
-    as :func:`.optim._sgd_variant` explains."""
+    """SGD's state arguments: the buffer is None without momentum (then its bfloat16 flag
+    too), and ``general`` None for SGD's usual options (no Nesterov, maximize or weight
+    decay): each compiles its own loop, as :func:`.optim._sgd_variant` explains."""
     usual = not (hyper.nesterov or hyper.maximize or hyper.weight_decay != 0)
-    return (buf if hyper.momentum != 0 else None), row_started, option(not usual), hyper
+    if hyper.momentum == 0:
+        return None, None, row_started, option(not usual), hyper
+    return buf, _bf16_state(buf), row_started, option(not usual), hyper
+
+
+def _bf16_state(state):
+    """The kernels' flag for a state array: True for bfloat16 bits (``uint16``), None for
+    float32."""
+    return option(state.dtype == np.uint16)
 
 
 def _rows(serial, parallel, table, rows, values, used, rounding, *rest):
@@ -165,6 +181,23 @@ def _store(table, row, d, value, z, stochastic, fmt):
 
 
 @kernel(inline="always")
+def _load_state(state, row, d, bf16):
+    # Element (row, d) of a float32 state, or of a bfloat16 one (its bits), as float32.
+    if bf16 is None:
+        return state[row, d]
+    return f32_from_bits(bf16_to_f32_bits(state[row, d]))
+
+
+@kernel(inline="always")
+def _store_state(state, row, d, value, bf16):
+    # The float32 ``value`` into a float32 state, or into a bfloat16 one rounded to nearest.
+    if bf16 is None:
+        state[row, d] = value
+    else:
+        state[row, d] = f32_bits_to_bf16(f32_bits(value))
+
+
+@kernel(inline="always")
 def _bounds(chunk, used, chunks):
     return chunk * used // chunks, (chunk + 1) * used // chunks
 
@@ -185,7 +218,8 @@ def _gradient(j, values, grad, groups, scale, acc):
 
 
 @kernel(inline="always")
-def _sgd_row(row, g, table, buf, started, h, nesterov, maximize, decay, key, stochastic, fmt):
+def _sgd_row(row, g, table, buf, bf16_buf, started, h, nesterov, maximize, decay, key,
+             stochastic, fmt):
     z = _stream(key, row, table.shape[1])
     if buf is None:
         for d in range(table.shape[1]):
@@ -195,104 +229,111 @@ def _sgd_row(row, g, table, buf, started, h, nesterov, maximize, decay, key, sto
     else:
         first = not started[row]
         for d in range(table.shape[1]):
-            p, buf[row, d] = updates.sgd_momentum_update(_load(table, row, d, fmt), g[d],
-                                                         buf[row, d], h, first, nesterov,
-                                                         maximize, decay)
+            p, b = updates.sgd_momentum_update(_load(table, row, d, fmt), g[d],
+                                               _load_state(buf, row, d, bf16_buf), h, first,
+                                               nesterov, maximize, decay)
+            _store_state(buf, row, d, b, bf16_buf)
             _store(table, row, d, p, z, stochastic, fmt)
             z += GOLDEN_GAMMA
         started[row] = True
 
 
 @kernel(inline="always")
-def _sgd_options_row(row, g, table, buf, started, general, h, key, stochastic, fmt):
+def _sgd_options_row(row, g, table, buf, bf16_buf, started, general, h, key, stochastic, fmt):
     # SGD's usual options as constants (their selects cost 8 % of the step), or any.
     if general is None:
-        _sgd_row(row, g, table, buf, started, h, False, False, False, key, stochastic, fmt)
+        _sgd_row(row, g, table, buf, bf16_buf, started, h, False, False, False, key,
+                 stochastic, fmt)
     else:
-        _sgd_row(row, g, table, buf, started, h, h.nesterov, h.maximize, h.weight_decay != 0,
-                 key, stochastic, fmt)
+        _sgd_row(row, g, table, buf, bf16_buf, started, h, h.nesterov, h.maximize,
+                 h.weight_decay != 0, key, stochastic, fmt)
 
 
 @kernel(inline="always")
 def _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic, f16,
-               buf, started, general, h):
+               buf, bf16_buf, started, general, h):
     lo, hi = _bounds(chunk, rows.size, scratch.shape[0])
     for j in range(lo, hi):
-        prefetch_listed_for_write(table, rows, j + AHEAD)
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
         if buf is not None:
-            prefetch_listed_for_write(buf, rows, j + AHEAD)
+            half_prefetch_listed_for_write(buf, rows, j + AHEAD)
         g = _gradient(j, values, grad, groups, scale, scratch[chunk])
         if f16 is None:
-            _sgd_options_row(rows[j], g, table, buf, started, general, h, key, stochastic, BF16)
+            _sgd_options_row(rows[j], g, table, buf, bf16_buf, started, general, h, key,
+                             stochastic, BF16)
         else:
-            _sgd_options_row(rows[j], g, table, buf, started, general, h, key, stochastic, F16)
+            _sgd_options_row(rows[j], g, table, buf, bf16_buf, started, general, h, key,
+                             stochastic, F16)
 
 
 @kernel()
 def _sgd(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic, f16, buf,
-         started, general, h):
+         bf16_buf, started, general, h):
     key = dropout_key(seed, step)
     for chunk in range(scratch.shape[0]):
         _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic,
-                   f16, buf, started, general, h)
+                   f16, buf, bf16_buf, started, general, h)
 
 
 @kernel(parallel=True)
 def _sgd_parallel(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic,
-                  f16, buf, started, general, h):
+                  f16, buf, bf16_buf, started, general, h):
     # Rows are unique, so chunks never share a row (nor its momentum or flag).
     key = dropout_key(seed, step)
     for chunk in prange(scratch.shape[0]):
         _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic,
-                   f16, buf, started, general, h)
+                   f16, buf, bf16_buf, started, general, h)
 
 
 # ---------------------------------------------------------------- Adam
 
 
 @kernel(inline="always")
-def _adam_row(row, g, table, exp_avg, exp_avg_sq, h, key, stochastic, fmt):
+def _adam_row(row, g, table, exp_avg, bf16_avg, exp_avg_sq, h, key, stochastic, fmt):
     l2, decoupled = updates.adam_decay_flags(h)
     z = _stream(key, row, table.shape[1])
     for d in range(table.shape[1]):
-        p, exp_avg[row, d], exp_avg_sq[row, d] = updates.sparse_adam_update(
-            _load(table, row, d, fmt), g[d], exp_avg[row, d], exp_avg_sq[row, d], h, l2,
-            decoupled)
+        p, m, exp_avg_sq[row, d] = updates.sparse_adam_update(
+            _load(table, row, d, fmt), g[d], _load_state(exp_avg, row, d, bf16_avg),
+            exp_avg_sq[row, d], h, l2, decoupled)
+        _store_state(exp_avg, row, d, m, bf16_avg)
         _store(table, row, d, p, z, stochastic, fmt)
         z += GOLDEN_GAMMA
 
 
 @kernel(inline="always")
 def _adam_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic, f16,
-                exp_avg, exp_avg_sq, h):
+                exp_avg, bf16_avg, exp_avg_sq, h):
     lo, hi = _bounds(chunk, rows.size, scratch.shape[0])
     for j in range(lo, hi):
-        prefetch_listed_for_write(table, rows, j + AHEAD)
-        prefetch_listed_for_write(exp_avg, rows, j + AHEAD)
-        prefetch_listed_for_write(exp_avg_sq, rows, j + AHEAD)
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
+        half_prefetch_listed_for_write(exp_avg, rows, j + AHEAD)
+        half_prefetch_listed_for_write(exp_avg_sq, rows, j + AHEAD)
         g = _gradient(j, values, grad, groups, scale, scratch[chunk])
         if f16 is None:
-            _adam_row(rows[j], g, table, exp_avg, exp_avg_sq, h, key, stochastic, BF16)
+            _adam_row(rows[j], g, table, exp_avg, bf16_avg, exp_avg_sq, h, key, stochastic,
+                      BF16)
         else:
-            _adam_row(rows[j], g, table, exp_avg, exp_avg_sq, h, key, stochastic, F16)
+            _adam_row(rows[j], g, table, exp_avg, bf16_avg, exp_avg_sq, h, key, stochastic,
+                      F16)
 
 
 @kernel()
 def _adam(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic, f16,
-          exp_avg, exp_avg_sq, h):
+          exp_avg, bf16_avg, exp_avg_sq, h):
     key = dropout_key(seed, step)
     for chunk in range(scratch.shape[0]):
         _adam_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic,
-                    f16, exp_avg, exp_avg_sq, h)
+                    f16, exp_avg, bf16_avg, exp_avg_sq, h)
 
 
 @kernel(parallel=True)
 def _adam_parallel(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic,
-                   f16, exp_avg, exp_avg_sq, h):
+                   f16, exp_avg, bf16_avg, exp_avg_sq, h):
     key = dropout_key(seed, step)
     for chunk in prange(scratch.shape[0]):
         _adam_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic,
-                    f16, exp_avg, exp_avg_sq, h)
+                    f16, exp_avg, bf16_avg, exp_avg_sq, h)
 
 
 # ---------------------------------------------------------------- Adagrad
@@ -314,8 +355,8 @@ def _adagrad_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key
                    f16, state_sum, h):
     lo, hi = _bounds(chunk, rows.size, scratch.shape[0])
     for j in range(lo, hi):
-        prefetch_listed_for_write(table, rows, j + AHEAD)
-        prefetch_listed_for_write(state_sum, rows, j + AHEAD)
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
+        half_prefetch_listed_for_write(state_sum, rows, j + AHEAD)
         g = _gradient(j, values, grad, groups, scale, scratch[chunk])
         if f16 is None:
             _adagrad_row(rows[j], g, table, state_sum, h, key, stochastic, BF16)
@@ -367,7 +408,7 @@ def _rowwise_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key
                    f16, state_sum, h):
     lo, hi = _bounds(chunk, rows.size, scratch.shape[0])
     for j in range(lo, hi):
-        prefetch_listed_for_write(table, rows, j + AHEAD)
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
         g = _gradient(j, values, grad, groups, scale, scratch[chunk])
         if f16 is None:
             _rowwise_row(rows[j], g, table, state_sum, h, key, stochastic, BF16)

@@ -6,7 +6,9 @@ one thread per row, summing in column order). Each thread widens its element
 from the table's ``uint16`` bits to a float32 register, updates it with the
 float32 state by the shared element updates (:mod:`numbapos.kernels.updates`)
 and stores it back rounded (stochastically with the keyed hash of
-``(seed, step, row * D + column)``, or to nearest even). Nothing is modified
+``(seed, step, row * D + column)``, or to nearest even). SGD's momentum and
+Adam's ``exp_avg`` may be bfloat16 (``uint16`` bits; widened, updated in
+float32, stored rounded to nearest even), as on the CPU. Nothing is modified
 while an index error is pending; row counts stay on the device.
 """
 
@@ -15,7 +17,7 @@ from numba import cuda, int64
 
 from ..._args import WeightDecayMode
 from .. import updates
-from ..halfbits import half_to_f32_bits
+from ..halfbits import bf16_to_f32_bits, f32_bits_to_bf16, half_to_f32_bits
 from ..hash import dropout_key
 from ..scalar import f32_bits, f32_from_bits
 from . import errors
@@ -43,7 +45,7 @@ def sgd_half_rows_(table, rows, values, used, buf, row_started, hyper, rounding)
     used, word = _on_device(used), errors.device_word()
     if table.shape[1]:
         launch(_sgd_rows, _row_blocks(rows), _row_threads(table.shape[1]), table, rows, used,
-               values, buf, row_started, hyper, *_rounding(rounding), word)
+               values, buf, _bf16_state(buf), row_started, hyper, *_rounding(rounding), word)
     if hyper.momentum != 0:
         launch(_mark_started, grid(rows.size), THREADS, rows, used, row_started, word)
 
@@ -56,8 +58,8 @@ def sgd_half_row_groups_(table, grad, groups, scale_grad_by_freq, buf, row_start
     word = errors.device_word()
     if table.shape[1]:
         launch(_sgd_row_groups, _row_blocks(groups.rows), _row_threads(table.shape[1]), table,
-               grad, groups, bool(scale_grad_by_freq), buf, row_started, hyper,
-               *_rounding(rounding), word)
+               grad, groups, bool(scale_grad_by_freq), buf, _bf16_state(buf), row_started,
+               hyper, *_rounding(rounding), word)
     if hyper.momentum != 0:
         launch(_mark_started, grid(groups.rows.size), THREADS, groups.rows, groups.used,
                row_started, word)
@@ -67,8 +69,8 @@ def adam_half_rows_(table, rows, values, used, exp_avg, exp_avg_sq, hyper, round
     """SparseAdam on the listed rows of the 16-bit ``table``."""
     if rows.size and table.shape[1]:
         launch(_adam_rows, _row_blocks(rows), _row_threads(table.shape[1]), table, rows,
-               _on_device(used), values, exp_avg, exp_avg_sq, hyper, *_rounding(rounding),
-               errors.device_word())
+               _on_device(used), values, exp_avg, _bf16_state(exp_avg), exp_avg_sq, hyper,
+               *_rounding(rounding), errors.device_word())
 
 
 def adam_half_row_groups_(table, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper,
@@ -76,8 +78,8 @@ def adam_half_row_groups_(table, grad, groups, scale_grad_by_freq, exp_avg, exp_
     """:func:`adam_half_rows_` fused with the gradient of a lookup."""
     if groups.rows.size and table.shape[1]:
         launch(_adam_row_groups, _row_blocks(groups.rows), _row_threads(table.shape[1]), table,
-               grad, groups, bool(scale_grad_by_freq), exp_avg, exp_avg_sq, hyper,
-               *_rounding(rounding), errors.device_word())
+               grad, groups, bool(scale_grad_by_freq), exp_avg, _bf16_state(exp_avg),
+               exp_avg_sq, hyper, *_rounding(rounding), errors.device_word())
 
 
 def adagrad_half_rows_(table, rows, values, used, state_sum, hyper, rounding):
@@ -113,6 +115,11 @@ def rowwise_adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, st
                errors.device_word())
 
 
+def _bf16_state(state):
+    """The kernels' flag for a state array: True for bfloat16 bits (``uint16``)."""
+    return bool(state.dtype == np.uint16)
+
+
 def _rounding(rounding):
     """The kernels' ``(fmt, seed, step, stochastic)`` arguments."""
     return (int64(rounding.fmt), np.uint64(rounding.seed), np.uint64(rounding.step),
@@ -133,6 +140,24 @@ def _store(table, row, d, value, key, stochastic, fmt):
 
 
 @cuda.jit(device=True)
+def _load_state(state, row, d, bf16):
+    # Element (row, d) of a float32 state, or of a bfloat16 one (its bits), as float32.
+    x = state[row, d]
+    if bf16:
+        return f32_from_bits(bf16_to_f32_bits(x))
+    return np.float32(x)
+
+
+@cuda.jit(device=True)
+def _store_state(state, row, d, value, bf16):
+    # The float32 ``value`` into a float32 state, or into a bfloat16 one rounded to nearest.
+    if bf16:
+        state[row, d] = f32_bits_to_bf16(f32_bits(value))
+    else:
+        state[row, d] = value
+
+
+@cuda.jit(device=True)
 def _group_gradient(grad, groups, scale_by_freq, j, d):
     return segment_sum(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, d)
 
@@ -141,19 +166,20 @@ def _group_gradient(grad, groups, scale_by_freq, j, d):
 
 
 @cuda.jit(device=True)
-def _sgd_element(table, buf, row, d, g, first, h, decay, key, stochastic, fmt):
+def _sgd_element(table, buf, bf16_buf, row, d, g, first, h, decay, key, stochastic, fmt):
     p = _load(table, row, d, fmt)
     if h.momentum != 0:
-        p, buf[row, d] = updates.sgd_momentum_update(p, g, buf[row, d], h, first, h.nesterov,
-                                                     h.maximize, decay)
+        p, b = updates.sgd_momentum_update(p, g, _load_state(buf, row, d, bf16_buf), h, first,
+                                           h.nesterov, h.maximize, decay)
+        _store_state(buf, row, d, b, bf16_buf)
     else:
         p = updates.sgd_plain_update(p, g, h, h.maximize, decay)
     _store(table, row, d, p, key, stochastic, fmt)
 
 
 @cuda.jit
-def _sgd_rows(table, rows, used, values, buf, row_started, h, fmt, seed, step, stochastic,
-              word):
+def _sgd_rows(table, rows, used, values, buf, bf16_buf, row_started, h, fmt, seed, step,
+              stochastic, word):
     """SGD on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
@@ -163,13 +189,13 @@ def _sgd_rows(table, rows, used, values, buf, row_started, h, fmt, seed, step, s
         row = rows[j]
         first = h.momentum != 0 and not row_started[row]
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
-            _sgd_element(table, buf, row, d, values[j, d], first, h, decay, key, stochastic,
-                         fmt)
+            _sgd_element(table, buf, bf16_buf, row, d, values[j, d], first, h, decay, key,
+                         stochastic, fmt)
 
 
 @cuda.jit
-def _sgd_row_groups(table, grad, groups, scale_by_freq, buf, row_started, h, fmt, seed, step,
-                    stochastic, word):
+def _sgd_row_groups(table, grad, groups, scale_by_freq, buf, bf16_buf, row_started, h, fmt,
+                    seed, step, stochastic, word):
     """:func:`_sgd_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
@@ -180,36 +206,39 @@ def _sgd_row_groups(table, grad, groups, scale_by_freq, buf, row_started, h, fmt
         first = h.momentum != 0 and not row_started[row]
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            _sgd_element(table, buf, row, d, g, first, h, decay, key, stochastic, fmt)
+            _sgd_element(table, buf, bf16_buf, row, d, g, first, h, decay, key, stochastic,
+                         fmt)
 
 
 # ---------------------------------------------------------------- Adam
 
 
 @cuda.jit(device=True)
-def _adam_element(table, exp_avg, exp_avg_sq, row, d, g, h, key, stochastic, fmt):
+def _adam_element(table, exp_avg, bf16_avg, exp_avg_sq, row, d, g, h, key, stochastic, fmt):
     l2, decoupled = updates.adam_decay_flags(h)
-    p, exp_avg[row, d], exp_avg_sq[row, d] = updates.sparse_adam_update(
-        _load(table, row, d, fmt), g, exp_avg[row, d], exp_avg_sq[row, d], h, l2, decoupled)
+    p, m, exp_avg_sq[row, d] = updates.sparse_adam_update(
+        _load(table, row, d, fmt), g, _load_state(exp_avg, row, d, bf16_avg),
+        exp_avg_sq[row, d], h, l2, decoupled)
+    _store_state(exp_avg, row, d, m, bf16_avg)
     _store(table, row, d, p, key, stochastic, fmt)
 
 
 @cuda.jit
-def _adam_rows(table, rows, used, values, exp_avg, exp_avg_sq, h, fmt, seed, step, stochastic,
-               word):
+def _adam_rows(table, rows, used, values, exp_avg, bf16_avg, exp_avg_sq, h, fmt, seed, step,
+               stochastic, word):
     """SparseAdam on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
     key = dropout_key(seed, step)
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
-            _adam_element(table, exp_avg, exp_avg_sq, rows[j], d, values[j, d], h, key,
-                          stochastic, fmt)
+            _adam_element(table, exp_avg, bf16_avg, exp_avg_sq, rows[j], d, values[j, d], h,
+                          key, stochastic, fmt)
 
 
 @cuda.jit
-def _adam_row_groups(table, grad, groups, scale_by_freq, exp_avg, exp_avg_sq, h, fmt, seed,
-                     step, stochastic, word):
+def _adam_row_groups(table, grad, groups, scale_by_freq, exp_avg, bf16_avg, exp_avg_sq, h,
+                     fmt, seed, step, stochastic, word):
     """:func:`_adam_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
@@ -217,8 +246,8 @@ def _adam_row_groups(table, grad, groups, scale_by_freq, exp_avg, exp_avg_sq, h,
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            _adam_element(table, exp_avg, exp_avg_sq, groups.rows[j], d, g, h, key, stochastic,
-                          fmt)
+            _adam_element(table, exp_avg, bf16_avg, exp_avg_sq, groups.rows[j], d, g, h, key,
+                          stochastic, fmt)
 
 
 # ---------------------------------------------------------------- Adagrad
