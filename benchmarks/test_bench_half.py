@@ -16,7 +16,8 @@ format, which bounds the first gain (about 1.33x).
 The training-step group times one sparse step on the same table and ids:
 lookup, backward (``SparseRows``), SGD with momentum 0.9 and ``zero_grad``,
 on a float32 table and on a bfloat16 one (float32 momentum, stochastic
-rounding; ``optimizer.step()`` after the backward, and fused into it). Target:
+rounding; ``optimizer.step()`` after the backward, and fused into it; and
+with bfloat16 momentum, ``momentum_dtype="bfloat16"``). Target:
 the bfloat16 step >= 1.1x faster than the float32 one. PyTorch has no peer
 worth timing here: its SGD keeps a sparse momentum buffer that grows to every
 row seen so far, and its bfloat16 table sums repeated ids' gradients in bfloat16.
@@ -84,8 +85,8 @@ def test_half_lookup(benchmark, tables, impl):
         benchmark.extra_info["table_MB"] = round(table.nbytes / 2**20, 1)
 
 
-STEP_IMPLEMENTATIONS = ["numbapos_float32", "numbapos_bf16", "numbapos_float32_fused",
-                        "numbapos_bf16_fused"]
+STEP_IMPLEMENTATIONS = ["numbapos_float32", "numbapos_bf16", "numbapos_bf16_bf16momentum",
+                        "numbapos_float32_fused", "numbapos_bf16_fused"]
 
 
 def training_step(weight, batches, impl):
@@ -97,7 +98,8 @@ def training_step(weight, batches, impl):
     """
     table = weight.copy() if impl.startswith("numbapos_float32") else weight.astype(BF16)
     module = nn.Embedding.from_pretrained(table, freeze=False, sparse=True)
-    opt = optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    momentum_dtype = "bfloat16" if "bf16momentum" in impl else None
+    opt = optim.SGD(module.parameters(), lr=0.01, momentum=0.9, momentum_dtype=momentum_dtype)
     grad = np.ones((IDS, DIM), np.float32) * np.float32(1e-3)
     if impl.endswith("_fused"):
         opt.fuse_with_backward()
