@@ -173,9 +173,12 @@ def test_cuda_sparse_steps_of_float16_tables_give_the_cpu_bits(dtype, summed, ca
     _same(gpu[1], cpu[0])
 
 
-@pytest.mark.parametrize("name", ["sgd", "adam", "adagrad", "rowwise_adagrad"])
-def test_cuda_launchers_round_bfloat16_bits_as_the_cpu(name, rng):
-    """bfloat16 tables stay on the CPU, but the CUDA launchers take any format's bits."""
+@pytest.mark.parametrize("name, bf16_momentum", [
+    ("sgd", False), ("adam", False), ("adagrad", False), ("rowwise_adagrad", False),
+    ("sgd", True), ("adam", True)])
+def test_cuda_launchers_round_bfloat16_bits_as_the_cpu(name, bf16_momentum, rng):
+    """bfloat16 tables stay on the CPU, but the CUDA launchers take any format's bits (and
+    bfloat16 momentum, SGD's buffer or Adam's exp_avg, as its bits)."""
     if not numbapos.cuda_available():
         pytest.skip("CUDA is not available (no GPU and the simulator is off)")
     from conftest import dev
@@ -194,6 +197,8 @@ def test_cuda_launchers_round_bfloat16_bits_as_the_cpu(name, rng):
              "rowwise_adagrad": F.optim._rowwise_hyper(np.float32, 0.1, 1e-8, 0.0, "none")}[name]
     states = {"sgd": [state, np.zeros(V, np.bool_)], "adam": [state, state * 2],
               "adagrad": [state], "rowwise_adagrad": [state[:, 0].copy()]}[name]
+    if bf16_momentum:
+        states[0] = _bits((rng.normal(size=(V, D)) * 0.3).astype(BF16))
     rounding = HalfRounding(0, np.uint64(3), np.uint64(9), True)
     launch = f"{name}_half_rows_"
     mine = [bits.copy(), *[s.copy() for s in states]]
@@ -203,6 +208,7 @@ def test_cuda_launchers_round_bfloat16_bits_as_the_cpu(name, rng):
     for a, b in zip(mine, theirs, strict=True):
         np.testing.assert_array_equal(a, host(b))
     assert not np.array_equal(mine[0], bits)
+    assert not np.array_equal(mine[1], states[0])
 
 
 # ------------------------------------------------------------------ through the optimisers
@@ -362,35 +368,6 @@ def test_bfloat16_momentum_is_widened_updated_in_float32_and_stored_to_nearest(c
                     np.testing.assert_array_equal(state[n], wide_state[n], err_msg=n)
     finally:
         numbapos.set_num_threads(before)
-
-
-@pytest.mark.parametrize("name", ["sgd", "adam"])
-def test_cuda_launchers_update_bfloat16_momentum_as_the_cpu(name, rng):
-    if not numbapos.cuda_available():
-        pytest.skip("CUDA is not available (no GPU and the simulator is off)")
-    from conftest import dev
-
-    from numbapos._args import HalfRounding
-
-    cpu_k, gpu_k = numbapos._device.kernels_for("cpu"), numbapos._device.kernels_for("cuda")
-    bits = _bits((rng.normal(size=(V, D)) * 3).astype(BF16))
-    rows = np.array([0, 3, 4, 12], np.int64)
-    values = rng.normal(size=(4, D)).astype(np.float32)
-    momentum = _bits((rng.normal(size=(V, D)) * 0.3).astype(BF16))
-    hyper = {"sgd": F.optim._sgd_hyper(np.float32, 0.1, 0.9, 0.0, 0.0, True, False),
-             "adam": F.optim._adam_hyper(np.float32, 2, 0.01, (0.9, 0.999), 1e-8, 0.0, False,
-                                         False, sparse=True)}[name]
-    states = {"sgd": [momentum, np.ones(V, np.bool_)],
-              "adam": [momentum, np.abs(rng.normal(size=(V, D))).astype(np.float32)]}[name]
-    rounding = HalfRounding(0, np.uint64(3), np.uint64(9), False)
-    launch = f"{name}_half_rows_"
-    mine = [bits.copy(), *[s.copy() for s in states]]
-    getattr(cpu_k, launch)(mine[0], rows, values, 4, *mine[1:], hyper, rounding)
-    theirs = [dev(a) for a in (bits, *states)]
-    getattr(gpu_k, launch)(theirs[0], dev(rows), dev(values), 4, *theirs[1:], hyper, rounding)
-    for a, b in zip(mine, theirs, strict=True):
-        np.testing.assert_array_equal(a, host(b))
-    assert not np.array_equal(mine[1], momentum)
 
 
 @pytest.mark.parametrize("name, options", [("SGD", dict(lr=0.1, momentum=0.9)),
