@@ -4,8 +4,11 @@ On Numba's CUDA simulator there are no graphs: the captured call runs eagerly
 under the capture's checks and each replay calls the step again, so these
 tests check what does not depend on the graph itself: replays give the bits of
 the eager steps (and of the CPU), the device-resident step counts and learning
-rates advance and are obeyed, a replay makes no host round trip, and a step
-that needs the host while captured raises a clear RuntimeError. (A real GPU
+rates advance and are obeyed, so do the dropout counters (nn.Dropout, the
+BERT / GPT-2 blocks: fresh masks at each replay) and the rounding steps of
+float16 tables, whose host counts stay exact; a replay makes no host round
+trip, and a step that needs the host while captured raises a clear
+RuntimeError. (A real GPU
 additionally checks that the graph replays the same kernels: run this file
 with ``NUMBA_ENABLE_CUDASIM=0`` there.)
 """
