@@ -168,7 +168,8 @@ def test_a_replay_makes_no_host_round_trip():
 @pytest.mark.parametrize("what, match", [
     ("to_host", "a synchronisation"),
     ("host_rows", "a copy from the host to the device"),
-    ("dropout", "training-mode dropout"),
+    ("dropout", "training-mode dropout with an integer counter"),
+    ("dropout_module_first_use", "making a dropout counter on the device"),
     ("synchronize", "a synchronisation"),
 ])
 def test_a_host_round_trip_inside_the_step_raises(what, match):
@@ -189,7 +190,9 @@ def test_a_host_round_trip_inside_the_step_raises(what, match):
             emb.weight.grad = numbapos.SparseRows(np.array([1, 2]), grad[:2], V)
             opt.step()
         elif what == "dropout":
-            drop(y)
+            numbapos.functional.dropout(y, 0.5, seed=1, counter=3)
+        elif what == "dropout_module_first_use":
+            drop(y)  # its counter is made on the device here, not in the warm-up
         else:
             numbapos.synchronize()
         return y

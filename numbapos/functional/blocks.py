@@ -134,8 +134,9 @@ def _bert_tables(word, position, token_type, ln_weight, ln_bias):
     return BertTables(word, position, token_type, ln_weight, ln_bias)
 
 
-def _check_dropout(p, seed, training, counter) -> DropoutArgs:
+def _check_dropout(K, p, seed, training, counter) -> DropoutArgs:
     p, seed, counter = _checks.check_dropout_args(p, seed, counter)
+    _checks.check_counter_device(counter, K.DEVICE)
     return DropoutArgs.make(p, seed, counter, active=bool(training))
 
 
@@ -477,7 +478,7 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
                           ln_weight, ln_bias)
     K = backend_for(tables + (out,), _BERT_NAMES + ("ln_weight", "ln_bias", "out"))
     eps = _checks.check_eps(eps)
-    drop = _check_dropout(p, seed, training, counter)
+    drop = _check_dropout(K, p, seed, training, counter)
     options = _check_options(table_options, [t.shape[0] for t in tables[:3]], _BERT_NAMES)
     shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables,
                            inline=_inline_checks(options))
@@ -562,7 +563,7 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
                           ln_weight, ln_bias)
     K = backend_for(tables + (grad_output, mean, rstd),
                     _BERT_NAMES + ("ln_weight", "ln_bias", "grad_output", "mean", "rstd"))
-    drop = _check_dropout(p, seed, training, counter)
+    drop = _check_dropout(K, p, seed, training, counter)
     shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables)
     if table_options is None:
         padding_idx = _checks.check_padding_idx(padding_idx, tables.word.shape[0])
@@ -662,7 +663,7 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
             return y
     wte, wpe = _check_tables((wte, wpe), _GPT2_NAMES)
     K = backend_for((wte, wpe, out), _GPT2_NAMES + ("out",))
-    drop = _check_dropout(p, seed, training, counter)
+    drop = _check_dropout(K, p, seed, training, counter)
     options = _check_options(table_options, (wte.shape[0], wpe.shape[0]), _GPT2_NAMES)
     shape, ids, pos = _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask,
                                 wte.shape[0], wpe.shape[0], inline=_inline_checks(options))
@@ -737,7 +738,7 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
     n_positions = _checks.check_int(n_positions, "n_positions", minimum=1)
     grad_output = _checks.check_float_array(grad_output, "grad_output")
     K = backend_for((grad_output,), ("grad_output",))
-    drop = _check_dropout(p, seed, training, counter)
+    drop = _check_dropout(K, p, seed, training, counter)
     shape, ids, pos = _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask,
                                 vocab_size, n_positions)
     if tuple(grad_output.shape[:-1]) != shape or grad_output.ndim != len(shape) + 1:
