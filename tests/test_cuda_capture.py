@@ -446,7 +446,7 @@ def test_a_block_with_dropout_replays_with_the_eager_bits_and_the_cpus(kind):
     block, ids, step = _block_setup(kind, "cuda")
     captured = numbapos.cuda.capture(step, warmup=1)
     twins = {device: _block_setup(kind, device) for device in ("cuda", "cpu")}
-    for device, (_, ids2, step2) in twins.items():
+    for _, _, step2 in twins.values():
         step2()
         step2()
     for batch in BATCHES[2:4]:
