@@ -557,12 +557,17 @@ def check_dropout_args(p, seed, counter) -> tuple[float, int, object]:
     p = check_unit_interval(p, "p")
     seed = check_uint64(seed, "seed")
     if _device.is_cuda_array(counter):
-        counter = _device.adopt(counter)
-        if counter.dtype != np.uint64 or tuple(counter.shape) != (1,):
-            raise ValueError(f"counter: a device counter must be a CUDA array of one uint64, "
-                             f"got shape {tuple(counter.shape)} and dtype {counter.dtype}")
-        return p, seed, counter
+        return p, seed, check_device_counter(counter, "counter")
     return p, seed, check_uint64(counter, "counter")
+
+
+def check_device_counter(counter, name: str):
+    """``counter`` (a CUDA array) adopted, if it is one uint64 (metadata only)."""
+    counter = _device.adopt(counter)
+    if counter.dtype != np.uint64 or tuple(counter.shape) != (1,):
+        raise ValueError(f"{name}: a device counter must be a CUDA array of one uint64, got "
+                         f"shape {tuple(counter.shape)} and dtype {counter.dtype}")
+    return counter
 
 
 def check_counter_device(counter, device: str) -> None:

@@ -462,3 +462,96 @@ def test_a_block_with_dropout_replays_with_the_eager_bits_and_the_cpus(kind):
             _same(kind, device, numbapos.to_host(p.data), numbapos.to_host(q.data), name)
         assert block.state_dict()[next(k for k in block.state_dict()
                                        if k.endswith("counter"))] == 4
+
+
+# ---------------------------------------------------------------- 16-bit tables
+
+
+def _half_setup(device, make_opt, sparse):
+    """A float16 table (sparse or dense gradient), its optimiser, static ids and gradient."""
+    rng = np.random.default_rng(13)
+    emb = nn.Embedding(V, D, sparse=sparse, dtype=np.float16)
+    emb.weight.data = (rng.standard_normal((V, D)) * 3).astype(np.float16)
+    emb.to(device)
+    opt = make_opt(emb.parameters())
+    ids = numbapos.to_device(BATCHES[0].copy(), device)
+    grad = numbapos.to_device(GRAD, device)
+
+    def step():
+        y = emb(ids)
+        emb.backward(grad)
+        opt.step()
+        emb.zero_grad()
+        return y
+
+    return emb, opt, ids, step
+
+
+HALF_CASES = {
+    "sparse_adam": (lambda p: optim.Adam(p, lr=0.05, seed=3), True),
+    "sparse_sgd_momentum": (lambda p: optim.SGD(p, lr=0.1, momentum=0.9, seed=3), True),
+    "sparse_rowwise_adagrad": (lambda p: optim.RowWiseAdagrad(p, lr=0.1, seed=3), True),
+    "dense_adam": (lambda p: optim.Adam(p, lr=0.05, seed=3), False),
+    "dense_adagrad": (lambda p: optim.Adagrad(p, lr=0.1, lr_decay=0.01, seed=3), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HALF_CASES))
+def test_a_16_bit_table_step_replays_with_the_eager_bits_and_the_cpus(name):
+    make_opt, sparse = HALF_CASES[name]
+    emb, opt, ids, step = _half_setup("cuda", make_opt, sparse)
+    captured = numbapos.cuda.capture(step, warmup=1)
+    outputs = [numbapos.to_host(captured.outputs)]
+    for batch in BATCHES[2:]:
+        ids.copy_to_device(batch)
+        captured.replay()
+        outputs.append(numbapos.to_host(captured.outputs))
+    state = opt.state_dict()["state"][0]
+    assert state["rounding_step"] == len(BATCHES)  # counted on the host, replays included
+    counter = opt._rounding_counter(emb.weight)
+    assert int(numbapos.to_host(counter.values)[0]) == len(BATCHES)
+    sequence = np.concatenate([BATCHES[:1], BATCHES[:1], BATCHES[2:]])
+    for device in ("cuda", "cpu"):
+        emb2, opt2, ids2, step2 = _half_setup(device, make_opt, sparse)
+        expected = []
+        for batch in sequence:
+            _set_batch(device, ids2, batch)
+            expected.append(numbapos.to_host(step2()))
+        for got, want in zip(outputs, expected[1:], strict=True):
+            np.testing.assert_array_equal(got, want, device)
+        np.testing.assert_array_equal(numbapos.to_host(emb.weight.data).view(np.uint16),
+                                      numbapos.to_host(emb2.weight.data).view(np.uint16), device)
+        state2 = opt2.state_dict()["state"][0]
+        for key in sorted(state2):
+            np.testing.assert_array_equal(np.asarray(state[key]), np.asarray(state2[key]),
+                                          f"{device} {key}")
+
+
+def test_a_16_bit_rounding_step_set_between_replays_is_obeyed():
+    make_opt, sparse = HALF_CASES["sparse_adam"]
+    emb, opt, ids, step = _half_setup("cuda", make_opt, sparse)
+    captured = numbapos.cuda.capture(step)
+    opt.state[id(emb.weight)]["rounding_step"] = 50
+    captured.replay()
+    assert opt.state[id(emb.weight)]["rounding_step"] == 51
+    emb2, opt2, ids2, step2 = _half_setup("cpu", make_opt, sparse)
+    step2()
+    step2()
+    opt2.state[id(emb2.weight)]["rounding_step"] = 50
+    step2()
+    np.testing.assert_array_equal(numbapos.to_host(emb.weight.data).view(np.uint16),
+                                  emb2.weight.data.view(np.uint16))
+
+
+def test_an_integer_rounding_step_in_a_captured_step_raises():
+    from numbapos import functional as F
+
+    table = numbapos.to_device(np.ones((V, D), np.float16), "cuda")
+    wide = numbapos.to_device(np.ones((V, D), np.float32), "cuda")
+    F.store_rounded_(table, wide, seed=1, step=2)  # eager: fine
+
+    def step():
+        F.store_rounded_(table, wide, seed=1, step=2)
+
+    with pytest.raises(RuntimeError, match="stochastic rounding with an integer rounding_step"):
+        numbapos.cuda.capture(step)

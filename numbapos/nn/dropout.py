@@ -119,12 +119,12 @@ class Dropout(Module):
             self._buffers["counter"][()] = int(self._buffers["counter"]) + 1
 
     def _device_counter(self):
-        """The counter on the device (:class:`numbapos.kernels.cuda.clock.DropoutCounter`),
+        """The counter on the device (:class:`numbapos.kernels.cuda.clock.DeviceCounter`),
         made from the host's at the first CUDA draw."""
         found = self.__dict__.get("_counter_on_device")
         if found is None:
             K = _device.kernels_for("cuda")
-            found = K.clock.DropoutCounter(self._host_counter, self._set_host_counter)
+            found = K.clock.DeviceCounter(self._host_counter, self._set_host_counter)
             self.__dict__["_counter_on_device"] = found
         return found
 

@@ -20,16 +20,17 @@ first copies the current ``group["lr"]`` of every clock its step ticked, so a
 scheduler that sets it between replays is obeyed. The tick does nothing
 while an index error is pending, like every kernel that modifies state.
 
-Dropout counters
-----------------
-A :class:`DropoutCounter` holds the counter of one dropout stream
-(:class:`numbapos.nn.Dropout`, the blocks' dropout) in device memory. Each
+Counters: dropout, stochastic rounding
+--------------------------------------
+A :class:`DeviceCounter` holds a counter that keys a hash in device memory:
+that of one dropout stream (:class:`numbapos.nn.Dropout`, the blocks'
+dropout), or a 16-bit table's rounding step (:mod:`numbapos.optim`). Each
 draw launches a one-thread kernel that copies the counter into a fresh
 ``(1,)`` array (this forward's counter: its kernels and its backward's read
 it) and advances the counter, so every replay of a captured step draws the
 masks the next eager steps would. The host keeps the authoritative count
 (``host``, the module's ``counter`` buffer): it advances it itself, eagerly
-and at each replay (:meth:`DropoutCounter.replayed`), and never reads the
+and at each replay (:meth:`DeviceCounter.replayed`), and never reads the
 device; a value set on the host (the ``counter`` setter, ``load_state_dict``)
 is copied to the device at the next draw or replay. The draw advances
 whatever an index error: the counter counts forwards, as on the host.
@@ -151,22 +152,24 @@ def _tick(values, word, kind, beta1, beta2, weight_decay, sparse, lr_decay, dyn)
         dyn[0] = stepvalues.adagrad_neg_clr(lr, lr_decay, step)
 
 
-# ---------------------------------------------------------------- dropout counters
+# ---------------------------------------------------------------- counters
 
 
-class DropoutCounter:
-    """The next counter of one dropout stream, on the device (see the module).
+class DeviceCounter:
+    """The next value of one counter (a dropout stream's, a rounding step), on the device
+    (see the module).
 
     ``source`` returns the counter the host holds (the module's buffer) and
     ``sink`` stores a new one there; :attr:`host` is what the device will
     hold once the queued work is done.
     """
 
-    def __init__(self, source, sink):
-        streams.refuse_in_capture("making a dropout counter on the device (a module's first "
-                                  "training forward on CUDA: let the warm-up run it)")
+    def __init__(self, source, sink, what: str = "dropout counter"):
+        streams.refuse_in_capture(f"making a {what} on the device (its first use on CUDA: "
+                                  "let the warm-up run it)")
         self.source = source
         self.sink = sink
+        self.what = what
         self.host = int(source())
         self.values = arrays.asarray(np.array([self.host], np.uint64))
 
@@ -174,7 +177,7 @@ class DropoutCounter:
         """Copy the host's counter to the device if it was set there (a stream-ordered copy)."""
         value = int(self.source())
         if value != self.host:
-            streams.refuse_in_capture(f"setting a dropout counter ({self.host} -> {value}); set "
+            streams.refuse_in_capture(f"setting a {self.what} ({self.host} -> {value}); set "
                                       "it between replays")
             self.values.copy_to_device(np.array([value], np.uint64), stream=streams.current())
             self.host = value

@@ -9,7 +9,7 @@ the host.
 
 The counter is a kernel argument, or (a :class:`~numbapos._args.DropoutArgs`
 with ``live``) read by the kernel from a ``(1,)`` device array: a device
-counter (:class:`.clock.DropoutCounter`), which a captured step's replays
+counter (:class:`.clock.DeviceCounter`), which a captured step's replays
 advance. Active dropout with an integer counter cannot be captured (every
 replay would draw the captured call's mask): it raises RuntimeError there.
 """
@@ -27,6 +27,13 @@ __all__ = ["dropout_apply", "dropout_keep_mask"]
 _NO_COUNTER: list = []
 
 
+def no_counter():
+    """The empty uint64 device array a kernel's ``live`` gets when the host's value holds."""
+    if not _NO_COUNTER:
+        _NO_COUNTER.append(arrays.empty((0,), np.uint64))
+    return _NO_COUNTER[0]
+
+
 def counter_args(drop):
     """``(counter, live)`` of a kernel: ``live`` the device counter, or an empty array when
     the counter is the host's ``drop.counter`` (refused while capturing when active)."""
@@ -34,9 +41,7 @@ def counter_args(drop):
         return drop.counter, drop.live
     if drop.active:
         streams.refuse_in_capture(streams.DROPOUT)
-    if not _NO_COUNTER:
-        _NO_COUNTER.append(arrays.empty((0,), np.uint64))
-    return drop.counter, _NO_COUNTER[0]
+    return drop.counter, no_counter()
 
 
 @cuda.jit(device=True)

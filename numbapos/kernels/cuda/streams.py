@@ -202,3 +202,6 @@ def refuse_in_capture(what: str) -> None:
 DROPOUT = ("training-mode dropout with an integer counter (a host value baked into the "
            "kernel: every replay would draw the same mask); use numbapos.nn.Dropout (or a "
            "block's dropout), whose counter lives on the device, or pass a device counter")
+ROUNDING = ("stochastic rounding with an integer rounding_step (a host value baked into the "
+            "kernel: every replay would round with the same bits); the optimisers pass a "
+            "device counter on CUDA, as must a direct call of the functional op")
