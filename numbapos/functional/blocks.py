@@ -444,6 +444,9 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
     seed, counter : int, default 0
         Dropout mask selectors, as in :func:`numbapos.functional.dropout`; the
         mask equals ``dropout(y_before_dropout, p, seed, counter=counter)``'s.
+        With CUDA tables ``counter`` may be a device counter (a CUDA array of
+        one uint64, read by the kernel: what the blocks' modules pass there,
+        so that a captured step draws a fresh mask at each replay).
     training : bool, default True
         False disables dropout.
     out : ndarray, optional
@@ -631,7 +634,8 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
         Face's generation (see :func:`positions_from_attention_mask`), so
         left-padded rows number their real tokens from 0.
     p, seed, training, counter
-        Dropout, as in :func:`numbapos.functional.dropout` on the sum.
+        Dropout, as in :func:`numbapos.functional.dropout` on the sum
+        (``counter`` an int, or with CUDA tables a device counter).
     out : ndarray, optional
         C-contiguous buffer of shape ``input_ids.shape + (D,)``.
     table_options : tuple of two TableOptions, optional
