@@ -555,3 +555,13 @@ def test_an_integer_rounding_step_in_a_captured_step_raises():
 
     with pytest.raises(RuntimeError, match="stochastic rounding with an integer rounding_step"):
         numbapos.cuda.capture(step)
+
+
+@pytest.mark.skipif(not _simulated(), reason="counts traffic on the simulator")
+def test_a_16_bit_table_replay_makes_no_host_round_trip():
+    make_opt, sparse = HALF_CASES["sparse_adam"]
+    emb, opt, ids, step = _half_setup("cuda", make_opt, sparse)
+    captured = numbapos.cuda.capture(step)
+    with count_cuda_traffic() as c:
+        captured.replay()
+    assert (c.device_to_host, c.synchronizations, c.host_to_device) == (0, 0, 0), str(c)
