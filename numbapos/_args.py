@@ -43,7 +43,11 @@ class DropoutArgs(NamedTuple):
 
     ``active`` False means no dropout (the other fields are then ignored).
     ``scale`` is ``1 / (1 - p)`` (0 when p == 1), cast to the data's dtype by
-    the kernels.
+    the kernels. ``live`` is None, or (CUDA only) a ``(1,)`` uint64 device
+    array holding the counter: the kernels then read the counter there when
+    they run (``counter`` is 0), so a captured step's replays see the value
+    the device holds at each replay (:class:`numbapos.nn.Dropout`'s device
+    counter, :mod:`numbapos.kernels.cuda.clock`).
     """
 
     seed: np.uint64
@@ -51,14 +55,20 @@ class DropoutArgs(NamedTuple):
     threshold: np.uint64
     scale: float
     active: bool
+    live: object = None
 
     @classmethod
-    def make(cls, p: float, seed: int, counter: int, active: bool = True) -> DropoutArgs:
-        """The arguments of dropout with probability ``p`` (validated by the caller)."""
+    def make(cls, p: float, seed: int, counter, active: bool = True) -> DropoutArgs:
+        """The arguments of dropout with probability ``p`` (validated by the caller);
+        ``counter`` an int, or a device counter array (see ``live``)."""
         if not active or p == 0.0:
             return cls(np.uint64(0), np.uint64(0), np.uint64(0), 1.0, False)
         scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-        return cls(np.uint64(seed), np.uint64(counter), np.uint64(keep_threshold(p)), scale, True)
+        if isinstance(counter, int):
+            return cls(np.uint64(seed), np.uint64(counter), np.uint64(keep_threshold(p)), scale,
+                       True)
+        return cls(np.uint64(seed), np.uint64(0), np.uint64(keep_threshold(p)), scale, True,
+                   counter)
 
 
 NO_DROPOUT = DropoutArgs(np.uint64(0), np.uint64(0), np.uint64(0), 1.0, False)
@@ -80,13 +90,18 @@ class HalfRounding(NamedTuple):
 
     ``fmt`` is the table's format code (``kernels.halfbits.BF16`` / ``F16``);
     with ``stochastic`` each element rounds with the keyed hash of
-    ``(seed, step, row * D + column)``, else to nearest even.
+    ``(seed, step, row * D + column)``, else to nearest even. ``live`` is
+    None, or (CUDA only) a ``(1,)`` uint64 device array holding the step,
+    which the kernels read when they run (``step`` is then 0): the rounding
+    step of :mod:`numbapos.optim` on the GPU, which a captured step's replays
+    advance (:class:`numbapos.kernels.cuda.clock.DeviceCounter`).
     """
 
     fmt: int
     seed: np.uint64
     step: np.uint64
     stochastic: bool
+    live: object = None
 
 
 class RowGroups(NamedTuple):

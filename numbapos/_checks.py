@@ -548,10 +548,33 @@ def check_eps(eps, name: str = "eps") -> float:
     return eps
 
 
-def check_dropout_args(p, seed, counter) -> tuple[float, int, int]:
-    """``(p, seed, counter)`` of a dropout call: p in [0, 1], seed and counter in [0, 2**64)."""
-    return (check_unit_interval(p, "p"), check_uint64(seed, "seed"),
-            check_uint64(counter, "counter"))
+def check_dropout_args(p, seed, counter) -> tuple[float, int, object]:
+    """``(p, seed, counter)`` of a dropout call: p in [0, 1], seed and counter in [0, 2**64).
+
+    ``counter`` may also be a device counter: a CUDA array of one uint64 (its
+    metadata is checked, its value is read by the kernels, never here).
+    """
+    p = check_unit_interval(p, "p")
+    seed = check_uint64(seed, "seed")
+    if _device.is_cuda_array(counter):
+        return p, seed, check_device_counter(counter, "counter")
+    return p, seed, check_uint64(counter, "counter")
+
+
+def check_device_counter(counter, name: str):
+    """``counter`` (a CUDA array) adopted, if it is one uint64 (metadata only)."""
+    counter = _device.adopt(counter)
+    if counter.dtype != np.uint64 or tuple(counter.shape) != (1,):
+        raise ValueError(f"{name}: a device counter must be a CUDA array of one uint64, got "
+                         f"shape {tuple(counter.shape)} and dtype {counter.dtype}")
+    return counter
+
+
+def check_counter_device(counter, device: str) -> None:
+    """TypeError when a device counter (a CUDA array) goes with data on the CPU."""
+    if device != "cuda" and not isinstance(counter, int):
+        raise TypeError("counter: a device counter (a CUDA array) needs CUDA data; on the CPU "
+                        "pass an int")
 
 
 def check_same_device(arrays, names) -> str:

@@ -101,9 +101,15 @@ def capture(step, *, warmup=1):
     before a replay; outputs (``captured.outputs``, what ``step`` returned)
     are rewritten in place by each replay. What changes from step to step
     lives on the device and advances on each replay: the optimisers' step
-    counts (Adam's bias correction, Adagrad's decay) and learning rates; a
-    scheduler may set ``group["lr"]`` between replays (a replay copies it to
-    the device). Results are bit-identical to running ``step`` eagerly.
+    counts (Adam's bias correction, Adagrad's decay) and learning rates, the
+    dropout counters of :class:`numbapos.nn.Dropout` and of the BERT / GPT-2
+    blocks (each replay draws fresh masks), and the stochastic rounding steps
+    of bfloat16 / float16 tables; a scheduler may set ``group["lr"]`` between
+    replays (a replay copies it to the device), and a dropout ``counter`` or
+    ``rounding_step`` set on the host between replays is copied likewise.
+    The host counts draws and rounding steps itself (``Dropout.counter`` and
+    the state dicts stay exact without reading the device). Results are
+    bit-identical to running ``step`` eagerly the same number of times.
 
     On Numba's CUDA simulator (no graphs) the captured call runs eagerly while
     its launches and device copies are recorded, and each replay runs that
@@ -131,9 +137,14 @@ def capture(step, *, warmup=1):
     RuntimeError
         The step needs the host while captured: a copy between host and
         device (e.g. a SparseRows whose rows live on the host), a
-        synchronisation, an allocation its warm-up did not make, training-mode
-        dropout (its counter is still a host value), a 16-bit table's update;
-        or captures nested. The message names what was asked for.
+        synchronisation, an allocation its warm-up did not make, a dropout
+        module's (or 16-bit table's) first CUDA use (its device counter is
+        made then: let the warm-up make it), active
+        :func:`numbapos.functional.dropout` with an integer ``counter`` or
+        stochastic rounding with an integer ``rounding_step`` (host values a
+        graph would bake in), dynamic NTK rotary scaling with CUDA
+        ``position_ids`` and no ``seq_len``; or captures nested. The message
+        names what was asked for.
     IndexError
         A bad id found by the warm-up (raised as at any synchronising call).
 

@@ -171,7 +171,8 @@ def test_a_replay_makes_no_host_round_trip():
 @pytest.mark.parametrize("what, match", [
     ("to_host", "a synchronisation"),
     ("host_rows", "a copy from the host to the device"),
-    ("dropout", "training-mode dropout"),
+    ("dropout", "training-mode dropout with an integer counter"),
+    ("dropout_module_first_use", "making a dropout counter on the device"),
     ("synchronize", "a synchronisation"),
 ])
 def test_a_host_round_trip_inside_the_step_raises(what, match):
@@ -192,7 +193,9 @@ def test_a_host_round_trip_inside_the_step_raises(what, match):
             emb.weight.grad = numbapos.SparseRows(np.array([1, 2]), grad[:2], V)
             opt.step()
         elif what == "dropout":
-            drop(y)
+            numbapos.functional.dropout(y, 0.5, seed=1, counter=3)
+        elif what == "dropout_module_first_use":
+            drop(y)  # its counter is made on the device here, not in the warm-up
         else:
             numbapos.synchronize()
         return y
@@ -280,3 +283,288 @@ def test_a_bad_id_met_by_the_warm_up_raises_its_index_error():
         numbapos.cuda.capture(step)
     assert numbapos.cuda.current_stream() == 0
     np.testing.assert_array_equal(numbapos.to_host(emb.weight.data), before)
+
+
+# ---------------------------------------------------------------- dropout in a captured step
+
+
+def _dropout_setup(device):
+    """An embedding followed by nn.Dropout, SGD, static ids and gradient."""
+    rng = np.random.default_rng(11)
+    emb = nn.Embedding(V, D, device=device)
+    emb.weight.data = numbapos.to_device(rng.standard_normal((V, D)).astype(np.float32), device)
+    drop = nn.Dropout(0.5, seed=5)
+    opt = optim.SGD(emb.parameters(), lr=0.1)
+    ids = numbapos.to_device(BATCHES[0].copy(), device)
+    grad = numbapos.to_device(GRAD, device)
+
+    def step():
+        y = drop(emb(ids))
+        emb.backward(drop.backward(grad))
+        opt.step()
+        emb.zero_grad()
+        return y
+
+    return emb, drop, ids, step
+
+
+def test_dropout_replays_draw_the_masks_of_the_eager_steps_and_of_the_cpu():
+    emb, drop, ids, step = _dropout_setup("cuda")
+    captured = numbapos.cuda.capture(step, warmup=1)
+    outputs = [numbapos.to_host(captured.outputs)]
+    for batch in BATCHES[2:]:
+        ids.copy_to_device(batch)
+        captured.replay()
+        outputs.append(numbapos.to_host(captured.outputs))
+    assert drop.counter == len(BATCHES)  # the host counts replays, reading nothing back
+    assert int(drop.state_dict()["counter"]) == len(BATCHES)
+    for device in ("cuda", "cpu"):
+        emb2, drop2, ids2, step2 = _dropout_setup(device)
+        expected = []
+        for batch in np.concatenate([BATCHES[:1], BATCHES[:1], BATCHES[2:]]):
+            _set_batch(device, ids2, batch)
+            expected.append(numbapos.to_host(step2()))
+        for got, want in zip(outputs, expected[1:], strict=True):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(numbapos.to_host(emb.weight.data),
+                                      numbapos.to_host(emb2.weight.data))
+        assert drop2.counter == drop.counter
+    # Masks differ from step to step (a baked counter would repeat the captured one).
+    assert not np.array_equal(outputs[1] != 0, outputs[2] != 0)
+    # The device's counter agrees with the host's.
+    counter = drop._device_counter()
+    assert int(numbapos.to_host(counter.values)[0]) == drop.counter
+
+
+def test_a_dropout_counter_set_between_replays_is_obeyed():
+    emb, drop, ids, step = _dropout_setup("cuda")
+    captured = numbapos.cuda.capture(step)
+    drop.counter = 40
+    captured.replay()
+    assert drop.counter == 41
+    emb2, drop2, ids2, step2 = _dropout_setup("cpu")
+    step2()
+    step2()
+    drop2.counter = 40
+    want = step2()
+    np.testing.assert_array_equal(numbapos.to_host(captured.outputs), want)
+    np.testing.assert_array_equal(numbapos.to_host(emb.weight.data), emb2.weight.data)
+
+
+def test_each_backward_uses_the_counter_of_its_own_forward():
+    # Two forwards, then their backwards in LIFO order: the mask of each forward.
+    got = {}
+    for device in ("cuda", "cpu"):
+        drop = nn.Dropout(0.5, seed=9)
+        x = numbapos.to_device(np.arange(1, 21, dtype=np.float32).reshape(4, 5), device)
+        g = numbapos.to_device(np.ones((4, 5), np.float32), device)
+        y1, y2 = drop(x), drop(x)
+        got[device] = [numbapos.to_host(a) for a in (y1, y2, drop.backward(g), drop.backward(g))]
+        assert drop.counter == 2
+    for a, b in zip(got["cuda"], got["cpu"], strict=True):
+        np.testing.assert_array_equal(a, b)
+    y1, y2, g2, g1 = got["cuda"]
+    np.testing.assert_array_equal(g2 != 0, y2 != 0)
+    np.testing.assert_array_equal(g1 != 0, y1 != 0)
+    assert not np.array_equal(y1 != 0, y2 != 0)
+
+
+def test_a_failed_forward_does_not_advance_the_counter():
+    drop = nn.Dropout(0.5, seed=2)
+    x = numbapos.to_device(np.ones((3, 4), np.float32), "cuda")
+    drop(x)
+    with pytest.raises(ValueError):
+        drop(x, out=numbapos.to_device(np.ones((2, 4), np.float32), "cuda"))
+    assert drop.counter == 1
+    y = drop(x)  # the device's counter (advanced by the failed draw) is set back first
+    cpu = nn.Dropout(0.5, seed=2)
+    cpu(np.ones((3, 4), np.float32))
+    np.testing.assert_array_equal(numbapos.to_host(y), cpu(np.ones((3, 4), np.float32)))
+
+
+def test_a_device_counter_array_selects_the_mask_of_its_value():
+    from numbapos import functional as F
+
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)
+    counter = numbapos.to_device(np.array([7], np.uint64), "cuda")
+    got = F.dropout(numbapos.to_device(x, "cuda"), 0.3, 4, counter=counter)
+    np.testing.assert_array_equal(numbapos.to_host(got), F.dropout(x, 0.3, 4, counter=7))
+    mask = F.dropout_mask((4, 6), 0.3, 4, counter=counter, device="cuda")
+    np.testing.assert_array_equal(numbapos.to_host(mask),
+                                  F.dropout_mask((4, 6), 0.3, 4, counter=7))
+    with pytest.raises(TypeError, match="counter: a device counter"):
+        F.dropout(x, 0.3, 4, counter=counter)
+    with pytest.raises(ValueError, match="counter: a device counter must be"):
+        F.dropout(numbapos.to_device(x, "cuda"), 0.3, 4,
+                  counter=numbapos.to_device(np.array([7, 8], np.uint64), "cuda"))
+
+
+@pytest.mark.skipif(not _simulated(), reason="counts traffic on the simulator")
+def test_a_dropout_replay_and_an_eager_dropout_forward_make_no_host_round_trip():
+    emb, drop, ids, step = _dropout_setup("cuda")
+    x = numbapos.to_device(np.ones((N, D), np.float32), "cuda")
+    drop.backward(drop(x))
+    with count_cuda_traffic() as c:
+        drop.backward(drop(x))
+    assert (c.device_to_host, c.synchronizations, c.host_to_device) == (0, 0, 0), str(c)
+    assert c.kernels == ["_draw", "_dropout_apply", "_dropout_apply"], str(c)
+    captured = numbapos.cuda.capture(step)
+    with count_cuda_traffic() as c:
+        captured.replay()
+    assert (c.device_to_host, c.synchronizations, c.host_to_device) == (0, 0, 0), str(c)
+
+
+def _block_setup(kind, device):
+    if kind == "bert":
+        block = nn.BertEmbeddings(V, D, max_position_embeddings=8, hidden_dropout_prob=0.5,
+                                  seed=3, device=device)
+    else:
+        block = nn.GPT2Embeddings(V, 8, D, embd_pdrop=0.5, seed=3, device=device)
+    opt = optim.SGD(block.parameters(), lr=0.1)
+    ids = numbapos.to_device(BATCHES[0].reshape(1, N).copy(), device)
+    grad = numbapos.to_device(GRAD.reshape(1, N, D), device)
+
+    def step():
+        y = block(ids)
+        block.backward(grad)
+        opt.step()
+        block.zero_grad()
+        return y
+
+    return block, ids, step
+
+
+def _same(kind, device, got, want, name=""):
+    """Bits equal, but for BERT against the CPU: its LayerNorm moments agree to a few ulp
+    (kernels/cuda/blocks.py), its dropout mask exactly."""
+    if kind == "bert" and device == "cpu":
+        np.testing.assert_array_equal(got == 0, want == 0, name)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+    else:
+        np.testing.assert_array_equal(got, want, f"{device} {name}")
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_a_block_with_dropout_replays_with_the_eager_bits_and_the_cpus(kind):
+    block, ids, step = _block_setup(kind, "cuda")
+    captured = numbapos.cuda.capture(step, warmup=1)
+    twins = {device: _block_setup(kind, device) for device in ("cuda", "cpu")}
+    for _, _, step2 in twins.values():
+        step2()
+        step2()
+    for batch in BATCHES[2:4]:
+        ids.copy_to_device(batch.reshape(1, N))
+        captured.replay()
+        got = numbapos.to_host(captured.outputs)
+        for device, (_, ids2, step2) in twins.items():
+            _set_batch(device, ids2, batch.reshape(1, N))
+            _same(kind, device, got, numbapos.to_host(step2()))
+    for device, (block2, _, _) in twins.items():
+        for (name, p), (_, q) in zip(block.named_parameters(), block2.named_parameters(),
+                                     strict=True):
+            _same(kind, device, numbapos.to_host(p.data), numbapos.to_host(q.data), name)
+        assert block.state_dict()[next(k for k in block.state_dict()
+                                       if k.endswith("counter"))] == 4
+
+
+# ---------------------------------------------------------------- 16-bit tables
+
+
+def _half_setup(device, make_opt, sparse):
+    """A float16 table (sparse or dense gradient), its optimiser, static ids and gradient."""
+    rng = np.random.default_rng(13)
+    emb = nn.Embedding(V, D, sparse=sparse, dtype=np.float16)
+    emb.weight.data = (rng.standard_normal((V, D)) * 3).astype(np.float16)
+    emb.to(device)
+    opt = make_opt(emb.parameters())
+    ids = numbapos.to_device(BATCHES[0].copy(), device)
+    grad = numbapos.to_device(GRAD, device)
+
+    def step():
+        y = emb(ids)
+        emb.backward(grad)
+        opt.step()
+        emb.zero_grad()
+        return y
+
+    return emb, opt, ids, step
+
+
+HALF_CASES = {
+    "sparse_adam": (lambda p: optim.Adam(p, lr=0.05, seed=3), True),
+    "sparse_sgd_momentum": (lambda p: optim.SGD(p, lr=0.1, momentum=0.9, seed=3), True),
+    "sparse_rowwise_adagrad": (lambda p: optim.RowWiseAdagrad(p, lr=0.1, seed=3), True),
+    "dense_adam": (lambda p: optim.Adam(p, lr=0.05, seed=3), False),
+    "dense_adagrad": (lambda p: optim.Adagrad(p, lr=0.1, lr_decay=0.01, seed=3), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HALF_CASES))
+def test_a_16_bit_table_step_replays_with_the_eager_bits_and_the_cpus(name):
+    make_opt, sparse = HALF_CASES[name]
+    emb, opt, ids, step = _half_setup("cuda", make_opt, sparse)
+    captured = numbapos.cuda.capture(step, warmup=1)
+    outputs = [numbapos.to_host(captured.outputs)]
+    for batch in BATCHES[2:]:
+        ids.copy_to_device(batch)
+        captured.replay()
+        outputs.append(numbapos.to_host(captured.outputs))
+    state = opt.state_dict()["state"][0]
+    assert state["rounding_step"] == len(BATCHES)  # counted on the host, replays included
+    counter = opt._rounding_counter(emb.weight)
+    assert int(numbapos.to_host(counter.values)[0]) == len(BATCHES)
+    sequence = np.concatenate([BATCHES[:1], BATCHES[:1], BATCHES[2:]])
+    for device in ("cuda", "cpu"):
+        emb2, opt2, ids2, step2 = _half_setup(device, make_opt, sparse)
+        expected = []
+        for batch in sequence:
+            _set_batch(device, ids2, batch)
+            expected.append(numbapos.to_host(step2()))
+        for got, want in zip(outputs, expected[1:], strict=True):
+            np.testing.assert_array_equal(got, want, device)
+        np.testing.assert_array_equal(numbapos.to_host(emb.weight.data).view(np.uint16),
+                                      numbapos.to_host(emb2.weight.data).view(np.uint16), device)
+        state2 = opt2.state_dict()["state"][0]
+        for key in sorted(state2):
+            np.testing.assert_array_equal(np.asarray(state[key]), np.asarray(state2[key]),
+                                          f"{device} {key}")
+
+
+def test_a_16_bit_rounding_step_set_between_replays_is_obeyed():
+    make_opt, sparse = HALF_CASES["sparse_adam"]
+    emb, opt, ids, step = _half_setup("cuda", make_opt, sparse)
+    captured = numbapos.cuda.capture(step)
+    opt.state[id(emb.weight)]["rounding_step"] = 50
+    captured.replay()
+    assert opt.state[id(emb.weight)]["rounding_step"] == 51
+    emb2, opt2, ids2, step2 = _half_setup("cpu", make_opt, sparse)
+    step2()
+    step2()
+    opt2.state[id(emb2.weight)]["rounding_step"] = 50
+    step2()
+    np.testing.assert_array_equal(numbapos.to_host(emb.weight.data).view(np.uint16),
+                                  emb2.weight.data.view(np.uint16))
+
+
+def test_an_integer_rounding_step_in_a_captured_step_raises():
+    from numbapos import functional as F
+
+    table = numbapos.to_device(np.ones((V, D), np.float16), "cuda")
+    wide = numbapos.to_device(np.ones((V, D), np.float32), "cuda")
+    F.store_rounded_(table, wide, seed=1, step=2)  # eager: fine
+
+    def step():
+        F.store_rounded_(table, wide, seed=1, step=2)
+
+    with pytest.raises(RuntimeError, match="stochastic rounding with an integer rounding_step"):
+        numbapos.cuda.capture(step)
+
+
+@pytest.mark.skipif(not _simulated(), reason="counts traffic on the simulator")
+def test_a_16_bit_table_replay_makes_no_host_round_trip():
+    make_opt, sparse = HALF_CASES["sparse_adam"]
+    emb, opt, ids, step = _half_setup("cuda", make_opt, sparse)
+    captured = numbapos.cuda.capture(step)
+    with count_cuda_traffic() as c:
+        captured.replay()
+    assert (c.device_to_host, c.synchronizations, c.host_to_device) == (0, 0, 0), str(c)

@@ -427,3 +427,58 @@ def test_gradient_kernels_do_nothing_while_an_error_is_pending(data):
         assert np.isnan(out.copy_to_host()).all(), name
     for name, out in launch_all().items():  # usable again
         assert np.isfinite(out.copy_to_host()).all(), name
+
+
+# ---------------------------------------------------------------- rotary scaling by length
+
+_LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [2.0, 4.0],
+             "original_max_position_embeddings": 4}
+
+
+def _rope_case(kind, positions):
+    """(module, q on the device, its host copy, device positions, host positions, kwargs)."""
+    scaling = _LONGROPE if kind == "longrope" else {"rope_type": "dynamic", "factor": 2.0}
+    rope_cpu = nn.RotaryEmbedding(4, scaling=scaling, max_position_embeddings=4)
+    rope_gpu = nn.RotaryEmbedding(4, scaling=scaling, max_position_embeddings=4, device="cuda")
+    q = np.linspace(-1, 1, 2 * 2 * 3 * 4, dtype=np.float32).reshape(2, 2, 3, 4)
+    kwargs = {} if kind == "longrope" else {"seq_len": int(np.max(positions)) + 1}
+    return rope_cpu, rope_gpu, q, dev(q), positions, dev(positions), kwargs
+
+
+@pytest.mark.skipif(not _simulated(), reason="counts are taken on the CUDA simulator")
+@pytest.mark.parametrize("kind", ["longrope", "dynamic_seq_len"])
+@pytest.mark.parametrize("positions", [np.array([0, 1, 2]), np.array([[0, 5, 2], [1, 2, 3]])],
+                         ids=["short", "long"])
+def test_rotary_scaled_by_length_makes_no_host_round_trip(kind, positions):
+    # LongRoPE picks its factors on the device; dynamic NTK takes an explicit seq_len.
+    rope_cpu, rope_gpu, q, q_dev, pos, pos_dev, kwargs = _rope_case(kind, positions)
+    rope_gpu.backward(rope_gpu(q_dev, position_ids=pos_dev, **kwargs))  # warm-up
+    numbapos.synchronize()
+    with count_cuda_traffic() as counts:
+        y = rope_gpu(q_dev, position_ids=pos_dev, **kwargs)
+        g = rope_gpu.backward(y)
+    assert (counts.device_to_host, counts.synchronizations, counts.host_to_device) == (0, 0, 0), \
+        str(counts)
+    want = rope_cpu(q, position_ids=pos, **kwargs)
+    np.testing.assert_array_equal(numbapos.to_host(y), want)  # the CPU's bits
+    np.testing.assert_array_equal(numbapos.to_host(g), rope_cpu.backward(want))
+
+
+def test_longrope_factors_follow_the_device_positions():
+    rope_cpu, rope_gpu, q, q_dev, _, _, _ = _rope_case("longrope", np.array([0]))
+    for positions in (np.array([0, 1, 3]), np.array([0, 1, 4]), np.array([[7, 0, 0]] * 2),
+                      np.array([-3, -2, -1])):
+        got = numbapos.to_host(rope_gpu(q_dev, position_ids=dev(positions)))
+        np.testing.assert_array_equal(got, rope_cpu(q, position_ids=positions), str(positions))
+
+
+def test_dynamic_rotary_without_seq_len_is_refused_in_a_captured_step():
+    _, rope_gpu, _, q_dev, _, pos_dev, _ = _rope_case("dynamic", np.array([0, 1, 2]))
+
+    def step():
+        return rope_gpu(q_dev, position_ids=pos_dev)
+
+    with pytest.raises(RuntimeError, match="dynamic NTK scaling with CUDA position_ids and no "
+                                           "seq_len.*captured step"):
+        numbapos.cuda.capture(step)
+    rope_gpu(q_dev, position_ids=pos_dev)  # eagerly it still works (reading the length)

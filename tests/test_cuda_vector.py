@@ -368,6 +368,7 @@ PTX = textwrap.dedent("""
     n = numba.int64
     u64 = numba.uint64
     b = numba.boolean
+    live = numba.typeof(np.zeros(1, np.uint64))  # a dropout device counter (or empty)
     err = (i64, i64, n)
     signatures = {
         "gather_vec": (embedding._gather_rows_vec, (i64, f32, f32, n, *err)),
@@ -378,12 +379,12 @@ PTX = textwrap.dedent("""
         "sum_vec": (embedding._sum_row_segments_vec,
                     (f32, i64, i64, i64, i64, i64, b, b, f32, i64)),
         "gpt2_vec": (blocks._gpt2_forward_vec,
-                     (i64, i64, b, n, n, f32, f32, u64, u64, u64, numba.float32, b,
+                     (i64, i64, b, n, n, f32, f32, u64, u64, live, u64, numba.float32, b,
                       numba.float32, f32, i64, i64, n, n)),
         "bert_vec": (blocks._bert_forward_vec,
                      (i64, i64, b, n, n, i64, b, n, n, f32, f32, f32, f1, f1, b, b,
-                      numba.float32, u64, u64, u64, numba.float32, b, f32, f1, f1, i64, i64, n,
-                      n, n)),
+                      numba.float32, u64, u64, live, u64, numba.float32, b, f32, f1, f1, i64,
+                      i64, n, n, n)),
         "copy16_vec": (embedding._gather_rows_vec, (i64, u16, u16, n, *err)),
         "widen_vec": (half._widen_rows_vec, (i64, u16, n, u32, *err)),
     }

@@ -172,8 +172,9 @@ def _kernel_tables(K, tables):
     return kernel, fmt
 
 
-def _check_dropout(p, seed, training, counter) -> DropoutArgs:
+def _check_dropout(K, p, seed, training, counter) -> DropoutArgs:
     p, seed, counter = _checks.check_dropout_args(p, seed, counter)
+    _checks.check_counter_device(counter, K.DEVICE)
     return DropoutArgs.make(p, seed, counter, active=bool(training))
 
 
@@ -494,6 +495,9 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
     seed, counter : int, default 0
         Dropout mask selectors, as in :func:`numbapos.functional.dropout`; the
         mask equals ``dropout(y_before_dropout, p, seed, counter=counter)``'s.
+        With CUDA tables ``counter`` may be a device counter (a CUDA array of
+        one uint64, read by the kernel: what the blocks' modules pass there,
+        so that a captured step draws a fresh mask at each replay).
     training : bool, default True
         False disables dropout.
     out : ndarray, optional
@@ -528,7 +532,7 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
                           ln_weight, ln_bias)
     K = backend_for(tables + (out,), _BERT_NAMES + ("ln_weight", "ln_bias", "out"))
     eps = _checks.check_eps(eps)
-    drop = _check_dropout(p, seed, training, counter)
+    drop = _check_dropout(K, p, seed, training, counter)
     options = _check_options(table_options, [t.shape[0] for t in tables[:3]], _BERT_NAMES)
     shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables,
                            inline=_inline_checks(options))
@@ -614,7 +618,7 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
                           ln_weight, ln_bias)
     K = backend_for(tables + (grad_output, mean, rstd),
                     _BERT_NAMES + ("ln_weight", "ln_bias", "grad_output", "mean", "rstd"))
-    drop = _check_dropout(p, seed, training, counter)
+    drop = _check_dropout(K, p, seed, training, counter)
     shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables)
     if table_options is None:
         padding_idx = _checks.check_padding_idx(padding_idx, tables.word.shape[0])
@@ -683,7 +687,8 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
         Face's generation (see :func:`positions_from_attention_mask`), so
         left-padded rows number their real tokens from 0.
     p, seed, training, counter
-        Dropout, as in :func:`numbapos.functional.dropout` on the sum.
+        Dropout, as in :func:`numbapos.functional.dropout` on the sum
+        (``counter`` an int, or with CUDA tables a device counter).
     out : ndarray, optional
         C-contiguous buffer of shape ``input_ids.shape + (D,)``.
     table_options : tuple of two TableOptions, optional
@@ -716,7 +721,7 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
             return y
     wte, wpe = _check_tables((wte, wpe), _GPT2_NAMES)
     K = backend_for((wte, wpe, out), _GPT2_NAMES + ("out",))
-    drop = _check_dropout(p, seed, training, counter)
+    drop = _check_dropout(K, p, seed, training, counter)
     options = _check_options(table_options, (wte.shape[0], wpe.shape[0]), _GPT2_NAMES)
     shape, ids, pos = _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask,
                                 wte.shape[0], wpe.shape[0], inline=_inline_checks(options))
@@ -798,7 +803,7 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
     n_positions = _checks.check_int(n_positions, "n_positions", minimum=1)
     grad_output = _checks.check_float_array(grad_output, "grad_output")
     K = backend_for((grad_output,), ("grad_output",))
-    drop = _check_dropout(p, seed, training, counter)
+    drop = _check_dropout(K, p, seed, training, counter)
     shape, ids, pos = _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask,
                                 vocab_size, n_positions)
     if tuple(grad_output.shape[:-1]) != shape or grad_output.ndim != len(shape) + 1:

@@ -27,6 +27,7 @@ def _check_out(x, out):
 def _apply(x, p, seed, counter, training, out):
     """Mask and scale ``x`` (checked), or pass it through when dropout is off."""
     K = backend_for((x, out), ("x", "out"))
+    _checks.check_counter_device(counter, K.DEVICE)
     out = _check_out(x, out)
     if not training or p == 0.0:
         if out is None or out is x:
@@ -61,8 +62,16 @@ def dropout(x, p, seed, training=True, counter=0, out=None):
         Non-negative integer below ``2**64``.
     training : bool, default True
         False makes this the identity.
-    counter : int, default 0
+    counter : int or CUDA array, default 0
         Non-negative integer below ``2**64`` that selects the mask for this call.
+        With CUDA data it may also be a device counter, a CUDA array of one
+        uint64 holding that integer: the kernel reads it from device memory
+        when it runs (nothing is copied to the host), so a step captured with
+        :func:`numbapos.cuda.capture` draws the mask of the value the array
+        holds at each replay. An integer counter is baked into the captured
+        kernel, so active dropout with one cannot be captured (RuntimeError);
+        :class:`numbapos.nn.Dropout` keeps its counter on the device and
+        advances it there.
     out : ndarray, optional
         C-contiguous buffer of ``x``'s shape and dtype for the result. It may be
         ``x`` itself (in-place dropout) but must not otherwise overlap ``x``.
@@ -81,11 +90,15 @@ def dropout(x, p, seed, training=True, counter=0, out=None):
     ------
     TypeError
         ``x`` is not a float32/float64 ndarray; ``p`` is not a real number;
-        ``seed`` or ``counter`` is not an integer.
+        ``seed`` or ``counter`` is not an integer (or ``counter`` a device
+        counter with data on the CPU).
     ValueError
         ``p`` outside ``[0, 1]``; ``seed`` or ``counter`` negative or
-        ``>= 2**64``; ``out`` of the wrong shape or dtype, not C-contiguous, or
-        overlapping ``x``.
+        ``>= 2**64``; a device counter that is not one uint64; ``out`` of the
+        wrong shape or dtype, not C-contiguous, or overlapping ``x``.
+    RuntimeError
+        Active dropout with an integer ``counter`` inside a captured step
+        (:func:`numbapos.cuda.capture`).
 
     See Also
     --------
@@ -157,6 +170,7 @@ def dropout_mask(shape, p, seed, counter=0, device="cpu"):
         shape = (_checks.check_int(shape, "shape", minimum=0),)
     p, seed, counter = _checks.check_dropout_args(p, seed, counter)
     K = _device.kernels_for(_device.check_device(device))
+    _checks.check_counter_device(counter, K.DEVICE)
     mask = K.empty(shape, np.bool_)
     if mask.size:
         K.dropout_keep_mask(DropoutArgs.make(p, seed, counter), mask.reshape(mask.size))

@@ -180,8 +180,11 @@ def _widen(K, table, rows, used):
     bits = K.contiguous(table).view(_UINT16)
     if rows is None:
         if table.size:
-            K.gather_half_rows(K.asarray(np.arange(num_rows, dtype=np.int64)), bits,
-                               half_format(table.dtype), out.view(_UINT32))
+            # Every row, numbered on the table's device (no copy from the host, so that
+            # a captured step can widen a table).
+            every = K.empty((num_rows,), np.int64)
+            K.tile_ids(None, 0, num_rows, every)
+            K.gather_half_rows(every, bits, half_format(table.dtype), out.view(_UINT32))
     else:
         K.widen_half_rows(bits, rows, used, half_format(table.dtype), out.view(_UINT32))
     return out

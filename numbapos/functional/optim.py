@@ -106,10 +106,21 @@ def _sparse_target(param):
 
 
 def _rounding(param, stochastic_rounding, seed, rounding_step):
-    """The :class:`HalfRounding` of a 16-bit ``param`` (checked), None for a float one."""
+    """The :class:`HalfRounding` of a 16-bit ``param`` (checked), None for a float one.
+
+    ``rounding_step`` is an int, or for a CUDA ``param`` a device counter (a
+    CUDA array of one uint64 that the kernels read)."""
     if not _checks.is_half_dtype(param.dtype):
         return None
-    return HalfRounding(half_format(param.dtype), _checks.check_uint64(seed, "seed"),
+    seed = _checks.check_uint64(seed, "seed")
+    if _device.is_cuda_array(rounding_step):
+        live = _checks.check_device_counter(rounding_step, "rounding_step")
+        if _device.device_of(param) != "cuda":
+            raise TypeError("rounding_step: a device counter (a CUDA array) needs a CUDA "
+                            "param; on the CPU pass an int")
+        return HalfRounding(half_format(param.dtype), seed, np.uint64(0),
+                            bool(stochastic_rounding), live)
+    return HalfRounding(half_format(param.dtype), seed,
                         _checks.check_uint64(rounding_step, "rounding_step"),
                         bool(stochastic_rounding))
 
@@ -155,12 +166,11 @@ def _live(K, hyper, clock, param, kind, **options):
     if K.DEVICE != "cuda":
         raise TypeError("clock: an optimiser clock keeps the step on the GPU; it is for CUDA "
                         f"parameters only, got a {type(param).__name__}")
-    if _checks.is_half_dtype(param.dtype):
-        raise TypeError(f"clock: a {param.dtype} table keeps its step on the host (its "
-                        "update cannot be captured); pass clock=None")
     options = {name: float(value) if name != "sparse" else value
                for name, value in options.items()}
-    return K.clock.tick(clock, hyper, param.dtype, getattr(K.clock, kind), **options)
+    # A 16-bit table's arithmetic (and so its step's scalars) is float32.
+    return K.clock.tick(clock, hyper, _checks.grad_dtype(param.dtype), getattr(K.clock, kind),
+                        **options)
 
 
 def _update_rows(launchers, param, rows, rounding, *rest):
@@ -324,6 +334,10 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
     seed, rounding_step : int, default 0
         The stochastic rounding's key, each in ``[0, 2**64)`` (a new
         ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
+        For a CUDA ``param`` ``rounding_step`` may be a device counter, a CUDA
+        array of one uint64 that the kernels read when they run (what the
+        optimisers pass there, so that a captured step's replays round with
+        their own steps).
 
     Returns
     -------
@@ -506,6 +520,10 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
     seed, rounding_step : int, default 0
         The stochastic rounding's key, each in ``[0, 2**64)`` (a new
         ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
+        For a CUDA ``param`` ``rounding_step`` may be a device counter, a CUDA
+        array of one uint64 that the kernels read when they run (what the
+        optimisers pass there, so that a captured step's replays round with
+        their own steps).
 
     Returns
     -------
@@ -633,6 +651,10 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
     seed, rounding_step : int, default 0
         The stochastic rounding's key, each in ``[0, 2**64)`` (a new
         ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
+        For a CUDA ``param`` ``rounding_step`` may be a device counter, a CUDA
+        array of one uint64 that the kernels read when they run (what the
+        optimisers pass there, so that a captured step's replays round with
+        their own steps).
 
     Returns
     -------
@@ -783,6 +805,10 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
     seed, rounding_step : int, default 0
         The stochastic rounding's key, each in ``[0, 2**64)`` (a new
         ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
+        For a CUDA ``param`` ``rounding_step`` may be a device counter, a CUDA
+        array of one uint64 that the kernels read when they run (what the
+        optimisers pass there, so that a captured step's replays round with
+        their own steps).
 
     Returns
     -------

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
@@ -227,3 +227,16 @@ def _llama3(inv_freq, factor, scaling, original):
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return np.where(medium, smoothed, scaled)
+
+
+def _pick_frequencies(position_ids, threshold, short, long):
+    """``long`` if ``max(position_ids) + 1 > threshold`` else ``short`` (float64 vectors on
+    the positions' device), in a new array, decided where the positions live: on CUDA
+    by a kernel, with no copy to the host (LongRoPE's choice of factors by the length,
+    :class:`numbapos.nn.RotaryEmbedding`)."""
+    ids = _checks.check_index_array(position_ids, "position_ids")
+    K = _device.kernels_for(_device.device_of(ids))
+    out = K.empty((short.shape[0],), np.float64)
+    K.rotary_pick_frequencies(K.contiguous(ids).reshape(ids.size), int(threshold), short, long,
+                              out)
+    return out

@@ -357,7 +357,7 @@ class BertEmbeddings(Module):
             An id, token type or position out of range (named, with the range).
         """
         options = self._table_options()
-        drop = self.dropout._draw()
+        drop = self.dropout._draw(self.device)
         if out is None:
             word = self.word_embeddings.weight
             out = self._output_buffer(input_ids, np.shape(input_ids) + (word.shape[1],),
@@ -638,7 +638,7 @@ class GPT2Embeddings(Module):
             An id or explicit position out of range (named, with the range).
         """
         forward_options = _forward_options(self.wte, self.wpe)
-        drop = self.drop._draw()
+        drop = self.drop._draw(self.device)
         if out is None:
             wte = self.wte.weight
             out = self._output_buffer(input_ids, np.shape(input_ids) + (wte.shape[1],),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from .. import functional as F
 from .module import Module
 
@@ -54,6 +54,17 @@ class Dropout(Module):
     buffers: they are in :meth:`~Module.state_dict`, so loading a checkpoint
     resumes the mask stream where it was saved. :meth:`backward` regenerates
     the mask of its forward from ``(seed, counter)`` rather than storing it.
+
+    On CUDA input the counter also lives in device memory (made at the first
+    training forward there): each forward launches a one-thread kernel that
+    hands this forward's counter to its kernels (and to its backward) and
+    advances the device's counter, so a step captured with
+    :func:`numbapos.cuda.capture` draws a fresh mask at every replay, the
+    masks of the same number of eager steps, bit for bit (and the CPU's). The
+    ``counter`` attribute and the state dict stay exact without reading the
+    device: the host counts the forwards (and each replay's); a counter set
+    on the host is copied to the device at the next forward or replay. The
+    seed is a kernel argument: set it outside a captured step's life.
     """
 
     # A state dict without the stream loads (strictly) and keeps the current one.
@@ -85,20 +96,49 @@ class Dropout(Module):
     def counter(self, value) -> None:
         self._buffers["counter"][()] = _checks.check_uint64(value, "counter")
 
-    def _draw(self) -> dict:
-        """The dropout keywords of the next forward (call :meth:`_advance` once it succeeded).
+    def _draw(self, device: str = "cpu") -> dict:
+        """The dropout keywords of the next forward on ``device`` (call :meth:`_advance` once
+        it succeeded).
 
         Used by this module and by the layers that apply their Dropout child's
         mask inside their own kernels (the fused blocks, LearnedPosEmbedding).
+        On ``"cuda"`` the counter is this draw's device counter (a ``(1,)``
+        uint64 CUDA array, see the class notes): the device's counter has
+        advanced already, the host's moves in :meth:`_advance`.
         """
         active = self.training and self.p > 0.0
+        counter = int(self._buffers["counter"]) if active else 0
+        if active and device == "cuda":
+            counter = self._device_counter().draw()
         return {"p": self.p, "seed": int(self._buffers["seed"]), "training": active,
-                "counter": int(self._buffers["counter"]) if active else 0}
+                "counter": counter}
 
     def _advance(self, drop: dict) -> None:
         """Move the counter past a mask drawn by a forward that succeeded."""
         if drop["training"]:
-            self._buffers["counter"][()] = drop["counter"] + 1
+            self._buffers["counter"][()] = int(self._buffers["counter"]) + 1
+
+    def _device_counter(self):
+        """The counter on the device (:class:`numbapos.kernels.cuda.clock.DeviceCounter`),
+        made from the host's at the first CUDA draw."""
+        found = self.__dict__.get("_counter_on_device")
+        if found is None:
+            K = _device.kernels_for("cuda")
+            found = K.clock.DeviceCounter(self._host_counter, self._set_host_counter)
+            self.__dict__["_counter_on_device"] = found
+        return found
+
+    def _host_counter(self) -> int:
+        return int(self._buffers["counter"])
+
+    def _set_host_counter(self, value: int) -> None:
+        self._buffers["counter"][()] = value
+
+    def __getstate__(self):
+        # The device counter is a mirror of the host's (remade at the next CUDA draw).
+        state = self.__dict__.copy()
+        state.pop("_counter_on_device", None)
+        return state
 
     def forward(self, x, out=None):
         """Apply dropout to ``x`` (any shape, float32/float64).
@@ -117,7 +157,7 @@ class Dropout(Module):
             is given).
         """
         x = _checks.check_float_array(x, "x")
-        drop = self._draw()
+        drop = self._draw(_device.device_of(x))
         y = F.dropout(x, out=out, **drop)
         self._advance(drop)
         if self._recording():

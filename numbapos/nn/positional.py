@@ -263,7 +263,7 @@ class LearnedPosEmbedding(Module):
                 f"{self.weight.dtype}"
             )
         y = F.add_positional(x, self.weight.data, offset=offset, position_ids=position_ids)
-        drop = self.dropout._draw()
+        drop = self.dropout._draw(_device.device_of(y))
         y = F.dropout(y, out=y, **drop)
         self.dropout._advance(drop)
         if self._recording():

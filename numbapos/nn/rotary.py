@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from ..functional import rope as _rope
 from ..functional.rope import rope_type_of
 from ..functional.rotary import check_rotary_options
 from ._outputs import OutputBuffer
@@ -193,7 +194,32 @@ class RotaryEmbedding(Module):
         ids = _checks.check_index_array(position_ids, "position_ids")
         if ids.size == 0:
             return 0
-        return int(_device.to_host(ids).max()) + 1  # dynamic / longrope only; syncs a GPU
+        if _device.device_of(ids) == "cuda":
+            _device.kernels_for("cuda").streams.refuse_in_capture(
+                "dynamic NTK scaling with CUDA position_ids and no seq_len (max(position_ids) "
+                "is read on the host); pass seq_len=")
+        return int(_device.to_host(ids).max()) + 1  # dynamic only; a copy from a GPU
+
+    def _longrope_on_device(self, position_ids, device):
+        """LongRoPE's frequencies for CUDA ``position_ids`` without ``seq_len``: short or
+        long factors picked on the device by the largest position (no copy to the host;
+        :attr:`inv_freq` is not updated, the host never learns the length)."""
+        pair = self.__dict__.get("_longrope_pair")
+        if pair is None:
+            original = self._longrope_original()
+            pair = (self._frequencies_for(0)[0], self._frequencies_for(original + 1)[0],
+                    original)
+            self.__dict__["_longrope_pair"] = pair
+        short, long, original = pair
+        return _rope._pick_frequencies(position_ids, original,
+                                       self._device_freq(short, device),
+                                       self._device_freq(long, device))
+
+    def _longrope_original(self) -> int:
+        """The length above which LongRoPE uses its long factors."""
+        scaling = self.scaling or {}
+        value = scaling.get("original_max_position_embeddings", self.max_position_embeddings)
+        return int(value)
 
     def forward(self, q, k=None, position_ids=None, offset=0, seq_len=None):
         """Rotate ``q`` (and ``k``) by their positions.
@@ -211,7 +237,11 @@ class RotaryEmbedding(Module):
             First position when ``position_ids`` is None (the cache length).
         seq_len : int, optional
             ``max(position) + 1`` for dynamic / longrope scaling; by default it is
-            computed (from CUDA position ids that reads them back to the host).
+            computed from the positions. With CUDA ``position_ids``, LongRoPE
+            picks its short or long factors on the device (no copy to the host;
+            :attr:`inv_freq` then keeps its value), but dynamic NTK reads the
+            largest position back to the host (a synchronisation, refused in a
+            captured step): pass ``seq_len`` to avoid it.
 
         Returns
         -------
@@ -229,12 +259,19 @@ class RotaryEmbedding(Module):
         q_checked = _checks.check_float_array(q, "q", ndim=(3, 4))
         state = (self.inv_freq, self.attention_scaling, self.max_seq_len_cached)
         try:
-            if self.rope_type in ("dynamic", "longrope"):
+            device = _device.device_of(q_checked)
+            freq = None
+            if (self.rope_type == "longrope" and seq_len is None and position_ids is not None
+                    and _device.is_cuda_array(position_ids) and device == "cuda"):
+                freq = self._longrope_on_device(position_ids, device)
+                scale = self.attention_scaling  # LongRoPE's does not depend on the length
+            elif self.rope_type in ("dynamic", "longrope"):
                 inv_freq, scale = self.frequencies(self._seq_len_of(q_checked, position_ids,
                                                                     offset, seq_len))
             else:
                 inv_freq, scale = self.inv_freq, self.attention_scaling
-            freq = self._device_freq(inv_freq, _device.device_of(q_checked))
+            if freq is None:
+                freq = self._device_freq(inv_freq, device)
             positions = offset if position_ids is None else position_ids
             out_q = self._output_buffer(q_checked, q_checked.shape, q_checked.dtype)
             out_k = None

@@ -55,12 +55,6 @@ def _caller_level() -> int:
     return level
 
 
-def _capturing() -> bool:
-    """Whether a CUDA step is being captured in this thread (numbapos.cuda.capture)."""
-    streams = sys.modules.get("numbapos.kernels.cuda.streams")
-    return streams is not None and streams.capturing() is not None
-
-
 def _check_momentum_dtype(momentum_dtype):
     """An optimiser's ``momentum_dtype``: None (float32) or bfloat16."""
     if momentum_dtype is None:
@@ -259,9 +253,9 @@ class Optimizer:
     def _clock(self, param: Parameter, group: dict, state: dict):
         """``param``'s device clock (made at its first CUDA step, at the state's step count,
         before this step's increment), its learning rate set to the group's; None on the
-        CPU and for a 16-bit table."""
-        if _device.device_of(param.data) != "cuda" or self.__dict__.get("_host_steps"):
-            return None  # (a 16-bit table's update: see _apply)
+        CPU."""
+        if _device.device_of(param.data) != "cuda":
+            return None
         clock = self._clocks.get(id(param))
         if clock is None:
             K = _device.kernels_for("cuda")
@@ -415,31 +409,48 @@ class Optimizer:
         if not _checks.is_half_dtype(table.dtype):
             self._update(param, group)
             return
-        if _capturing():
-            raise RuntimeError(
-                "numbapos.cuda.capture: the update of a 16-bit table cannot be captured yet "
-                "(its write-back's rounding step is a host counter that replays would not "
-                "advance); keep float32 tables in a captured step")
+        state = self._state(param, group)  # float32 arrays, the rounding step
+        step = state["rounding_step"]
+        # On the GPU the rounding step is also a device counter, which the kernels read
+        # and this draw advances there (so a captured step's replays round with their
+        # own steps); the host's count stays exact (see kernels/cuda/clock.py).
+        drawn = step
+        if _device.device_of(table) == "cuda":
+            drawn = self._rounding_counter(param).draw()
         shadow = self._shadows.pop(id(param), None)
         narrow = {}
         if shadow is not None:
             narrow = self._widen_state(param, group)  # its state made for the 16-bit table
             param.data = shadow
-        # A 16-bit table's step counts stay on the host (no device clock): its update
-        # cannot be captured, and its sparse kernels take the host's step values.
-        self.__dict__["_host_steps"] = True
+        self.__dict__["_drawn_rounding_step"] = drawn
         try:
             self._update(param, group)
         finally:
             param.data = table
-            self.__dict__["_host_steps"] = False
+            self.__dict__.pop("_drawn_rounding_step", None)
             self._narrow_state(param, narrow)
-        state = self._state(param, group)  # the state arrays, the rounding step
-        step = state["rounding_step"]
         state["rounding_step"] = step + 1
         if shadow is not None:
             F._store(_device.backend(table), table, shadow, None, None,
-                     getattr(self, "seed", 0), step, getattr(self, "stochastic_rounding", True))
+                     getattr(self, "seed", 0), drawn, getattr(self, "stochastic_rounding", True))
+
+    def _rounding_counter(self, param: Parameter):
+        """``param``'s rounding step on the device (made from the host's at its first CUDA
+        update; :class:`numbapos.kernels.cuda.clock.DeviceCounter`)."""
+        counters = self.__dict__.setdefault("_rounding_counters", {})
+        counter = counters.get(id(param))
+        if counter is None:
+            key = id(param)
+
+            def source():  # self.state, as load_state_dict may replace it
+                return self.state[key]["rounding_step"]
+
+            def sink(value):
+                self.state[key]["rounding_step"] = value
+
+            K = _device.kernels_for("cuda")
+            counter = counters[key] = K.clock.DeviceCounter(source, sink, "rounding step")
+        return counter
 
     def _widen_state(self, param: Parameter, group: dict) -> dict:
         """A dense step on a 16-bit table's float32 copy: its bfloat16 momentum (if any) swapped
@@ -461,11 +472,13 @@ class Optimizer:
 
     def _rounding(self, param: Parameter, state: dict) -> dict:
         """The sparse functional ops' rounding keywords for ``param``: its step's key for a
-        16-bit table, nothing for a float one (or the float32 copy of a dense step)."""
+        16-bit table (on the GPU the device counter :meth:`_apply` drew), nothing for a
+        float one (or the float32 copy of a dense step)."""
         if not _checks.is_half_dtype(param.data.dtype):
             return {}
+        step = self.__dict__.get("_drawn_rounding_step", state["rounding_step"])
         return {"stochastic_rounding": getattr(self, "stochastic_rounding", True),
-                "seed": getattr(self, "seed", 0), "rounding_step": state["rounding_step"]}
+                "seed": getattr(self, "seed", 0), "rounding_step": step}
 
     def _check_float(self, param: Parameter, group: dict, table=None, state=True) -> None:
         """The checks of a float parameter, or (``table``) of a 16-bit table's sparse step;

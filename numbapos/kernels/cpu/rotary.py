@@ -25,7 +25,7 @@ from .arrays import option, pick
 from .jit import kernel
 from .rowcopy import copy_row, put_row, streams
 
-__all__ = ["rotary_apply", "rotary_table"]
+__all__ = ["rotary_apply", "rotary_pick_frequencies", "rotary_table"]
 
 # Rows per non-temporal tile: each tile ends with a store fence, which costs
 # about as much as streaming a few rows (one row per fence took 8x longer).
@@ -46,6 +46,16 @@ def rotary_table(positions, offset, inv_freq, angles, cos, sin):
     if cos.size:
         kernel = pick(_table, _table_parallel, cos.size * 8)
         kernel(positions, offset, inv_freq, angles, cos, sin)
+
+
+def rotary_pick_frequencies(positions, threshold, short, long, out):
+    """``out[:] = long`` if ``max(positions) + 1 > threshold``, else ``short`` (LongRoPE's
+    choice by the sequence length; no positions count as length 0).
+
+    ``positions`` is a flat int array; ``short`` / ``long`` / ``out`` float64 vectors.
+    """
+    use_long = positions.size and int(positions.max()) + 1 > threshold
+    out[:] = long if use_long else short
 
 
 def rotary_apply(x, cos, sin, interleaved, head_axis, out):

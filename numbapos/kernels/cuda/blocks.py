@@ -62,10 +62,11 @@ import numpy as np
 from numba import cuda, float32, int64
 
 from ..._args import NO_DROPOUT, TiledIds, chunk_rows, num_chunks
-from ..hash import dropout_key, keeps
+from ..hash import keeps
 from ..widen import FLOAT_TABLES, widen
-from . import errors, streams, vector
+from . import errors, vector
 from .arrays import THREADS, grid
+from .dropout import counter_args, counter_key
 from .fpmath import mul_for, numba_float
 from .launch import launch
 from .normalization import add_partials, fill_zero, moments, row_blocks
@@ -104,10 +105,10 @@ def _affine_args(tables, dtype):
 
 
 def _drop_scalars(drop, dtype):
-    """The dropout arguments of a kernel: seed, counter, threshold, scale (cast), active."""
-    if drop.active:
-        streams.refuse_in_capture(streams.DROPOUT)
-    return drop.seed, drop.counter, drop.threshold, dtype.type(drop.scale), bool(drop.active)
+    """The dropout arguments of a kernel: seed, counter, live (the device counter, or
+    empty: :func:`.dropout.counter_args`), threshold, scale (cast), active."""
+    counter, live = counter_args(drop)
+    return drop.seed, counter, live, drop.threshold, dtype.type(drop.scale), bool(drop.active)
 
 
 # ---------------------------------------------------------------- launchers
@@ -323,7 +324,7 @@ def _bert_forward_kernel(dtype, fmt=FLOAT_TABLES):
     @cuda.jit
     def bert_forward_tokens(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals,
                             type_has, type_start, type_len, word, position, token_type, gamma,
-                            beta, has_gamma, has_beta, eps, seed, counter, threshold, scale,
+                            beta, has_gamma, has_beta, eps, seed, counter, live, threshold, scale,
                             active, y, mean, rstd, err, err_host, word_tag, pos_tag, type_tag):
         """One block per token: check its ids, ``s`` into ``y[t]``, moments, then normalise
         (+ dropout). A token with a bad id records it (thread 0: word, token type, then
@@ -336,7 +337,7 @@ def _bert_forward_kernel(dtype, fmt=FLOAT_TABLES):
         one = nbt(1)
         inf = nbt(math.inf)
         n = nbt(dim)
-        key = dropout_key(seed, counter)
+        key = counter_key(seed, counter, live)
         for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
             w = int64(word_ids[t])
             k = _id_at(type_vals, type_has, type_start, type_len, t)
@@ -373,8 +374,8 @@ def _bert_forward_kernel(dtype, fmt=FLOAT_TABLES):
 @cuda.jit
 def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals, type_has,
                       type_start, type_len, word, position, token_type, gamma, beta, has_gamma,
-                      has_beta, eps, seed, counter, threshold, scale, active, y, mean, rstd, err,
-                      err_host, word_tag, pos_tag, type_tag):
+                      has_beta, eps, seed, counter, live, threshold, scale, active, y, mean,
+                      rstd, err, err_host, word_tag, pos_tag, type_tag):
     """The float32 BERT forward by 16-byte vectors (the launcher checked
     :func:`.vector.aligned` for the three tables and ``y``): each thread owns 4 adjacent
     columns at a time, with the three table loads of a vector in flight together. The
@@ -388,7 +389,7 @@ def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals
     zero = float32(0)
     one = float32(1)
     n = float32(dim)
-    key = dropout_key(seed, counter)
+    key = counter_key(seed, counter, live)
     for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
         w = int64(word_ids[t])
         k = _id_at(type_vals, type_has, type_start, type_len, t)
@@ -441,7 +442,7 @@ def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
     @cuda.jit
     def bert_backward_tokens(grad_y, word_ids, pos_vals, pos_has, pos_start, pos_len,
                              type_vals, type_has, type_start, type_len, word, position,
-                             token_type, gamma, has_gamma, mean, rstd, seed, counter,
+                             token_type, gamma, has_gamma, mean, rstd, seed, counter, live,
                              threshold, scale, active, grad_sum, err):
         """One block per token: masked ``grad_y``, then the LayerNorm row backward.
 
@@ -459,7 +460,7 @@ def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
         zero = nbt(0)
         one = nbt(1)
         n = nbt(dim)
-        key = dropout_key(seed, counter)
+        key = counter_key(seed, counter, live)
         for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
             w = int64(word_ids[t])
             k = _id_at(type_vals, type_has, type_start, type_len, t)
@@ -502,7 +503,7 @@ def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
     @cuda.jit
     def bert_partials(grad_y, word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals,
                       type_has, type_start, type_len, word, position, token_type, mean, rstd,
-                      seed, counter, threshold, scale, active, grad_sum, chunks, chunk,
+                      seed, counter, live, threshold, scale, active, grad_sum, chunks, chunk,
                       want_w, want_b, want_t, part_w, part_b, part_t, err):
         """One thread per ``(chunk, d)``: its chunk's gamma / beta / token-type terms in order.
 
@@ -514,7 +515,7 @@ def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
         num_tokens, dim = grad_y.shape
         types = token_type.shape[0]
         zero = nbt(0)
-        key = dropout_key(seed, counter)
+        key = counter_key(seed, counter, live)
         for j in range(cuda.grid(1), chunks * dim, cuda.gridsize(1)):
             c = j // dim
             d = j - c * dim
@@ -553,14 +554,14 @@ def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
 
 
 @cuda.jit
-def _gpt2_forward(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, fmt, seed, counter,
+def _gpt2_forward(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, fmt, seed, counter, live,
                   threshold, scale, active, zero, y, err, err_host, word_tag, pos_tag):
     """One block per token, threads along D: ``y[t, d] = wte[ids[t], d] + wpe[pos[t], d]``
     (times the mask). The id and position are read and checked once per token; a bad
     one is recorded (thread 0) and the row is zeros. ``scale`` / ``zero`` are of
     ``y``'s dtype; 16-bit tables (``uint16`` bits of format ``fmt``) are widened."""
     num_tokens, dim = y.shape
-    key = dropout_key(seed, counter)
+    key = counter_key(seed, counter, live)
     tid = cuda.threadIdx.x
     for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
         w = int64(ids[t])
@@ -593,14 +594,14 @@ def _dropped(v, key, index, threshold, scale, zero, active):
 
 
 @cuda.jit
-def _gpt2_forward_vec(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, seed, counter,
+def _gpt2_forward_vec(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, seed, counter, live,
                       threshold, scale, active, zero, y, err, err_host, word_tag, pos_tag):
     """:func:`_gpt2_forward` by float32 vectors (the launcher checked
     :func:`.vector.aligned`): each thread loads 4 adjacent columns of both rows (two
     16-byte loads in flight), adds and masks them element by element as there, and
     stores them at once."""
     num_tokens, dim = y.shape
-    key = dropout_key(seed, counter)
+    key = counter_key(seed, counter, live)
     tid = cuda.threadIdx.x
     for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
         w = int64(ids[t])

@@ -1,4 +1,7 @@
-"""Optimiser clocks: a parameter's step count and learning rate in device memory.
+"""Device clocks: an optimiser's step count and learning rate, a dropout counter.
+
+Optimiser clocks
+----------------
 
 A captured step (:mod:`.graphs`) replays kernels with the scalar arguments
 they were captured with, so whatever changes from step to step must be read
@@ -16,6 +19,21 @@ it changes (one small stream-ordered copy), outside any capture: a replay
 first copies the current ``group["lr"]`` of every clock its step ticked, so a
 scheduler that sets it between replays is obeyed. The tick does nothing
 while an index error is pending, like every kernel that modifies state.
+
+Counters: dropout, stochastic rounding
+--------------------------------------
+A :class:`DeviceCounter` holds a counter that keys a hash in device memory:
+that of one dropout stream (:class:`numbapos.nn.Dropout`, the blocks'
+dropout), or a 16-bit table's rounding step (:mod:`numbapos.optim`). Each
+draw launches a one-thread kernel that copies the counter into a fresh
+``(1,)`` array (this forward's counter: its kernels and its backward's read
+it) and advances the counter, so every replay of a captured step draws the
+masks the next eager steps would. The host keeps the authoritative count
+(``host``, the module's ``counter`` buffer): it advances it itself, eagerly
+and at each replay (:meth:`DeviceCounter.replayed`), and never reads the
+device; a value set on the host (the ``counter`` setter, ``load_state_dict``)
+is copied to the device at the next draw or replay. The draw advances
+whatever an index error: the counter counts forwards, as on the host.
 """
 
 from __future__ import annotations
@@ -132,3 +150,60 @@ def _tick(values, word, kind, beta1, beta2, weight_decay, sparse, lr_decay, dyn)
         dyn[2] = root
     else:
         dyn[0] = stepvalues.adagrad_neg_clr(lr, lr_decay, step)
+
+
+# ---------------------------------------------------------------- counters
+
+
+class DeviceCounter:
+    """The next value of one counter (a dropout stream's, a rounding step), on the device
+    (see the module).
+
+    ``source`` returns the counter the host holds (the module's buffer) and
+    ``sink`` stores a new one there; :attr:`host` is what the device will
+    hold once the queued work is done.
+    """
+
+    def __init__(self, source, sink, what: str = "dropout counter"):
+        streams.refuse_in_capture(f"making a {what} on the device (its first use on CUDA: "
+                                  "let the warm-up run it)")
+        self.source = source
+        self.sink = sink
+        self.what = what
+        self.host = int(source())
+        self.values = arrays.asarray(np.array([self.host], np.uint64))
+
+    def refresh(self) -> None:
+        """Copy the host's counter to the device if it was set there (a stream-ordered copy)."""
+        value = int(self.source())
+        if value != self.host:
+            streams.refuse_in_capture(f"setting a {self.what} ({self.host} -> {value}); set "
+                                      "it between replays")
+            self.values.copy_to_device(np.array([value], np.uint64), stream=streams.current())
+            self.host = value
+
+    def draw(self):
+        """The counter of this draw, in a new ``(1,)`` device array, the device's counter
+        advanced by one (one launch); the caller advances the host's (:meth:`advanced`)."""
+        self.refresh()
+        capture = streams.capturing()
+        if capture is not None:
+            capture.counters.append(self)  # each replay advances the host's count too
+        drawn = arrays.empty((1,), np.uint64)
+        launch(_draw, 1, 1, self.values, drawn)
+        self.host += 1
+        return drawn
+
+    def replayed(self) -> None:
+        """A replay drew once more from this counter: advance the host's count."""
+        self.host += 1
+        self.sink(self.host)
+
+
+@cuda.jit
+def _draw(values, drawn):
+    """One thread: ``drawn[0] = values[0]``, then ``values[0] += 1``."""
+    if cuda.grid(1) == 0:
+        value = values[0]
+        drawn[0] = value
+        values[0] = value + np.uint64(1)

@@ -8,8 +8,8 @@ pieces that make a replay correct live beside the code they concern:
   (:mod:`.streams`, :mod:`.launch`);
 - the allocator serves the capture from the blocks its warm-up left cached
   and never hands a block the graph uses to anyone else (:mod:`.memory`);
-- the optimisers' step counts and learning rates live on the device and are
-  advanced by a kernel of the step (:mod:`.clock`);
+- the optimisers' step counts and learning rates, and the dropout counters,
+  live on the device and are advanced by kernels of the step (:mod:`.clock`);
 - a host round trip (a copy between host and device, a synchronisation, a
   new allocation) inside the step raises RuntimeError
   (:func:`.streams.refuse_in_capture`) instead of breaking the capture.
@@ -57,17 +57,31 @@ class CapturedStep:
 
         First raises an index error a previous step recorded (as any numbapos
         call does) and copies each optimiser's current learning rate
-        (``group["lr"]``, which a scheduler may have changed) to the device.
+        (``group["lr"]``, which a scheduler may have changed) and each dropout
+        counter set on the host since to the device; then advances the host's
+        count of every dropout counter the step draws from (as the replay
+        advances the device's), so ``counter`` and ``state_dict()`` stay exact
+        without reading the device.
         Asynchronous, as an op: results are ready for the next op on the same
         stream, and for the host after ``numbapos.synchronize()``.
         """
+        self._replay(True)
+
+    def _replay(self, count_draws: bool) -> None:
+        """:meth:`replay`; without ``count_draws`` for the captured call itself on a GPU,
+        whose draws the host counted while capturing (the graph had not run them yet)."""
         errors.raise_pending()
         for clock in {id(c): c for c in self._capture.clocks}.values():
             clock.refresh()
+        for counter in {id(c): c for c in self._capture.counters}.values():
+            counter.refresh()
         if self._graph is None:
             _replay_recorded(self._capture.recorded)
-            return
-        self._graph.launch(_core_stream(streams.current()))
+        else:
+            self._graph.launch(_core_stream(streams.current()))
+        if count_draws:
+            for counter in self._capture.counters:
+                counter.replayed()
 
 
 def _replay_recorded(recorded) -> None:
@@ -139,5 +153,5 @@ def capture(step, *, warmup: int = 1) -> CapturedStep:
     builder.end_building()
     graph = builder.complete()
     captured = CapturedStep(step, outputs, graph, state)
-    captured.replay()  # the captured call's own step, so it counts as on the simulator
+    captured._replay(False)  # the captured call's own step, so it counts as on the simulator
     return captured

@@ -29,9 +29,10 @@ from ..halfbits import (
     half_to_f32_bits,
     half_value,
 )
-from ..hash import dropout_bits_keyed, dropout_key
-from . import arrays, errors, vector
+from ..hash import dropout_bits_keyed
+from . import arrays, errors, streams, vector
 from .arrays import MAX_BLOCKS, THREADS, grid
+from .dropout import counter_key, no_counter
 from .embedding import (
     _NORM_1,
     _NORM_2,
@@ -101,10 +102,13 @@ def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
 def store_half_(table, values, seed, step, stochastic, fmt):
     """``table[r, d] = round(values[r, d])`` (float32 bits into 16-bit ones), in place: the
     CPU's bits (stochastic rounding keyed by ``(seed, step, r * D + d)``, or to nearest
-    even). Nothing is stored while an index error is pending."""
+    even). ``step`` is an int, or a device counter (a ``(1,)`` uint64 device array the
+    kernel reads: :class:`.clock.DeviceCounter`). Nothing is stored while an index error
+    is pending."""
     if table.size:
-        launch(_store, grid(table.size), THREADS, table, values, np.uint64(seed), np.uint64(step),
-               bool(stochastic), int64(fmt), errors.device_word())
+        launch(_store, grid(table.size), THREADS, table, values, np.uint64(seed),
+               *_step_args(step, stochastic), bool(stochastic), int64(fmt),
+               errors.device_word())
 
 
 def store_half_rows_(table, values, rows, used, seed, step, stochastic, fmt):
@@ -112,8 +116,19 @@ def store_half_rows_(table, values, rows, used, seed, step, stochastic, fmt):
     one-element device array: the count stays on the device)."""
     if rows.shape[0] and table.shape[1]:
         launch(_store_rows, min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1]), table,
-               values, rows, _count(used), np.uint64(seed), np.uint64(step), bool(stochastic),
-               int64(fmt), errors.device_word())
+               values, rows, _count(used), np.uint64(seed), *_step_args(step, stochastic),
+               bool(stochastic), int64(fmt), errors.device_word())
+
+
+def _step_args(step, stochastic):
+    """``(step, live)`` of the store kernels: an int step (refused in a captured step when
+    stochastic: replays would repeat its bits) with an empty ``live``, or 0 and the device
+    counter."""
+    if not isinstance(step, (int, np.integer)):
+        return np.uint64(0), step
+    if stochastic:
+        streams.refuse_in_capture(streams.ROUNDING)
+    return np.uint64(step), no_counter()
 
 
 def widen_half_rows(table, rows, used, fmt, out):
@@ -219,11 +234,11 @@ def _renorm_rows(table, rows, used, max_norm, kind, norm_type, fmt, word):
 
 
 @cuda.jit
-def _store(table, values, seed, step, stochastic, fmt, word):
+def _store(table, values, seed, step, live, stochastic, fmt, word):
     """Elementwise :func:`store_half_`."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
     dim = table.shape[1]
     for k in range(cuda.grid(1), table.size, cuda.gridsize(1)):
         r = k // dim
@@ -240,11 +255,11 @@ def _rounded(u, key, k, stochastic, fmt):
 
 
 @cuda.jit
-def _store_rows(table, values, rows, used, seed, step, stochastic, fmt, word):
+def _store_rows(table, values, rows, used, seed, step, live, stochastic, fmt, word):
     """:func:`store_half_rows_`: a block per listed row, threads along D."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
     dim = table.shape[1]
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         r = rows[j]

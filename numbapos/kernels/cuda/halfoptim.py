@@ -18,14 +18,23 @@ from numba import cuda, int64
 from ..._args import WeightDecayMode
 from .. import updates
 from ..halfbits import bf16_to_f32_bits, f32_bits_to_bf16, half_to_f32_bits
-from ..hash import dropout_key
 from ..scalar import f32_bits, f32_from_bits
-from . import errors
+from . import clock, errors, streams
 from .arrays import THREADS, grid
+from .dropout import counter_key, no_counter
 from .embedding import segment_sum
 from .half import _rounded
 from .launch import launch
-from .optim import _mark_started, _on_device, _row_blocks, _row_threads
+from .optim import (
+    _live_adagrad,
+    _live_adam,
+    _live_rowwise,
+    _live_sgd,
+    _mark_started,
+    _on_device,
+    _row_blocks,
+    _row_threads,
+)
 
 __all__ = ["adagrad_half_row_groups_", "adagrad_half_rows_", "adam_half_row_groups_",
            "adam_half_rows_", "rowwise_adagrad_half_row_groups_", "rowwise_adagrad_half_rows_",
@@ -45,8 +54,9 @@ def sgd_half_rows_(table, rows, values, used, buf, row_started, hyper, rounding)
     used, word = _on_device(used), errors.device_word()
     if table.shape[1]:
         launch(_sgd_rows, _row_blocks(rows), _row_threads(table.shape[1]), table, rows, used,
-               values, buf, _bf16_state(buf), row_started, hyper, *_rounding(rounding), word)
-    if hyper.momentum != 0:
+               values, buf, _bf16_state(buf), row_started, *_hyper(hyper), *_rounding(rounding),
+               word)
+    if _host(hyper).momentum != 0:
         launch(_mark_started, grid(rows.size), THREADS, rows, used, row_started, word)
 
 
@@ -59,8 +69,8 @@ def sgd_half_row_groups_(table, grad, groups, scale_grad_by_freq, buf, row_start
     if table.shape[1]:
         launch(_sgd_row_groups, _row_blocks(groups.rows), _row_threads(table.shape[1]), table,
                grad, groups, bool(scale_grad_by_freq), buf, _bf16_state(buf), row_started,
-               hyper, *_rounding(rounding), word)
-    if hyper.momentum != 0:
+               *_hyper(hyper), *_rounding(rounding), word)
+    if _host(hyper).momentum != 0:
         launch(_mark_started, grid(groups.rows.size), THREADS, groups.rows, groups.used,
                row_started, word)
 
@@ -69,8 +79,8 @@ def adam_half_rows_(table, rows, values, used, exp_avg, exp_avg_sq, hyper, round
     """SparseAdam on the listed rows of the 16-bit ``table``."""
     if rows.size and table.shape[1]:
         launch(_adam_rows, _row_blocks(rows), _row_threads(table.shape[1]), table, rows,
-               _on_device(used), values, exp_avg, _bf16_state(exp_avg), exp_avg_sq, hyper,
-               *_rounding(rounding), errors.device_word())
+               _on_device(used), values, exp_avg, _bf16_state(exp_avg), exp_avg_sq,
+               *_hyper(hyper), *_rounding(rounding), errors.device_word())
 
 
 def adam_half_row_groups_(table, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper,
@@ -79,14 +89,14 @@ def adam_half_row_groups_(table, grad, groups, scale_grad_by_freq, exp_avg, exp_
     if groups.rows.size and table.shape[1]:
         launch(_adam_row_groups, _row_blocks(groups.rows), _row_threads(table.shape[1]), table,
                grad, groups, bool(scale_grad_by_freq), exp_avg, _bf16_state(exp_avg),
-               exp_avg_sq, hyper, *_rounding(rounding), errors.device_word())
+               exp_avg_sq, *_hyper(hyper), *_rounding(rounding), errors.device_word())
 
 
 def adagrad_half_rows_(table, rows, values, used, state_sum, hyper, rounding):
     """Sparse Adagrad on the listed rows of the 16-bit ``table``."""
     if rows.size and table.shape[1]:
         launch(_adagrad_rows, _row_blocks(rows), _row_threads(table.shape[1]), table, rows,
-               _on_device(used), values, state_sum, hyper, *_rounding(rounding),
+               _on_device(used), values, state_sum, *_hyper(hyper), *_rounding(rounding),
                errors.device_word())
 
 
@@ -95,7 +105,7 @@ def adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, state_sum,
     """:func:`adagrad_half_rows_` fused with the gradient of a lookup."""
     if groups.rows.size and table.shape[1]:
         launch(_adagrad_row_groups, _row_blocks(groups.rows), _row_threads(table.shape[1]),
-               table, grad, groups, bool(scale_grad_by_freq), state_sum, hyper,
+               table, grad, groups, bool(scale_grad_by_freq), state_sum, *_hyper(hyper),
                *_rounding(rounding), errors.device_word())
 
 
@@ -103,7 +113,7 @@ def rowwise_adagrad_half_rows_(table, rows, values, used, state_sum, hyper, roun
     """Row-wise Adagrad on the listed rows of the 16-bit ``table``."""
     if rows.size and table.shape[1]:
         launch(_rowwise_rows, grid(rows.size), THREADS, table, rows, _on_device(used), values,
-               state_sum, hyper, *_rounding(rounding), errors.device_word())
+               state_sum, *_hyper(hyper), *_rounding(rounding), errors.device_word())
 
 
 def rowwise_adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, state_sum, hyper,
@@ -111,7 +121,7 @@ def rowwise_adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, st
     """:func:`rowwise_adagrad_half_rows_` fused with the gradient of a lookup."""
     if groups.rows.size and table.shape[1]:
         launch(_rowwise_row_groups, grid(groups.rows.size), THREADS, table, grad, groups,
-               bool(scale_grad_by_freq), state_sum, hyper, *_rounding(rounding),
+               bool(scale_grad_by_freq), state_sum, *_hyper(hyper), *_rounding(rounding),
                errors.device_word())
 
 
@@ -121,9 +131,26 @@ def _bf16_state(state):
 
 
 def _rounding(rounding):
-    """The kernels' ``(fmt, seed, step, stochastic)`` arguments."""
-    return (int64(rounding.fmt), np.uint64(rounding.seed), np.uint64(rounding.step),
+    """The kernels' ``(fmt, seed, step, live, stochastic)`` arguments: ``live`` the device
+    counter holding the step (:class:`.clock.DeviceCounter`), or empty (``step`` holds)."""
+    live = rounding.live
+    if live is None:
+        if rounding.stochastic:
+            streams.refuse_in_capture(streams.ROUNDING)
+        live = no_counter()
+    return (int64(rounding.fmt), np.uint64(rounding.seed), np.uint64(rounding.step), live,
             bool(rounding.stochastic))
+
+
+def _host(hyper):
+    """The hyper-parameter tuple of ``hyper`` (a :class:`.clock.LiveHyper` or plain)."""
+    return hyper.hyper if isinstance(hyper, clock.LiveHyper) else hyper
+
+
+def _hyper(hyper):
+    """The kernels' ``(h, dyn)`` arguments: ``dyn`` the step's scalars an optimiser clock
+    wrote on the device (float32, the tables' arithmetic), or empty (``h`` holds)."""
+    return clock.split(hyper, np.float32)
 
 
 # ---------------------------------------------------------------- elements
@@ -178,12 +205,13 @@ def _sgd_element(table, buf, bf16_buf, row, d, g, first, h, decay, key, stochast
 
 
 @cuda.jit
-def _sgd_rows(table, rows, used, values, buf, bf16_buf, row_started, h, fmt, seed, step,
-              stochastic, word):
+def _sgd_rows(table, rows, used, values, buf, bf16_buf, row_started, h, dyn, fmt, seed, step,
+              live, stochastic, word):
     """SGD on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
+    h = _live_sgd(h, dyn)
     decay = h.weight_decay != 0
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         row = rows[j]
@@ -194,12 +222,13 @@ def _sgd_rows(table, rows, used, values, buf, bf16_buf, row_started, h, fmt, see
 
 
 @cuda.jit
-def _sgd_row_groups(table, grad, groups, scale_by_freq, buf, bf16_buf, row_started, h, fmt,
-                    seed, step, stochastic, word):
+def _sgd_row_groups(table, grad, groups, scale_by_freq, buf, bf16_buf, row_started, h, dyn,
+                    fmt, seed, step, live, stochastic, word):
     """:func:`_sgd_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
+    h = _live_sgd(h, dyn)
     decay = h.weight_decay != 0
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
         row = groups.rows[j]
@@ -224,12 +253,13 @@ def _adam_element(table, exp_avg, bf16_avg, exp_avg_sq, row, d, g, h, key, stoch
 
 
 @cuda.jit
-def _adam_rows(table, rows, used, values, exp_avg, bf16_avg, exp_avg_sq, h, fmt, seed, step,
-               stochastic, word):
+def _adam_rows(table, rows, used, values, exp_avg, bf16_avg, exp_avg_sq, h, dyn, fmt, seed,
+               step, live, stochastic, word):
     """SparseAdam on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
+    h = _live_adam(h, dyn)
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             _adam_element(table, exp_avg, bf16_avg, exp_avg_sq, rows[j], d, values[j, d], h,
@@ -238,11 +268,12 @@ def _adam_rows(table, rows, used, values, exp_avg, bf16_avg, exp_avg_sq, h, fmt,
 
 @cuda.jit
 def _adam_row_groups(table, grad, groups, scale_by_freq, exp_avg, bf16_avg, exp_avg_sq, h,
-                     fmt, seed, step, stochastic, word):
+                     dyn, fmt, seed, step, live, stochastic, word):
     """:func:`_adam_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
+    h = _live_adam(h, dyn)
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             g = _group_gradient(grad, groups, scale_by_freq, j, d)
@@ -261,11 +292,13 @@ def _adagrad_element(table, state_sum, row, d, g, h, key, stochastic, fmt):
 
 
 @cuda.jit
-def _adagrad_rows(table, rows, used, values, state_sum, h, fmt, seed, step, stochastic, word):
+def _adagrad_rows(table, rows, used, values, state_sum, h, dyn, fmt, seed, step, live,
+                  stochastic, word):
     """Adagrad on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
+    h = _live_adagrad(h, dyn)
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             _adagrad_element(table, state_sum, rows[j], d, values[j, d], h, key, stochastic,
@@ -273,12 +306,13 @@ def _adagrad_rows(table, rows, used, values, state_sum, h, fmt, seed, step, stoc
 
 
 @cuda.jit
-def _adagrad_row_groups(table, grad, groups, scale_by_freq, state_sum, h, fmt, seed, step,
-                        stochastic, word):
+def _adagrad_row_groups(table, grad, groups, scale_by_freq, state_sum, h, dyn, fmt, seed,
+                        step, live, stochastic, word):
     """:func:`_adagrad_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
+    h = _live_adagrad(h, dyn)
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             g = _group_gradient(grad, groups, scale_by_freq, j, d)
@@ -297,11 +331,13 @@ def _rowwise_factors(table, row, square_sum, state_sum, h):
 
 
 @cuda.jit
-def _rowwise_rows(table, rows, used, values, state_sum, h, fmt, seed, step, stochastic, word):
+def _rowwise_rows(table, rows, used, values, state_sum, h, dyn, fmt, seed, step, live,
+                  stochastic, word):
     """Row-wise Adagrad on rows ``rows[j]``: one thread per listed row (the CPU's order)."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
+    h = _live_rowwise(h, dyn)
     l2 = h.mode == _L2
     for j in range(cuda.grid(1), used[0], cuda.gridsize(1)):
         row = rows[j]
@@ -316,12 +352,13 @@ def _rowwise_rows(table, rows, used, values, state_sum, h, fmt, seed, step, stoc
 
 
 @cuda.jit
-def _rowwise_row_groups(table, grad, groups, scale_by_freq, state_sum, h, fmt, seed, step,
-                        stochastic, word):
+def _rowwise_row_groups(table, grad, groups, scale_by_freq, state_sum, h, dyn, fmt, seed,
+                        step, live, stochastic, word):
     """:func:`_rowwise_rows` with the gradient summed on the spot (squares, then update)."""
     if errors.is_pending(word):
         return
-    key = dropout_key(seed, step)
+    key = counter_key(seed, step, live)
+    h = _live_rowwise(h, dyn)
     l2 = h.mode == _L2
     for j in range(cuda.grid(1), groups.used[0], cuda.gridsize(1)):
         row = groups.rows[j]

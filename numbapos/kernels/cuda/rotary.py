@@ -19,7 +19,7 @@ multiplies (no FMA), so the rotation, like the table, has the CPU's bits.
 """
 
 import numpy as np
-from numba import config, cuda, float32, float64
+from numba import config, cuda, float32, float64, int64
 
 from .. import sincos as _sincos
 from ..sincos import sincos
@@ -38,7 +38,7 @@ if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
             return lambda a, b: libdevice.dmul_rn(a, b)
         return None
 
-__all__ = ["rotary_apply", "rotary_table"]
+__all__ = ["rotary_apply", "rotary_pick_frequencies", "rotary_table"]
 
 # ---------------------------------------------------------------- launchers
 
@@ -56,6 +56,17 @@ def rotary_table(positions, offset, inv_freq, angles, cos, sin):
         ids = positions if has_ids else empty((1, 1), np.int64)
         launch(_table, grid(cos.size), THREADS, ids, has_ids, np.int64(offset), inv_freq,
                float64(angles.scale), float64(angles.sign), bool(angles.float32_angle), cos, sin)
+
+
+def rotary_pick_frequencies(positions, threshold, short, long, out):
+    """``out[:] = long`` if ``max(positions) + 1 > threshold``, else ``short`` (LongRoPE's
+    choice by the sequence length; no positions count as length 0), decided on the
+    device: one launch of one block, nothing read back to the host.
+
+    ``positions`` is a flat int device array; ``short`` / ``long`` / ``out`` float64.
+    """
+    if out.size:
+        launch(_pick_frequencies, 1, THREADS, positions, np.int64(threshold), short, long, out)
 
 
 def rotary_apply(x, cos, sin, interleaved, head_axis, out):
@@ -144,3 +155,25 @@ def _make_apply(mul):
 
 
 _APPLY = {np.dtype(t): _make_apply(mul_for(t)) for t in (np.float32, np.float64)}
+
+
+_NO_POSITION = -(1 << 62)
+
+
+@cuda.jit
+def _pick_frequencies(positions, threshold, short, long, out):
+    """One block: the largest position (integer atomics: any order gives the same max),
+    then every thread copies its entries of ``long`` or ``short``."""
+    top = cuda.shared.array(1, int64)
+    tid = cuda.threadIdx.x
+    if tid == 0:
+        top[0] = _NO_POSITION
+    cuda.syncthreads()
+    local = int64(_NO_POSITION)
+    for i in range(tid, positions.size, cuda.blockDim.x):
+        local = max(local, int64(positions[i]))
+    cuda.atomic.max(top, 0, local)
+    cuda.syncthreads()
+    use_long = top[0] != _NO_POSITION and top[0] + 1 > threshold
+    for i in range(tid, out.size, cuda.blockDim.x):
+        out[i] = long[i] if use_long else short[i]

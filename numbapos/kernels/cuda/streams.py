@@ -137,7 +137,8 @@ class Capture:
     on: freed, it goes to the capture's own pool (``free``, reused only by
     later allocations of the same capture, which the graph orders after its
     earlier users) and never back to the allocator, since every replay writes
-    it again. ``clocks`` lists the optimiser clocks the step ticked.
+    it again. ``clocks`` lists the optimiser clocks the step ticked,
+    ``counters`` the dropout counters it drew from (once per draw).
     """
 
     def __init__(self, stream, home):
@@ -145,6 +146,7 @@ class Capture:
         self.home = home
         self.free: dict = {}
         self.clocks: list = []
+        self.counters: list = []
         # On the simulator, which has no graphs, the capture records the device work
         # itself (launches with their arguments, device-to-device copies) to replay it.
         self.recorded: list | None = [] if SIMULATED else None
@@ -197,5 +199,9 @@ def refuse_in_capture(what: str) -> None:
             "the captured step")
 
 
-DROPOUT = ("training-mode dropout (its counter is a host value baked into the kernel: every "
-           "replay would draw the same mask); capture the step with dropout off (eval() or p=0)")
+DROPOUT = ("training-mode dropout with an integer counter (a host value baked into the "
+           "kernel: every replay would draw the same mask); use numbapos.nn.Dropout (or a "
+           "block's dropout), whose counter lives on the device, or pass a device counter")
+ROUNDING = ("stochastic rounding with an integer rounding_step (a host value baked into the "
+            "kernel: every replay would round with the same bits); the optimisers pass a "
+            "device counter on CUDA, as must a direct call of the functional op")
