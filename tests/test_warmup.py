@@ -188,7 +188,7 @@ import json, sys
 import numbapos
 from numbapos.kernels import cpu
 dtypes, index_dtypes = sys.argv[1].split(","), sys.argv[2].split(",")
-ops = None if sys.argv[3] == "default" else sys.argv[3]
+ops = {"default": None, "all": "all"}.get(sys.argv[3], sys.argv[3].split(","))
 numbapos.warmup(dtypes, index_dtypes, ops, verbose=False, processes=2)
 again = numbapos.warmup(dtypes, index_dtypes, ops, verbose=False, processes=1)
 print(json.dumps({"compiled": {f"{r.case} {r.dtype} {r.index_dtype}": r.compiled
