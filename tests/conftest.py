@@ -30,6 +30,22 @@ SGD_CONFIGS = [
 INDEX_DTYPES = [np.int32, np.int64]
 
 
+def dtype_pairs_in_turn(cases):
+    """``(dtype, index_dtype, *case)`` params: case ``k`` with the ``k % 4``-th pair of
+    (FLOAT_DTYPES x INDEX_DTYPES) in the default run (every pair and every case reached),
+    every other pair of each case under the exhaustive marker."""
+    pairs = [(d, i) for d in FLOAT_DTYPES for i in INDEX_DTYPES]
+    params = []
+    for k, case in enumerate(cases):
+        for j, (dtype, index_dtype) in enumerate(pairs):
+            params.append(pytest.param(
+                dtype, index_dtype, *case,
+                id="-".join([np.dtype(dtype).name, np.dtype(index_dtype).name,
+                             *map(str, case)]),
+                marks=() if j == k % len(pairs) else pytest.mark.exhaustive))
+    return params
+
+
 def _atomic_simulator_shared_arrays():
     """Work around a race in Numba's CUDA simulator (numba-cuda's ``FakeCUDAShared.array``).
 

@@ -9,7 +9,7 @@ import inspect
 
 import numpy as np
 import pytest
-from conftest import FLOAT_DTYPES, INDEX_DTYPES, dev, nan_device
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, dev, dtype_pairs_in_turn, nan_device
 
 from numbapos.kernels import cpu as cpu_arrays
 from numbapos.kernels import cuda as gpu_arrays
@@ -243,13 +243,13 @@ SCATTER_CASES = [  # (num, dim, n)
     (6, 33, 1),  # a single index
     (5, 3, 0),  # empty
 ]
+# Every padding, scaling and shape, with the four (dtype, index dtype) pairs in turn;
+# the other pairs of each under the exhaustive marker (the simulator runs each case).
+SCATTER_PARAMS = dtype_pairs_in_turn([(padding_idx, scale, *case) for padding_idx in (None, 0)
+                                      for scale in (False, True) for case in SCATTER_CASES])
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("padding_idx", [None, 0])
-@pytest.mark.parametrize("scale", [False, True])
-@pytest.mark.parametrize("num, dim, n", SCATTER_CASES)
+@pytest.mark.parametrize("dtype, index_dtype, padding_idx, scale, num, dim, n", SCATTER_PARAMS)
 def test_scatter_rows_dense_bit_identical(rng, dtype, index_dtype, padding_idx, scale, num, dim,
                                           n):
     flat = rng.integers(0, num, size=n).astype(index_dtype)
@@ -263,11 +263,7 @@ def test_scatter_rows_dense_bit_identical(rng, dtype, index_dtype, padding_idx, 
     np.testing.assert_array_equal(got, _oracle_scatter(grad, flat, num, padding_idx, scale))
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("padding_idx", [None, 0])
-@pytest.mark.parametrize("scale", [False, True])
-@pytest.mark.parametrize("num, dim, n", SCATTER_CASES)
+@pytest.mark.parametrize("dtype, index_dtype, padding_idx, scale, num, dim, n", SCATTER_PARAMS)
 def test_scatter_rows_sparse_bit_identical(rng, dtype, index_dtype, padding_idx, scale, num,
                                            dim, n):
     flat = rng.integers(0, num, size=n).astype(index_dtype)

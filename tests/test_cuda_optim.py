@@ -147,9 +147,16 @@ def test_sgd_rows_empty_rows_is_a_no_op(rng, dtype):
 # ---------------------------------------------------------------- sgd_row_groups_
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3], CONFIGS[6]])
-@pytest.mark.parametrize("scale", [False, True])
+# Each option set, scaling and dtype compiles its own CPU kernels: every option set and
+# scaling with the two dtypes in turn by default, the other dtype of each under the
+# exhaustive marker.
+@pytest.mark.parametrize("scale, config, dtype", [
+    pytest.param(scale, config, dtype, id=f"{scale}-config{c}-{np.dtype(dtype).name}",
+                 marks=() if k % 2 == d else pytest.mark.exhaustive)
+    for k, (scale, (c, config)) in enumerate(
+        (scale, c) for scale in (False, True) for c in ((0, CONFIGS[0]), (1, CONFIGS[3]),
+                                                        (2, CONFIGS[6])))
+    for d, dtype in enumerate(FLOAT_DTYPES)])
 def test_sgd_row_groups_equals_sum_then_sgd_rows_on_both_devices(rng, dtype, config, scale):
     from numbapos.kernels.cpu import embedding as cpu_embedding
     from numbapos.kernels.cuda import embedding as gpu_embedding

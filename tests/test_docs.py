@@ -69,6 +69,11 @@ def test_page_code_runs_in_order(page):
         exec(compile(code, f"docs/{page} python block {number}", "exec"), namespace)
 
 
+# The whole site with the gallery's examples run: half a minute of the default run's
+# time on these 2-core machines, so it runs with the exhaustive sweeps (pytest -m
+# exhaustive, which CI runs too); the pages' code and the docstring examples above
+# run by default.
+@pytest.mark.exhaustive
 def test_sphinx_build_has_no_warnings(tmp_path):
     for module in ("sphinx", "pydata_sphinx_theme", "numpydoc", "sphinx_gallery",
                    "sphinx_copybutton", "matplotlib", "safetensors"):
