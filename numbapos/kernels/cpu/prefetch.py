@@ -26,9 +26,10 @@ byte than a float row copy, so the out-of-order window reaches fewer rows ahead
 and their misses are exposed. They prefetch at least :data:`HALF_PREFETCH_LINES`
 lines per row on every CPU (``half_prefetch_listed*``). Measured on an Intel
 Xeon VM (``emeraldrapids``, 2 cores, V = 1e6, D = 256, 16,384 ids, minima of
-interleaved runs beside other work): 8 lines took the bfloat16 sparse SGD step
-(lookup, backward, step) from 12.7 to 10.6 ms and its fused form from 10.6 to
-8.3 ms, and the bfloat16 -> float32 lookup from 3.19 to 2.76 ms; 16 and 64
+interleaved runs, quiet): 8 lines took the bfloat16 sparse SGD step (lookup,
+backward, step) from 6.2-6.3 to 5.2-5.4 ms and its fused form from 5.2-5.4 to
+4.4-4.5 ms (float32: 5.4-5.5 and 4.5-4.6 ms), the bfloat16 -> float32 lookup
+from 1.25 to 1.13-1.19 ms; under load, 16 and 64
 lines did no better. ``NUMBAPOS_PREFETCH_LINES=N`` (0-64) overrides both.
 
 The setting is compiled into the kernels, and Numba's cache knows the CPU, not
