@@ -90,7 +90,7 @@ class HalfRounding(NamedTuple):
 
     ``fmt`` is the table's format code (``kernels.halfbits.BF16`` / ``F16``);
     with ``stochastic`` each element rounds with the keyed hash of
-    ``(seed, step, row * D + column)``, else to nearest even. ``live`` is
+    ``(seed, step, row, column)``, else to nearest even. ``live`` is
     None, or (CUDA only) a ``(1,)`` uint64 device array holding the step,
     which the kernels read when they run (``step`` is then 0): the rounding
     step of :mod:`numbapos.optim` on the GPU, which a captured step's replays

@@ -142,6 +142,43 @@ def dropout_bits(seed: int, counter: int, index: int) -> int:
     return splitmix64_mix(key + index * _GAMMA) >> 32
 
 
+_MASK32 = (1 << 32) - 1
+_GAMMA32 = 0x9E3779B9
+
+
+def lowbias32(x: int) -> int:
+    """Wellons' lowbias32 finaliser on a Python int, reduced mod 2**32 by hand."""
+    x &= _MASK32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def rounding_bits16(seed: int, step: int, row: int, column: int) -> int:
+    """The 16 random bits of stochastic rounding for element (row, column): a 32-bit
+    Weyl stream per row, keyed by the top half of SplitMix64's output for the row."""
+    key = splitmix64_mix(splitmix64_mix(seed + _GAMMA) + step * _GAMMA)
+    row_key = splitmix64_mix(key + row * _GAMMA) >> 32
+    return lowbias32(row_key + column * _GAMMA32) >> 16
+
+
+def bf16_round_stochastic(values, seed: int, step: int):
+    """The bfloat16 bits (uint16) of the float32 ``(V, D)`` ``values`` rounded
+    stochastically: up (away from zero) iff the element's 16 random bits are below
+    its 16 dropped bits; NaN to the quiet NaN with its sign, as round-to-nearest."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.int64)
+    out = np.empty(bits.shape, np.uint16)
+    for (r, d), u in np.ndenumerate(bits):
+        if (u & 0x7FFFFFFF) > 0x7F800000:
+            out[r, d] = ((u >> 16) & 0x8000) | 0x7FC0
+        else:
+            up = rounding_bits16(seed, step, r, d) < (u & 0xFFFF)
+            out[r, d] = ((u >> 16) + up) & 0xFFFF
+    return out
+
+
 def dropout_keep_threshold(p: float) -> int:
     """Keep iff bits >= this: round(p * 2**32), 2**32 for p == 1, capped below that for p < 1."""
     if p >= 1.0:

@@ -120,7 +120,7 @@ def store_rounded_(table, values, *, rows=None, seed=0, step=0, stochastic_round
     at random, with probability given by its distance to the two 16-bit
     neighbours (to 2**-16 of a step), so the stored value's expectation is the
     float32 value and small updates are not lost: the random bits are the
-    keyed hash (:mod:`numbapos.kernels.hash`) of ``(seed, step, r * D + d)``,
+    keyed hash (:mod:`numbapos.kernels.hash`) of ``(seed, step, r, d)``,
     the same for any thread count, with or without ``rows``, and on the GPU.
     Otherwise to nearest even.
 

@@ -329,7 +329,7 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
     stochastic_rounding : bool, default True
         For a bfloat16 / float16 ``param``: each updated element, computed in
         float32, is stored stochastically rounded with the keyed hash of
-        ``(seed, rounding_step, row * D + column)``; False rounds to nearest
+        ``(seed, rounding_step, row, column)``; False rounds to nearest
         even. Ignored for float32 / float64.
     seed, rounding_step : int, default 0
         The stochastic rounding's key, each in ``[0, 2**64)`` (a new
@@ -515,7 +515,7 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
     stochastic_rounding : bool, default True
         For a bfloat16 / float16 ``param``: each updated element, computed in
         float32, is stored stochastically rounded with the keyed hash of
-        ``(seed, rounding_step, row * D + column)``; False rounds to nearest
+        ``(seed, rounding_step, row, column)``; False rounds to nearest
         even. Ignored for float32 / float64.
     seed, rounding_step : int, default 0
         The stochastic rounding's key, each in ``[0, 2**64)`` (a new
@@ -646,7 +646,7 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
     stochastic_rounding : bool, default True
         For a bfloat16 / float16 ``param``: each updated element, computed in
         float32, is stored stochastically rounded with the keyed hash of
-        ``(seed, rounding_step, row * D + column)``; False rounds to nearest
+        ``(seed, rounding_step, row, column)``; False rounds to nearest
         even. Ignored for float32 / float64.
     seed, rounding_step : int, default 0
         The stochastic rounding's key, each in ``[0, 2**64)`` (a new
@@ -800,7 +800,7 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
     stochastic_rounding : bool, default True
         For a bfloat16 / float16 ``param``: each updated element, computed in
         float32, is stored stochastically rounded with the keyed hash of
-        ``(seed, rounding_step, row * D + column)``; False rounds to nearest
+        ``(seed, rounding_step, row, column)``; False rounds to nearest
         even. Ignored for float32 / float64.
     seed, rounding_step : int, default 0
         The stochastic rounding's key, each in ``[0, 2**64)`` (a new

@@ -25,14 +25,32 @@ The keyed initialiser draws its normal values from the same generator:
 value by the Box-Muller transform, so element ``(row, d)`` of a table depends
 on nothing else.
 
-The functions are ``register_jitable``: callable from ``@njit`` and
-``@cuda.jit`` code (and, unchanged, from Python on the CUDA simulator).
+Stochastic rounding (16-bit tables) draws 16 bits per element from a
+cheaper stream: one ``mix64`` per row and a 32-bit finaliser per element,
+whose multiplies vectorise in 32-bit lanes on the CPU (four times the
+elements of SplitMix64's 64-bit ones per instruction)::
+
+    row_key = mix64(key + row * G) >> 32                  (once per row)
+    bits16  = mix32(row_key + column * G32 mod 2**32) >> 16
+
+with ``key = dropout_key(seed, step)``, ``G32 = 0x9E3779B9`` and ``mix32``
+Wellons' ``lowbias32`` finaliser (hash-prospector: xorshift 16, multiply by
+``0x7FEB352D``, xorshift 15, multiply by ``0x846CA68B``, xorshift 16; bias
+0.17 per thousand). Each row gets its own 32-bit Weyl sequence, so element
+``(row, column)`` depends on nothing else (any thread count, either device).
+
+The functions are ``register_jitable`` (callable from ``@njit`` and
+``@cuda.jit`` code, and, unchanged, from Python on the CUDA simulator), or,
+for :func:`rounding_bits16`, a Python function with an implementation in
+32-bit LLVM operations for both targets.
 """
 
 import math
 
 import numpy as np
-from numba.extending import register_jitable
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload, register_jitable
 
 GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX_M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -43,6 +61,10 @@ _S31 = np.uint64(31)
 _S32 = np.uint64(32)
 _S11 = np.uint64(11)
 _TWO_M53 = 2.0 ** -53
+GOLDEN_GAMMA32 = 0x9E3779B9
+_MIX32_M1 = 0x7FEB352D
+_MIX32_M2 = 0x846CA68B
+_MASK32 = 0xFFFFFFFF
 _TWO_PI = 2.0 * math.pi
 
 
@@ -96,3 +118,58 @@ def keyed_normal(seed, row, d):
     u1 = (np.float64(high) + 1.0) * _TWO_M53
     u2 = np.float64(low) * _TWO_M53
     return math.sqrt(-2.0 * math.log(u1)) * math.cos(_TWO_PI * u2)
+
+
+# ---------------------------------------------------------------- stochastic rounding
+
+
+@register_jitable
+def rounding_row_key(key, row):
+    """The 32-bit key of row ``row``'s rounding stream under the call key ``key``
+    (:func:`dropout_key` of the seed and the rounding step), as a uint32."""
+    return np.uint32(mix64(key + np.uint64(row) * GOLDEN_GAMMA) >> _S32)
+
+
+def rounding_bits16(row_key, column):
+    """16 random bits (an integer in ``[0, 2**16)``) for element ``column`` of the row
+    whose :func:`rounding_row_key` is ``row_key``: the top half of ``lowbias32(row_key +
+    column * G32)``, all modulo 2**32."""
+    x = (int(row_key) + int(column) * GOLDEN_GAMMA32) & _MASK32
+    x ^= x >> 16
+    x = (x * _MIX32_M1) & _MASK32
+    x ^= x >> 15
+    x = (x * _MIX32_M2) & _MASK32
+    x ^= x >> 16
+    return np.uint32(x >> 16)
+
+
+@register_jitable
+def rounding_bits(key, row, column):
+    """:func:`rounding_bits16` of element ``(row, column)`` under the call key ``key``."""
+    return rounding_bits16(rounding_row_key(key, row), column)
+
+
+@intrinsic
+def _rounding_bits16_i32(typingctx, row_key, column):
+    # rounding_bits16 in i32 operations: Numba would widen uint32 arithmetic to 64 bits,
+    # and 64-bit lanes (and their multiplies) cost the vectorised loops two to three times.
+    if not (isinstance(row_key, types.Integer) and isinstance(column, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        key = context.cast(builder, args[0], signature.args[0], types.uint32)
+        col = context.cast(builder, args[1], signature.args[1], types.uint32)
+        x = builder.add(key, builder.mul(col, ir.Constant(i32, GOLDEN_GAMMA32)))
+        for shift, multiplier in ((16, _MIX32_M1), (15, _MIX32_M2)):
+            x = builder.xor(x, builder.lshr(x, ir.Constant(i32, shift)))
+            x = builder.mul(x, ir.Constant(i32, multiplier))
+        x = builder.xor(x, builder.lshr(x, ir.Constant(i32, 16)))
+        return builder.lshr(x, ir.Constant(i32, 16))
+
+    return types.uint32(row_key, column), codegen
+
+
+@overload(rounding_bits16, target="generic", inline="always")
+def _rounding_bits16(row_key, column):
+    return lambda row_key, column: _rounding_bits16_i32(row_key, column)

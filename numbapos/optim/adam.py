@@ -60,7 +60,7 @@ class Adam(Optimizer):
     stochastic_rounding : bool, default True
         How a bfloat16 / float16 table (updated in float32, with float32
         state) is written back: stochastically rounded (random bits from
-        numbapos's keyed hash of ``(seed, rounding step, element)``), or,
+        numbapos's keyed hash of ``(seed, rounding step, row, column)``), or,
         when False, to nearest even.
     seed : int, default 0
         The stochastic rounding's seed.
@@ -144,7 +144,7 @@ class AdamW(Adam):
     stochastic_rounding : bool, default True
         How a bfloat16 / float16 table (updated in float32, with float32
         state) is written back: stochastically rounded (random bits from
-        numbapos's keyed hash of ``(seed, rounding step, element)``), or,
+        numbapos's keyed hash of ``(seed, rounding step, row, column)``), or,
         when False, to nearest even.
     seed : int, default 0
         The stochastic rounding's seed.

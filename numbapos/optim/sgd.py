@@ -71,7 +71,7 @@ class SGD(Optimizer):
     stochastic_rounding : bool, default True
         How a bfloat16 / float16 table (updated in float32, with float32
         state) is written back: stochastically rounded (random bits from
-        numbapos's keyed hash of ``(seed, rounding step, element)``), or,
+        numbapos's keyed hash of ``(seed, rounding step, row, column)``), or,
         when False, to nearest even.
     seed : int, default 0
         The stochastic rounding's seed.

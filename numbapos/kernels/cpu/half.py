@@ -25,7 +25,7 @@ from ..halfbits import (
     half_from_f32_bits_stochastic,
     half_value,
 )
-from ..hash import dropout_bits_keyed, dropout_key
+from ..hash import dropout_key, rounding_bits16, rounding_row_key
 from .arrays import option, pick
 from .embedding import unique_rows
 from .jit import kernel
@@ -79,9 +79,9 @@ def store_half_(table, values, seed, step, stochastic, fmt):
     stored into the 16-bit ``table`` (uint16 bits of format ``fmt``), in place.
 
     With ``stochastic`` each element rounds stochastically
-    (:func:`~numbapos.kernels.halfbits.half_from_f32_bits_stochastic`) with the top 16
-    of the keyed hash's 32 bits for ``(seed, step, r * D + d)``: the same bits for any
-    thread count and on the GPU. Otherwise to nearest even.
+    (:func:`~numbapos.kernels.halfbits.half_from_f32_bits_stochastic`) with the 16 bits
+    of the keyed hash :func:`~numbapos.kernels.hash.rounding_bits` for ``(seed, step, r,
+    d)``: the same bits for any thread count and on the GPU. Otherwise to nearest even.
     """
     if table.size:
         rows = np.arange(table.shape[0], dtype=np.int64)
@@ -213,9 +213,10 @@ def _store_row(table, values, r, key, stochastic, fmt):
         for d in range(dim):
             table[r, d] = half_from_f32_bits(values[r, d], fmt)
     else:
+        row_key = rounding_row_key(key, r)
         for d in range(dim):
-            random16 = dropout_bits_keyed(key, np.uint64(r * dim + d)) >> np.uint64(16)
-            table[r, d] = half_from_f32_bits_stochastic(values[r, d], fmt, random16)
+            table[r, d] = half_from_f32_bits_stochastic(values[r, d], fmt,
+                                                        rounding_bits16(row_key, d))
 
 
 @kernel()

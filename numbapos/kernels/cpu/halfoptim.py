@@ -4,7 +4,8 @@ Each listed row is read as its ``uint16`` bits, every element widened to
 float32 in a register (:mod:`numbapos.kernels.halfbits`, then a bit cast),
 updated with the float32 state by the element updates the float tables use
 (:mod:`numbapos.kernels.updates`) and stored back rounded: stochastically,
-with the keyed hash of ``(seed, step, row * D + column)``, or to nearest even.
+with the keyed hash of ``(seed, step, row, column)``
+(:func:`~numbapos.kernels.hash.rounding_bits`), or to nearest even.
 No float32 copy of the table is made, and the bits are those of widening the
 rows, running the float32 update and storing them rounded
 (``functional.widen_table``, the float launchers, ``store_rounded_``), for
@@ -37,7 +38,7 @@ from ..halfbits import (
     half_from_f32_bits_stochastic,
     half_to_f32_bits,
 )
-from ..hash import GOLDEN_GAMMA, dropout_key, mix64
+from ..hash import dropout_key, rounding_bits16, rounding_row_key
 from ..scalar import f32_bits, f32_from_bits
 from .arrays import option, pick, runs_parallel
 from .embedding import group_gradient
@@ -161,23 +162,15 @@ def _load(table, row, d, fmt):
 
 
 @kernel(inline="always")
-def _stream(key, row, dim):
-    # The hash's input for element (row, 0): key + (row * D) * G. Element (row, d)'s is
-    # d * G further on, so the row loops add G per column instead of multiplying
-    # (one 64-bit multiply of three per element less; the same bits).
-    return key + np.uint64(row * dim) * GOLDEN_GAMMA
-
-
-@kernel(inline="always")
-def _store(table, row, d, value, z, stochastic, fmt):
+def _store(table, row, d, value, row_key, stochastic, fmt):
     # The float32 ``value`` into element (row, d), rounded as store_half_rows_ rounds it:
-    # stochastically with the top 16 of dropout_bits_keyed(key, row * D + d)'s 32 bits,
-    # which are mix64(z)'s top 16 (z from _stream).
+    # stochastically with rounding_bits16(row_key, d), row_key the row's
+    # rounding_row_key (one 64-bit hash per row, hoisted out of the column loops).
     u = f32_bits(value)
     if stochastic is None:
         table[row, d] = half_from_f32_bits(u, fmt)
     else:
-        table[row, d] = half_from_f32_bits_stochastic(u, fmt, mix64(z) >> np.uint64(48))
+        table[row, d] = half_from_f32_bits_stochastic(u, fmt, rounding_bits16(row_key, d))
 
 
 @kernel(inline="always")
@@ -220,12 +213,11 @@ def _gradient(j, values, grad, groups, scale, acc):
 @kernel(inline="always")
 def _sgd_row(row, g, table, buf, bf16_buf, started, h, nesterov, maximize, decay, key,
              stochastic, fmt):
-    z = _stream(key, row, table.shape[1])
+    row_key = rounding_row_key(key, row)
     if buf is None:
         for d in range(table.shape[1]):
             p = updates.sgd_plain_update(_load(table, row, d, fmt), g[d], h, maximize, decay)
-            _store(table, row, d, p, z, stochastic, fmt)
-            z += GOLDEN_GAMMA
+            _store(table, row, d, p, row_key, stochastic, fmt)
     else:
         first = not started[row]
         for d in range(table.shape[1]):
@@ -233,8 +225,7 @@ def _sgd_row(row, g, table, buf, bf16_buf, started, h, nesterov, maximize, decay
                                                _load_state(buf, row, d, bf16_buf), h, first,
                                                nesterov, maximize, decay)
             _store_state(buf, row, d, b, bf16_buf)
-            _store(table, row, d, p, z, stochastic, fmt)
-            z += GOLDEN_GAMMA
+            _store(table, row, d, p, row_key, stochastic, fmt)
         started[row] = True
 
 
@@ -291,14 +282,13 @@ def _sgd_parallel(table, rows, values, grad, groups, scale, scratch, seed, step,
 @kernel(inline="always")
 def _adam_row(row, g, table, exp_avg, bf16_avg, exp_avg_sq, h, key, stochastic, fmt):
     l2, decoupled = updates.adam_decay_flags(h)
-    z = _stream(key, row, table.shape[1])
+    row_key = rounding_row_key(key, row)
     for d in range(table.shape[1]):
         p, m, exp_avg_sq[row, d] = updates.sparse_adam_update(
             _load(table, row, d, fmt), g[d], _load_state(exp_avg, row, d, bf16_avg),
             exp_avg_sq[row, d], h, l2, decoupled)
         _store_state(exp_avg, row, d, m, bf16_avg)
-        _store(table, row, d, p, z, stochastic, fmt)
-        z += GOLDEN_GAMMA
+        _store(table, row, d, p, row_key, stochastic, fmt)
 
 
 @kernel(inline="always")
@@ -342,12 +332,11 @@ def _adam_parallel(table, rows, values, grad, groups, scale, scratch, seed, step
 @kernel(inline="always")
 def _adagrad_row(row, g, table, state_sum, h, key, stochastic, fmt):
     decay = h.weight_decay != 0
-    z = _stream(key, row, table.shape[1])
+    row_key = rounding_row_key(key, row)
     for d in range(table.shape[1]):
         p, state_sum[row, d] = updates.adagrad_update(_load(table, row, d, fmt), g[d],
                                                       state_sum[row, d], h, decay)
-        _store(table, row, d, p, z, stochastic, fmt)
-        z += GOLDEN_GAMMA
+        _store(table, row, d, p, row_key, stochastic, fmt)
 
 
 @kernel(inline="always")
@@ -396,11 +385,10 @@ def _rowwise_row(row, g, table, state_sum, h, key, stochastic, fmt):
     acc, correction, multiplier = updates.rowwise_factors(state_sum[row], square_sum,
                                                           np.float32(dim), np.float32(1), h)
     state_sum[row] = acc
-    z = _stream(key, row, dim)
+    row_key = rounding_row_key(key, row)
     for d in range(dim):
         p = updates.rowwise_apply(_load(table, row, d, fmt), g[d], correction, multiplier)
-        _store(table, row, d, p, z, stochastic, fmt)
-        z += GOLDEN_GAMMA
+        _store(table, row, d, p, row_key, stochastic, fmt)
 
 
 @kernel(inline="always")

@@ -29,7 +29,7 @@ from ..halfbits import (
     half_to_f32_bits,
     half_value,
 )
-from ..hash import dropout_bits_keyed
+from ..hash import rounding_bits
 from . import arrays, errors, streams, vector
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .dropout import counter_key, no_counter
@@ -101,7 +101,7 @@ def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
 
 def store_half_(table, values, seed, step, stochastic, fmt):
     """``table[r, d] = round(values[r, d])`` (float32 bits into 16-bit ones), in place: the
-    CPU's bits (stochastic rounding keyed by ``(seed, step, r * D + d)``, or to nearest
+    CPU's bits (stochastic rounding keyed by ``(seed, step, r, d)``, or to nearest
     even). ``step`` is an int, or a device counter (a ``(1,)`` uint64 device array the
     kernel reads: :class:`.clock.DeviceCounter`). Nothing is stored while an index error
     is pending."""
@@ -243,14 +243,13 @@ def _store(table, values, seed, step, live, stochastic, fmt, word):
     for k in range(cuda.grid(1), table.size, cuda.gridsize(1)):
         r = k // dim
         d = k - r * dim
-        table[r, d] = _rounded(values[r, d], key, k, stochastic, fmt)
+        table[r, d] = _rounded(values[r, d], key, r, d, stochastic, fmt)
 
 
 @cuda.jit(device=True)
-def _rounded(u, key, k, stochastic, fmt):
+def _rounded(u, key, row, d, stochastic, fmt):
     if stochastic:
-        random16 = dropout_bits_keyed(key, np.uint64(k)) >> np.uint64(16)
-        return half_from_f32_bits_stochastic(u, fmt, random16)
+        return half_from_f32_bits_stochastic(u, fmt, rounding_bits(key, row, d))
     return half_from_f32_bits(u, fmt)
 
 
@@ -264,7 +263,7 @@ def _store_rows(table, values, rows, used, seed, step, live, stochastic, fmt, wo
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         r = rows[j]
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            table[r, d] = _rounded(values[r, d], key, r * dim + d, stochastic, fmt)
+            table[r, d] = _rounded(values[r, d], key, r, d, stochastic, fmt)
 
 
 @cuda.jit

@@ -6,7 +6,7 @@ one thread per row, summing in column order). Each thread widens its element
 from the table's ``uint16`` bits to a float32 register, updates it with the
 float32 state by the shared element updates (:mod:`numbapos.kernels.updates`)
 and stores it back rounded (stochastically with the keyed hash of
-``(seed, step, row * D + column)``, or to nearest even). SGD's momentum and
+``(seed, step, row, column)``, or to nearest even). SGD's momentum and
 Adam's ``exp_avg`` may be bfloat16 (``uint16`` bits; widened, updated in
 float32, stored rounded to nearest even), as on the CPU. Nothing is modified
 while an index error is pending; row counts stay on the device.
@@ -163,7 +163,7 @@ def _load(table, row, d, fmt):
 
 @cuda.jit(device=True)
 def _store(table, row, d, value, key, stochastic, fmt):
-    table[row, d] = _rounded(f32_bits(value), key, row * table.shape[1] + d, stochastic, fmt)
+    table[row, d] = _rounded(f32_bits(value), key, row, d, stochastic, fmt)
 
 
 @cuda.jit(device=True)

@@ -1,0 +1,99 @@
+"""The random bits of stochastic rounding (16-bit tables) against a NumPy / Python-int
+reference, and the 32-bit jitted forms against the Python functions the CUDA simulator
+runs: every device draws the same bits for element (row, column)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import njit
+from reference import bf16_round_stochastic
+from reference import rounding_bits16 as reference_bits16
+
+import numbapos.functional as F
+from numbapos.kernels.halfbits import bf16_from_f32_bits_stochastic
+from numbapos.kernels.hash import dropout_key, rounding_bits, rounding_bits16, rounding_row_key
+
+BF16 = ml_dtypes.bfloat16
+
+
+@njit
+def _jitted_bits(key, rows, columns):
+    out = np.empty(rows.size, np.uint32)
+    for i in range(rows.size):
+        out[i] = rounding_bits(key, rows[i], columns[i])
+    return out
+
+
+@njit
+def _jitted_row(row_key, dim):
+    out = np.empty(dim, np.uint32)
+    for d in range(dim):  # the vectorised loop of the kernels
+        out[d] = rounding_bits16(row_key, d)
+    return out
+
+
+@njit
+def _jitted_bf16(bits, random16):
+    out = np.empty(bits.size, np.uint16)
+    for i in range(bits.size):
+        out[i] = bf16_from_f32_bits_stochastic(bits[i], random16[i])
+    return out
+
+
+def test_rounding_bits_match_the_reference_jitted_and_in_python(rng):
+    seed, step = 11, 2**40 + 3
+    key = dropout_key(np.uint64(seed), np.uint64(step))
+    rows = rng.integers(0, 2**40, 300)
+    columns = rng.integers(0, 70_000, 300)
+    expected = [reference_bits16(seed, step, int(r), int(c))
+                for r, c in zip(rows, columns, strict=True)]
+    np.testing.assert_array_equal(_jitted_bits(key, rows, columns), expected)
+    assert [int(rounding_bits(key, r, c))
+            for r, c in zip(rows, columns, strict=True)] == expected
+    row_key = rounding_row_key(key, 5)
+    np.testing.assert_array_equal(_jitted_row(row_key, 1000),
+                                  [reference_bits16(seed, step, 5, d) for d in range(1000)])
+
+
+def test_rounding_bits_are_uniform_and_rows_independent():
+    key = dropout_key(np.uint64(3), np.uint64(0))
+    bits = np.stack([_jitted_row(rounding_row_key(key, r), 512) for r in range(512)])
+    assert bits.max() < 2**16
+    counts = np.bincount((bits >> 12).ravel(), minlength=16)  # 16 bins of 16,384 expected
+    chi2 = (((counts - bits.size / 16) ** 2) / (bits.size / 16)).sum()
+    assert chi2 < 45  # 15 degrees of freedom: p < 1e-4
+    for bit in range(16):  # every bit is a fair coin
+        assert abs(((bits >> bit) & 1).mean() - 0.5) < 0.01
+    # Neighbouring rows and columns are uncorrelated.
+    x = bits.astype(np.float64) - bits.mean()
+    assert abs((x[1:] * x[:-1]).mean() / x.var()) < 0.02
+    assert abs((x[:, 1:] * x[:, :-1]).mean() / x.var()) < 0.02
+
+
+def test_bf16_stochastic_rounding_jitted_equals_python_on_edge_cases(rng):
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 3.3895314e38,
+                         -3.3895314e38, 1e-45, -1e-45, 1.0, 1.0000001, -1.9999999],
+                        np.float32).view(np.uint32)
+    payload_nans = np.array([0x7F800001, 0xFF80FFFF, 0x7FFFFFFF], np.uint32)
+    bits = np.concatenate([specials, payload_nans,
+                           rng.integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32)])
+    for random16 in (np.zeros(bits.size, np.uint32), np.full(bits.size, 0xFFFF, np.uint32),
+                     rng.integers(0, 2**16, bits.size).astype(np.uint32)):
+        python = [int(bf16_from_f32_bits_stochastic(u, r))
+                  for u, r in zip(bits, random16, strict=True)]
+        np.testing.assert_array_equal(_jitted_bf16(bits, random16), python)
+    # random16 = 0 rounds every inexact value away from zero, 0xFFFF truncates it.
+    assert int(bf16_from_f32_bits_stochastic(np.uint32(0x3F800001), 0)) == 0x3F81
+    assert int(bf16_from_f32_bits_stochastic(np.uint32(0x3F80FFFF), 0xFFFF)) == 0x3F80
+    assert int(bf16_from_f32_bits_stochastic(np.uint32(0x3F800000), 0)) == 0x3F80  # exact
+
+
+@pytest.mark.parametrize("threads_threshold", [1 << 40, 1], ids=["serial", "parallel"])
+def test_store_rounded_bfloat16_is_the_reference_bit_for_bit(threads_threshold, parallel_threshold,
+                                                             rng):
+    parallel_threshold(threads_threshold)
+    values = (rng.normal(size=(40, 96)) * np.logspace(-40, 38, 96)).astype(np.float32)
+    values[0, :4] = [np.nan, -np.inf, np.inf, -0.0]
+    table = np.zeros(values.shape, BF16)
+    F.store_rounded_(table, values, seed=21, step=9)
+    np.testing.assert_array_equal(table.view(np.uint16), bf16_round_stochastic(values, 21, 9))
