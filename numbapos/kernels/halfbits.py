@@ -38,9 +38,11 @@ from numba import types
 from numba.extending import intrinsic, overload, register_jitable
 
 from .rowwise import _from_bits, _to_bits
+from .scalar import f32_bits, f32_from_bits
 
 BF16 = 0  # format codes of the launchers
 F16 = 1
+_TWO_M14 = np.float32(2.0 ** -14)
 
 
 @register_jitable
@@ -51,23 +53,23 @@ def bf16_to_f32_bits(h):
 
 @register_jitable
 def f16_to_f32_bits(h):
-    """The float32 bits of the float16 bits ``h`` (NumPy's conversion, exact)."""
+    """The float32 bits of the float16 bits ``h`` (exact, as NumPy's conversion).
+
+    Branch-free, so the loops that widen float16 rows vectorise (Giesen's
+    ``half_to_float``): the exponent is rebased by 112; an infinity or NaN
+    (payload kept) by 112 more; a zero or subnormal ``m * 2**-24`` is made the
+    normal float32 ``2**-14 * (1 + m / 1024)``, from which an exact float32
+    subtraction of ``2**-14`` leaves ``m * 2**-24``.
+    """
     h = np.int64(h)
-    sign = (h & 0x8000) << 16
-    exponent = h & 0x7C00
-    fraction = h & 0x03FF
-    if exponent == 0:  # zero or subnormal: normalise
-        if fraction == 0:
-            return np.uint32(sign)
-        shift = 0
-        fraction <<= 1
-        while (fraction & 0x0400) == 0:
-            fraction <<= 1
-            shift += 1
-        return np.uint32(sign + ((127 - 15 - shift) << 23) + ((fraction & 0x03FF) << 13))
-    if exponent == 0x7C00:  # infinity or NaN (payload kept)
-        return np.uint32(sign + 0x7F800000 + (fraction << 13))
-    return np.uint32(sign + (((h & 0x7FFF) + 0x1C000) << 13))
+    magnitude = (h & 0x7FFF) << 13
+    exponent = magnitude & 0x0F800000
+    bits = magnitude + 0x38000000
+    if exponent == 0x0F800000:  # infinity or NaN
+        bits += 0x38000000
+    elif exponent == 0:  # zero or subnormal
+        bits = np.int64(f32_bits(f32_from_bits(bits + 0x00800000) - _TWO_M14))
+    return np.uint32(bits | ((h & 0x8000) << 16))
 
 
 @register_jitable
