@@ -88,7 +88,13 @@ def _eager(device, make_opt, schedule=None):
     return outputs, _state(emb, bias, opt)
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMISERS))
+# Each optimiser's CPU and simulated kernels cost seconds: by default Adam, SGD with
+# momentum and row-wise Adagrad (AdamW is Adam's kernel with decoupled decay; Adagrad's
+# captured step runs by default on a 16-bit table below); those two under the
+# exhaustive marker.
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.exhaustive if name in ("adamw", "adagrad") else ())
+    for name in sorted(OPTIMISERS)])
 def test_replays_give_the_bits_of_the_eager_steps_and_of_the_cpu(name):
     make_opt = OPTIMISERS[name]
     # The capture takes two steps on the batch in the inputs (the warm-up's and the
@@ -261,6 +267,9 @@ def _bert_setup():
     return block, opt, ids, step
 
 
+# The BERT block's captured step runs by default with dropout (SGD) below; this AdamW
+# variant under the exhaustive marker.
+@pytest.mark.exhaustive
 def test_a_bert_block_step_replays_with_the_eager_bits():
     # The fused block kernels (gather + sum + LayerNorm, its backward and partial sums)
     # and AdamW's dense steps on every table, captured and replayed.
@@ -505,7 +514,12 @@ HALF_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(HALF_CASES))
+# By default one sparse and one dense case (Adam's and Adagrad's kernels); the other
+# optimisers' 16-bit captured steps under the exhaustive marker.
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=() if name in ("sparse_adam", "dense_adagrad")
+                 else pytest.mark.exhaustive)
+    for name in sorted(HALF_CASES)])
 def test_a_16_bit_table_step_replays_with_the_eager_bits_and_the_cpus(name):
     make_opt, sparse = HALF_CASES[name]
     emb, opt, ids, step = _half_setup("cuda", make_opt, sparse)
