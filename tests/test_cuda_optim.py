@@ -18,6 +18,16 @@ from numbapos.kernels.cuda import optim as gpu
 CONFIGS = SGD_CONFIGS
 
 
+def _dtypes_in_turn(cases):
+    """``(dtype, *values)`` params of ``(id, turn, values)`` cases: each with
+    ``FLOAT_DTYPES[turn % 2]`` in the default run, the other dtype under the exhaustive
+    marker."""
+    return [pytest.param(dtype, *values, id=f"{case_id}-{np.dtype(dtype).name}",
+                         marks=() if d == turn % 2 else pytest.mark.exhaustive)
+            for case_id, turn, values in cases
+            for d, dtype in enumerate(FLOAT_DTYPES)]
+
+
 def hyper(dtype, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
           maximize=False):
     cast = np.dtype(dtype).type
@@ -99,9 +109,12 @@ def test_sgd_dense_empty_is_a_no_op():
 STEPS = ([1, 2], [2, 3], [0, 1, 3, 5], [2])
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("dim", [3, 130])
+# Each option set and dtype compiles its own CPU kernels and the simulator runs every
+# case: by default each option set with the two dtypes in turn (both widths), the other
+# dtype of each under the exhaustive marker.
+@pytest.mark.parametrize("dtype, config, dim", _dtypes_in_turn(
+    [(f"{dim}-config{c}", c, (config, dim)) for c, config in enumerate(CONFIGS)
+     for dim in (3, 130)]))
 def test_sgd_rows_steps_bit_identical(rng, dtype, config, dim):
     num = 6
     h = hyper(dtype, lr=0.05, **config)
@@ -209,9 +222,11 @@ def _rows_steps(rng, num, dim, dtype):
         yield rows, rng.normal(size=(rows.size, dim)).astype(dtype)
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("config", ADAM_CONFIGS)
-@pytest.mark.parametrize("amsgrad", [False, True])
+# Adam's two tests: each option set with the two dtypes in turn by default (with and
+# without amsgrad, both widths), the other dtype of each under the exhaustive marker.
+@pytest.mark.parametrize("dtype, config, amsgrad", _dtypes_in_turn(
+    [(f"{amsgrad}-config{c}", c, (config, amsgrad)) for c, config in enumerate(ADAM_CONFIGS)
+     for amsgrad in (False, True)]))
 def test_adam_dense_bit_identical(rng, dtype, config, amsgrad):
     from numbapos.functional.optim import _adam_hyper
 
@@ -228,9 +243,9 @@ def test_adam_dense_bit_identical(rng, dtype, config, amsgrad):
             np.testing.assert_array_equal(d.copy_to_host(), a)
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("config", ADAM_CONFIGS)
-@pytest.mark.parametrize("dim", [3, 130])
+@pytest.mark.parametrize("dtype, config, dim", _dtypes_in_turn(
+    [(f"{dim}-config{c}", c, (config, dim)) for c, config in enumerate(ADAM_CONFIGS)
+     for dim in (3, 130)]))
 def test_adam_rows_bit_identical(rng, dtype, config, dim):
     from numbapos.functional.optim import _adam_hyper
 
