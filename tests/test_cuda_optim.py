@@ -56,8 +56,10 @@ def test_same_launchers_and_signatures():
 # ---------------------------------------------------------------- sgd_dense_
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("config", CONFIGS)
+# Each option set with the two dtypes in turn by default, the other dtype of each under
+# the exhaustive marker.
+@pytest.mark.parametrize("dtype, config", _dtypes_in_turn(
+    [(f"config{c}", c, (config,)) for c, config in enumerate(CONFIGS)]))
 def test_sgd_dense_steps_bit_identical(rng, dtype, config):
     n = 150  # two blocks, the second partly idle
     h = hyper(dtype, **config)
