@@ -88,7 +88,13 @@ def _eager(device, make_opt, schedule=None):
     return outputs, _state(emb, bias, opt)
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMISERS))
+# Each optimiser's CPU and simulated kernels cost seconds: by default Adam, SGD with
+# momentum and row-wise Adagrad (AdamW is Adam's kernel with decoupled decay; Adagrad's
+# captured step runs by default on a 16-bit table below); those two under the
+# exhaustive marker.
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.exhaustive if name in ("adamw", "adagrad") else ())
+    for name in sorted(OPTIMISERS)])
 def test_replays_give_the_bits_of_the_eager_steps_and_of_the_cpu(name):
     make_opt = OPTIMISERS[name]
     # The capture takes two steps on the batch in the inputs (the warm-up's and the
@@ -143,11 +149,12 @@ def test_a_learning_rate_set_between_replays_is_obeyed():
     emb, bias, opt, ids, step = _setup("cuda", make_opt)
     opt.param_groups[0]["lr"] = schedule(0)
     captured = numbapos.cuda.capture(step, warmup=1)  # steps 0 and 1, both at schedule(0)
-    # Rebuild the expectation for that sequence: lr(0) twice, then lr(2), lr(3), ...
-    emb2, bias2, opt2, ids2, step2 = _setup("cuda", make_opt)
+    # Rebuild the expectation for that sequence: lr(0) twice, then lr(2), lr(3), ... (on
+    # the CPU, whose bits the eager CUDA steps give: no second simulated run)
+    emb2, bias2, opt2, ids2, step2 = _setup("cpu", make_opt)
     for i in range(len(BATCHES)):
         opt2.param_groups[0]["lr"] = schedule(0 if i < 2 else i)
-        ids2.copy_to_device(BATCHES[0] if i < 2 else BATCHES[i])
+        ids2[...] = BATCHES[0] if i < 2 else BATCHES[i]
         step2()
     for i in range(2, len(BATCHES)):
         opt.param_groups[0]["lr"] = schedule(i)
@@ -261,6 +268,9 @@ def _bert_setup():
     return block, opt, ids, step
 
 
+# The BERT block's captured step runs by default with dropout (SGD) below; this AdamW
+# variant under the exhaustive marker.
+@pytest.mark.exhaustive
 def test_a_bert_block_step_replays_with_the_eager_bits():
     # The fused block kernels (gather + sum + LayerNorm, its backward and partial sums)
     # and AdamW's dense steps on every table, captured and replayed.
@@ -505,7 +515,12 @@ HALF_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(HALF_CASES))
+# By default one sparse and one dense case (Adam's and Adagrad's kernels); the other
+# optimisers' 16-bit captured steps under the exhaustive marker.
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=() if name in ("sparse_adam", "dense_adagrad")
+                 else pytest.mark.exhaustive)
+    for name in sorted(HALF_CASES)])
 def test_a_16_bit_table_step_replays_with_the_eager_bits_and_the_cpus(name):
     make_opt, sparse = HALF_CASES[name]
     emb, opt, ids, step = _half_setup("cuda", make_opt, sparse)

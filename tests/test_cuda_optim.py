@@ -18,6 +18,16 @@ from numbapos.kernels.cuda import optim as gpu
 CONFIGS = SGD_CONFIGS
 
 
+def _dtypes_in_turn(cases):
+    """``(dtype, *values)`` params of ``(id, turn, values)`` cases: each with
+    ``FLOAT_DTYPES[turn % 2]`` in the default run, the other dtype under the exhaustive
+    marker."""
+    return [pytest.param(dtype, *values, id=f"{case_id}-{np.dtype(dtype).name}",
+                         marks=() if d == turn % 2 else pytest.mark.exhaustive)
+            for case_id, turn, values in cases
+            for d, dtype in enumerate(FLOAT_DTYPES)]
+
+
 def hyper(dtype, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
           maximize=False):
     cast = np.dtype(dtype).type
@@ -46,8 +56,10 @@ def test_same_launchers_and_signatures():
 # ---------------------------------------------------------------- sgd_dense_
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("config", CONFIGS)
+# Each option set with the two dtypes in turn by default, the other dtype of each under
+# the exhaustive marker.
+@pytest.mark.parametrize("dtype, config", _dtypes_in_turn(
+    [(f"config{c}", c, (config,)) for c, config in enumerate(CONFIGS)]))
 def test_sgd_dense_steps_bit_identical(rng, dtype, config):
     n = 150  # two blocks, the second partly idle
     h = hyper(dtype, **config)
@@ -99,9 +111,12 @@ def test_sgd_dense_empty_is_a_no_op():
 STEPS = ([1, 2], [2, 3], [0, 1, 3, 5], [2])
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("dim", [3, 130])
+# Each option set and dtype compiles its own CPU kernels and the simulator runs every
+# case: by default each option set with the two dtypes in turn (both widths), the other
+# dtype of each under the exhaustive marker.
+@pytest.mark.parametrize("dtype, config, dim", _dtypes_in_turn(
+    [(f"{dim}-config{c}", c, (config, dim)) for c, config in enumerate(CONFIGS)
+     for dim in (3, 130)]))
 def test_sgd_rows_steps_bit_identical(rng, dtype, config, dim):
     num = 6
     h = hyper(dtype, lr=0.05, **config)
@@ -147,15 +162,18 @@ def test_sgd_rows_empty_rows_is_a_no_op(rng, dtype):
 # ---------------------------------------------------------------- sgd_row_groups_
 
 
-# Each option set, scaling and dtype compiles its own CPU kernels: every option set and
-# scaling with the two dtypes in turn by default, the other dtype of each under the
-# exhaustive marker.
+# Each option set, scaling and dtype compiles its own CPU kernels: by default three
+# cases that reach every option set, both scalings and both dtypes (unscaled float32
+# without momentum, scaled float64 with Nesterov momentum, unscaled float32 with every
+# option), every other combination under the exhaustive marker.
+ROW_GROUP_DEFAULTS = {(False, 0, 0), (True, 1, 1), (False, 2, 0)}
+
+
 @pytest.mark.parametrize("scale, config, dtype", [
     pytest.param(scale, config, dtype, id=f"{scale}-config{c}-{np.dtype(dtype).name}",
-                 marks=() if k % 2 == d else pytest.mark.exhaustive)
-    for k, (scale, (c, config)) in enumerate(
-        (scale, c) for scale in (False, True) for c in ((0, CONFIGS[0]), (1, CONFIGS[3]),
-                                                        (2, CONFIGS[6])))
+                 marks=() if (scale, c, d) in ROW_GROUP_DEFAULTS else pytest.mark.exhaustive)
+    for scale in (False, True)
+    for c, config in ((0, CONFIGS[0]), (1, CONFIGS[3]), (2, CONFIGS[6]))
     for d, dtype in enumerate(FLOAT_DTYPES)])
 def test_sgd_row_groups_equals_sum_then_sgd_rows_on_both_devices(rng, dtype, config, scale):
     from numbapos.kernels.cpu import embedding as cpu_embedding
@@ -206,9 +224,11 @@ def _rows_steps(rng, num, dim, dtype):
         yield rows, rng.normal(size=(rows.size, dim)).astype(dtype)
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("config", ADAM_CONFIGS)
-@pytest.mark.parametrize("amsgrad", [False, True])
+# Adam's two tests: each option set with the two dtypes in turn by default (with and
+# without amsgrad, both widths), the other dtype of each under the exhaustive marker.
+@pytest.mark.parametrize("dtype, config, amsgrad", _dtypes_in_turn(
+    [(f"{amsgrad}-config{c}", c, (config, amsgrad)) for c, config in enumerate(ADAM_CONFIGS)
+     for amsgrad in (False, True)]))
 def test_adam_dense_bit_identical(rng, dtype, config, amsgrad):
     from numbapos.functional.optim import _adam_hyper
 
@@ -225,9 +245,9 @@ def test_adam_dense_bit_identical(rng, dtype, config, amsgrad):
             np.testing.assert_array_equal(d.copy_to_host(), a)
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("config", ADAM_CONFIGS)
-@pytest.mark.parametrize("dim", [3, 130])
+@pytest.mark.parametrize("dtype, config, dim", _dtypes_in_turn(
+    [(f"{dim}-config{c}", c, (config, dim)) for c, config in enumerate(ADAM_CONFIGS)
+     for dim in (3, 130)]))
 def test_adam_rows_bit_identical(rng, dtype, config, dim):
     from numbapos.functional.optim import _adam_hyper
 
@@ -272,9 +292,15 @@ def test_adagrad_dense_and_rows_bit_identical(rng, dtype, config):
         np.testing.assert_array_equal(state_d.copy_to_host(), state)
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("mode", ["none", "l2", "decoupled"])
-@pytest.mark.parametrize("dim", [1, 37])
+# Each weight decay mode and dtype compiles its own kernels: by default the three modes
+# with the two dtypes in turn (both widths each), the other dtype of each under the
+# exhaustive marker.
+@pytest.mark.parametrize("dtype, mode, dim", [
+    pytest.param(dtype, mode, dim, id=f"{dim}-{mode}-{np.dtype(dtype).name}",
+                 marks=() if m % 2 == d else pytest.mark.exhaustive)
+    for dim in (1, 37)
+    for m, mode in enumerate(["none", "l2", "decoupled"])
+    for d, dtype in enumerate(FLOAT_DTYPES)])
 def test_rowwise_adagrad_bit_identical_and_matches_reference(rng, dtype, mode, dim):
     import reference as ref
 
