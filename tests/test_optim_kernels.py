@@ -4,7 +4,7 @@ The kernels pick between options with ``choose`` (a select) so that the row
 loops vectorise. Here each launcher, at a serial and at a parallel size, must
 give bit for bit what a plain scalar loop gives that follows PyTorch's
 algorithm with ``if`` statements, for every combination of options, in float32
-and float64.
+and float64 (float64 at the parallel sizes under the exhaustive marker).
 """
 
 import numpy as np
@@ -15,9 +15,28 @@ import numbapos
 from numbapos._args import AdagradHyper, AdamHyper, RowWiseAdagradHyper, SGDHyper
 from numbapos.kernels.cpu import optim as kernels
 
+# The parallel sizes must run the parallel kernels, compiled in the foreground (with
+# the background compiler a cold cache would run the serial ones meanwhile): these
+# tests are the default run's check of the SGD, Adam and Adagrad dense / row pairs
+# against the scalar loop (test_warmup's pair test leaves them to the exhaustive run).
+pytestmark = pytest.mark.usefixtures("foreground_compile")
+
 DENSE_SIZES = [1000, numbapos.config.SETTINGS["parallel_min_elements"].default + 77]
 ROW_SHAPES = [(40, 7, 16), (3000, 700, 96)]  # (rows in the table, rows updated, D)
 DTYPES = [np.float32, np.float64]
+
+
+def _dtype_and(sizes):
+    """``(dtype, size)`` cases: both dtypes at the serial size and float32 at the parallel
+    one by default; float64 at the parallel size (the same source as float32's parallel
+    kernel at another width, compiled once more) under the exhaustive marker."""
+    return [pytest.param(dtype, size, id=f"{np.dtype(dtype).name}-{i}",
+                         marks=pytest.mark.exhaustive if (dtype is np.float64 and i) else ())
+            for dtype in DTYPES for i, size in enumerate(sizes)]
+
+
+DTYPE_DENSE = _dtype_and(DENSE_SIZES)
+DTYPE_ROWS = _dtype_and(ROW_SHAPES)
 
 
 def sgd_hyper(dtype, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
@@ -239,8 +258,7 @@ def row_arrays(rng, dtype, shape, states, row_states=False):
 # ---------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", DENSE_SIZES)
+@pytest.mark.parametrize("dtype, size", DTYPE_DENSE)
 @pytest.mark.parametrize("options", SGD_OPTIONS, ids=str)
 @pytest.mark.parametrize("first", [False, True])
 def test_sgd_dense(rng, dtype, size, options, first):
@@ -249,8 +267,7 @@ def test_sgd_dense(rng, dtype, size, options, first):
               sgd_hyper(dtype, **options))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", ROW_SHAPES)
+@pytest.mark.parametrize("dtype, shape", DTYPE_ROWS)
 @pytest.mark.parametrize("options", SGD_OPTIONS, ids=str)
 def test_sgd_rows(rng, dtype, shape, options):
     param, rows, values, (buf,) = row_arrays(rng, dtype, shape, 1)
@@ -259,16 +276,14 @@ def test_sgd_rows(rng, dtype, shape, options):
                    sgd_hyper(dtype, **options))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", DENSE_SIZES)
+@pytest.mark.parametrize("dtype, size", DTYPE_DENSE)
 @pytest.mark.parametrize("options", ADAM_OPTIONS, ids=str)
 def test_adam_dense(rng, dtype, size, options):
     arrays = dense_arrays(rng, dtype, size, 3)
     both_ways(kernels.adam_dense_, adam_dense_generic, arrays, adam_hyper(dtype, **options))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", ROW_SHAPES)
+@pytest.mark.parametrize("dtype, shape", DTYPE_ROWS)
 @pytest.mark.parametrize("options", [o for o in ADAM_OPTIONS if "amsgrad" not in o], ids=str)
 def test_adam_rows(rng, dtype, shape, options):
     param, rows, values, states = row_arrays(rng, dtype, shape, 2)
@@ -276,8 +291,7 @@ def test_adam_rows(rng, dtype, shape, options):
                    adam_hyper(dtype, **options))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", DENSE_SIZES)
+@pytest.mark.parametrize("dtype, size", DTYPE_DENSE)
 @pytest.mark.parametrize("options", ADAGRAD_OPTIONS, ids=str)
 def test_adagrad_dense(rng, dtype, size, options):
     arrays = dense_arrays(rng, dtype, size, 1)
@@ -285,8 +299,7 @@ def test_adagrad_dense(rng, dtype, size, options):
               adagrad_hyper(dtype, **options))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", ROW_SHAPES)
+@pytest.mark.parametrize("dtype, shape", DTYPE_ROWS)
 @pytest.mark.parametrize("options", ADAGRAD_OPTIONS, ids=str)
 def test_adagrad_rows(rng, dtype, shape, options):
     param, rows, values, states = row_arrays(rng, dtype, shape, 1)
@@ -294,8 +307,7 @@ def test_adagrad_rows(rng, dtype, shape, options):
                    adagrad_hyper(dtype, **options))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", ROW_SHAPES)
+@pytest.mark.parametrize("dtype, shape", DTYPE_ROWS)
 @pytest.mark.parametrize("options", ROWWISE_OPTIONS, ids=str)
 def test_rowwise_adagrad_rows(rng, dtype, shape, options):
     param, rows, values, states = row_arrays(rng, dtype, shape, 1, row_states=True)
@@ -311,8 +323,10 @@ def test_rowwise_adagrad_rows(rng, dtype, shape, options):
 ROWWISE_COUNTS = [1, 2, 3, 4, 5, 6, 7, 9, 701, 702, 703, 704]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("used", ROWWISE_COUNTS)
+@pytest.mark.parametrize("dtype, used", [
+    pytest.param(dtype, used, id=f"{np.dtype(dtype).name}-{used}",
+                 marks=pytest.mark.exhaustive if (dtype is np.float64 and used > 700) else ())
+    for dtype in DTYPES for used in ROWWISE_COUNTS])
 @pytest.mark.parametrize("options", ROWWISE_OPTIONS, ids=str)
 def test_rowwise_adagrad_rows_in_blocks_of_four(rng, dtype, used, options):
     param, rows, values, states = row_arrays(rng, dtype, (used + 300, used, 96), 1,

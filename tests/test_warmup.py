@@ -46,10 +46,11 @@ def _same(a, b, where):
 # float32 pairs and every group's float64 ones. The other groups' pairs are either
 # compared by their own file in the default run too (quantised tables, LayerNorm,
 # dropout: test_<area>.py::test_serial_and_parallel_kernels_agree*) or are the
-# pairs of rotary, ALiBi and the BERT block, and SGD's weight-decay loops (more
-# variants of the pairs the "sgd" group reaches).
+# pairs of rotary, ALiBi and the BERT block, and the SGD / Adam / Adagrad dense and
+# row pairs (test_optim_kernels.py runs both kernels of each against a scalar loop,
+# every option, in the default run; the fused row-group pairs the groups above reach).
 PAIR_GROUPS = ("embedding", "renorm", "padding", "positional", "sinusoid", "resize", "init",
-               "gpt2", "sgd", "optimisers")
+               "gpt2")
 OTHER_GROUPS = tuple(case.name for case in _warmup.CASES if case.name not in PAIR_GROUPS)
 # The pairs only the other groups reach (named, so that a new pair is reached by the
 # default groups or listed here, where the exhaustive run checks it is reached).
@@ -58,7 +59,8 @@ OTHER_PAIRS = {"_apply", "_table", "_fill", "_add", "_slope_grad", "_bert_forwar
                "_gather8", "_gather4", "_layer_norm_rows", "_backward_chunks",
                "_dropout_apply", "_dropout_keep_mask", "_rowwise_dense", "_rowwise_rows",
                "_widen_bf16", "_widen_f16", "_copy_rows", "_renorm", "_store_rows",
-               "_widen_bf16_at", "_widen_f16_at"}
+               "_widen_bf16_at", "_widen_f16_at", "_sgd_dense", "_sgd_rows", "_adam_dense",
+               "_adam_rows", "_adagrad_dense", "_adagrad_rows"}
 
 
 @pytest.mark.parametrize("dtype, groups", [
