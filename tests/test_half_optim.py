@@ -142,12 +142,12 @@ def _sweep(formats=HALVES):
     return params
 
 
-# The parallel kernels (two threads) of the representative Adam, Adagrad and row-wise
-# Adagrad cases compile as long again: by default those three run their serial kernels
-# only ("-serial"), the SGD case both (the bfloat16 momentum test below runs AdamW's
-# parallel kernel by default too); both kernels of every case under the exhaustive
+# The parallel kernels (two threads) of the representative cases compile as long
+# again: by default the four run their serial kernels only ("-serial"); the bfloat16
+# momentum test below runs SGD's (summed) and AdamW's (fused) parallel kernels by
+# default, against the serial ones; both kernels of every case under the exhaustive
 # marker.
-SERIAL_ONLY = (4, 7, 10)
+SERIAL_ONLY = (1, 4, 7, 10)
 
 
 def _sweep_with_threads():
