@@ -334,7 +334,9 @@ def test_dropout_replays_draw_the_masks_of_the_eager_steps_and_of_the_cpu():
         outputs.append(numbapos.to_host(captured.outputs))
     assert drop.counter == len(BATCHES)  # the host counts replays, reading nothing back
     assert int(drop.state_dict()["counter"]) == len(BATCHES)
-    for device in ("cuda", "cpu"):
+    # Against the same steps on the CPU, whose masks and bits the eager CUDA steps give
+    # (tests/test_dropout.py): no second simulated run.
+    for device in ("cpu",):
         emb2, drop2, ids2, step2 = _dropout_setup(device)
         expected = []
         for batch in np.concatenate([BATCHES[:1], BATCHES[:1], BATCHES[2:]]):
