@@ -46,39 +46,12 @@ def dtype_pairs_in_turn(cases):
     return params
 
 
-def _atomic_simulator_shared_arrays():
-    """Work around a race in Numba's CUDA simulator (numba-cuda's ``FakeCUDAShared.array``).
-
-    The simulator gives a block's ``cuda.shared.array`` to the first of its threads
-    that asks (a dict get, then a separate set): a thread switch in between hands
-    two threads of one block different arrays, and a tree reduction over them
-    returns garbage for that block (seen as one wrong LayerNorm row now and then).
-    ``dict.setdefault`` does both steps at once. Arrays stay identified by the
-    line that asks for them, as in the original; dynamic shared memory (shape 0)
-    keeps the original code.
-    """
-    try:
-        from numba.core import types
-        from numba.cuda.simulator import kernelapi
-        from numba.np import numpy_support
-    except ImportError:  # numba-cuda missing: no CUDA tests run
-        return
-    original = kernelapi.FakeCUDAShared.array
-
-    def array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:
-            return original(self, shape, dtype, alignment)
-        if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        caller = sys._getframe(1)
-        key = (caller.f_code.co_filename, caller.f_lineno)
-        return self._allocations.setdefault(key, np.empty(shape, dtype))
-
-    kernelapi.FakeCUDAShared.array = array
-
-
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    _atomic_simulator_shared_arrays()
+    # Barrier-free blocks run their threads in turn, others wait at barriers
+    # without polling; and cuda.shared.array's race fixed (simulator_patches.py).
+    import simulator_patches
+
+    simulator_patches.install()
     if os.environ.get("PTX_SIGNATURES"):
         # Note each kernel launch's argument types: tests/ptx_signatures.py then
         # compiles them all to PTX (.ci/run), which the simulator never does.
@@ -137,16 +110,6 @@ def tolerance(dtype):
 
 
 DEVICES = ["cpu", "cuda"]
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _fast_thread_switches():
-    """The simulator runs a block's threads as Python threads that hand the GIL around
-    at every barrier: switching sooner makes the CUDA tests about 30% faster."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    yield
-    sys.setswitchinterval(old)
 
 
 def dev(a):
