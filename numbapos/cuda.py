@@ -91,9 +91,10 @@ def capture(step, *, warmup=1):
     PyTorch's recipe (``torch.cuda.graphs``) in one call: ``step`` (a function
     of no arguments running forward, backward and the optimiser step on
     CUDA arrays) runs ``warmup`` times eagerly on a side stream, so that every
-    kernel is compiled and the caching allocator holds every block the step
-    needs; then one call is captured on that stream into a CUDA graph and
-    executed. Each :meth:`CapturedStep.replay` runs the whole step again as
+    kernel is compiled and the caching allocator holds the blocks the step
+    needs (a block it still lacks is allocated while capturing and kept by
+    the graph); then one call is captured on that stream into a CUDA graph
+    and executed. Each :meth:`CapturedStep.replay` runs the whole step again as
     one graph launch, on the current stream.
 
     Inputs are static, as in PyTorch: the graph reads the arrays the captured
@@ -137,7 +138,7 @@ def capture(step, *, warmup=1):
     RuntimeError
         The step needs the host while captured: a copy between host and
         device (e.g. a SparseRows whose rows live on the host), a
-        synchronisation, an allocation its warm-up did not make, a dropout
+        synchronisation, a dropout
         module's (or 16-bit table's) first CUDA use (its device counter is
         made then: let the warm-up make it), active
         :func:`numbapos.functional.dropout` with an integer ``counter`` or

@@ -411,7 +411,8 @@ def test_vector_kernels_compile_to_16_byte_accesses():
     if not _nvvm_available():
         pytest.skip("NVVM is not installed (pip install 'numba-cuda[cu12]'; .ci/run does)")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]))
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)] + [
+                   p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     done = subprocess.run([sys.executable, "-c", PTX], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr

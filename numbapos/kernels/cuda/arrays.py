@@ -118,7 +118,8 @@ def _row_threads(dim: int) -> int:
 
 def empty(shape, dtype):
     """Uninitialised C-contiguous device array."""
-    return cuda.device_array(shape, dtype=np.dtype(dtype), stream=streams.current())
+    return cuda.device_array(shape, dtype=np.dtype(dtype),
+                             stream=streams.for_arrays(streams.current()))
 
 
 def full(shape, value, dtype):
@@ -155,7 +156,7 @@ def asarray(host):
     host = np.asarray(host)
     if not _standard_strides(host):
         host = np.array(host, order="C", copy=True)
-    return cuda.to_device(host, stream=streams.current())
+    return cuda.to_device(host, stream=streams.for_arrays(streams.current()))
 
 
 def to_host(x) -> np.ndarray:

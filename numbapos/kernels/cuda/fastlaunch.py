@@ -1,28 +1,41 @@
-"""Cheaper launches on a real GPU: the compiled kernel resolved once per signature.
+"""Cheaper launches on a real GPU: each signature resolved once, its parameters packed
+by hand and launched with ``cuLaunchKernel``.
 
 ``kernel[blocks, threads, stream](*args)`` configures a launch (an
 ``lru_cache`` lookup), builds a ``_LaunchConfiguration``, types every
-argument through the C dispatcher, selects a launch-config dispatcher and
-only then calls the compiled kernel's ``launch``. :func:`launch` skips all of
-that after the first launch of a signature: it keys a cache on the
-dispatcher and the arguments' Numba types (cached per device array by Numba
-itself, so reading them is an attribute lookup), and calls the compiled
-``_Kernel.launch`` directly with the stream already converted to a
-``cuda.core`` stream.
+argument through the C dispatcher and selects a launch-config dispatcher;
+then the compiled kernel's ``launch`` builds a ``cuda.core`` strided memory
+view and a parameter holder per argument. On an H100 host that came to about
+150 us per launch, more than most embedding kernels run. :func:`launch`
+skips all of it after the first launch of a signature: it keys a cache on
+the dispatcher and the arguments' Numba types (cached per device array by
+Numba itself, so reading them is an attribute lookup), flattens the
+arguments as numba-cuda's ``_Kernel._prepare_args`` does (an array is its
+meminfo, parent, size, itemsize, data pointer, shape and strides; a tuple its
+members), packs them with :mod:`struct` into a buffer whose parameter
+pointers were laid out once, and calls the driver's ``cuLaunchKernel`` with
+the compiled function's handle (:class:`_Direct`). Signatures with a type it
+does not pack, and arguments that are not device memory (a host array Numba
+would copy), go through the compiled kernel's own ``launch``.
 
 That uses numba-cuda internals (``dispatcher.overloads``, ``_Kernel.launch``,
-``driver._to_core_stream``), so it is used only on a real GPU, only where
-:func:`supported` finds them (the ``cuda`` extra pins the numba-cuda minor
-versions it was written against), and never for kernels compiled with
-``debug`` or launch-config-sensitive ones. Anything else, and the first
-launch of each signature (which compiles), takes the ordinary path.
+``_codelibrary.get_cufunc``, ``driver._to_core_stream``), so it is used only
+on a real GPU, only where :func:`supported` finds them (the ``cuda`` extra
+pins the numba-cuda minor versions it was written against), and never for
+kernels compiled with ``debug``, cooperative or launch-config-sensitive
+ones, or with argument extensions. Anything else, and the first launch of
+each signature (which compiles), takes the ordinary path.
 ``NUMBAPOS_CUDA_FAST_LAUNCH=0`` (setting ``cuda_fast_launch``) turns it off.
 """
 
 from __future__ import annotations
 
+import ctypes
 import inspect
+import struct
+import threading
 
+import numpy as np
 from numba import config as numba_config
 
 __all__ = []  # not launchers
@@ -43,15 +56,23 @@ def supported() -> bool:
     if list(inspect.signature(kernel.launch).parameters) != wanted:
         return False
     # ``overloads`` is set per dispatcher instance: launch() checks it on each kernel.
-    return callable(getattr(driver, "_to_core_stream", None))
+    if not callable(getattr(driver, "_to_core_stream", None)):
+        return False
+    try:
+        from cuda.bindings import driver as bindings
+    except ImportError:
+        return False
+    return all(callable(getattr(bindings, name, None))
+               for name in ("cuLaunchKernel", "cuCtxGetCurrent"))
 
 
 # On a real GPU with the internals there; whether to use it is the setting
 # ``cuda_fast_launch`` (NUMBAPOS_CUDA_FAST_LAUNCH), read at every launch.
 ENABLED = not numba_config.ENABLE_CUDASIM and supported()
 
-_compiled: dict = {}  # (dispatcher, argtypes) -> compiled _Kernel
+_compiled: dict = {}  # (dispatcher, argtypes) -> _Direct, or the compiled _Kernel
 _core_streams: dict = {}  # id(stream) -> (stream, cuda.core stream)
+_stream_handles: dict = {}  # id(stream) -> (stream, raw handle)
 
 
 def _typeof():
@@ -98,23 +119,209 @@ def _core_stream(stream):
     return found[1]
 
 
+def _stream_handle(stream) -> int:
+    """``stream``'s raw driver handle (0: the legacy default stream), converted once."""
+    if not stream:
+        return 0
+    found = _stream_handles.get(id(stream))
+    if found is None or found[0] is not stream:
+        from . import streams
+
+        if len(_stream_handles) > 64:
+            _stream_handles.clear()
+        found = _stream_handles[id(stream)] = (stream, streams.handle(stream))
+    return found[1]
+
+
 def launch(kernel, blocks, threads, stream, args) -> bool:
-    """Launch through the cached compiled kernel; False (nothing launched) where the
-    ordinary path must do it."""
+    """Launch through the cached signature; False (nothing launched) where the ordinary
+    path must do it."""
     try:
         key = (kernel, tuple(map(_type_of, args)))
     except Exception:
         return False  # an argument Numba types only through its C dispatcher
-    compiled = _compiled.get(key)
-    if compiled is None:
+    entry = _compiled.get(key)
+    if entry is None:
         compiled = getattr(kernel, "overloads", {}).get(key[1])
         if (compiled is None or getattr(compiled, "debug", False)
                 or getattr(compiled, "launch_config_sensitive", False)
                 or getattr(kernel, "_launch_config_sensitive", False)):
             return False  # compile (or launch specially) on the ordinary path first
-        _compiled[key] = compiled
+        entry = _compiled[key] = _Direct.make(compiled, key[1]) or compiled
+    if type(entry) is _Direct and entry.launch(args, blocks, threads, stream):
+        return True
+    compiled = entry.compiled if type(entry) is _Direct else entry
     compiled.launch(args, _dim3(blocks), _dim3(threads), _core_stream(stream), 0)
     return True
+
+
+# ---------------------------------------------------------------- packed parameters
+
+_ARRAY, _VALUE, _HALF = "array", "value", "half"
+
+
+class _NotPacked(Exception):
+    """A type or value the packed launch does not handle: the compiled kernel's launch does."""
+
+
+def _layout(argtypes) -> tuple[tuple, list]:
+    """``(spec, codes)``: how each argument flattens (an array, a value, a float16's bits or
+    a tuple's own spec) and the :mod:`struct` code of every kernel parameter, in
+    numba-cuda's order (``_Kernel._prepare_args``). :class:`_NotPacked` for other types."""
+    from numba.core import types
+
+    codes: list = []
+
+    def walk(ty):
+        if isinstance(ty, types.Array):
+            codes.extend("q" * (5 + 2 * ty.ndim))  # meminfo, parent, size, itemsize, data
+            return _ARRAY
+        if isinstance(ty, types.Boolean):
+            codes.append("?")
+            return _VALUE
+        if isinstance(ty, types.Integer):
+            codes.append({8: "b", 16: "h", 32: "i", 64: "q"}[ty.bitwidth]
+                         if ty.signed else {8: "B", 16: "H", 32: "I", 64: "Q"}[ty.bitwidth])
+            return _VALUE
+        if ty == types.float16:
+            codes.append("H")  # its bits
+            return _HALF
+        if ty in (types.float32, types.float64):
+            codes.append("f" if ty == types.float32 else "d")
+            return _VALUE
+        if isinstance(ty, types.BaseTuple):
+            return tuple(walk(member) for member in ty)
+        raise _NotPacked(ty)
+
+    try:
+        spec = tuple(walk(ty) for ty in argtypes)
+    except (_NotPacked, KeyError, TypeError):
+        raise _NotPacked(argtypes) from None
+    return spec, codes
+
+
+def _offsets(codes) -> list:
+    """Each parameter's offset in the buffer ``struct`` packs (native alignment)."""
+    offsets, at = [], 0
+    for code in codes:
+        size = struct.calcsize(code)
+        at = -(-at // size) * size
+        offsets.append(at)
+        at += size
+    return offsets
+
+
+def _array_fields(array) -> tuple:
+    """A device array's kernel parameters (computed once per array object)."""
+    try:
+        return array._numbapos_launch_fields
+    except AttributeError:
+        pass
+    if not getattr(array, "__cuda_memory__", False):
+        raise _NotPacked(type(array))  # a host array (Numba copies it) or a foreign one
+    view = array._strided_memory_view_shim  # what numba-cuda's launch reads, cached there
+    strides = view._layout.strides_in_bytes
+    if not strides:
+        from numba.cuda.np import numpy_support
+
+        strides = numpy_support.strides_from_shape(
+            shape=view.shape, itemsize=view.dtype.itemsize,
+            c_contiguous=view._layout.is_contiguous_c,
+            f_contiguous=view._layout.is_contiguous_f)
+    fields = (0, 0, view.size, view.dtype.itemsize, view.ptr or 0, *view.shape, *strides)
+    array._numbapos_launch_fields = fields
+    return fields
+
+
+def _flatten(spec, args, out: list) -> None:
+    """Append the kernel parameters of ``args`` (laid out by ``spec``) to ``out``."""
+    if len(spec) != len(args):
+        raise _NotPacked(len(args))
+    for kind, value in zip(spec, args, strict=True):
+        if kind is _ARRAY:
+            out.extend(_array_fields(value))
+        elif kind is _VALUE:
+            out.append(value)
+        elif kind is _HALF:
+            out.append(int(np.float16(value).view(np.uint16)))
+        else:
+            _flatten(kind, value, out)
+
+
+def _cuda_driver():
+    """cuda-bindings' driver module (what numba-cuda itself calls)."""
+    from cuda.bindings import driver
+
+    return driver
+
+
+class _Direct:
+    """One compiled signature launched with ``cuLaunchKernel`` and packed parameters.
+
+    The parameters are packed into one buffer whose pointer array is built
+    once; ``cuLaunchKernel`` copies them before it returns, so a lock around
+    packing and launching is all that sharing the buffer between threads needs.
+    """
+
+    __slots__ = ("compiled", "spec", "format", "buffer", "pointers", "lock", "functions",
+                 "driver", "success")
+
+    def __init__(self, compiled, spec, codes):
+        driver = _cuda_driver()
+        self.driver = driver
+        self.success = driver.CUresult.CUDA_SUCCESS
+        self.compiled = compiled
+        self.spec = spec
+        self.format = "@" + "".join(codes)
+        self.buffer = ctypes.create_string_buffer(max(struct.calcsize(self.format), 1))
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * max(len(codes), 1))(
+            *(base + offset for offset in _offsets(codes)))
+        self.lock = threading.Lock()
+        self.functions: dict = {}  # CUDA context handle -> the kernel's function handle
+
+    @classmethod
+    def make(cls, compiled, argtypes):
+        """A packed launcher for ``compiled``, or None where it must launch itself."""
+        if (getattr(compiled, "extensions", None) or getattr(compiled, "cooperative", False)
+                or not callable(getattr(getattr(compiled, "_codelibrary", None),
+                                        "get_cufunc", None))):
+            return None
+        try:
+            spec, codes = _layout(argtypes)
+        except _NotPacked:
+            return None
+        return cls(compiled, spec, codes)
+
+    def launch(self, args, blocks, threads, stream) -> bool:
+        """Launch on ``stream``; False (nothing launched) for arguments it does not pack."""
+        driver = self.driver
+        values: list = []
+        try:
+            _flatten(self.spec, args, values)
+        except _NotPacked:
+            return False
+        err, context = driver.cuCtxGetCurrent()
+        context = int(context)
+        if err != self.success or not context:
+            return False  # no context in this thread yet: Numba's launch makes it current
+        function = self.functions.get(context)
+        if function is None:
+            function = self.functions[context] = self.compiled._codelibrary.get_cufunc().handle
+        grid, block = _dim3(blocks), _dim3(threads)
+        handle = _stream_handle(stream)
+        with self.lock:
+            try:
+                struct.pack_into(self.format, self.buffer, 0, *values)
+            except struct.error:
+                return False  # a value out of its type's range: Numba's launch decides
+            err, = driver.cuLaunchKernel(function, *grid, *block, 0, handle,
+                                         ctypes.addressof(self.pointers), 0)
+        if err != self.success:
+            from numba.cuda.cudadrv.driver import CudaAPIError
+
+            raise CudaAPIError(err, f"cuLaunchKernel of {self.compiled!r} failed")
+        return True
 
 
 def _dim3(extent) -> tuple:

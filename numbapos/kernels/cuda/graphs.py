@@ -7,11 +7,12 @@ pieces that make a replay correct live beside the code they concern:
 - every launch, allocation and copy goes to the capturing stream
   (:mod:`.streams`, :mod:`.launch`);
 - the allocator serves the capture from the blocks its warm-up left cached
-  and never hands a block the graph uses to anyone else (:mod:`.memory`);
+  (from the driver, with the capture mode relaxed, where those run short) and
+  never hands a block the graph uses to anyone else (:mod:`.memory`);
 - the optimisers' step counts and learning rates, and the dropout counters,
   live on the device and are advanced by kernels of the step (:mod:`.clock`);
-- a host round trip (a copy between host and device, a synchronisation, a
-  new allocation) inside the step raises RuntimeError
+- a host round trip (a copy between host and device, a synchronisation)
+  inside the step raises RuntimeError
   (:func:`.streams.refuse_in_capture`) instead of breaking the capture.
 
 The graph is built with ``cuda.core``'s ``GraphBuilder`` (stream capture on the

@@ -17,10 +17,15 @@ whose work might overtake the old user's. As with PyTorch's allocator, an
 array used on a stream other than its own must be kept alive (or that stream
 synchronised) until the work there is done. While a step is captured
 (:mod:`.graphs`) allocations are served from the blocks the warm-up left
-cached on the capture's stream, a miss raises (``cuMemAlloc`` cannot be
-captured), and every block handed out belongs to the capture from then on
-(:class:`.streams.Capture`): the graph writes it on every replay, so it is
-never recycled for other work.
+cached on the capture's stream; on a miss the block comes from the driver,
+with this thread's capture mode relaxed around the ``cuMemAlloc`` (the
+pattern CUDA documents for ``cuThreadExchangeStreamCaptureMode``, and what
+PyTorch's allocator does): the capture's ``thread_local`` mode refuses that
+call otherwise. A step's first warm-up leaves fewer blocks cached than the
+next step needs whenever arrays of one step live on into the next (a
+forward's saved inputs, last step's outputs). Every block handed out while
+capturing belongs to the capture from then on (:class:`.streams.Capture`):
+the graph writes it on every replay, so it is never recycled for other work.
 
 Sizes are rounded up to 512 bytes below 1 MiB and to an eighth of the next
 power of two above, so a block serves requests of nearly the same size. On
@@ -137,9 +142,8 @@ def _manager_class():
             if block is None:
                 block = self.pools.take(streams.handle(capture.home), bucket)
             if block is None:
-                streams.refuse_in_capture(
-                    f"a new device allocation ({size} bytes, none of that size cached: the "
-                    "step allocates more than in its warm-up; run more warm-up steps)")
+                with streams.relaxed_capture_mode():
+                    block = super().memalloc(bucket)
 
             def give_back():
                 capture.give(bucket, block)  # the graph's from now on (see streams.Capture)

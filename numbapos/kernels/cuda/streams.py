@@ -43,6 +43,34 @@ def handle(stream) -> int:
     return int(stream.__cuda_stream__()[1])
 
 
+_array_streams: dict = {}  # raw handle -> Numba stream wrapping it, for device arrays
+
+
+def for_arrays(stream):
+    """``stream`` as Numba's device arrays take it (their ``stream=``).
+
+    An array keeps that stream and reports ``int(stream)`` in its
+    ``__cuda_array_interface__``, which a ``cuda.core`` stream (the captured
+    step's, or one a user made current) does not support in numba-cuda 0.30:
+    such a stream is passed as a Numba stream wrapping the same handle.
+    """
+    if not stream or SIMULATED or not _is_core_stream(stream):
+        return stream
+    raw = handle(stream)
+    found = _array_streams.get(raw)
+    if found is None:
+        if len(_array_streams) > 64:  # streams made and dropped by the hundred: start over
+            _array_streams.clear()
+        found = _array_streams[raw] = cuda.external_stream(raw)
+    return found
+
+
+def _is_core_stream(stream) -> bool:
+    from numba.cuda.cudadrv import driver
+
+    return not isinstance(stream, driver.Stream)
+
+
 def wait(stream) -> None:
     """Block the host until ``stream``'s queued work is done (a Numba or ``cuda.core`` stream)."""
     sync = getattr(stream, "synchronize", None) or stream.sync
@@ -180,6 +208,34 @@ def capture_state(state: Capture):
         _local.capture = None
 
 
+@contextlib.contextmanager
+def relaxed_capture_mode():
+    """This thread's stream capture mode relaxed for the duration (CUDA's
+    ``cuThreadExchangeStreamCaptureMode``), so that a driver call a
+    ``thread_local`` capture refuses, such as ``cuMemAlloc``, may run; the
+    mode is restored afterwards. Does nothing on the simulator."""
+    if SIMULATED:
+        yield
+        return
+    from cuda.bindings import driver
+
+    relaxed = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    err, before = driver.cuThreadExchangeStreamCaptureMode(relaxed)
+    _check(err, "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        err, _ = driver.cuThreadExchangeStreamCaptureMode(before)
+        _check(err, "cuThreadExchangeStreamCaptureMode")
+
+
+def _check(err, call: str) -> None:
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{call} failed: {err!r}")
+
+
 def record(*work) -> None:
     """Note one piece of device work (``(kernel, blocks, threads, args)`` or
     ``("copy", destination, source)``) for the simulator's replay of a capture."""
@@ -193,8 +249,8 @@ def refuse_in_capture(what: str) -> None:
     if capturing() is not None:
         raise RuntimeError(
             f"numbapos.cuda.capture: {what} cannot be part of a captured step (a CUDA graph "
-            "replays device work only: no host synchronisation, copy between host and device "
-            "or new allocation may happen while capturing); keep such data on the device "
+            "replays device work only: no host synchronisation or copy between host and "
+            "device may happen while capturing); keep such data on the device "
             "(e.g. SparseRows from a lookup's backward, not host row lists) or do it outside "
             "the captured step")
 
