@@ -281,10 +281,45 @@ def test_launch_cost(benchmark, data, op, fast):
     benchmark.extra_info["host_us_per_launch"] = round(host_us / max(per_op, 1), 1)
 
 
-@pytest.mark.parametrize("mode", ["captured", "eager"])
+def _torch_adam_step(data, captured):
+    """PyTorch's Embedding forward + backward + Adam (dense: its Adam takes no sparse
+    gradients), eager or captured as a CUDA graph (PyTorch's whole-step recipe)."""
+    weight, ids, grad = data
+    emb = torch.nn.Embedding.from_pretrained(torch.from_numpy(weight.copy()), freeze=False)
+    emb = emb.cuda()
+    opt = torch.optim.Adam(emb.parameters(), lr=1e-3, capturable=captured)
+    i, g = torch.from_numpy(ids).cuda(), torch.from_numpy(grad).cuda()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        emb(i).backward(g)
+        opt.step()
+
+    if not captured:
+        return step
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        emb(i).backward(g)
+        opt.step()
+    return graph.replay
+
+
+@pytest.mark.parametrize("mode", ["captured", "eager", "torch_captured", "torch_eager"])
 def test_captured_step(benchmark, data, mode):
-    """Sparse Embedding forward + backward + Adam, replayed as a CUDA graph or run eagerly."""
+    """Sparse Embedding forward + backward + Adam, replayed as a CUDA graph or run eagerly
+    (PyTorch: its dense Embedding and Adam, the same two ways)."""
     benchmark.group = "cuda_captured_step"
+    if mode.startswith("torch"):
+        _peer("torch")
+        _time(benchmark, _torch_adam_step(data, mode == "torch_captured"))
+        return
     weight, ids, grad = data
     emb = nn.Embedding(VOCAB, DIM, sparse=True, _weight=weight.copy(), device="cuda")
     opt = optim.Adam(emb.parameters(), lr=1e-3)

@@ -334,7 +334,12 @@ def is_half_dtype(dtype) -> bool:
 
     bfloat16 is recognised by its name, so ``ml_dtypes`` is not imported here.
     """
+    if dtype is _FLOAT32_DTYPE or dtype is _FLOAT64_DTYPE:  # the common case, by identity
+        return False
     return dtype == FLOAT16 or getattr(dtype, "name", None) == "bfloat16"
+
+
+_FLOAT32_DTYPE, _FLOAT64_DTYPE = np.dtype(np.float32), np.dtype(np.float64)
 
 
 def bfloat16_dtype() -> np.dtype:

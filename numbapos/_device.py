@@ -316,8 +316,21 @@ def _byte_range(x):
         base = x.__array_interface__["data"][0]
     elif hasattr(x, "_ary"):  # the simulator's FakeCUDAArray wraps a NumPy array
         return _byte_range(x._ary)
+    elif _is_numba_device_array(x):
+        # A Numba device array never moves or changes shape: its range is computed once
+        # (building __cuda_array_interface__ costs microseconds on every op otherwise).
+        found = x.__dict__.get("_numbapos_byte_range")
+        if found is None:
+            found = x._numbapos_byte_range = _span(x, x.device_ctypes_pointer.value or 0)
+        return found
     else:
         base = x.__cuda_array_interface__["data"][0]
+    return _span(x, base)
+
+
+def _span(x, base: int):
+    """``(first, last + 1)`` byte addresses of non-empty ``x`` whose first element is at
+    ``base``."""
     low = high = base
     for extent, stride in zip(x.shape, x.strides, strict=True):
         if stride >= 0:
@@ -325,6 +338,23 @@ def _byte_range(x):
         else:
             low += (extent - 1) * stride
     return low, high + x.dtype.itemsize
+
+
+def reshaped(x, shape: tuple):
+    """``x.reshape(shape)`` for a C-contiguous array; for a Numba device array the view is
+    made once per shape and kept on the array (Numba builds a new one for tens of
+    microseconds each time, and an op reshapes the same input and output every step)."""
+    if isinstance(x, np.ndarray) or not _is_numba_device_array(x) or hasattr(x, "_ary"):
+        return x.reshape(shape)
+    if x.shape == shape:
+        return x
+    views = x.__dict__.get("_numbapos_views")
+    if views is None:
+        views = x._numbapos_views = {}
+    found = views.get(shape)
+    if found is None:
+        found = views[shape] = x.reshape(shape)
+    return found
 
 
 def may_share_memory(a, b) -> bool:

@@ -237,7 +237,8 @@ def test_the_fast_launch_resolves_each_signature_once_and_falls_back_otherwise(m
         def __init__(self):
             self.overloads = {}
 
-    monkeypatch.setattr(fastlaunch, "_type_of", lambda value: type(value).__name__)
+    # Interned stand-ins for Numba's types (which Numba interns: one object per type).
+    monkeypatch.setattr(fastlaunch, "_type_of", lambda value: sys.intern(type(value).__name__))
     monkeypatch.setattr(fastlaunch, "_core_stream", lambda stream: ("core", stream))
     monkeypatch.setattr(fastlaunch, "_compiled", {})
     kernel = Dispatcher()
@@ -462,7 +463,7 @@ fastlaunch._core_stream = lambda stream: stream
 fastlaunch._cuda_driver = lambda: Driver
 fastlaunch._compiled.clear()
 assert fastlaunch.launch(kernel, (3, 2), 64, Stream(), args)
-assert type(fastlaunch._compiled[kernel, argtypes]) is fastlaunch._Direct
+assert type(fastlaunch._compiled[kernel, tuple(map(id, argtypes))]) is fastlaunch._Direct
 assert fastlaunch.launch(kernel, 4, (32, 2), 0, args)  # the cached signature
 assert len(launched) == 2 and not ordinary
 for (call, params), grid, block, stream in zip(launched, [(3, 2, 1), (4, 1, 1)],
@@ -477,7 +478,7 @@ assert len(launched) == 2 and len(ordinary) == 1
 odd_types = argtypes + (typeof(1j, Purpose.argument),)
 kernel.overloads = {odd_types: Compiled()}
 assert fastlaunch.launch(kernel, 1, 1, 0, args + (1j,))
-assert type(fastlaunch._compiled[kernel, odd_types]) is Compiled
+assert type(fastlaunch._compiled[kernel, tuple(map(id, odd_types))]) is Compiled
 print("ok", len(expected))
 '''
 

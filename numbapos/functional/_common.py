@@ -46,7 +46,7 @@ def on_backend(K, indices, name: str = "indices"):
 
 def flatten(K, indices):
     """``indices`` as a flat C-contiguous array of K's device (no copy when possible)."""
-    return K.contiguous(indices).reshape(indices.size)
+    return _device.reshaped(K.contiguous(indices), (indices.size,))
 
 
 def check_range(K, flat, size: int, name: str = "indices", size_name: str = "num_embeddings",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from ..sparse import SparseRows
 from ._common import (
     INDEX_DTYPES,
@@ -163,7 +163,7 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
         K.renorm_used_rows_(weight, flat, max_norm, norm_type)
     if out is None:
         out = K.empty(shape, weight.dtype)
-    K.gather_rows(flat, weight, out.reshape(flat.size, dim))
+    K.gather_rows(flat, weight, _device.reshaped(out, (flat.size, dim)))
     return out
 
 
@@ -253,7 +253,7 @@ def _scatter(K, grad_output, flat, num_rows, padding_idx, scale_grad_by_freq, sp
              lazy=False, values_out=None):
     """The table gradient of a lookup, on validated inputs (also used by the blocks)."""
     dim = grad_output.shape[grad_output.ndim - 1]
-    grad = K.contiguous(grad_output).reshape(flat.size, dim)
+    grad = _device.reshaped(K.contiguous(grad_output), (flat.size, dim))
     if sparse:
         groups = K.group_rows(flat, padding_idx, num_rows)
         if lazy:

@@ -80,8 +80,24 @@ def tag(name: str = "indices", size_name: str = "num_embeddings", kind: str = "i
     return found
 
 
+_last = threading.local()  # this thread's last answer of words(), with what validates it
+
+
 def words():
     """``(device word, mapped host word)`` of the current context, made on first use."""
+    if not _SIMULATED:
+        # Asking Numba for the current context walks its device list under a lock
+        # whenever it did not make the context current itself (PyTorch or cuda.core
+        # did): tens of microseconds, twice per op. The driver's current handle, and
+        # the context object still being its device's primary one (cuda.close()
+        # releases it), say whether this thread's last answer still holds.
+        last = getattr(_last, "words", None)
+        if last is not None:
+            driver = _driver()
+            err, handle = driver.cuCtxGetCurrent()
+            if (err == driver.CUresult.CUDA_SUCCESS and int(handle) == last[0]
+                    and last[1].device.primary_context is last[1]):
+                return last[2], last[3]
     # The simulator makes a new context object at every call: it has one word.
     context = None if _SIMULATED else cuda.current_context()
     state = _state.get(id(context))
@@ -94,7 +110,20 @@ def words():
                 _host_view(host)[:] = (NONE, 0, 0, 0, 0)
                 device = cuda.to_device(np.array([NONE, 0, 0, 0, 0], np.int64))
                 state = _state[id(context)] = (context, device, host)
+    if not _SIMULATED:
+        _last.words = (int(context.handle), context, state[1], state[2])
     return state[1], state[2]
+
+
+_bindings: list = []  # cuda-bindings' driver module, imported once
+
+
+def _driver():
+    if not _bindings:
+        from cuda.bindings import driver
+
+        _bindings.append(driver)
+    return _bindings[0]
 
 
 def device_word():

@@ -70,7 +70,8 @@ def supported() -> bool:
 # ``cuda_fast_launch`` (NUMBAPOS_CUDA_FAST_LAUNCH), read at every launch.
 ENABLED = not numba_config.ENABLE_CUDASIM and supported()
 
-_compiled: dict = {}  # (dispatcher, argtypes) -> _Direct, or the compiled _Kernel
+_compiled: dict = {}  # (dispatcher, ids of argtypes) -> _Direct, or the compiled _Kernel
+_signatures: list = []  # the argtypes keyed in _compiled, kept alive (their ids stay theirs)
 _core_streams: dict = {}  # id(stream) -> (stream, cuda.core stream)
 _stream_handles: dict = {}  # id(stream) -> (stream, raw handle)
 
@@ -137,17 +138,21 @@ def launch(kernel, blocks, threads, stream, args) -> bool:
     """Launch through the cached signature; False (nothing launched) where the ordinary
     path must do it."""
     try:
-        key = (kernel, tuple(map(_type_of, args)))
+        argtypes = tuple(map(_type_of, args))
     except Exception:
         return False  # an argument Numba types only through its C dispatcher
+    # Numba interns its types (one object per type), so their ids name the signature
+    # without hashing each type in Python; the cache keeps the types alive.
+    key = (kernel, tuple(map(id, argtypes)))
     entry = _compiled.get(key)
     if entry is None:
-        compiled = getattr(kernel, "overloads", {}).get(key[1])
+        compiled = getattr(kernel, "overloads", {}).get(argtypes)
         if (compiled is None or getattr(compiled, "debug", False)
                 or getattr(compiled, "launch_config_sensitive", False)
                 or getattr(kernel, "_launch_config_sensitive", False)):
             return False  # compile (or launch specially) on the ordinary path first
-        entry = _compiled[key] = _Direct.make(compiled, key[1]) or compiled
+        entry = _compiled[key] = _Direct.make(compiled, argtypes) or compiled
+        _signatures.append(argtypes)
     if type(entry) is _Direct and entry.launch(args, blocks, threads, stream):
         return True
     compiled = entry.compiled if type(entry) is _Direct else entry
