@@ -350,15 +350,20 @@ print("ok", len(made))
 def test_the_allocator_keeps_blocks_on_their_stream_and_the_capture_s_blocks_apart(tmp_path):
     # The caching manager needs the real numba.cuda (no GPU: the driver's allocation is
     # stood in for), so it runs in a process without the simulator.
-    script = tmp_path / "allocator.py"
-    script.write_text(_ALLOCATOR_SCRIPT)
+    assert _run_without_simulator(tmp_path, _ALLOCATOR_SCRIPT) == ["ok", "5"]
+
+
+def _run_without_simulator(tmp_path, code: str) -> list:
+    """Run ``code`` as a script with the real numba.cuda (no GPU needed); its output's words."""
+    script = tmp_path / "script.py"
+    script.write_text(code)
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0",
            "PYTHONPATH": os.pathsep.join([str(CUDA_KERNELS.parents[2]),
                                           os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["ok", "5"]
+    return run.stdout.split()
 
 
 _PACKING_SCRIPT = r'''
@@ -487,12 +492,4 @@ def test_the_fast_launch_packs_parameters_as_numba_cuda_does(tmp_path):
     # Without a GPU: device arrays at made-up addresses, and the driver's calls stood in
     # for. The packed parameters must be byte for byte what numba-cuda's launch passes.
     pytest.importorskip("cuda.bindings.driver")
-    script = tmp_path / "packing.py"
-    script.write_text(_PACKING_SCRIPT)
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0",
-           "PYTHONPATH": os.pathsep.join([str(CUDA_KERNELS.parents[2]),
-                                          os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["ok", "59"]
+    assert _run_without_simulator(tmp_path, _PACKING_SCRIPT) == ["ok", "59"]
