@@ -493,3 +493,38 @@ def test_the_fast_launch_packs_parameters_as_numba_cuda_does(tmp_path):
     # for. The packed parameters must be byte for byte what numba-cuda's launch passes.
     pytest.importorskip("cuda.bindings.driver")
     assert _run_without_simulator(tmp_path, _PACKING_SCRIPT) == ["ok", "59"]
+
+
+_EMPTY_SCRIPT = r'''
+import ctypes
+
+import numpy as np
+
+from numbapos.kernels.cuda import arrays, errors
+
+asked = []
+
+
+class Memory:  # a device allocation at a made-up address (no GPU here)
+    device_ctypes_pointer = ctypes.c_size_t(1 << 30)
+
+
+class Context:  # the current context: its memory manager serves the allocation
+    def memalloc(self, size):
+        asked.append(size)
+        return Memory()
+
+
+errors.current_context = Context
+table = arrays.empty((3, 5), np.float32)
+assert (table.shape, table.strides, table.dtype, asked) == ((3, 5), (20, 4), np.float32, [60])
+ids = arrays.empty(7, "int64")
+assert (ids.shape, ids.strides, ids.dtype, asked[-1]) == ((7,), (8,), np.int64, 56)
+print("ok", len(asked))
+'''
+
+
+def test_empty_allocates_from_the_current_context_as_numba_does(tmp_path):
+    # On a GPU arrays.empty builds the device array itself, from the context that
+    # errors.current_context found (Numba's device_array looks it up twice more).
+    assert _run_without_simulator(tmp_path, _EMPTY_SCRIPT) == ["ok", "2"]

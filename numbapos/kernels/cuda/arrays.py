@@ -118,8 +118,22 @@ def _row_threads(dim: int) -> int:
 
 def empty(shape, dtype):
     """Uninitialised C-contiguous device array."""
-    return cuda.device_array(shape, dtype=np.dtype(dtype),
-                             stream=streams.for_arrays(streams.current()))
+    dtype = np.dtype(dtype)
+    stream = streams.for_arrays(streams.current())
+    if not streams.SIMULATED:
+        # What cuda.device_array does, without its two lookups of the current context
+        # (tens of microseconds each where Numba did not make the context current).
+        from numba.cuda.api_util import prepare_shape_strides_dtype
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+        shape, strides, dtype = prepare_shape_strides_dtype(shape, None, dtype, "C")
+        nbytes = dtype.itemsize
+        for extent in shape:
+            nbytes *= extent
+        if nbytes:  # an empty array gets Numba's own null pointer below
+            return DeviceNDArray(shape, strides, dtype, stream=stream,
+                                 gpu_data=errors.current_context().memalloc(nbytes))
+    return cuda.device_array(shape, dtype=dtype, stream=stream)
 
 
 def full(shape, value, dtype):

@@ -83,8 +83,14 @@ _GPT2_POSITION_TAG = ("position_ids", "n_positions")
 
 
 def _placeholder(dtype):
-    """A one-element device array standing for an absent argument (never read)."""
-    return cuda.device_array(1, dtype=np.dtype(dtype))
+    """A one-element device array standing for an absent argument (never read or
+    written), made once per context and dtype."""
+    objects = errors.context_objects()
+    key = ("placeholder", np.dtype(dtype))
+    found = objects.get(key)
+    if found is None:
+        found = objects[key] = cuda.device_array(1, dtype=np.dtype(dtype))
+    return found
 
 
 def _ids_args(ids, num_tokens):

@@ -80,24 +80,26 @@ def tag(name: str = "indices", size_name: str = "num_embeddings", kind: str = "i
     return found
 
 
-_last = threading.local()  # this thread's last answer of words(), with what validates it
+_last = threading.local()  # this thread's last context state (see _current_state)
 
 
-def words():
-    """``(device word, mapped host word)`` of the current context, made on first use."""
+def _current_state() -> tuple:
+    """``(context, device word, host word, objects)`` of the current context, the word
+    made on first use; ``objects`` is a dict of small per-context arrays (see
+    :func:`context_objects`)."""
     if not _SIMULATED:
         # Asking Numba for the current context walks its device list under a lock
         # whenever it did not make the context current itself (PyTorch or cuda.core
-        # did): tens of microseconds, twice per op. The driver's current handle, and
-        # the context object still being its device's primary one (cuda.close()
-        # releases it), say whether this thread's last answer still holds.
-        last = getattr(_last, "words", None)
+        # did): tens of microseconds, several times per op. The driver's current
+        # handle, and the context object still being its device's primary one
+        # (cuda.close() releases it), say whether this thread's last answer holds.
+        last = getattr(_last, "state", None)
         if last is not None:
             driver = _driver()
             err, handle = driver.cuCtxGetCurrent()
             if (err == driver.CUresult.CUDA_SUCCESS and int(handle) == last[0]
                     and last[1].device.primary_context is last[1]):
-                return last[2], last[3]
+                return last[1:]
     # The simulator makes a new context object at every call: it has one word.
     context = None if _SIMULATED else cuda.current_context()
     state = _state.get(id(context))
@@ -109,10 +111,28 @@ def words():
                 host = cuda.mapped_array(5, np.int64)
                 _host_view(host)[:] = (NONE, 0, 0, 0, 0)
                 device = cuda.to_device(np.array([NONE, 0, 0, 0, 0], np.int64))
-                state = _state[id(context)] = (context, device, host)
+                state = _state[id(context)] = (context, device, host, {})
     if not _SIMULATED:
-        _last.words = (int(context.handle), context, state[1], state[2])
+        _last.state = (int(context.handle), *state)
+    return state
+
+
+def words():
+    """``(device word, mapped host word)`` of the current context, made on first use."""
+    state = _current_state()
     return state[1], state[2]
+
+
+def current_context():
+    """Numba's current context object (found cheaply, see :func:`_current_state`); None
+    on the simulator."""
+    return _current_state()[0]
+
+
+def context_objects() -> dict:
+    """A dict kept with the current context, for small device arrays made once per
+    context (they go when the context does)."""
+    return _current_state()[3]
 
 
 _bindings: list = []  # cuda-bindings' driver module, imported once
