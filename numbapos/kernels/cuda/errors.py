@@ -95,7 +95,7 @@ def _current_state() -> tuple:
         # (cuda.close() releases it), say whether this thread's last answer holds.
         last = getattr(_last, "state", None)
         if last is not None:
-            driver = _driver()
+            driver = streams.bindings()
             err, handle = driver.cuCtxGetCurrent()
             if (err == driver.CUresult.CUDA_SUCCESS and int(handle) == last[0]
                     and last[1].device.primary_context is last[1]):
@@ -133,17 +133,6 @@ def context_objects() -> dict:
     """A dict kept with the current context, for small device arrays made once per
     context (they go when the context does)."""
     return _current_state()[3]
-
-
-_bindings: list = []  # cuda-bindings' driver module, imported once
-
-
-def _driver():
-    if not _bindings:
-        from cuda.bindings import driver
-
-        _bindings.append(driver)
-    return _bindings[0]
 
 
 def device_word():

@@ -17,6 +17,7 @@ stream of its own (the simulator runs everything in order anyway).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 from numba import config as numba_config
@@ -208,6 +209,14 @@ def capture_state(state: Capture):
         _local.capture = None
 
 
+@functools.cache
+def bindings():
+    """cuda-bindings' driver module (the one numba-cuda itself calls), imported once."""
+    from cuda.bindings import driver
+
+    return driver
+
+
 @contextlib.contextmanager
 def relaxed_capture_mode():
     """This thread's stream capture mode relaxed for the duration (CUDA's
@@ -217,8 +226,7 @@ def relaxed_capture_mode():
     if SIMULATED:
         yield
         return
-    from cuda.bindings import driver
-
+    driver = bindings()
     relaxed = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
     err, before = driver.cuThreadExchangeStreamCaptureMode(relaxed)
     _check(err, "cuThreadExchangeStreamCaptureMode")
@@ -230,9 +238,7 @@ def relaxed_capture_mode():
 
 
 def _check(err, call: str) -> None:
-    from cuda.bindings import driver
-
-    if err != driver.CUresult.CUDA_SUCCESS:
+    if err != bindings().CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{call} failed: {err!r}")
 
 
