@@ -1,6 +1,7 @@
 """The random bits of stochastic rounding (16-bit tables) against a NumPy / Python-int
-reference, and the 32-bit jitted forms against the Python functions the CUDA simulator
-runs: every device draws the same bits for element (row, column)."""
+reference, and the 32-bit jitted forms (random bits, bfloat16 rounding stochastic and
+to nearest) against the Python functions the CUDA simulator runs: every device draws
+the same bits for element (row, column) and rounds it the same way."""
 
 import ml_dtypes
 import numpy as np
@@ -10,7 +11,7 @@ from reference import bf16_round_stochastic
 from reference import rounding_bits16 as reference_bits16
 
 import numbapos.functional as F
-from numbapos.kernels.halfbits import bf16_from_f32_bits_stochastic
+from numbapos.kernels.halfbits import bf16_from_f32_bits_stochastic, f32_bits_to_bf16
 from numbapos.kernels.hash import dropout_key, rounding_bits, rounding_bits16, rounding_row_key
 
 BF16 = ml_dtypes.bfloat16
@@ -37,6 +38,14 @@ def _jitted_bf16(bits, random16):
     out = np.empty(bits.size, np.uint16)
     for i in range(bits.size):
         out[i] = bf16_from_f32_bits_stochastic(bits[i], random16[i])
+    return out
+
+
+@njit
+def _jitted_bf16_nearest(bits):
+    out = np.empty(bits.size, np.uint16)
+    for i in range(bits.size):  # vectorised, as in the kernels' row loops
+        out[i] = f32_bits_to_bf16(bits[i])
     return out
 
 
@@ -86,6 +95,26 @@ def test_bf16_stochastic_rounding_jitted_equals_python_on_edge_cases(rng):
     assert int(bf16_from_f32_bits_stochastic(np.uint32(0x3F800001), 0)) == 0x3F81
     assert int(bf16_from_f32_bits_stochastic(np.uint32(0x3F80FFFF), 0xFFFF)) == 0x3F80
     assert int(bf16_from_f32_bits_stochastic(np.uint32(0x3F800000), 0)) == 0x3F80  # exact
+
+
+def test_bf16_nearest_jitted_equals_python_and_ml_dtypes(rng):
+    # Ties either way of even, the largest finite values (rounding up to infinity),
+    # subnormals, signed zeros and infinities, NaN payloads (to the quiet NaN, sign kept).
+    edges = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0xBF808000, 0xBF818001,
+                      0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0xFF7F8000, 0x00008000, 0x00018000,
+                      0x807FFFFF, 0x00000000, 0x80000000, 0x7F800000, 0xFF800000,
+                      0x7F800001, 0x7FC00000, 0xFFFFFFFF, 0xFF80FFFF, 0x7FBFFFFF],
+                     np.uint32)
+    bits = np.concatenate([edges, rng.integers(0, 2**32, 20_000, dtype=np.uint64)
+                           .astype(np.uint32)])
+    jitted = _jitted_bf16_nearest(bits)
+    np.testing.assert_array_equal(jitted, [int(f32_bits_to_bf16(u)) for u in bits])
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    np.testing.assert_array_equal(jitted[~nan],
+                                  bits[~nan].view(np.float32).astype(BF16).view(np.uint16))
+    np.testing.assert_array_equal(jitted[nan], ((bits[nan] >> 16) & 0x8000) | 0x7FC0)
+    assert jitted[:3].tolist() == [0x3F80, 0x3F82, 0x3F80]  # ties to even, below a tie down
+    assert jitted[5:8].tolist() == [0x7F7F, 0x7F80, 0x7F80]  # past the largest: infinity
 
 
 @pytest.mark.parametrize("threads_threshold", [1 << 40, 1], ids=["serial", "parallel"])
