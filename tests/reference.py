@@ -179,6 +179,33 @@ def bf16_round_stochastic(values, seed: int, step: int):
     return out
 
 
+def f16_round_stochastic_bits(u: int, random16: int) -> int:
+    """The float32 bits ``u`` rounded stochastically to float16 bits: between the float16
+    neighbours ``lo < |x| < hi`` (NumPy's float16 values, ``hi`` 65,536 past the largest
+    finite one), up iff ``random16 * (hi - lo) < (|x| - lo) * 2**16`` in float64 (exact);
+    exact values stay; infinity and NaN as rounding to nearest (NumPy's conversion: a NaN
+    keeps the top ten bits of its payload, at least one)."""
+    u &= _MASK32
+    sign = (u >> 16) & 0x8000
+    fraction = u & 0x7FFFFF
+    if (u & 0x7F800000) == 0x7F800000:
+        payload = max(fraction >> 13, 1) if fraction else 0
+        return sign | 0x7C00 | payload
+    x = abs(float(np.uint32(u).view(np.float32)))
+    with np.errstate(over="ignore"):
+        nearest = int(np.float16(x).view(np.uint16))
+    near = float(np.uint16(nearest).view(np.float16))
+    if near == x:
+        return sign | nearest
+    low = nearest - 1 if near > x else nearest
+    lo = float(np.uint16(low).view(np.float16))
+    hi = float(np.uint16(low + 1).view(np.float16))
+    if hi == float("inf"):
+        hi = 65536.0
+    up = random16 * (hi - lo) < (x - lo) * 65536.0
+    return sign | (low + 1 if up else low)
+
+
 def dropout_keep_threshold(p: float) -> int:
     """Keep iff bits >= this: round(p * 2**32), 2**32 for p == 1, capped below that for p < 1."""
     if p >= 1.0:

@@ -7,11 +7,18 @@ import ml_dtypes
 import numpy as np
 import pytest
 from numba import njit
-from reference import bf16_round_stochastic
+from reference import bf16_round_stochastic, f16_round_stochastic_bits
 from reference import rounding_bits16 as reference_bits16
 
 import numbapos.functional as F
-from numbapos.kernels.halfbits import bf16_from_f32_bits_stochastic, f32_bits_to_bf16
+from numbapos.kernels.halfbits import (
+    F16,
+    bf16_from_f32_bits_stochastic,
+    f16_from_f32_bits_stochastic,
+    f32_bits_to_bf16,
+    f32_bits_to_f16,
+    half_from_f32_bits_stochastic,
+)
 from numbapos.kernels.hash import dropout_key, rounding_bits, rounding_bits16, rounding_row_key
 
 BF16 = ml_dtypes.bfloat16
@@ -42,10 +49,26 @@ def _jitted_bf16(bits, random16):
 
 
 @njit
+def _jitted_f16(bits, random16):
+    out = np.empty(bits.size, np.uint16)
+    for i in range(bits.size):  # vectorised, as in the kernels' row loops
+        out[i] = half_from_f32_bits_stochastic(bits[i], F16, random16[i])
+    return out
+
+
+@njit
 def _jitted_bf16_nearest(bits):
     out = np.empty(bits.size, np.uint16)
     for i in range(bits.size):  # vectorised, as in the kernels' row loops
         out[i] = f32_bits_to_bf16(bits[i])
+    return out
+
+
+@njit
+def _jitted_f16_nearest(bits):
+    out = np.empty(bits.size, np.uint16)
+    for i in range(bits.size):
+        out[i] = f32_bits_to_f16(bits[i])
     return out
 
 
@@ -115,6 +138,74 @@ def test_bf16_nearest_jitted_equals_python_and_ml_dtypes(rng):
     np.testing.assert_array_equal(jitted[nan], ((bits[nan] >> 16) & 0x8000) | 0x7FC0)
     assert jitted[:3].tolist() == [0x3F80, 0x3F82, 0x3F80]  # ties to even, below a tie down
     assert jitted[5:8].tolist() == [0x7F7F, 0x7F80, 0x7F80]  # past the largest: infinity
+
+
+def _f16_cases(rng, count):
+    """float32 bits around float16's range (its subnormals, binade edges, the largest
+    finite value, overflow), float32 subnormals, zeros, infinities and NaN payloads, and
+    random bits over all float32 values."""
+    edges = np.array([0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x33000000,
+                      0x33000001, 0x337FFFFF, 0x387FFFFF, 0x38800000, 0x38800001,
+                      0x38FFFFFF, 0x3F800000, 0x3F801000, 0x3F800FFF, 0xBF801001,
+                      0x477FE000, 0x477FE001, 0x477FEFFF, 0x477FF000, 0x477FFFFF,
+                      0x47800000, 0xC7800001, 0x7F7FFFFF, 0x7F800000, 0xFF800000,
+                      0x7F800001, 0x7F802000, 0xFFC00000, 0x7FFFFFFF], np.uint32)
+    exponents = rng.integers(95, 146, count, dtype=np.uint64)  # 2**-32 .. 2**18
+    near_range = ((exponents << 23) | rng.integers(0, 2**23, count, dtype=np.uint64)
+                  | (rng.integers(0, 2, count, dtype=np.uint64) << 31))
+    anywhere = rng.integers(0, 2**32, count // 4, dtype=np.uint64)
+    return np.concatenate([edges, near_range.astype(np.uint32), anywhere.astype(np.uint32)])
+
+
+def _check_f16_stochastic(bits, random16):
+    expected = [f16_round_stochastic_bits(int(u), int(r))
+                for u, r in zip(bits, random16, strict=True)]
+    np.testing.assert_array_equal(_jitted_f16(bits, random16), expected)
+    assert [int(f16_from_f32_bits_stochastic(u, r))
+            for u, r in zip(bits, random16, strict=True)] == expected
+
+
+def test_f16_stochastic_rounding_jitted_and_python_equal_the_float64_rule(rng):
+    """The integer rounding (jitted in 32-bit lanes, and in Python for the CUDA simulator)
+    makes the float64 comparison's decision for every case."""
+    bits = _f16_cases(rng, 6000)
+    for random16 in (np.zeros(bits.size, np.uint32), np.full(bits.size, 0xFFFF, np.uint32),
+                     rng.integers(0, 2**16, bits.size).astype(np.uint32)):
+        _check_f16_stochastic(bits, random16)
+    # Thresholds exactly: 1 + 3 * 2**-23 (3 of 2**13 dropped units: up iff random16 < 24).
+    one_up = np.array([0x3F800003] * 3, np.uint32)
+    assert _jitted_f16(one_up, np.array([23, 24, 0xFFFF], np.uint32)).tolist() == [
+        0x3C01, 0x3C00, 0x3C00]
+    # The smallest float16 subnormal is 2**-24; 2**-40 of it is still up iff random16 == 0.
+    tiny = np.array([0x27800000] * 2, np.uint32)  # 2**-48
+    assert _jitted_f16(tiny, np.array([0, 1], np.uint32)).tolist() == [0x0001, 0x0000]
+
+
+def test_f16_nearest_jitted_equals_python_and_numpy(rng):
+    """Rounding to nearest float16 (NumPy's ``npy_floatbits_to_halfbits``), jitted in 32-bit
+    lanes: ties to even in the normal and subnormal ranges (where the shift drops up to 11
+    bits), overflow, underflow to signed zero, NaN payloads."""
+    ties = np.array([0x3F801000, 0x3F803000, 0x38801000, 0x387FF000, 0x37000000, 0x37000001,
+                     0x33000000, 0x33000001, 0x32FFFFFF, 0x477FEFFF, 0x477FF000, 0x477FE000,
+                     0x33000400, 0x34000200],
+                    np.uint32)
+    bits = np.concatenate([ties, _f16_cases(rng, 20_000)])
+    jitted = _jitted_f16_nearest(bits)
+    np.testing.assert_array_equal(jitted, [int(f32_bits_to_f16(u)) for u in bits])
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    with np.errstate(over="ignore"):
+        numpy = bits[~nan].view(np.float32).astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(jitted[~nan], numpy)
+    assert jitted[:3].tolist() == [0x3C00, 0x3C02, 0x0400]  # ties to even
+    assert jitted[9:12].tolist() == [0x7BFF, 0x7C00, 0x7BFF]  # 65,520 rounds to infinity
+    # Subnormal ties decided by bits the shift dropped: above the tie, so up.
+    assert jitted[12:14].tolist() == [0x0001, 0x0002]
+
+
+@pytest.mark.exhaustive
+def test_f16_stochastic_rounding_equals_the_float64_rule_on_many_values(rng):
+    bits = _f16_cases(rng, 400_000)
+    _check_f16_stochastic(bits, rng.integers(0, 2**16, bits.size).astype(np.uint32))
 
 
 @pytest.mark.parametrize("threads_threshold", [1 << 40, 1], ids=["serial", "parallel"])

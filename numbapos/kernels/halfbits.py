@@ -51,7 +51,6 @@ def bf16_to_f32_bits(h):
     return np.uint32(np.int64(h) << 16)
 
 
-@register_jitable
 def f16_to_f32_bits(h):
     """The float32 bits of the float16 bits ``h`` (exact, as NumPy's conversion).
 
@@ -59,7 +58,9 @@ def f16_to_f32_bits(h):
     ``half_to_float``): the exponent is rebased by 112; an infinity or NaN
     (payload kept) by 112 more; a zero or subnormal ``m * 2**-24`` is made the
     normal float32 ``2**-14 * (1 + m / 1024)``, from which an exact float32
-    subtraction of ``2**-14`` leaves ``m * 2**-24``.
+    subtraction of ``2**-14`` leaves ``m * 2**-24``. Jitted, it runs in 32-bit
+    operations (:func:`_f16_widen_i32`; Numba's int64 arithmetic put the loops in
+    64-bit lanes).
     """
     h = np.int64(h)
     magnitude = (h & 0x7FFF) << 13
@@ -70,6 +71,40 @@ def f16_to_f32_bits(h):
     elif exponent == 0:  # zero or subnormal
         bits = np.int64(f32_bits(f32_from_bits(bits + 0x00800000) - _TWO_M14))
     return np.uint32(bits | ((h & 0x8000) << 16))
+
+
+@intrinsic
+def _f16_widen_i32(typingctx, h):
+    # f16_to_f32_bits in i32 lanes, the same selects and float32 subtraction.
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        f32 = ir.FloatType()
+
+        def const(v):
+            return ir.Constant(i32, v)
+
+        bits16 = builder.and_(context.cast(builder, args[0], signature.args[0], types.uint32),
+                              const(0xFFFF))
+        magnitude = builder.shl(builder.and_(bits16, const(0x7FFF)), const(13))
+        exponent = builder.and_(magnitude, const(0x0F800000))
+        bits = builder.add(magnitude, const(0x38000000))
+        special = builder.add(bits, const(0x38000000))
+        normalised = builder.bitcast(builder.add(bits, const(0x00800000)), f32)
+        subnormal = builder.bitcast(builder.fsub(normalised, ir.Constant(f32, 2.0 ** -14)), i32)
+        bits = builder.select(builder.icmp_unsigned("==", exponent, const(0x0F800000)),
+                              special, bits)
+        bits = builder.select(builder.icmp_unsigned("==", exponent, const(0)), subnormal, bits)
+        return builder.or_(bits, builder.shl(builder.and_(bits16, const(0x8000)), const(16)))
+
+    return types.uint32(h), codegen
+
+
+@overload(f16_to_f32_bits, target="generic", inline="always")
+def _f16_to_f32_bits(h):
+    return lambda h: _f16_widen_i32(h)
 
 
 @register_jitable
@@ -119,9 +154,9 @@ def _f32_bits_to_bf16(u):
     return lambda u: _bf16_nearest_i32(u)
 
 
-@register_jitable
 def f32_bits_to_f16(u):
-    """The float16 nearest the float32 with bits ``u``: NumPy's ``npy_floatbits_to_halfbits``."""
+    """The float16 nearest the float32 with bits ``u``: NumPy's ``npy_floatbits_to_halfbits``.
+    Jitted, it runs branch-free in 32-bit operations (:func:`_f16_nearest_i32`)."""
     u = np.int64(u)
     exponent = u & 0x7F800000
     sign = (u & 0x80000000) >> 16
@@ -148,6 +183,66 @@ def f32_bits_to_f16(u):
     return np.uint16(sign + ((exponent - 0x38000000) >> 13) + (fraction >> 13))
 
 
+@intrinsic
+def _f16_nearest_i32(typingctx, u):
+    # f32_bits_to_f16 in i32 lanes: its three ranges computed and selected (the shift of
+    # the subnormal case clamped: only 1..11 is ever selected). With Numba's int64
+    # arithmetic and branches the float16 optimiser loops stayed scalar.
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+
+        def const(v):
+            return ir.Constant(i32, v)
+
+        def round_up_unless_even_tie(fraction, sticky):
+            # fraction + 0x1000 unless its low 14 bits are exactly the even tie 0x1000
+            # and no bit below them (sticky) was set.
+            tie = builder.and_(builder.icmp_unsigned("==", builder.and_(fraction, const(0x3FFF)),
+                                                     const(0x1000)),
+                               builder.icmp_unsigned("==", sticky, const(0)))
+            return builder.add(fraction, builder.select(tie, const(0), const(0x1000)))
+
+        bits = context.cast(builder, args[0], signature.args[0], types.uint32)
+        exponent = builder.and_(bits, const(0x7F800000))
+        fraction = builder.and_(bits, const(0x007FFFFF))
+        sign = builder.and_(builder.lshr(bits, const(16)), const(0x8000))
+        # normal
+        rounded = round_up_unless_even_tie(fraction, const(0))
+        normal = builder.add(builder.lshr(builder.sub(exponent, const(0x38000000)), const(13)),
+                             builder.lshr(rounded, const(13)))
+        # subnormal: shift by 113 - e, in 1..11 where selected
+        e = builder.lshr(exponent, const(23))
+        shift = builder.sub(const(113), e)
+        shift = builder.select(builder.icmp_unsigned("<", shift, const(31)), shift, const(31))
+        significand = builder.lshr(builder.add(const(0x00800000), fraction), shift)
+        sub = builder.lshr(round_up_unless_even_tie(significand,
+                                                    builder.and_(bits, const(0x7FF))),
+                           const(13))
+        sub = builder.select(builder.icmp_unsigned("<", exponent, const(0x33000000)),
+                             const(0), sub)
+        # infinity, overflow and NaN (at least one payload bit kept)
+        top = builder.lshr(fraction, const(13))
+        payload = builder.select(builder.icmp_unsigned("!=", top, const(0)), top, const(1))
+        nan = builder.and_(builder.icmp_unsigned("==", exponent, const(0x7F800000)),
+                           builder.icmp_unsigned("!=", fraction, const(0)))
+        special = builder.add(const(0x7C00), builder.select(nan, payload, const(0)))
+        magnitude = builder.select(builder.icmp_unsigned(">=", exponent, const(0x47800000)),
+                                   special, normal)
+        magnitude = builder.select(builder.icmp_unsigned("<=", exponent, const(0x38000000)),
+                                   sub, magnitude)
+        return builder.trunc(builder.add(sign, magnitude), ir.IntType(16))
+
+    return types.uint16(u), codegen
+
+
+@overload(f32_bits_to_f16, target="generic", inline="always")
+def _f32_bits_to_f16(u):
+    return lambda u: _f16_nearest_i32(u)
+
+
 @register_jitable
 def half_from_f32_bits(u, fmt):
     """The 16-bit pattern of format ``fmt`` nearest the float32 with bits ``u`` (ties to even)."""
@@ -164,36 +259,16 @@ def half_from_f32_bits_stochastic(u, fmt, random16):
     16-bit neighbours ``lo`` and ``hi`` (magnitudes, ``lo`` nearer zero) goes
     to ``hi`` iff ``random16 * (hi - lo) < (|x| - lo) * 2**16``, so with
     uniform random bits it goes there with probability ``(|x| - lo) / (hi -
-    lo)`` rounded up to a multiple of 2**-16. All in float64, exactly (the
-    values are float32 and 16-bit numbers of one binade). Values that are
-    exact stay; infinities and NaN round as :func:`half_from_f32_bits`; above
-    the largest finite 16-bit value the step up is to infinity (as if the
-    next binade existed), so a finite value never becomes infinite unless it
-    lies beyond that value.
+    lo)`` rounded up to a multiple of 2**-16. Values that are exact stay;
+    infinities and NaN round as :func:`half_from_f32_bits`; above the largest
+    finite 16-bit value the step up is to infinity (as if the next binade
+    existed), so a finite value never becomes infinite unless it lies beyond
+    that value. Both formats compare integers (:func:`bf16_from_f32_bits_stochastic`,
+    :func:`f16_from_f32_bits_stochastic`), in 32-bit lanes when jitted.
     """
     if fmt == BF16:
         return bf16_from_f32_bits_stochastic(u, random16)
-    u = np.int64(u)
-    nearest = np.int64(half_from_f32_bits(u, fmt))
-    if (u & 0x7FFFFFFF) >= 0x7F800000:
-        return np.uint16(nearest)
-    x = abs(np.float64(_from_bits(u & 0x7FFFFFFF, 8, 23)))
-    magnitude = nearest & 0x7FFF
-    near = np.float64(half_value(magnitude, fmt))
-    if near == x:
-        return np.uint16(nearest)
-    if near > x:
-        low = magnitude - 1
-    else:
-        low = magnitude
-    high = low + 1
-    low_value = np.float64(half_value(low, fmt))
-    high_value = np.float64(half_value(high, fmt))
-    if math.isinf(high_value):  # the step past the largest finite value
-        high_value = 2.0 ** 128 if fmt == BF16 else 65536.0
-    up = np.float64(random16) * (high_value - low_value) < (x - low_value) * 65536.0
-    sign = (u >> 16) & 0x8000
-    return np.uint16(sign | (high if up else low))
+    return f16_from_f32_bits_stochastic(u, random16)
 
 
 @register_jitable
@@ -223,6 +298,112 @@ def bf16_from_f32_bits_stochastic(u, random16):
         return f32_bits_to_bf16(u)
     up = 1 if (int(random16) & 0xFFFF) < (u & 0xFFFF) else 0
     return np.uint16(((u >> 16) + up) & 0xFFFF)
+
+
+def f16_from_f32_bits_stochastic(u, random16):
+    """:func:`half_from_f32_bits_stochastic` for float16, in integer operations.
+
+    Within float16's normal range a step is 2**13 float32 units, so ``(|x| -
+    lo) / (hi - lo)`` is the 13 dropped bits over 2**13: up iff ``random16 <
+    dropped * 8``. Below it (float16 subnormals, steps of 2**-24) the float32
+    significand is shifted right by ``s = 126 - exponent`` (14 or more): the
+    bits shifted out over ``2**s``, so up iff ``random16 * 2**s < dropped *
+    2**16``, which integers decide exactly. From 65,536 on, infinity. The same
+    decisions as the float64 comparison the docstring above states (tested
+    against it). Jitted, it runs in 32-bit operations (:func:`_f16_stochastic_i32`).
+    """
+    u = int(u) & 0xFFFFFFFF
+    magnitude = u & 0x7FFFFFFF
+    if magnitude >= 0x7F800000:
+        return f32_bits_to_f16(u)
+    sign = (u >> 16) & 0x8000
+    if magnitude >= 0x47800000:  # 65,536 or more
+        return np.uint16(sign | 0x7C00)
+    exponent = magnitude >> 23
+    if exponent >= 113:  # float16 normal range (a carry reaches the next binade)
+        low = (magnitude - 0x38000000) >> 13
+        threshold = (magnitude & 0x1FFF) << 3
+    else:
+        significand = (magnitude & 0x7FFFFF) | (0x800000 if exponent else 0)
+        shift = 126 - max(exponent, 1)
+        low = significand >> shift
+        dropped = significand & ((1 << shift) - 1)
+        excess = shift - 16
+        if excess <= 0:
+            threshold = dropped << -excess
+        else:  # random16 * 2**excess < dropped, with random16 an integer
+            threshold = (dropped + (1 << excess) - 1) >> excess
+    up = 1 if (int(random16) & 0xFFFF) < threshold else 0
+    return np.uint16(sign | (low + up))
+
+
+@intrinsic
+def _f16_stochastic_i32(typingctx, u, random16):
+    # f16_from_f32_bits_stochastic in i32 lanes, branch-free (both ranges computed and
+    # selected, shifts clamped below 32: a significand has 24 bits, so a shift of 24 or
+    # more gives what any larger one gives).
+    if not (isinstance(u, types.Integer) and isinstance(random16, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+
+        def const(v):
+            return ir.Constant(i32, v)
+
+        def smaller(a, b):
+            return builder.select(builder.icmp_unsigned("<", a, b), a, b)
+
+        bits = context.cast(builder, args[0], signature.args[0], types.uint32)
+        random = builder.and_(context.cast(builder, args[1], signature.args[1], types.uint32),
+                              const(0xFFFF))
+        magnitude = builder.and_(bits, const(0x7FFFFFFF))
+        sign = builder.and_(builder.lshr(bits, const(16)), const(0x8000))
+        exponent = builder.lshr(magnitude, const(23))
+        fraction = builder.and_(magnitude, const(0x7FFFFF))
+        # float16 normal range
+        normal_low = builder.lshr(builder.sub(magnitude, const(0x38000000)), const(13))
+        normal_threshold = builder.shl(builder.and_(magnitude, const(0x1FFF)), const(3))
+        # float16 subnormals and below
+        significand = builder.or_(fraction, builder.select(
+            builder.icmp_unsigned("!=", exponent, const(0)), const(0x800000), const(0)))
+        shift = builder.sub(const(126), builder.select(
+            builder.icmp_unsigned("<", exponent, const(1)), const(1), exponent))
+        clamped = smaller(shift, const(31))
+        sub_low = builder.lshr(significand, clamped)
+        dropped = builder.and_(significand, builder.sub(builder.shl(const(1), clamped),
+                                                          const(1)))
+        excess = smaller(builder.sub(shift, const(16)), const(30))  # shift >= 14
+        widened = builder.shl(dropped, builder.sub(const(16), smaller(shift, const(16))))
+        ceiling = builder.lshr(builder.add(dropped, builder.sub(builder.shl(const(1), excess),
+                                                                const(1))), excess)
+        sub_threshold = builder.select(builder.icmp_unsigned("<=", shift, const(16)),
+                                       widened, ceiling)
+        is_normal = builder.icmp_unsigned(">=", exponent, const(113))
+        low = builder.select(is_normal, normal_low, sub_low)
+        threshold = builder.select(is_normal, normal_threshold, sub_threshold)
+        up = builder.zext(builder.icmp_unsigned("<", random, threshold), i32)
+        rounded = builder.or_(sign, builder.add(low, up))
+        # 65,536 or more: infinity; infinity or NaN: as to nearest (NaN keeps the top of
+        # its payload, at least one bit of it).
+        top = builder.lshr(fraction, const(13))
+        payload = builder.select(builder.icmp_unsigned("!=", fraction, const(0)),
+                                 builder.select(builder.icmp_unsigned("!=", top, const(0)),
+                                                top, const(1)), const(0))
+        special = builder.or_(sign, builder.or_(const(0x7C00), payload))
+        infinite = builder.or_(sign, const(0x7C00))
+        out = builder.select(builder.icmp_unsigned(">=", magnitude, const(0x47800000)),
+                             infinite, rounded)
+        out = builder.select(builder.icmp_unsigned(">=", magnitude, const(0x7F800000)),
+                             special, out)
+        return builder.trunc(out, ir.IntType(16))
+
+    return types.uint16(u, random16), codegen
+
+
+@overload(f16_from_f32_bits_stochastic, target="generic", inline="always")
+def _f16_from_f32_bits_stochastic(u, random16):
+    return lambda u, random16: _f16_stochastic_i32(u, random16)
 
 
 @intrinsic
