@@ -17,7 +17,7 @@ The training-step group times one sparse step on the same table and ids:
 lookup, backward (``SparseRows``), SGD with momentum 0.9 and ``zero_grad``,
 on a float32 table and on a bfloat16 one (float32 momentum, stochastic
 rounding; ``optimizer.step()`` after the backward, and fused into it; and
-with bfloat16 momentum, ``momentum_dtype="bfloat16"``). Target:
+with bfloat16 momentum, ``momentum_dtype="bfloat16"``), and on a float16 one. Target:
 the bfloat16 step >= 1.1x faster than the float32 one. PyTorch has no peer
 worth timing here: its SGD keeps a sparse momentum buffer that grows to every
 row seen so far, and its bfloat16 table sums repeated ids' gradients in bfloat16.
@@ -86,7 +86,8 @@ def test_half_lookup(benchmark, tables, impl):
 
 
 STEP_IMPLEMENTATIONS = ["numbapos_float32", "numbapos_bf16", "numbapos_bf16_bf16momentum",
-                        "numbapos_float32_fused", "numbapos_bf16_fused"]
+                        "numbapos_f16", "numbapos_float32_fused", "numbapos_bf16_fused",
+                        "numbapos_f16_fused"]
 
 
 def training_step(weight, batches, impl):
@@ -96,7 +97,10 @@ def training_step(weight, batches, impl):
     first timed call (a first write to a page of a fresh ``(V, D)`` buffer
     costs a page fault, which the steps of a long run do not pay).
     """
-    table = weight.copy() if impl.startswith("numbapos_float32") else weight.astype(BF16)
+    if impl.startswith("numbapos_float32"):
+        table = weight.copy()
+    else:
+        table = weight.astype(np.float16 if impl.startswith("numbapos_f16") else BF16)
     module = nn.Embedding.from_pretrained(table, freeze=False, sparse=True)
     momentum_dtype = "bfloat16" if "bf16momentum" in impl else None
     opt = optim.SGD(module.parameters(), lr=0.01, momentum=0.9, momentum_dtype=momentum_dtype)
