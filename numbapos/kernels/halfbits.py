@@ -20,10 +20,15 @@ device stores the same bits.
   (stochastic rounding, for optimiser updates): away from zero with
   probability (distance from the 16-bit value below) / (its step), to within
   2**-16 of a step, so the rounded value's expectation is the float32 value.
-  Its bfloat16 case (:func:`bf16_from_f32_bits_stochastic`) is the hot one
-  of every bfloat16 optimiser step: jitted, it runs in 32-bit operations (an
-  LLVM intrinsic; int64 arithmetic would halve the lanes of the vectorised
-  loops), and in Python on the simulator.
+  For both formats that is a compare of integers: the random bits against the
+  float32 bits the rounding drops (:func:`bf16_from_f32_bits_stochastic`,
+  :func:`f16_from_f32_bits_stochastic`).
+
+The conversions in the hot loops of the kernels (widening, rounding to
+nearest and stochastically) are Python functions, which the simulator runs,
+with jitted implementations in 32-bit LLVM operations for both targets
+(``_*_i32`` intrinsics, branch-free): Numba's int64 arithmetic would halve
+the lanes of the vectorised loops, and its branches kept some of them scalar.
 
 Kernels that need the value (max-norm, optimiser updates) use
 :func:`half_value` / :func:`f32_value_bits`, exact conversions through
