@@ -214,6 +214,30 @@ def test_max_norm_clips_in_float32_and_rounds_to_nearest_even(device, dtype, nor
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("threads_threshold", [1 << 40, 1], ids=["serial", "parallel"])
+def test_max_norm_of_rows_with_an_infinity_or_a_nan(dtype, threads_threshold,
+                                                   parallel_threshold):
+    """A row with an infinity has an infinite norm: scaled by 0, the infinity becomes the
+    positive quiet NaN (whatever sign the processor gives inf * 0) and the rest signed
+    zeros; a row with a NaN has a NaN norm and is left alone."""
+    parallel_threshold(threads_threshold)
+    table = np.array([[1.0, -np.inf, -3.0, 0.5], [np.nan, 5.0, -5.0, 1.0],
+                      [0.25, -0.25, 0.0, 0.0]], np.float32).astype(dtype)
+    before = _bits(table).copy()
+    _cpu().renorm_half_rows_(_bits(table), np.array([0, 1, 2]), 1.0, 2.0, FORMAT[dtype])
+    quiet_nan = 0x7FC0 if dtype == BF16 else 0x7E00
+    assert _bits(table)[0].tolist() == [0x0000, quiet_nan, 0x8000, 0x0000]
+    np.testing.assert_array_equal(_bits(table)[1:], before[1:])
+    if numbapos.cuda_available():  # the CUDA twin stores the same bits
+        from conftest import dev
+
+        gpu = dev(before)
+        with np.errstate(invalid="ignore"):  # the simulator's inf * 0 in NumPy scalars
+            _cuda().renorm_half_rows_(gpu, dev(np.array([0, 1, 2])), 1.0, 2.0, FORMAT[dtype])
+        np.testing.assert_array_equal(host(gpu), _bits(table))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
 def test_the_cuda_launchers_give_the_cpu_bits(dtype, rng):
     """bfloat16 included: the twins take the tables' bits, whatever their host dtype."""
     from conftest import dev

@@ -19,13 +19,14 @@ from numba import prange
 from .. import halfbits
 from ..halfbits import (
     BF16,
+    F16,
     f16_to_f32_bits,
-    f32_value_bits,
     half_from_f32_bits,
     half_from_f32_bits_stochastic,
-    half_value,
+    half_to_f32_bits,
 )
 from ..hash import dropout_key, rounding_bits16, rounding_row_key
+from ..scalar import f32_bits, f32_from_bits
 from .arrays import option, pick
 from .embedding import unique_rows
 from .jit import kernel
@@ -71,7 +72,7 @@ def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
     if flat.size and table.shape[1]:
         rows = unique_rows(flat)
         pick(_renorm, _renorm_parallel, rows.size * table.shape[1])(
-            table, rows, float(max_norm), float(norm_type), np.int64(fmt))
+            table, rows, float(max_norm), float(norm_type), option(fmt == F16))
 
 
 def store_half_(table, values, seed, step, stochastic, fmt):
@@ -166,44 +167,64 @@ def _copy_rows_parallel(flat_idx, table, out, stream):
 
 
 @kernel(inline="always")
+def _value(table, row, d, fmt):
+    # Element (row, d) as its float32 value: exact, by bits (vectorises; the ldexp of
+    # half_value cost 30x the float32 renorm).
+    return f32_from_bits(half_to_f32_bits(table[row, d], fmt))
+
+
+@kernel(inline="always")
 def _renorm_row(table, row, max_norm, norm_type, fmt):
     """Clip one row (see :func:`renorm_half_rows_`); the norm summed in float64, in order."""
     dim = table.shape[1]
     acc = 0.0
-    for d in range(dim):
-        a = abs(np.float64(half_value(table[row, d], fmt)))
-        if norm_type == np.inf:
-            acc = max(acc, a)
-        elif norm_type == 2.0:
+    if norm_type == np.inf:
+        for d in range(dim):
+            acc = max(acc, abs(np.float64(_value(table, row, d, fmt))))
+        norm = acc
+    elif norm_type == 2.0:
+        for d in range(dim):
+            a = np.float64(_value(table, row, d, fmt))
             acc += a * a
-        elif norm_type == 1.0:
-            acc += a
-        else:
-            acc += a ** norm_type
-    if norm_type == 2.0:
         norm = np.sqrt(acc)
-    elif norm_type == np.inf or norm_type == 1.0:
+    elif norm_type == 1.0:
+        for d in range(dim):
+            acc += abs(np.float64(_value(table, row, d, fmt)))
         norm = acc
     else:
+        for d in range(dim):
+            acc += abs(np.float64(_value(table, row, d, fmt))) ** norm_type
         norm = acc ** (1.0 / norm_type)
     if norm > max_norm:
         scale = np.float32(max_norm / (norm + 1e-7))
         for d in range(dim):
-            value = np.float32(half_value(table[row, d], fmt) * scale)
-            table[row, d] = half_from_f32_bits(f32_value_bits(value), fmt)
+            value = _value(table, row, d, fmt) * scale
+            # A NaN (an infinity times a zero scale) as the positive quiet NaN, whatever
+            # sign the processor gives it: the bits of the CUDA kernel (f32_value_bits).
+            bits = f32_bits(value) if value == value else np.uint32(0x7FC00000)
+            table[row, d] = half_from_f32_bits(bits, fmt)
+
+
+@kernel(inline="always")
+def _renorm_rows(table, rows, j, max_norm, norm_type, f16):
+    # The format as a constant, so each loop is compiled for one format.
+    if f16 is None:
+        _renorm_row(table, rows[j], max_norm, norm_type, BF16)
+    else:
+        _renorm_row(table, rows[j], max_norm, norm_type, F16)
 
 
 @kernel()
-def _renorm(table, rows, max_norm, norm_type, fmt):
+def _renorm(table, rows, max_norm, norm_type, f16):
     for j in range(rows.size):
-        _renorm_row(table, rows[j], max_norm, norm_type, fmt)
+        _renorm_rows(table, rows, j, max_norm, norm_type, f16)
 
 
 @kernel(parallel=True)
-def _renorm_parallel(table, rows, max_norm, norm_type, fmt):
+def _renorm_parallel(table, rows, max_norm, norm_type, f16):
     for j in prange(rows.size):
         half_prefetch_listed_for_write(table, rows, j + AHEAD)
-        _renorm_row(table, rows[j], max_norm, norm_type, fmt)
+        _renorm_rows(table, rows, j, max_norm, norm_type, f16)
 
 
 @kernel(inline="always")
