@@ -133,9 +133,10 @@ def f32_bits_to_bf16(u):
 
 @intrinsic
 def _bf16_nearest_i32(typingctx, u):
-    # f32_bits_to_bf16 in i32 lanes: with Numba's int64 arithmetic and its NaN branch the
+    # f32_bits_to_bf16 in i32 lanes: in Numba's int64 arithmetic, with its NaN branch, the
     # loops that store bfloat16 rows to nearest (a bfloat16 momentum buffer, steps without
-    # stochastic rounding) stayed scalar, 2-5x slower than with float32 state.
+    # stochastic rounding) were slower: a bfloat16-momentum SGD step in L2 took 0.66-0.68
+    # instead of 0.58-0.61 ns an element.
     # No overflow: a finite or infinite u is at most 0xFF800000, plus at most 0x8000.
     if not isinstance(u, types.Integer):
         return None
@@ -193,8 +194,9 @@ def f32_bits_to_f16(u):
 @intrinsic
 def _f16_nearest_i32(typingctx, u):
     # f32_bits_to_f16 in i32 lanes: its three ranges computed and selected (the shift of
-    # the subnormal case clamped: only 1..11 is ever selected). With Numba's int64
-    # arithmetic and branches the float16 optimiser loops stayed scalar.
+    # the subnormal case clamped: only 1..11 is ever selected). With this and
+    # _f16_widen_i32, a float16 SGD step rounding to nearest took 0.94 instead of 1.5 ns
+    # an element in L2 (Numba's int64 arithmetic halves the lanes).
     if not isinstance(u, types.Integer):
         return None
 

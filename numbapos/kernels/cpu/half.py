@@ -206,7 +206,7 @@ def _renorm_row(table, row, max_norm, norm_type, fmt):
 
 
 @kernel(inline="always")
-def _renorm_rows(table, rows, j, max_norm, norm_type, f16):
+def _renorm_entry(table, rows, j, max_norm, norm_type, f16):
     # The format as a constant, so each loop is compiled for one format.
     if f16 is None:
         _renorm_row(table, rows[j], max_norm, norm_type, BF16)
@@ -217,14 +217,14 @@ def _renorm_rows(table, rows, j, max_norm, norm_type, f16):
 @kernel()
 def _renorm(table, rows, max_norm, norm_type, f16):
     for j in range(rows.size):
-        _renorm_rows(table, rows, j, max_norm, norm_type, f16)
+        _renorm_entry(table, rows, j, max_norm, norm_type, f16)
 
 
 @kernel(parallel=True)
 def _renorm_parallel(table, rows, max_norm, norm_type, f16):
     for j in prange(rows.size):
         half_prefetch_listed_for_write(table, rows, j + AHEAD)
-        _renorm_rows(table, rows, j, max_norm, norm_type, f16)
+        _renorm_entry(table, rows, j, max_norm, norm_type, f16)
 
 
 @kernel(inline="always")
