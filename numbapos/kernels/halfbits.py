@@ -50,6 +50,12 @@ from .scalar import f32_bits, f32_from_bits
 BF16 = 0  # format codes of the launchers
 F16 = 1
 _TWO_M14 = np.float32(2.0 ** -14)
+_I32, _I16, _F32 = ir.IntType(32), ir.IntType(16), ir.FloatType()
+
+
+def _i32(value):
+    """An i32 constant of the intrinsics' code."""
+    return ir.Constant(_I32, value)
 
 
 @register_jitable
@@ -87,24 +93,18 @@ def _f16_widen_i32(typingctx, h):
         return None
 
     def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        f32 = ir.FloatType()
-
-        def const(v):
-            return ir.Constant(i32, v)
-
         bits16 = builder.and_(context.cast(builder, args[0], signature.args[0], types.uint32),
-                              const(0xFFFF))
-        magnitude = builder.shl(builder.and_(bits16, const(0x7FFF)), const(13))
-        exponent = builder.and_(magnitude, const(0x0F800000))
-        bits = builder.add(magnitude, const(0x38000000))
-        special = builder.add(bits, const(0x38000000))
-        normalised = builder.bitcast(builder.add(bits, const(0x00800000)), f32)
-        subnormal = builder.bitcast(builder.fsub(normalised, ir.Constant(f32, 2.0 ** -14)), i32)
-        bits = builder.select(builder.icmp_unsigned("==", exponent, const(0x0F800000)),
+                              _i32(0xFFFF))
+        magnitude = builder.shl(builder.and_(bits16, _i32(0x7FFF)), _i32(13))
+        exponent = builder.and_(magnitude, _i32(0x0F800000))
+        bits = builder.add(magnitude, _i32(0x38000000))
+        special = builder.add(bits, _i32(0x38000000))
+        normalised = builder.bitcast(builder.add(bits, _i32(0x00800000)), _F32)
+        subnormal = builder.bitcast(builder.fsub(normalised, ir.Constant(_F32, 2.0 ** -14)), _I32)
+        bits = builder.select(builder.icmp_unsigned("==", exponent, _i32(0x0F800000)),
                               special, bits)
-        bits = builder.select(builder.icmp_unsigned("==", exponent, const(0)), subnormal, bits)
-        return builder.or_(bits, builder.shl(builder.and_(bits16, const(0x8000)), const(16)))
+        bits = builder.select(builder.icmp_unsigned("==", exponent, _i32(0)), subnormal, bits)
+        return builder.or_(bits, builder.shl(builder.and_(bits16, _i32(0x8000)), _i32(16)))
 
     return types.uint32(h), codegen
 
@@ -142,17 +142,16 @@ def _bf16_nearest_i32(typingctx, u):
         return None
 
     def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
         bits = context.cast(builder, args[0], signature.args[0], types.uint32)
-        nan = builder.icmp_unsigned(">", builder.and_(bits, ir.Constant(i32, 0x7FFFFFFF)),
-                                    ir.Constant(i32, 0x7F800000))
-        high = builder.lshr(bits, ir.Constant(i32, 16))
-        tie_to_even = builder.add(ir.Constant(i32, 0x7FFF),
-                                  builder.and_(high, ir.Constant(i32, 1)))
-        rounded = builder.lshr(builder.add(bits, tie_to_even), ir.Constant(i32, 16))
-        quiet = builder.or_(builder.and_(high, ir.Constant(i32, 0x8000)),
-                            ir.Constant(i32, 0x7FC0))
-        return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
+        nan = builder.icmp_unsigned(">", builder.and_(bits, _i32(0x7FFFFFFF)),
+                                    _i32(0x7F800000))
+        high = builder.lshr(bits, _i32(16))
+        tie_to_even = builder.add(_i32(0x7FFF),
+                                  builder.and_(high, _i32(1)))
+        rounded = builder.lshr(builder.add(bits, tie_to_even), _i32(16))
+        quiet = builder.or_(builder.and_(high, _i32(0x8000)),
+                            _i32(0x7FC0))
+        return builder.trunc(builder.select(nan, quiet, rounded), _I16)
 
     return types.uint16(u), codegen
 
@@ -201,48 +200,43 @@ def _f16_nearest_i32(typingctx, u):
         return None
 
     def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-
-        def const(v):
-            return ir.Constant(i32, v)
-
         def round_up_unless_even_tie(fraction, sticky):
             # fraction + 0x1000 unless its low 14 bits are exactly the even tie 0x1000
             # and no bit below them (sticky) was set.
-            tie = builder.and_(builder.icmp_unsigned("==", builder.and_(fraction, const(0x3FFF)),
-                                                     const(0x1000)),
-                               builder.icmp_unsigned("==", sticky, const(0)))
-            return builder.add(fraction, builder.select(tie, const(0), const(0x1000)))
+            tie = builder.and_(builder.icmp_unsigned("==", builder.and_(fraction, _i32(0x3FFF)),
+                                                     _i32(0x1000)),
+                               builder.icmp_unsigned("==", sticky, _i32(0)))
+            return builder.add(fraction, builder.select(tie, _i32(0), _i32(0x1000)))
 
         bits = context.cast(builder, args[0], signature.args[0], types.uint32)
-        exponent = builder.and_(bits, const(0x7F800000))
-        fraction = builder.and_(bits, const(0x007FFFFF))
-        sign = builder.and_(builder.lshr(bits, const(16)), const(0x8000))
+        exponent = builder.and_(bits, _i32(0x7F800000))
+        fraction = builder.and_(bits, _i32(0x007FFFFF))
+        sign = builder.and_(builder.lshr(bits, _i32(16)), _i32(0x8000))
         # normal
-        rounded = round_up_unless_even_tie(fraction, const(0))
-        normal = builder.add(builder.lshr(builder.sub(exponent, const(0x38000000)), const(13)),
-                             builder.lshr(rounded, const(13)))
+        rounded = round_up_unless_even_tie(fraction, _i32(0))
+        normal = builder.add(builder.lshr(builder.sub(exponent, _i32(0x38000000)), _i32(13)),
+                             builder.lshr(rounded, _i32(13)))
         # subnormal: shift by 113 - e, in 1..11 where selected
-        e = builder.lshr(exponent, const(23))
-        shift = builder.sub(const(113), e)
-        shift = builder.select(builder.icmp_unsigned("<", shift, const(31)), shift, const(31))
-        significand = builder.lshr(builder.add(const(0x00800000), fraction), shift)
+        e = builder.lshr(exponent, _i32(23))
+        shift = builder.sub(_i32(113), e)
+        shift = builder.select(builder.icmp_unsigned("<", shift, _i32(31)), shift, _i32(31))
+        significand = builder.lshr(builder.add(_i32(0x00800000), fraction), shift)
         sub = builder.lshr(round_up_unless_even_tie(significand,
-                                                    builder.and_(bits, const(0x7FF))),
-                           const(13))
-        sub = builder.select(builder.icmp_unsigned("<", exponent, const(0x33000000)),
-                             const(0), sub)
+                                                    builder.and_(bits, _i32(0x7FF))),
+                           _i32(13))
+        sub = builder.select(builder.icmp_unsigned("<", exponent, _i32(0x33000000)),
+                             _i32(0), sub)
         # infinity, overflow and NaN (at least one payload bit kept)
-        top = builder.lshr(fraction, const(13))
-        payload = builder.select(builder.icmp_unsigned("!=", top, const(0)), top, const(1))
-        nan = builder.and_(builder.icmp_unsigned("==", exponent, const(0x7F800000)),
-                           builder.icmp_unsigned("!=", fraction, const(0)))
-        special = builder.add(const(0x7C00), builder.select(nan, payload, const(0)))
-        magnitude = builder.select(builder.icmp_unsigned(">=", exponent, const(0x47800000)),
+        top = builder.lshr(fraction, _i32(13))
+        payload = builder.select(builder.icmp_unsigned("!=", top, _i32(0)), top, _i32(1))
+        nan = builder.and_(builder.icmp_unsigned("==", exponent, _i32(0x7F800000)),
+                           builder.icmp_unsigned("!=", fraction, _i32(0)))
+        special = builder.add(_i32(0x7C00), builder.select(nan, payload, _i32(0)))
+        magnitude = builder.select(builder.icmp_unsigned(">=", exponent, _i32(0x47800000)),
                                    special, normal)
-        magnitude = builder.select(builder.icmp_unsigned("<=", exponent, const(0x38000000)),
+        magnitude = builder.select(builder.icmp_unsigned("<=", exponent, _i32(0x38000000)),
                                    sub, magnitude)
-        return builder.trunc(builder.add(sign, magnitude), ir.IntType(16))
+        return builder.trunc(builder.add(sign, magnitude), _I16)
 
     return types.uint16(u), codegen
 
@@ -355,57 +349,52 @@ def _f16_stochastic_i32(typingctx, u, random16):
         return None
 
     def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-
-        def const(v):
-            return ir.Constant(i32, v)
-
         def smaller(a, b):
             return builder.select(builder.icmp_unsigned("<", a, b), a, b)
 
         bits = context.cast(builder, args[0], signature.args[0], types.uint32)
         random = builder.and_(context.cast(builder, args[1], signature.args[1], types.uint32),
-                              const(0xFFFF))
-        magnitude = builder.and_(bits, const(0x7FFFFFFF))
-        sign = builder.and_(builder.lshr(bits, const(16)), const(0x8000))
-        exponent = builder.lshr(magnitude, const(23))
-        fraction = builder.and_(magnitude, const(0x7FFFFF))
+                              _i32(0xFFFF))
+        magnitude = builder.and_(bits, _i32(0x7FFFFFFF))
+        sign = builder.and_(builder.lshr(bits, _i32(16)), _i32(0x8000))
+        exponent = builder.lshr(magnitude, _i32(23))
+        fraction = builder.and_(magnitude, _i32(0x7FFFFF))
         # float16 normal range
-        normal_low = builder.lshr(builder.sub(magnitude, const(0x38000000)), const(13))
-        normal_threshold = builder.shl(builder.and_(magnitude, const(0x1FFF)), const(3))
+        normal_low = builder.lshr(builder.sub(magnitude, _i32(0x38000000)), _i32(13))
+        normal_threshold = builder.shl(builder.and_(magnitude, _i32(0x1FFF)), _i32(3))
         # float16 subnormals and below
         significand = builder.or_(fraction, builder.select(
-            builder.icmp_unsigned("!=", exponent, const(0)), const(0x800000), const(0)))
-        shift = builder.sub(const(126), builder.select(
-            builder.icmp_unsigned("<", exponent, const(1)), const(1), exponent))
-        clamped = smaller(shift, const(31))
+            builder.icmp_unsigned("!=", exponent, _i32(0)), _i32(0x800000), _i32(0)))
+        shift = builder.sub(_i32(126), builder.select(
+            builder.icmp_unsigned("<", exponent, _i32(1)), _i32(1), exponent))
+        clamped = smaller(shift, _i32(31))
         sub_low = builder.lshr(significand, clamped)
-        dropped = builder.and_(significand, builder.sub(builder.shl(const(1), clamped),
-                                                          const(1)))
-        excess = smaller(builder.sub(shift, const(16)), const(30))  # shift >= 14
-        widened = builder.shl(dropped, builder.sub(const(16), smaller(shift, const(16))))
-        ceiling = builder.lshr(builder.add(dropped, builder.sub(builder.shl(const(1), excess),
-                                                                const(1))), excess)
-        sub_threshold = builder.select(builder.icmp_unsigned("<=", shift, const(16)),
+        dropped = builder.and_(significand, builder.sub(builder.shl(_i32(1), clamped),
+                                                          _i32(1)))
+        excess = smaller(builder.sub(shift, _i32(16)), _i32(30))  # shift >= 14
+        widened = builder.shl(dropped, builder.sub(_i32(16), smaller(shift, _i32(16))))
+        ceiling = builder.lshr(builder.add(dropped, builder.sub(builder.shl(_i32(1), excess),
+                                                                _i32(1))), excess)
+        sub_threshold = builder.select(builder.icmp_unsigned("<=", shift, _i32(16)),
                                        widened, ceiling)
-        is_normal = builder.icmp_unsigned(">=", exponent, const(113))
+        is_normal = builder.icmp_unsigned(">=", exponent, _i32(113))
         low = builder.select(is_normal, normal_low, sub_low)
         threshold = builder.select(is_normal, normal_threshold, sub_threshold)
-        up = builder.zext(builder.icmp_unsigned("<", random, threshold), i32)
+        up = builder.zext(builder.icmp_unsigned("<", random, threshold), _I32)
         rounded = builder.or_(sign, builder.add(low, up))
         # 65,536 or more: infinity; infinity or NaN: as to nearest (NaN keeps the top of
         # its payload, at least one bit of it).
-        top = builder.lshr(fraction, const(13))
-        payload = builder.select(builder.icmp_unsigned("!=", fraction, const(0)),
-                                 builder.select(builder.icmp_unsigned("!=", top, const(0)),
-                                                top, const(1)), const(0))
-        special = builder.or_(sign, builder.or_(const(0x7C00), payload))
-        infinite = builder.or_(sign, const(0x7C00))
-        out = builder.select(builder.icmp_unsigned(">=", magnitude, const(0x47800000)),
+        top = builder.lshr(fraction, _i32(13))
+        payload = builder.select(builder.icmp_unsigned("!=", fraction, _i32(0)),
+                                 builder.select(builder.icmp_unsigned("!=", top, _i32(0)),
+                                                top, _i32(1)), _i32(0))
+        special = builder.or_(sign, builder.or_(_i32(0x7C00), payload))
+        infinite = builder.or_(sign, _i32(0x7C00))
+        out = builder.select(builder.icmp_unsigned(">=", magnitude, _i32(0x47800000)),
                              infinite, rounded)
-        out = builder.select(builder.icmp_unsigned(">=", magnitude, const(0x7F800000)),
+        out = builder.select(builder.icmp_unsigned(">=", magnitude, _i32(0x7F800000)),
                              special, out)
-        return builder.trunc(out, ir.IntType(16))
+        return builder.trunc(out, _I16)
 
     return types.uint16(u, random16), codegen
 
@@ -423,18 +412,17 @@ def _bf16_stochastic_i32(typingctx, u, random16):
         return None
 
     def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
         bits = context.cast(builder, args[0], signature.args[0], types.uint32)
         random = builder.and_(context.cast(builder, args[1], signature.args[1], types.uint32),
-                              ir.Constant(i32, 0xFFFF))
-        nan = builder.icmp_unsigned(">", builder.and_(bits, ir.Constant(i32, 0x7FFFFFFF)),
-                                    ir.Constant(i32, 0x7F800000))
-        high = builder.lshr(bits, ir.Constant(i32, 16))
-        up = builder.icmp_unsigned("<", random, builder.and_(bits, ir.Constant(i32, 0xFFFF)))
-        rounded = builder.add(high, builder.zext(up, i32))
-        quiet = builder.or_(builder.and_(high, ir.Constant(i32, 0x8000)),
-                            ir.Constant(i32, 0x7FC0))
-        return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
+                              _i32(0xFFFF))
+        nan = builder.icmp_unsigned(">", builder.and_(bits, _i32(0x7FFFFFFF)),
+                                    _i32(0x7F800000))
+        high = builder.lshr(bits, _i32(16))
+        up = builder.icmp_unsigned("<", random, builder.and_(bits, _i32(0xFFFF)))
+        rounded = builder.add(high, builder.zext(up, _I32))
+        quiet = builder.or_(builder.and_(high, _i32(0x8000)),
+                            _i32(0x7FC0))
+        return builder.trunc(builder.select(nan, quiet, rounded), _I16)
 
     return types.uint16(u, random16), codegen
 

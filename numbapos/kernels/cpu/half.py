@@ -23,10 +23,10 @@ from ..halfbits import (
     f16_to_f32_bits,
     half_from_f32_bits,
     half_from_f32_bits_stochastic,
-    half_to_f32_bits,
 )
 from ..hash import dropout_key, rounding_bits16, rounding_row_key
-from ..scalar import f32_bits, f32_from_bits
+from ..scalar import f32_bits
+from ..widen import widen
 from .arrays import option, pick
 from .embedding import unique_rows
 from .jit import kernel
@@ -167,38 +167,33 @@ def _copy_rows_parallel(flat_idx, table, out, stream):
 
 
 @kernel(inline="always")
-def _value(table, row, d, fmt):
-    # Element (row, d) as its float32 value: exact, by bits (vectorises; the ldexp of
-    # half_value cost 30x the float32 renorm).
-    return f32_from_bits(half_to_f32_bits(table[row, d], fmt))
-
-
-@kernel(inline="always")
 def _renorm_row(table, row, max_norm, norm_type, fmt):
-    """Clip one row (see :func:`renorm_half_rows_`); the norm summed in float64, in order."""
+    """Clip one row (see :func:`renorm_half_rows_`); the norm summed in float64, in order.
+    Elements are read by their bits (:func:`~numbapos.kernels.widen.widen`, vectorised):
+    through ``ldexp`` (``half_value``) the pass cost 30x the float32 one."""
     dim = table.shape[1]
     acc = 0.0
     if norm_type == np.inf:
         for d in range(dim):
-            acc = max(acc, abs(np.float64(_value(table, row, d, fmt))))
+            acc = max(acc, abs(np.float64(widen(table[row, d], fmt))))
         norm = acc
     elif norm_type == 2.0:
         for d in range(dim):
-            a = np.float64(_value(table, row, d, fmt))
+            a = np.float64(widen(table[row, d], fmt))
             acc += a * a
         norm = np.sqrt(acc)
     elif norm_type == 1.0:
         for d in range(dim):
-            acc += abs(np.float64(_value(table, row, d, fmt)))
+            acc += abs(np.float64(widen(table[row, d], fmt)))
         norm = acc
     else:
         for d in range(dim):
-            acc += abs(np.float64(_value(table, row, d, fmt))) ** norm_type
+            acc += abs(np.float64(widen(table[row, d], fmt))) ** norm_type
         norm = acc ** (1.0 / norm_type)
     if norm > max_norm:
         scale = np.float32(max_norm / (norm + 1e-7))
         for d in range(dim):
-            value = _value(table, row, d, fmt) * scale
+            value = widen(table[row, d], fmt) * scale
             # A NaN (an infinity times a zero scale) as the positive quiet NaN, whatever
             # sign the processor gives it: the bits of the CUDA kernel (f32_value_bits).
             bits = f32_bits(value) if value == value else np.uint32(0x7FC00000)
