@@ -80,7 +80,7 @@ def test_group_by_row_is_a_stable_sort_by_row(ids, padding_idx):
 
 
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("size", [2, 15, 16, 17, 300, 5000])
+@pytest.mark.parametrize("size", [2, 15, 16, 17, 300, 5000, 70_000])
 @pytest.mark.parametrize("spread", [
     lambda rng, n: rng.integers(0, 3, n),                  # one narrow digit
     lambda rng, n: rng.integers(10**6, 10**6 + 2**20, n),  # an offset: sorted by id - min
@@ -88,9 +88,11 @@ def test_group_by_row_is_a_stable_sort_by_row(ids, padding_idx):
     lambda rng, n: rng.integers(0, 2**24, n),              # 10^7 rows: two 12-bit digits
     lambda rng, n: rng.integers(0, 2**12, n) << 12,        # a whole 12-bit digit the same
     lambda rng, n: rng.integers(0, 2**31 - 1, n),          # three or more passes
+    lambda rng, n: rng.integers(0, 2**31, n) | (np.arange(n) % 2 << 31),  # 32-bit keys
+    lambda rng, n: rng.integers(-2**40, 2**40, n),         # keys wider than 32 bits
     lambda rng, n: np.full(n, 77),                         # every id equal
 ], ids=["narrow", "offset", "constant-low-digit", "24-bit", "constant-12-bit-digit", "wide",
-        "equal"])
+        "32-bit", "41-bit", "equal"])
 def test_radix_grouping_equals_a_stable_argsort(rng, dtype, size, spread):
     # The grouping's radix sort: any digit width, skipped passes, odd and even
     # numbers of moving passes all give NumPy's stable argsort.

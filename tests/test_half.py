@@ -27,6 +27,17 @@ def test_format_codes_agree():
     assert (half.BF16, half.F16) == (halfbits.BF16, halfbits.F16)
 
 
+def test_is_half_dtype_answers_the_same_when_asked_again():
+    from numbapos._checks import is_half_dtype
+
+    cases = [(np.dtype(BF16), True), (np.dtype(F16), True), (np.dtype(">f2"), False),
+             (np.dtype(np.uint16), False), (np.dtype(np.float32), False),
+             (np.dtype(np.float64), False), (np.dtype([("a", F16)]), False)]
+    for _ in range(2):  # the second time from the answers kept per dtype
+        assert [is_half_dtype(dtype) for dtype, _ in cases] == [half for _, half in cases]
+    assert is_half_dtype(np.float16) and not is_half_dtype(np.uint16)  # types, not dtypes
+
+
 def _cpu():
     return numbapos._device.kernels_for("cpu")
 

@@ -19,7 +19,15 @@ from numbapos.kernels.halfbits import (
     f32_bits_to_f16,
     half_from_f32_bits_stochastic,
 )
-from numbapos.kernels.hash import dropout_key, rounding_bits, rounding_bits16, rounding_row_key
+from numbapos.kernels.hash import (
+    GOLDEN_GAMMA32,
+    dropout_key,
+    next_column_key,
+    rounding_bits,
+    rounding_bits16,
+    rounding_bits16_at,
+    rounding_row_key,
+)
 
 BF16 = ml_dtypes.bfloat16
 
@@ -37,6 +45,16 @@ def _jitted_row(row_key, dim):
     out = np.empty(dim, np.uint32)
     for d in range(dim):  # the vectorised loop of the kernels
         out[d] = rounding_bits16(row_key, d)
+    return out
+
+
+@njit
+def _jitted_row_stepped(row_key, first_column, dim):
+    out = np.empty(dim, np.uint32)
+    column_key = np.uint64(row_key) + np.uint64(first_column) * np.uint64(GOLDEN_GAMMA32)
+    for d in range(dim):  # the CPU kernels' loops: the key stepped, not multiplied
+        out[d] = rounding_bits16_at(column_key)
+        column_key = next_column_key(column_key)
     return out
 
 
@@ -85,6 +103,20 @@ def test_rounding_bits_match_the_reference_jitted_and_in_python(rng):
     row_key = rounding_row_key(key, 5)
     np.testing.assert_array_equal(_jitted_row(row_key, 1000),
                                   [reference_bits16(seed, step, 5, d) for d in range(1000)])
+
+
+@pytest.mark.parametrize("first_column", [0, 2**32 - 3, 2**33 + 5])
+def test_stepped_column_keys_give_the_bits_of_rounding_bits16(first_column):
+    # The kernels step a 64-bit column key; only its low 32 bits count, so the keys stay
+    # right past 2**32 columns' worth of steps (the uint64 wraps, the i32 hash input too).
+    key = dropout_key(np.uint64(7), np.uint64(9))
+    for row_key in (rounding_row_key(key, 3), np.uint32(2**32 - 1), np.uint32(0)):
+        columns = range(first_column, first_column + 600)
+        expected = [int(rounding_bits16(row_key, c)) for c in columns]
+        np.testing.assert_array_equal(_jitted_row_stepped(row_key, first_column, 600),
+                                      expected)
+        at = int(row_key) + first_column * GOLDEN_GAMMA32
+        assert [int(rounding_bits16_at(at + k * GOLDEN_GAMMA32)) for k in range(600)] == expected
 
 
 def test_rounding_bits_are_uniform_and_rows_independent():

@@ -24,7 +24,7 @@ from ..halfbits import (
     half_from_f32_bits,
     half_from_f32_bits_stochastic,
 )
-from ..hash import dropout_key, rounding_bits16, rounding_row_key
+from ..hash import dropout_key, next_column_key, rounding_bits16_at, rounding_row_key
 from ..scalar import f32_bits
 from ..widen import widen
 from .arrays import option, pick
@@ -229,10 +229,11 @@ def _store_row(table, values, r, key, stochastic, fmt):
         for d in range(dim):
             table[r, d] = half_from_f32_bits(values[r, d], fmt)
     else:
-        row_key = rounding_row_key(key, r)
+        column_key = np.uint64(rounding_row_key(key, r))
         for d in range(dim):
             table[r, d] = half_from_f32_bits_stochastic(values[r, d], fmt,
-                                                        rounding_bits16(row_key, d))
+                                                        rounding_bits16_at(column_key))
+            column_key = next_column_key(column_key)
 
 
 @kernel()

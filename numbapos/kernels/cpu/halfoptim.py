@@ -38,7 +38,7 @@ from ..halfbits import (
     half_from_f32_bits_stochastic,
     half_to_f32_bits,
 )
-from ..hash import dropout_key, rounding_bits16, rounding_row_key
+from ..hash import dropout_key, next_column_key, rounding_bits16_at, rounding_row_key
 from ..scalar import f32_bits, f32_from_bits
 from .arrays import option, pick, runs_parallel
 from .embedding import group_gradient
@@ -162,15 +162,15 @@ def _load(table, row, d, fmt):
 
 
 @kernel(inline="always")
-def _store(table, row, d, value, row_key, stochastic, fmt):
+def _store(table, row, d, value, column_key, stochastic, fmt):
     # The float32 ``value`` into element (row, d), rounded as store_half_rows_ rounds it:
-    # stochastically with rounding_bits16(row_key, d), row_key the row's
-    # rounding_row_key (one 64-bit hash per row, hoisted out of the column loops).
+    # stochastically with rounding_bits16_at(column_key), the loops stepping column_key
+    # from the row's rounding_row_key (one 64-bit hash per row) by next_column_key.
     u = f32_bits(value)
     if stochastic is None:
         table[row, d] = half_from_f32_bits(u, fmt)
     else:
-        table[row, d] = half_from_f32_bits_stochastic(u, fmt, rounding_bits16(row_key, d))
+        table[row, d] = half_from_f32_bits_stochastic(u, fmt, rounding_bits16_at(column_key))
 
 
 @kernel(inline="always")
@@ -213,11 +213,12 @@ def _gradient(j, values, grad, groups, scale, acc):
 @kernel(inline="always")
 def _sgd_row(row, g, table, buf, bf16_buf, started, h, nesterov, maximize, decay, key,
              stochastic, fmt):
-    row_key = rounding_row_key(key, row)
+    column_key = np.uint64(rounding_row_key(key, row))
     if buf is None:
         for d in range(table.shape[1]):
             p = updates.sgd_plain_update(_load(table, row, d, fmt), g[d], h, maximize, decay)
-            _store(table, row, d, p, row_key, stochastic, fmt)
+            _store(table, row, d, p, column_key, stochastic, fmt)
+            column_key = next_column_key(column_key)
     else:
         first = not started[row]
         for d in range(table.shape[1]):
@@ -225,7 +226,8 @@ def _sgd_row(row, g, table, buf, bf16_buf, started, h, nesterov, maximize, decay
                                                _load_state(buf, row, d, bf16_buf), h, first,
                                                nesterov, maximize, decay)
             _store_state(buf, row, d, b, bf16_buf)
-            _store(table, row, d, p, row_key, stochastic, fmt)
+            _store(table, row, d, p, column_key, stochastic, fmt)
+            column_key = next_column_key(column_key)
         started[row] = True
 
 
@@ -282,13 +284,14 @@ def _sgd_parallel(table, rows, values, grad, groups, scale, scratch, seed, step,
 @kernel(inline="always")
 def _adam_row(row, g, table, exp_avg, bf16_avg, exp_avg_sq, h, key, stochastic, fmt):
     l2, decoupled = updates.adam_decay_flags(h)
-    row_key = rounding_row_key(key, row)
+    column_key = np.uint64(rounding_row_key(key, row))
     for d in range(table.shape[1]):
         p, m, exp_avg_sq[row, d] = updates.sparse_adam_update(
             _load(table, row, d, fmt), g[d], _load_state(exp_avg, row, d, bf16_avg),
             exp_avg_sq[row, d], h, l2, decoupled)
         _store_state(exp_avg, row, d, m, bf16_avg)
-        _store(table, row, d, p, row_key, stochastic, fmt)
+        _store(table, row, d, p, column_key, stochastic, fmt)
+        column_key = next_column_key(column_key)
 
 
 @kernel(inline="always")
@@ -332,11 +335,12 @@ def _adam_parallel(table, rows, values, grad, groups, scale, scratch, seed, step
 @kernel(inline="always")
 def _adagrad_row(row, g, table, state_sum, h, key, stochastic, fmt):
     decay = h.weight_decay != 0
-    row_key = rounding_row_key(key, row)
+    column_key = np.uint64(rounding_row_key(key, row))
     for d in range(table.shape[1]):
         p, state_sum[row, d] = updates.adagrad_update(_load(table, row, d, fmt), g[d],
                                                       state_sum[row, d], h, decay)
-        _store(table, row, d, p, row_key, stochastic, fmt)
+        _store(table, row, d, p, column_key, stochastic, fmt)
+        column_key = next_column_key(column_key)
 
 
 @kernel(inline="always")
@@ -385,10 +389,11 @@ def _rowwise_row(row, g, table, state_sum, h, key, stochastic, fmt):
     acc, correction, multiplier = updates.rowwise_factors(state_sum[row], square_sum,
                                                           np.float32(dim), np.float32(1), h)
     state_sum[row] = acc
-    row_key = rounding_row_key(key, row)
+    column_key = np.uint64(rounding_row_key(key, row))
     for d in range(dim):
         p = updates.rowwise_apply(_load(table, row, d, fmt), g[d], correction, multiplier)
-        _store(table, row, d, p, row_key, stochastic, fmt)
+        _store(table, row, d, p, column_key, stochastic, fmt)
+        column_key = next_column_key(column_key)
 
 
 @kernel(inline="always")
