@@ -12,6 +12,7 @@ from . import (
     arrays,
     background,  # noqa: F401  (its setting: python -m numbapos info; the warm-up)
     blocks,
+    cachestamp,
     dropout,
     embedding,
     half,
@@ -43,6 +44,9 @@ from .rotary import *  # noqa: F403
 AREAS = (alibi, arrays, blocks, dropout, embedding, half, halfoptim, init, normalization, optim,
          positional, quantized, resize, rotary)
 __all__ = sorted(name for area in AREAS for name in area.__all__)
+
+# Before any kernel loads: cached kernels compiled from other sources or settings go.
+cachestamp.refresh()
 
 
 def start() -> None:

@@ -32,9 +32,9 @@ backward, step) from 6.2-6.3 to 5.2-5.4 ms and its fused form from 5.2-5.4 to
 from 1.25 to 1.13-1.19 ms; under load, 16 and 64
 lines did no better. ``NUMBAPOS_PREFETCH_LINES=N`` (0-64) overrides both.
 
-The setting is compiled into the kernels, and Numba's cache knows the CPU, not
-this setting: after changing it, clear the cache or point ``NUMBA_CACHE_DIR``
-elsewhere. ``python -m numbapos info`` shows it.
+The setting is compiled into the kernels; the cache guard
+(:mod:`.cachestamp`) counts it, so a process with another setting recompiles
+the cached kernels once. ``python -m numbapos info`` shows it.
 
 A prefetch is a hint: it never faults and never changes a result, so an
 address past the end of a table (callers still bound the row) costs nothing
