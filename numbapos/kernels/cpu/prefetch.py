@@ -21,16 +21,21 @@ So whole rows on AMD Zen, nothing elsewhere (where nothing was measured, the
 hardware prefetcher alone is the safe default).
 
 Kernels that widen bfloat16 / float16 rows element by element (16-bit lookups
-to float32, the 16-bit optimiser steps) run several times more instructions per
-byte than a float row copy, so the out-of-order window reaches fewer rows ahead
-and their misses are exposed. They prefetch at least :data:`HALF_PREFETCH_LINES`
+to float32, the 16-bit optimiser steps, the int8 / int4 lookups) run several
+times more instructions per byte than a float row copy, so the out-of-order
+window reaches fewer rows ahead and their misses are exposed. They prefetch at least :data:`HALF_PREFETCH_LINES`
 lines per row on every CPU (``half_prefetch_listed*``). Measured on an Intel
 Xeon VM (``emeraldrapids``, 2 cores, V = 1e6, D = 256, 16,384 ids, minima of
 interleaved runs, quiet): 8 lines took the bfloat16 sparse SGD step (lookup,
 backward, step) from 6.2-6.3 to 5.2-5.4 ms and its fused form from 5.2-5.4 to
 4.4-4.5 ms (float32: 5.4-5.5 and 4.5-4.6 ms), the bfloat16 -> float32 lookup
 from 1.25 to 1.13-1.19 ms; under load, 16 and 64
-lines did no better. ``NUMBAPOS_PREFETCH_LINES=N`` (0-64) overrides both.
+lines did no better. The int8 / int4 lookups, which decode each byte with a
+multiply-add, are such kernels too (their rows are 5 and 3 lines at D = 256,
+so they prefetch whole rows): on the same VM and ids, the int8 lookup went
+from 1.43-1.45 to 0.70-0.73 ms and the int4 one from 2.42-2.53 to 0.57-0.86
+ms (float32: 1.26-1.31 ms); 4, 16 and 32 rows ahead did no better than 8.
+``NUMBAPOS_PREFETCH_LINES=N`` (0-64) overrides both.
 
 The setting is compiled into the kernels; the cache guard
 (:mod:`.cachestamp`) counts it, so a process with another setting recompiles

@@ -35,7 +35,7 @@ from ..rowwise import (
 from ..scalar import f32_bits, f32_from_bits
 from .arrays import pick
 from .jit import kernel
-from .prefetch import AHEAD, prefetch_listed
+from .prefetch import AHEAD, half_prefetch_listed
 
 __all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
 
@@ -282,7 +282,7 @@ def _dequantize4_parallel(packed, out):
 def _gather8(flat_idx, packed, padding_idx, out):
     """``out[i] = decode8(packed[flat_idx[i]])``, padding rows zero (serial)."""
     for i in range(flat_idx.size):
-        prefetch_listed(packed, flat_idx, i + AHEAD)
+        half_prefetch_listed(packed, flat_idx, i + AHEAD)
         r = flat_idx[i]
         if r == padding_idx:
             _zero_row(out, i)
@@ -294,7 +294,7 @@ def _gather8(flat_idx, packed, padding_idx, out):
 def _gather8_parallel(flat_idx, packed, padding_idx, out):
     """:func:`_gather8` with output rows split across threads."""
     for i in prange(flat_idx.size):
-        prefetch_listed(packed, flat_idx, i + AHEAD)
+        half_prefetch_listed(packed, flat_idx, i + AHEAD)
         r = flat_idx[i]
         if r == padding_idx:
             _zero_row(out, i)
@@ -306,7 +306,7 @@ def _gather8_parallel(flat_idx, packed, padding_idx, out):
 def _gather4(flat_idx, packed, padding_idx, out):
     """``out[i] = decode4(packed[flat_idx[i]])``, padding rows zero (serial)."""
     for i in range(flat_idx.size):
-        prefetch_listed(packed, flat_idx, i + AHEAD)
+        half_prefetch_listed(packed, flat_idx, i + AHEAD)
         r = flat_idx[i]
         if r == padding_idx:
             _zero_row(out, i)
@@ -318,7 +318,7 @@ def _gather4(flat_idx, packed, padding_idx, out):
 def _gather4_parallel(flat_idx, packed, padding_idx, out):
     """:func:`_gather4` with output rows split across threads."""
     for i in prange(flat_idx.size):
-        prefetch_listed(packed, flat_idx, i + AHEAD)
+        half_prefetch_listed(packed, flat_idx, i + AHEAD)
         r = flat_idx[i]
         if r == padding_idx:
             _zero_row(out, i)
