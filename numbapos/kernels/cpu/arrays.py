@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ... import _pool, config
@@ -68,28 +70,60 @@ def option(value):
     return True if value else None
 
 
+LINE_BYTES = 64
+"""Large arrays numbapos allocates start on a cache-line boundary (:func:`empty`)."""
+
+ALIGNED_MIN_BYTES = 1 << 20
+"""Arrays from this size on are cache-line aligned; smaller ones stay NumPy's own (an
+aligned one costs about 1 us more to make, and lies in the cache anyway)."""
+
+
 def empty(shape, dtype) -> np.ndarray:
-    """Uninitialised C-contiguous array."""
-    return np.empty(shape, dtype=dtype)
+    """Uninitialised C-contiguous array; from :data:`ALIGNED_MIN_BYTES` on, its data starts
+    on a 64-byte cache line.
+
+    NumPy aligns its arrays to 16 bytes. Rows written into an array at 16 mod 64
+    straddle cache lines, and every other vector store is split in two: a
+    16,384-row bfloat16 lookup (D = 256, rows copied) took 0.69-0.71 ms into such
+    an array and 0.55-0.57 ms into an aligned one (2-core Xeon VM); PyTorch aligns
+    to 64 bytes as well.
+    """
+    return _aligned(np.empty, shape, dtype)
 
 
 def zeros(shape, dtype) -> np.ndarray:
-    """Zero-filled C-contiguous array."""
-    return np.zeros(shape, dtype=dtype)
+    """Zero-filled C-contiguous array, aligned as :func:`empty`'s (still the OS's lazily
+    zeroed pages when large)."""
+    return _aligned(np.zeros, shape, dtype)
 
 
 def full(shape, value, dtype) -> np.ndarray:
-    """C-contiguous array filled with ``value``.
+    """C-contiguous array filled with ``value``, aligned as :func:`empty`'s.
 
-    A fill with +0 comes from ``np.zeros``: large arrays are then the OS's
+    A fill with +0 comes from :func:`zeros`: large arrays are then the OS's
     lazily zeroed pages, so optimiser state (a momentum buffer as big as the
     table) costs neither time nor memory for the rows a sparse update never
     touches. Writing 150 MB of zeros cost 0.1-0.2 s of the first training step
     at V = 50,000, D = 768.
     """
     if value == 0 and not np.signbit(value):
-        return np.zeros(shape, dtype=dtype)
-    return np.full(shape, value, dtype=dtype)
+        return zeros(shape, dtype)
+    out = empty(shape, dtype)
+    out[...] = value
+    return out
+
+
+def _aligned(allocate, shape, dtype) -> np.ndarray:
+    """``allocate(shape, dtype)``, or for large arrays a cache-line aligned view of
+    ``allocate`` 's bytes (the view owns nothing; its base keeps the memory alive)."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if np.ndim(shape) == 0 else tuple(shape)
+    nbytes = dtype.itemsize * math.prod(shape)
+    if nbytes < ALIGNED_MIN_BYTES:
+        return allocate(shape, dtype=dtype)
+    raw = allocate(nbytes + LINE_BYTES, dtype=np.uint8)
+    start = -raw.ctypes.data % LINE_BYTES
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def asarray(host: np.ndarray) -> np.ndarray:

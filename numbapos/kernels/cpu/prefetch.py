@@ -23,8 +23,9 @@ hardware prefetcher alone is the safe default).
 Kernels that widen bfloat16 / float16 rows element by element (16-bit lookups
 to float32, the 16-bit optimiser steps, the int8 / int4 lookups) run several
 times more instructions per byte than a float row copy, so the out-of-order
-window reaches fewer rows ahead and their misses are exposed. They prefetch at least :data:`HALF_PREFETCH_LINES`
-lines per row on every CPU (``half_prefetch_listed*``). Measured on an Intel
+window reaches fewer rows ahead and their misses are exposed. They prefetch at
+least :data:`HALF_PREFETCH_LINES` lines per row on every CPU
+(``half_prefetch_listed*``). Measured on an Intel
 Xeon VM (``emeraldrapids``, 2 cores, V = 1e6, D = 256, 16,384 ids, minima of
 interleaved runs, quiet): 8 lines took the bfloat16 sparse SGD step (lookup,
 backward, step) from 6.2-6.3 to 5.2-5.4 ms and its fused form from 5.2-5.4 to

@@ -1,0 +1,51 @@
+"""The CPU backend's allocations (kernels/cpu/arrays.py): large arrays start on a cache line."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import numbapos.functional as F
+from numbapos.kernels.cpu import arrays
+
+LARGE = arrays.ALIGNED_MIN_BYTES
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.uint8,
+                                   ml_dtypes.bfloat16])
+@pytest.mark.parametrize("shape", [(LARGE,), (LARGE // 64 + 3, 64), (4, 5, LARGE // 16)])
+def test_large_arrays_are_cache_line_aligned_and_behave_as_numpys(dtype, shape):
+    expected_bytes = np.dtype(dtype).itemsize * int(np.prod(shape))
+    made = {"empty": arrays.empty(shape, dtype), "zeros": arrays.zeros(shape, dtype),
+            "full": arrays.full(shape, 3, dtype), "full0": arrays.full(shape, 0.0, dtype),
+            "full-0": arrays.full(shape, -0.0, dtype)}
+    for name, array in made.items():
+        assert array.shape == shape and array.dtype == np.dtype(dtype), name
+        assert array.nbytes == expected_bytes
+        assert array.flags.c_contiguous and array.flags.writeable, name
+        assert array.ctypes.data % arrays.LINE_BYTES == 0, name
+    assert not made["zeros"].any() and not made["full0"].any()
+    assert (made["full"] == 3).all()
+    if np.dtype(dtype).kind == "f":
+        assert np.signbit(made["full-0"]).all() and not np.signbit(made["full0"]).any()
+    made["empty"][...] = 1  # writes land in the array itself
+    assert (made["empty"] == 1).all()
+
+
+def test_small_arrays_and_other_shapes():
+    assert arrays.empty(5, np.float32).shape == (5,)
+    assert arrays.zeros((0, 256), np.float32).shape == (0, 256)
+    assert arrays.full((2, 3), 7, np.int32).tolist() == [[7] * 3] * 2
+    assert arrays.empty(LARGE // 8, np.float64).shape == (LARGE // 8,)  # an int shape, large
+
+
+def test_lookup_outputs_numbapos_allocates_are_aligned(rng):
+    weight = rng.standard_normal((1000, 256), dtype=np.float32)
+    ids = rng.integers(0, 1000, 2048)  # a 2 MB output
+    for table, out_dtype in [(weight, None), (weight.astype(ml_dtypes.bfloat16), None),
+                             (weight.astype(ml_dtypes.bfloat16), "bfloat16")]:
+        out = F.embedding(ids, table, out_dtype=out_dtype)
+        assert out.ctypes.data % arrays.LINE_BYTES == 0
+        np.testing.assert_array_equal(out, table[ids].astype(out.dtype))
+    packed = F.quantize_rowwise(weight, 8)
+    out = F.quantized_embedding(ids, packed, 8)
+    assert out.ctypes.data % arrays.LINE_BYTES == 0
