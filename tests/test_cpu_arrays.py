@@ -49,3 +49,18 @@ def test_lookup_outputs_numbapos_allocates_are_aligned(rng):
     packed = F.quantize_rowwise(weight, 8)
     out = F.quantized_embedding(ids, packed, 8)
     assert out.ctypes.data % arrays.LINE_BYTES == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+def test_initialised_tables_are_aligned_and_cast_as_numpy_casts(dtype):
+    from numbapos import nn
+    from numbapos.nn.init import make_array, normal
+
+    shape = (LARGE // 16, 16)  # 1 MB or more in every dtype
+    table = make_array(normal(std=3.0), shape, dtype, np.random.default_rng(5))
+    expected = np.array(normal(std=3.0)(shape, np.random.default_rng(5)), dtype=dtype)
+    assert table.tobytes() == expected.tobytes()  # the same rounding, bit for bit
+    assert table.ctypes.data % arrays.LINE_BYTES == 0 and table.flags.c_contiguous
+    module = nn.Embedding(LARGE // 64, 64, dtype=np.dtype(dtype).name)
+    assert module.weight.data.ctypes.data % arrays.LINE_BYTES == 0
+    assert module.weight.data.dtype == np.dtype(dtype)

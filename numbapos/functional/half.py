@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks
+from .._alignment import aligned_copy
 from ._common import backend_for, check_range, flatten, on_backend
 
 # The launchers' format codes (numbapos.kernels.halfbits.BF16 / F16; kernels are
@@ -42,9 +43,10 @@ def to_table_dtype(values, dtype):
     """``values`` (a float array on the host) as a C-contiguous table of ``dtype``.
 
     16-bit dtypes round to nearest even (``ml_dtypes`` / NumPy casts, which the
-    kernels' conversions match bit for bit).
+    kernels' conversions match bit for bit). From 1 MB on the table starts on a
+    cache line (:mod:`numbapos._alignment`).
     """
-    return np.ascontiguousarray(np.asarray(values).astype(dtype))
+    return aligned_copy(values, dtype)
 
 
 def half_embedding(K, indices, weight, padding_idx, max_norm, norm_type, out, out_dtype):

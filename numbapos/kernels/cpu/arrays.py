@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ... import _pool, config
+from ..._alignment import ALIGNED_MIN_BYTES, LINE_BYTES, aligned  # noqa: F401 (tests)
 from . import background
 
 __all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "concat_rows",
@@ -70,32 +69,23 @@ def option(value):
     return True if value else None
 
 
-LINE_BYTES = 64
-"""Large arrays numbapos allocates start on a cache-line boundary (:func:`empty`)."""
-
-ALIGNED_MIN_BYTES = 1 << 20
-"""Arrays from this size on are cache-line aligned; smaller ones stay NumPy's own (an
-aligned one costs about 1 us more to make, and lies in the cache anyway)."""
-
-
 def empty(shape, dtype) -> np.ndarray:
-    """Uninitialised C-contiguous array; from :data:`ALIGNED_MIN_BYTES` on, its data starts
-    on a 64-byte cache line.
+    """Uninitialised C-contiguous array; from ``ALIGNED_MIN_BYTES`` (1 MB) on, its data
+    starts on a 64-byte cache line (:mod:`numbapos._alignment`).
 
     NumPy aligns its arrays to 16 bytes. Rows written into an array at 16 mod 64
     straddle cache lines, and every other vector store is split in two: a
     16,384-row bfloat16 lookup (D = 256, rows copied) took 0.60-0.72 ms into such
     an array and 0.50-0.62 ms into an aligned one, 14-17 % less in each of four
-    processes (2-core Xeon VM); PyTorch aligns
-    to 64 bytes as well.
+    processes (2-core Xeon VM); PyTorch aligns to 64 bytes as well.
     """
-    return _aligned(np.empty, shape, dtype)
+    return aligned(np.empty, shape, dtype)
 
 
 def zeros(shape, dtype) -> np.ndarray:
     """Zero-filled C-contiguous array, aligned as :func:`empty`'s (still the OS's lazily
     zeroed pages when large)."""
-    return _aligned(np.zeros, shape, dtype)
+    return aligned(np.zeros, shape, dtype)
 
 
 def full(shape, value, dtype) -> np.ndarray:
@@ -112,19 +102,6 @@ def full(shape, value, dtype) -> np.ndarray:
     out = empty(shape, dtype)
     out[...] = value
     return out
-
-
-def _aligned(allocate, shape, dtype) -> np.ndarray:
-    """``allocate(shape, dtype)``, or for large arrays a cache-line aligned view of
-    ``allocate`` 's bytes (the view owns nothing; its base keeps the memory alive)."""
-    dtype = np.dtype(dtype)
-    shape = (shape,) if np.ndim(shape) == 0 else tuple(shape)
-    nbytes = dtype.itemsize * math.prod(shape)
-    if nbytes < ALIGNED_MIN_BYTES:
-        return allocate(shape, dtype=dtype)
-    raw = allocate(nbytes + LINE_BYTES, dtype=np.uint8)
-    start = -raw.ctypes.data % LINE_BYTES
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def asarray(host: np.ndarray) -> np.ndarray:
