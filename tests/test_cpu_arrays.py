@@ -1,13 +1,15 @@
-"""The CPU backend's allocations (kernels/cpu/arrays.py): large arrays start on a cache line."""
+"""The CPU backend's allocations (kernels/cpu/arrays.py) and the tables modules initialise:
+large arrays start on a cache line (numbapos/_alignment.py)."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import numbapos.functional as F
+from numbapos._alignment import ALIGNED_MIN_BYTES, LINE_BYTES
 from numbapos.kernels.cpu import arrays
 
-LARGE = arrays.ALIGNED_MIN_BYTES
+LARGE = ALIGNED_MIN_BYTES
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.uint8,
@@ -22,7 +24,7 @@ def test_large_arrays_are_cache_line_aligned_and_behave_as_numpys(dtype, shape):
         assert array.shape == shape and array.dtype == np.dtype(dtype), name
         assert array.nbytes == expected_bytes
         assert array.flags.c_contiguous and array.flags.writeable, name
-        assert array.ctypes.data % arrays.LINE_BYTES == 0, name
+        assert array.ctypes.data % LINE_BYTES == 0, name
     assert not made["zeros"].any() and not made["full0"].any()
     assert (made["full"] == 3).all()
     if np.dtype(dtype).kind == "f":
@@ -44,11 +46,11 @@ def test_lookup_outputs_numbapos_allocates_are_aligned(rng):
     for table, out_dtype in [(weight, None), (weight.astype(ml_dtypes.bfloat16), None),
                              (weight.astype(ml_dtypes.bfloat16), "bfloat16")]:
         out = F.embedding(ids, table, out_dtype=out_dtype)
-        assert out.ctypes.data % arrays.LINE_BYTES == 0
+        assert out.ctypes.data % LINE_BYTES == 0
         np.testing.assert_array_equal(out, table[ids].astype(out.dtype))
     packed = F.quantize_rowwise(weight, 8)
     out = F.quantized_embedding(ids, packed, 8)
-    assert out.ctypes.data % arrays.LINE_BYTES == 0
+    assert out.ctypes.data % LINE_BYTES == 0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
@@ -60,7 +62,7 @@ def test_initialised_tables_are_aligned_and_cast_as_numpy_casts(dtype):
     table = make_array(normal(std=3.0), shape, dtype, np.random.default_rng(5))
     expected = np.array(normal(std=3.0)(shape, np.random.default_rng(5)), dtype=dtype)
     assert table.tobytes() == expected.tobytes()  # the same rounding, bit for bit
-    assert table.ctypes.data % arrays.LINE_BYTES == 0 and table.flags.c_contiguous
+    assert table.ctypes.data % LINE_BYTES == 0 and table.flags.c_contiguous
     module = nn.Embedding(LARGE // 64, 64, dtype=np.dtype(dtype).name)
-    assert module.weight.data.ctypes.data % arrays.LINE_BYTES == 0
+    assert module.weight.data.ctypes.data % LINE_BYTES == 0
     assert module.weight.data.dtype == np.dtype(dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import _pool, config
-from ..._alignment import ALIGNED_MIN_BYTES, LINE_BYTES, aligned  # noqa: F401 (tests)
+from ..._alignment import aligned
 from . import background
 
 __all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "concat_rows",
