@@ -3,9 +3,12 @@
 16,384 ids drawn uniformly from a table that does not fit in any cache
 (V = 1,000,000, D = 256: 1 GB as float32, 264 MB as int8, 132 MB as int4),
 looked up to float32 into a preallocated buffer (a first lookup's result,
-cache-line aligned as numbapos and PyTorch allocate). Each call takes the next of 32
-batches of ids, so the rows of one call are not left in the cache by the last
-(32 batches touch 66 MB even of the int4 table). PyTorch's peer is its
+cache-line aligned as numbapos and PyTorch allocate). Every call, whichever
+implementation makes it, takes the next of 512 batches of ids, so no call finds
+its rows in a cache: 512 batches touch 1.6 GB of the int4 table, several
+times any last-level cache (with 32 batches reused per implementation, the
+rows an implementation read 32 calls before could still be in a 260 MB cache,
+which favours whoever keeps rows there over read-once prefetches). PyTorch's peer is its
 quantised bag op with one id per bag (``offsets = arange``), the op behind
 ``torch.ao.nn.quantized.Embedding``, on the same packed bytes; its result is
 allocated by each call.
@@ -14,13 +17,15 @@ Targets: int8 >= 1.3x and int4 >= 1.35x faster than numbapos's float32
 lookup, and faster than PyTorch's quantised ops.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 from conftest import torch
 
 import numbapos.functional as F
 
-VOCAB, DIM, IDS, BATCHES = 1_000_000, 256, 16_384, 32
+VOCAB, DIM, IDS, BATCHES = 1_000_000, 256, 16_384, 512
 IMPLEMENTATIONS = ["numbapos_float32", "numbapos_int8", "numbapos_int4", "torch_int8",
                    "torch_int4"]
 
@@ -31,17 +36,16 @@ def tables():
     weight = rng.standard_normal((VOCAB, DIM), dtype=np.float32)
     packed = {bits: F.quantize_rowwise(weight, bits) for bits in (8, 4)}
     batches = [rng.integers(0, VOCAB, size=IDS) for _ in range(BATCHES)]
-    return weight, packed, batches
+    return weight, packed, batches, itertools.count()
 
 
 @pytest.mark.benchmark(group="quantized_lookup_1m_256")
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_quantized_lookup(benchmark, tables, impl):
-    weight, packed, batches = tables
+    weight, packed, batches, turn = tables
     out = F.embedding(batches[0], weight)  # numbapos's own output: cache-line aligned
     name, kind = impl.split("_")
     bits = 8 if kind == "int8" else 4
-    turn = iter(range(10**9))
     if name == "numbapos":
         if kind == "float32":
             def call():
@@ -61,8 +65,8 @@ def test_quantized_lookup(benchmark, tables, impl):
 
         def call():
             return op(t_packed, t_batches[next(turn) % BATCHES], offsets).numpy()
-    result = benchmark.pedantic(call, rounds=64, iterations=1, warmup_rounds=BATCHES)
-    ids = batches[(BATCHES + 64 - 1) % BATCHES]  # the last call's
+    result = benchmark.pedantic(call, rounds=64, iterations=1, warmup_rounds=16)
+    ids = batches[(next(turn) - 1) % BATCHES]  # the last call's
     if kind == "float32":
         np.testing.assert_array_equal(result, weight[ids])
     else:

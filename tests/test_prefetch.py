@@ -15,6 +15,7 @@ from numbapos.kernels.cpu.prefetch import (
     prefetch_listed_for_write,
     prefetch_row,
     prefetch_row_for_write,
+    read_once_prefetch_listed,
 )
 
 
@@ -143,3 +144,27 @@ def test_half_prefetch_setting_changes_the_code_not_the_result(monkeypatch, line
     np.testing.assert_array_equal(out[:4], table[rows])
     ir = next(iter(gather.inspect_llvm().values()))
     assert ("llvm.prefetch" in ir) == (lines > 0)
+
+
+@pytest.mark.parametrize("lines", [0, 8])
+def test_read_once_prefetch_is_non_temporal_and_changes_nothing(monkeypatch, lines):
+    monkeypatch.setattr(prefetch, "HALF_PREFETCH_LINES", lines)
+
+    @njit
+    def gather(table, rows, out):
+        for j in range(rows.size):
+            read_once_prefetch_listed(table, rows, j + AHEAD)
+            out[j] = table[rows[j]]
+
+    table = np.arange(2000, dtype=np.uint8).reshape(8, 250)
+    rows = np.array([7, 0, 3, 3, 5, 1, 2, 6, 4, 7])
+    before = table.copy()
+    out = np.zeros((10, 250), np.uint8)
+    gather(table, rows, out)
+    np.testing.assert_array_equal(out, table[rows])
+    np.testing.assert_array_equal(table, before)
+    ir = next(iter(gather.inspect_llvm().values()))
+    calls = [line for line in ir.splitlines() if "call void @llvm.prefetch" in line]
+    assert bool(calls) == (lines > 0)
+    # read (0), locality 0 (prefetchnta), data cache (1)
+    assert all("i32 0, i32 0, i32 1)" in line for line in calls)

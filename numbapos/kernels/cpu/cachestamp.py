@@ -59,7 +59,8 @@ def fingerprint(sources=None, settings=None) -> str:
         from . import prefetch
 
         settings = {"prefetch_lines": prefetch.PREFETCH_LINES,
-                    "half_prefetch_lines": prefetch.HALF_PREFETCH_LINES}
+                    "half_prefetch_lines": prefetch.HALF_PREFETCH_LINES,
+                    "output_prefetch_lines": prefetch.OUTPUT_PREFETCH_LINES}
     digest = hashlib.sha256()
     for path in sources:
         path = Path(path)

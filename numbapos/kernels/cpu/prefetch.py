@@ -58,7 +58,8 @@ from .jit import kernel
 
 __all__ = ["AHEAD", "HALF_PREFETCH_LINES", "MAX_LINES", "PREFETCH_LINES",
            "half_prefetch_listed", "half_prefetch_listed_for_write", "prefetch_listed",
-           "prefetch_listed_for_write", "prefetch_row", "prefetch_row_for_write"]
+           "prefetch_listed_for_write", "prefetch_output_ahead", "prefetch_row",
+           "prefetch_row_for_write", "read_once_prefetch_listed"]
 
 AHEAD = 8
 """Iterations of lookahead: rows in flight per thread (measured best of 2, 4, 8)."""
@@ -104,27 +105,50 @@ def half_prefetch_lines(lines=None, cpu=None) -> int:
 HALF_PREFETCH_LINES = half_prefetch_lines()
 """Cache lines prefetched per row by the kernels that widen 16-bit rows (this process)."""
 
+OUTPUT_AHEAD = 4
+"""Rows ahead that :func:`prefetch_output_ahead` asks for (measured best of 1, 2 and 4)."""
+
+OUTPUT_MIN_LINES = 16
+
+
+def output_prefetch_lines(lines=None) -> int:
+    """Cache lines of an output row :func:`prefetch_output_ahead` asks for: the setting when
+    given (as :func:`prefetch_lines`), else :data:`OUTPUT_MIN_LINES` (a 1 KB row) on every CPU."""
+    if lines is None:
+        lines = settings.get("prefetch_lines")
+    return OUTPUT_MIN_LINES if lines is None else lines
+
+
+OUTPUT_PREFETCH_LINES = output_prefetch_lines()
+"""Cache lines of an output row prefetched by :func:`prefetch_output_ahead` (this process)."""
+
 _LINE_BYTES = 64
 _READ, _WRITE = 0, 1
-_KEEP_IN_ALL_CACHES = 3
+_KEEP_IN_ALL_CACHES = 3  # prefetcht0
+_READ_ONCE = 0  # prefetchnta: into the first-level cache, past the others where the CPU can
 _DATA_CACHE = 1
 
 
-def _make_prefetch(intent, name, half=False):
+def _lines(kind) -> int:
+    # Read when a kernel is compiled: tests may change them.
+    return {"rows": PREFETCH_LINES, "half": HALF_PREFETCH_LINES,
+            "output": OUTPUT_PREFETCH_LINES}[kind]
+
+
+def _make_prefetch(intent, name, kind="rows", locality=_KEEP_IN_ALL_CACHES):
     def prefetch(typingctx, table, row):
         if not (isinstance(table, types.Array) and table.ndim == 2
                 and isinstance(row, types.Integer)):
             return None
-        return types.void(table, row), _codegen(intent, half)
+        return types.void(table, row), _codegen(intent, kind, locality)
 
     prefetch.__name__ = prefetch.__qualname__ = name
     return prefetch
 
 
-def _codegen(intent, half):
+def _codegen(intent, kind, locality):
     def codegen(context, builder, signature, args):
-        # Read when a kernel is compiled: tests may change them.
-        lines = HALF_PREFETCH_LINES if half else PREFETCH_LINES
+        lines = _lines(kind)
         if lines == 0:
             return context.get_dummy_value()
         table_type, row_type = signature.args
@@ -141,7 +165,7 @@ def _codegen(intent, half):
                                 ir.Constant(i64, table_type.dtype.bitwidth // 8))
         limit = ir.Constant(i64, lines * _LINE_BYTES)
         row_bytes = builder.select(builder.icmp_signed("<", row_bytes, limit), row_bytes, limit)
-        flags = [ir.Constant(i32, intent), ir.Constant(i32, _KEEP_IN_ALL_CACHES),
+        flags = [ir.Constant(i32, intent), ir.Constant(i32, locality),
                  ir.Constant(i32, _DATA_CACHE)]
         with cgutils.for_range_slice(builder, ir.Constant(i64, 0), row_bytes,
                                      ir.Constant(i64, _LINE_BYTES), intp=i64) as (offset, _):
@@ -160,9 +184,12 @@ prefetch_row_for_write.__doc__ = """``prefetch_row_for_write(table, row)``: as :
 for a row about to be written (``prefetchw`` where the CPU has it)."""
 
 
-_half_prefetch_row = intrinsic(_make_prefetch(_READ, "_half_prefetch_row", half=True))
+_half_prefetch_row = intrinsic(_make_prefetch(_READ, "_half_prefetch_row", "half"))
 _half_prefetch_row_for_write = intrinsic(_make_prefetch(_WRITE, "_half_prefetch_row_for_write",
-                                                        half=True))
+                                                        "half"))
+_read_once_prefetch_row = intrinsic(_make_prefetch(_READ, "_read_once_prefetch_row", "half",
+                                                   locality=_READ_ONCE))
+_output_prefetch_row = intrinsic(_make_prefetch(_WRITE, "_output_prefetch_row", "output"))
 
 
 @kernel(inline="always")
@@ -191,3 +218,26 @@ def half_prefetch_listed_for_write(table, rows, j):
     """:func:`prefetch_listed_for_write` with :data:`HALF_PREFETCH_LINES`."""
     if j < rows.size:
         _half_prefetch_row_for_write(table, rows[j])
+
+
+@kernel(inline="always")
+def read_once_prefetch_listed(table, rows, j):
+    """:func:`half_prefetch_listed` with ``prefetchnta``, for rows read once and not written
+    back by the same step (the int8 / int4 inference lookups): the rows skip the outer
+    caches, so they neither evict the rows and outputs kept there nor wait for them."""
+    if j < rows.size:
+        _read_once_prefetch_row(table, rows[j])
+
+
+@kernel(inline="always")
+def prefetch_output_ahead(out, i):
+    """Prefetch ``out[i + OUTPUT_AHEAD]`` (2-D) to write, when within ``out``:
+    :data:`OUTPUT_PREFETCH_LINES` lines of it.
+
+    For lookups whose rows are decoded element by element into an output larger
+    than the second-level cache (the int8 lookup): each first store to an output
+    line waits for the line, and asking for it a few rows ahead overlaps those
+    waits with the decoding.
+    """
+    if i + OUTPUT_AHEAD < out.shape[0]:
+        _output_prefetch_row(out, i + OUTPUT_AHEAD)
