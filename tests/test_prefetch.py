@@ -11,8 +11,11 @@ from numbapos.kernels.cpu.prefetch import (
     AHEAD,
     half_prefetch_listed,
     half_prefetch_listed_for_write,
+    lookup_prefetch_listed,
+    lookup_prefetch_output_ahead,
     prefetch_listed,
     prefetch_listed_for_write,
+    prefetch_output_ahead,
     prefetch_row,
     prefetch_row_for_write,
     read_once_prefetch_listed,
@@ -168,3 +171,49 @@ def test_read_once_prefetch_is_non_temporal_and_changes_nothing(monkeypatch, lin
     assert bool(calls) == (lines > 0)
     # read (0), locality 0 (prefetchnta), data cache (1)
     assert all("i32 0, i32 0, i32 1)" in line for line in calls)
+
+
+@pytest.mark.parametrize("cpu, lookup, output", [
+    ("emeraldrapids", 8, 16), ("sapphirerapids", 8, 16), ("graniterapids", 8, 16),
+    ("znver4", 64, 0), ("rocketlake", 0, 0), ("skylake-avx512", 0, 0), ("generic", 0, 0)])
+def test_float32_lookup_prefetch_policy_by_cpu(cpu, lookup, output):
+    """Rows (and output rows, to write) on the mesh Xeons where it was measured, whole rows
+    on AMD Zen as every kernel there, nothing where nothing was measured."""
+    with numbapos.config.override(prefetch_lines=None):
+        assert prefetch.lookup_prefetch_lines(cpu=cpu) == lookup
+        assert prefetch.lookup_output_prefetch_lines(cpu=cpu) == output
+        assert prefetch.output_prefetch_lines() == prefetch.OUTPUT_MIN_LINES
+    for lines in (0, 4):
+        with numbapos.config.override(prefetch_lines=lines):
+            assert prefetch.lookup_prefetch_lines(cpu=cpu) == lines
+            assert prefetch.lookup_output_prefetch_lines(cpu=cpu) == lines
+            assert prefetch.output_prefetch_lines() == lines
+
+
+@pytest.mark.parametrize("lines", [0, 16])
+def test_output_prefetches_are_writes_within_the_output(monkeypatch, lines):
+    for name in ("OUTPUT_PREFETCH_LINES", "LOOKUP_OUTPUT_PREFETCH_LINES",
+                 "LOOKUP_PREFETCH_LINES"):
+        monkeypatch.setattr(prefetch, name, lines)
+
+    @njit
+    def gather(table, rows, out):
+        for j in range(rows.size):
+            lookup_prefetch_listed(table, rows, j + AHEAD)
+            prefetch_output_ahead(out, j)
+            lookup_prefetch_output_ahead(out, j)
+            out[j] = table[rows[j]]
+
+    table = np.arange(3000, dtype=np.float32).reshape(10, 300)
+    rows = np.array([9, 0, 4, 4, 2, 7])
+    before = table.copy()
+    out = np.zeros((6, 300), np.float32)  # the last rows have no row OUTPUT_AHEAD on
+    gather(table, rows, out)
+    np.testing.assert_array_equal(out, table[rows])
+    np.testing.assert_array_equal(table, before)
+    ir = next(iter(gather.inspect_llvm().values()))
+    calls = [line for line in ir.splitlines() if "call void @llvm.prefetch" in line]
+    assert bool(calls) == (lines > 0)
+    writes = [line for line in calls if "i32 1, i32 3, i32 1)" in line]
+    reads = [line for line in calls if "i32 0, i32 3, i32 1)" in line]
+    assert len(writes) + len(reads) == len(calls) and (lines == 0 or (writes and reads))

@@ -15,7 +15,13 @@ from ... import _pool
 from ..._args import RowGroups
 from .arrays import option, pick
 from .jit import kernel
-from .prefetch import AHEAD, prefetch_listed, prefetch_listed_for_write
+from .prefetch import (
+    AHEAD,
+    lookup_prefetch_listed,
+    lookup_prefetch_output_ahead,
+    prefetch_listed,
+    prefetch_listed_for_write,
+)
 from .rowcopy import copy_row, put_row, streams
 
 __all__ = ["check_indices", "gather_rows", "gather_rows_checked", "group_rows",
@@ -238,7 +244,9 @@ def gather_rows_checked(indices, weight, out):
 def _gather_rows_parallel(flat_idx, weight, out, stream):
     """``out[i, :] = weight[flat_idx[i], :]``, output rows split across threads."""
     for i in prange(flat_idx.size):
-        prefetch_listed(weight, flat_idx, i + AHEAD)
+        lookup_prefetch_listed(weight, flat_idx, i + AHEAD)
+        if stream is None:  # (non-temporal stores do not wait on their lines)
+            lookup_prefetch_output_ahead(out, i)
         put_row(out, i, weight, flat_idx[i], stream)
 
 

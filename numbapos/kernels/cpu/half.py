@@ -30,7 +30,12 @@ from ..widen import widen
 from .arrays import option, pick
 from .embedding import unique_rows
 from .jit import kernel
-from .prefetch import AHEAD, half_prefetch_listed, half_prefetch_listed_for_write
+from .prefetch import (
+    AHEAD,
+    half_prefetch_listed,
+    half_prefetch_listed_for_write,
+    prefetch_output_ahead,
+)
 from .rowcopy import put_row, streams
 
 __all__ = ["copy_half_rows", "gather_half_rows", "renorm_half_rows_", "store_half_",
@@ -128,6 +133,7 @@ def _widen_f16_row(table, r, out, i):
 def _widen_bf16(flat_idx, table, out):
     for i in range(flat_idx.size):
         half_prefetch_listed(table, flat_idx, i + AHEAD)
+        prefetch_output_ahead(out, i)
         _widen_bf16_row(table, flat_idx[i], out, i)
 
 
@@ -135,6 +141,7 @@ def _widen_bf16(flat_idx, table, out):
 def _widen_bf16_parallel(flat_idx, table, out):
     for i in prange(flat_idx.size):
         half_prefetch_listed(table, flat_idx, i + AHEAD)
+        prefetch_output_ahead(out, i)
         _widen_bf16_row(table, flat_idx[i], out, i)
 
 
@@ -142,6 +149,7 @@ def _widen_bf16_parallel(flat_idx, table, out):
 def _widen_f16(flat_idx, table, out):
     for i in range(flat_idx.size):
         half_prefetch_listed(table, flat_idx, i + AHEAD)
+        prefetch_output_ahead(out, i)
         _widen_f16_row(table, flat_idx[i], out, i)
 
 
@@ -149,6 +157,7 @@ def _widen_f16(flat_idx, table, out):
 def _widen_f16_parallel(flat_idx, table, out):
     for i in prange(flat_idx.size):
         half_prefetch_listed(table, flat_idx, i + AHEAD)
+        prefetch_output_ahead(out, i)
         _widen_f16_row(table, flat_idx[i], out, i)
 
 
@@ -156,6 +165,8 @@ def _widen_f16_parallel(flat_idx, table, out):
 def _copy_rows(flat_idx, table, out, stream):
     for i in range(flat_idx.size):
         half_prefetch_listed(table, flat_idx, i + AHEAD)
+        if stream is None:  # (non-temporal stores do not wait on their lines)
+            prefetch_output_ahead(out, i)
         put_row(out, i, table, flat_idx[i], stream)
 
 
@@ -163,6 +174,8 @@ def _copy_rows(flat_idx, table, out, stream):
 def _copy_rows_parallel(flat_idx, table, out, stream):
     for i in prange(flat_idx.size):
         half_prefetch_listed(table, flat_idx, i + AHEAD)
+        if stream is None:  # (non-temporal stores do not wait on their lines)
+            prefetch_output_ahead(out, i)
         put_row(out, i, table, flat_idx[i], stream)
 
 

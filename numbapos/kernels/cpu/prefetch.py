@@ -36,7 +36,24 @@ multiply-add, are such kernels too (their rows are 5 and 3 lines at D = 256,
 so they prefetch whole rows): on the same VM and ids, the int8 lookup went
 from 1.43-1.45 to 0.70-0.73 ms and the int4 one from 2.42-2.53 to 0.57-0.86
 ms (float32: 1.26-1.31 ms); 4, 16 and 32 rows ahead did no better than 8.
-``NUMBAPOS_PREFETCH_LINES=N`` (0-64) overrides both.
+Lookups wait on their output rows too: a store to a line that is not in the
+first-level cache waits for the line, and an output of 16k rows does not fit
+in the second-level cache. On the Intel server processors whose cores sit on
+a mesh (:data:`MESH_XEONS`, a longer trip to memory than ``rocketlake``'s) the
+float32 lookup prefetches :data:`LOOKUP_PREFETCH_LINES` (8) lines per row and
+:data:`LOOKUP_OUTPUT_PREFETCH_LINES` (16) lines of the output row
+:data:`OUTPUT_AHEAD` rows ahead, to write (``lookup_prefetch_listed``,
+``lookup_prefetch_output_ahead``); the 16-bit and int8 lookups prefetch their
+output rows on every CPU (``prefetch_output_ahead``); the int8 / int4 lookups,
+which read a row once, prefetch it with ``prefetchnta``
+(``read_once_prefetch_listed``). Measured on the ``emeraldrapids`` VM (V = 1e6,
+D = 256, 16,384 fresh ids per call, interleaved minima): the float32 lookup
+kernel took 1.22 ms with no prefetch, 1.13 with 8 lines per row, 1.05 with
+the output rows as well (1.07 with 16 lines per row; ``prefetchnta`` 1.28);
+the int8 one 597 us with ``prefetcht0``, 546 with ``prefetchnta``, 542 with
+the output rows and 16-lane decoding (:mod:`.wide`); the bfloat16 copy lookup
+596 against 550 us with the output rows.
+``NUMBAPOS_PREFETCH_LINES=N`` (0-64) overrides all of them.
 
 The setting is compiled into the kernels; the cache guard
 (:mod:`.cachestamp`) counts it, so a process with another setting recompiles
@@ -57,8 +74,10 @@ from ... import config as settings
 from .jit import kernel
 
 __all__ = ["AHEAD", "HALF_PREFETCH_LINES", "MAX_LINES", "PREFETCH_LINES",
-           "half_prefetch_listed", "half_prefetch_listed_for_write", "prefetch_listed",
-           "prefetch_listed_for_write", "prefetch_output_ahead", "prefetch_row",
+           "half_prefetch_listed", "half_prefetch_listed_for_write", "lookup_prefetch_listed",
+           "prefetch_listed",
+           "lookup_prefetch_output_ahead", "prefetch_listed_for_write", "prefetch_output_ahead",
+           "prefetch_row",
            "prefetch_row_for_write", "read_once_prefetch_listed"]
 
 AHEAD = 8
@@ -105,6 +124,28 @@ def half_prefetch_lines(lines=None, cpu=None) -> int:
 HALF_PREFETCH_LINES = half_prefetch_lines()
 """Cache lines prefetched per row by the kernels that widen 16-bit rows (this process)."""
 
+MESH_XEONS = ("sapphirerapids", "emeraldrapids", "graniterapids")
+"""LLVM's names of the Intel server processors whose cores sit on a mesh (a longer trip
+to memory than a client core's): float32 lookups prefetch rows there."""
+
+
+def lookup_prefetch_lines(lines=None, cpu=None) -> int:
+    """Cache lines per table row that the float32 lookup prefetches: the setting when given,
+    else :func:`prefetch_lines` where it prefetches (AMD Zen), else
+    :data:`HALF_WIDEN_MIN_LINES` on :data:`MESH_XEONS`, else none."""
+    if lines is None:
+        lines = settings.get("prefetch_lines")
+    if lines is not None:
+        return lines
+    lines = prefetch_lines(None, cpu)
+    if lines == 0 and (cpu or cpu_name()).startswith(MESH_XEONS):
+        return HALF_WIDEN_MIN_LINES
+    return lines
+
+
+LOOKUP_PREFETCH_LINES = lookup_prefetch_lines()
+"""Cache lines per row prefetched by the float32 lookup compiled by this process."""
+
 OUTPUT_AHEAD = 4
 """Rows ahead that :func:`prefetch_output_ahead` asks for (measured best of 1, 2 and 4)."""
 
@@ -122,6 +163,20 @@ def output_prefetch_lines(lines=None) -> int:
 OUTPUT_PREFETCH_LINES = output_prefetch_lines()
 """Cache lines of an output row prefetched by :func:`prefetch_output_ahead` (this process)."""
 
+
+def lookup_output_prefetch_lines(lines=None, cpu=None) -> int:
+    """Cache lines of an output row the float32 lookup prefetches to write: the setting when
+    given, else :data:`OUTPUT_MIN_LINES` on :data:`MESH_XEONS` (measured), else none."""
+    if lines is None:
+        lines = settings.get("prefetch_lines")
+    if lines is not None:
+        return lines
+    return OUTPUT_MIN_LINES if (cpu or cpu_name()).startswith(MESH_XEONS) else 0
+
+
+LOOKUP_OUTPUT_PREFETCH_LINES = lookup_output_prefetch_lines()
+"""Cache lines of an output row prefetched by :func:`lookup_prefetch_output_ahead`."""
+
 _LINE_BYTES = 64
 _READ, _WRITE = 0, 1
 _KEEP_IN_ALL_CACHES = 3  # prefetcht0
@@ -132,7 +187,8 @@ _DATA_CACHE = 1
 def _lines(kind) -> int:
     # Read when a kernel is compiled: tests may change them.
     return {"rows": PREFETCH_LINES, "half": HALF_PREFETCH_LINES,
-            "output": OUTPUT_PREFETCH_LINES}[kind]
+            "lookup": LOOKUP_PREFETCH_LINES, "output": OUTPUT_PREFETCH_LINES,
+            "lookup_output": LOOKUP_OUTPUT_PREFETCH_LINES}[kind]
 
 
 def _make_prefetch(intent, name, kind="rows", locality=_KEEP_IN_ALL_CACHES):
@@ -189,7 +245,10 @@ _half_prefetch_row_for_write = intrinsic(_make_prefetch(_WRITE, "_half_prefetch_
                                                         "half"))
 _read_once_prefetch_row = intrinsic(_make_prefetch(_READ, "_read_once_prefetch_row", "half",
                                                    locality=_READ_ONCE))
+_lookup_prefetch_row = intrinsic(_make_prefetch(_READ, "_lookup_prefetch_row", "lookup"))
 _output_prefetch_row = intrinsic(_make_prefetch(_WRITE, "_output_prefetch_row", "output"))
+_lookup_output_prefetch_row = intrinsic(_make_prefetch(_WRITE, "_lookup_output_prefetch_row",
+                                                       "lookup_output"))
 
 
 @kernel(inline="always")
@@ -221,6 +280,13 @@ def half_prefetch_listed_for_write(table, rows, j):
 
 
 @kernel(inline="always")
+def lookup_prefetch_listed(table, rows, j):
+    """:func:`prefetch_listed` with :data:`LOOKUP_PREFETCH_LINES` (the float32 lookup)."""
+    if j < rows.size:
+        _lookup_prefetch_row(table, rows[j])
+
+
+@kernel(inline="always")
 def read_once_prefetch_listed(table, rows, j):
     """:func:`half_prefetch_listed` with ``prefetchnta``, for rows read once and not written
     back by the same step (the int8 / int4 inference lookups): the rows skip the outer
@@ -241,3 +307,11 @@ def prefetch_output_ahead(out, i):
     """
     if i + OUTPUT_AHEAD < out.shape[0]:
         _output_prefetch_row(out, i + OUTPUT_AHEAD)
+
+
+@kernel(inline="always")
+def lookup_prefetch_output_ahead(out, i):
+    """:func:`prefetch_output_ahead` with :data:`LOOKUP_OUTPUT_PREFETCH_LINES` (the float32
+    lookup, whose row copies wait on their output lines as the int8 decoding does)."""
+    if i + OUTPUT_AHEAD < out.shape[0]:
+        _lookup_output_prefetch_row(out, i + OUTPUT_AHEAD)
