@@ -6,8 +6,10 @@ looked up into a preallocated buffer (a first lookup's result: numbapos
 allocates cache-line aligned, as PyTorch does; NumPy's ``np.empty`` aligns to
 16 bytes, which costs the row stores 10-20 %): to float32 (the default), and to the
 table's own dtype (``out_dtype``, a plain row copy, half the bytes written).
-Each call takes the next of 32 batches of ids, so the rows of one call are not
-left in the cache by the last. PyTorch's peers (where installed) are
+Every lookup, whichever implementation makes it, takes the next of 512 batches
+of ids, so no call finds its rows in a cache (a cycle of 32 batches per
+implementation touched 256 MB of the bfloat16 table, which a 260 MB cache could
+hold). PyTorch's peers (where installed) are
 ``F.embedding`` on a float32 and a bfloat16 table (bfloat16 out; to float32
 needs a second pass, ``.float()``).
 
@@ -25,6 +27,8 @@ worth timing here: its SGD keeps a sparse momentum buffer that grows to every
 row seen so far, and its bfloat16 table sums repeated ids' gradients in bfloat16.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 from conftest import torch
@@ -34,7 +38,7 @@ from numbapos import nn, optim
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-VOCAB, DIM, IDS, BATCHES = 1_000_000, 256, 16_384, 32
+VOCAB, DIM, IDS, BATCHES = 1_000_000, 256, 16_384, 512
 BF16 = np.dtype(ml_dtypes.bfloat16)
 IMPLEMENTATIONS = ["numbapos_float32", "numbapos_bf16_to_f32", "numbapos_bf16_to_bf16",
                    "numbapos_f16_to_f32", "numbapos_f16_to_f16", "torch_float32",
@@ -50,12 +54,18 @@ def tables():
     return weight, halves, batches
 
 
+@pytest.fixture(scope="module")
+def lookups():
+    """The lookups' turn, shared by every implementation: each call takes fresh ids."""
+    return itertools.count()
+
+
 @pytest.mark.benchmark(group="half_lookup_1m_256")
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_half_lookup(benchmark, tables, impl):
+def test_half_lookup(benchmark, tables, lookups, impl):
     weight, halves, batches = tables
     name, kind = impl.split("_", 1)
-    turn = iter(range(10**9))
+    turn = lookups
     if name == "numbapos":
         if kind == "float32":
             table, out_dtype = weight, None
@@ -79,8 +89,8 @@ def test_half_lookup(benchmark, tables, impl):
 
         def call():
             return torch.index_select(t_table, 0, t_batches[next(turn) % BATCHES], out=t_out)
-    result = benchmark.pedantic(call, rounds=64, iterations=1, warmup_rounds=BATCHES)
-    ids = batches[(BATCHES + 64 - 1) % BATCHES]  # the last call's
+    result = benchmark.pedantic(call, rounds=64, iterations=1, warmup_rounds=16)
+    ids = batches[(next(turn) - 1) % BATCHES]  # the last call's
     if name == "numbapos":
         expected = table[ids] if out_dtype is not None else table[ids].astype(np.float32)
         assert np.asarray(result).tobytes() == expected.tobytes()

@@ -42,7 +42,6 @@ def info() -> int:
     prefetch = numbapos._device.kernels_for("cpu").prefetch
     print(f"prefetch {prefetch.PREFETCH_LINES} cache lines per table row, "
           f"{prefetch.HALF_PREFETCH_LINES} per 16-bit row widened, "
-          f"{prefetch.LOOKUP_PREFETCH_LINES} per float32 row looked up, "
           f"{prefetch.OUTPUT_PREFETCH_LINES} / {prefetch.LOOKUP_OUTPUT_PREFETCH_LINES} per "
           f"16-bit or int8 / float32 output row (CPU {prefetch.cpu_name()})")
     print("devices  cpu: available")

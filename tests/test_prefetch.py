@@ -11,7 +11,6 @@ from numbapos.kernels.cpu.prefetch import (
     AHEAD,
     half_prefetch_listed,
     half_prefetch_listed_for_write,
-    lookup_prefetch_listed,
     lookup_prefetch_output_ahead,
     prefetch_listed,
     prefetch_listed_for_write,
@@ -69,7 +68,9 @@ def test_prefetch_wants_a_2d_table_and_an_integer_row():
 
 
 @pytest.mark.parametrize("cpu, lines", [("znver3", 64), ("znver5", 64), ("rocketlake", 0),
-                                        ("skylake-avx512", 0), ("generic", 0)])
+                                        ("skylake-avx512", 0), ("generic", 0),
+                                        ("sapphirerapids", 8), ("emeraldrapids", 8),
+                                        ("graniterapids", 8)])
 def test_prefetch_policy_by_cpu(cpu, lines):
     with numbapos.config.override(prefetch_lines=None):
         assert prefetch.prefetch_lines(cpu=cpu) == lines
@@ -173,33 +174,30 @@ def test_read_once_prefetch_is_non_temporal_and_changes_nothing(monkeypatch, lin
     assert all("i32 0, i32 0, i32 1)" in line for line in calls)
 
 
-@pytest.mark.parametrize("cpu, lookup, output", [
-    ("emeraldrapids", 8, 16), ("sapphirerapids", 8, 16), ("graniterapids", 8, 16),
-    ("znver4", 64, 0), ("rocketlake", 0, 0), ("skylake-avx512", 0, 0), ("generic", 0, 0)])
-def test_float32_lookup_prefetch_policy_by_cpu(cpu, lookup, output):
-    """Rows (and output rows, to write) on the mesh Xeons where it was measured, whole rows
-    on AMD Zen as every kernel there, nothing where nothing was measured."""
+@pytest.mark.parametrize("cpu, output", [
+    ("emeraldrapids", 16), ("sapphirerapids", 16), ("graniterapids", 16), ("znver4", 0),
+    ("rocketlake", 0), ("skylake-avx512", 0), ("generic", 0)])
+def test_output_row_prefetch_policy_by_cpu(cpu, output):
+    """The float32 lookup's output rows on the mesh Xeons, where it was measured; the 16-bit
+    and int8 lookups' on every CPU; the setting overrides both."""
     with numbapos.config.override(prefetch_lines=None):
-        assert prefetch.lookup_prefetch_lines(cpu=cpu) == lookup
         assert prefetch.lookup_output_prefetch_lines(cpu=cpu) == output
         assert prefetch.output_prefetch_lines() == prefetch.OUTPUT_MIN_LINES
     for lines in (0, 4):
         with numbapos.config.override(prefetch_lines=lines):
-            assert prefetch.lookup_prefetch_lines(cpu=cpu) == lines
             assert prefetch.lookup_output_prefetch_lines(cpu=cpu) == lines
             assert prefetch.output_prefetch_lines() == lines
 
 
 @pytest.mark.parametrize("lines", [0, 16])
 def test_output_prefetches_are_writes_within_the_output(monkeypatch, lines):
-    for name in ("OUTPUT_PREFETCH_LINES", "LOOKUP_OUTPUT_PREFETCH_LINES",
-                 "LOOKUP_PREFETCH_LINES"):
+    for name in ("OUTPUT_PREFETCH_LINES", "LOOKUP_OUTPUT_PREFETCH_LINES", "PREFETCH_LINES"):
         monkeypatch.setattr(prefetch, name, lines)
 
     @njit
     def gather(table, rows, out):
         for j in range(rows.size):
-            lookup_prefetch_listed(table, rows, j + AHEAD)
+            prefetch_listed(table, rows, j + AHEAD)
             prefetch_output_ahead(out, j)
             lookup_prefetch_output_ahead(out, j)
             out[j] = table[rows[j]]

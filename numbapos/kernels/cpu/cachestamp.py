@@ -60,7 +60,6 @@ def fingerprint(sources=None, settings=None) -> str:
 
         settings = {"prefetch_lines": prefetch.PREFETCH_LINES,
                     "half_prefetch_lines": prefetch.HALF_PREFETCH_LINES,
-                    "lookup_prefetch_lines": prefetch.LOOKUP_PREFETCH_LINES,
                     "output_prefetch_lines": prefetch.OUTPUT_PREFETCH_LINES,
                     "lookup_output_prefetch_lines": prefetch.LOOKUP_OUTPUT_PREFETCH_LINES}
     digest = hashlib.sha256()

@@ -17,7 +17,6 @@ from .arrays import option, pick
 from .jit import kernel
 from .prefetch import (
     AHEAD,
-    lookup_prefetch_listed,
     lookup_prefetch_output_ahead,
     prefetch_listed,
     prefetch_listed_for_write,
@@ -244,7 +243,7 @@ def gather_rows_checked(indices, weight, out):
 def _gather_rows_parallel(flat_idx, weight, out, stream):
     """``out[i, :] = weight[flat_idx[i], :]``, output rows split across threads."""
     for i in prange(flat_idx.size):
-        lookup_prefetch_listed(weight, flat_idx, i + AHEAD)
+        prefetch_listed(weight, flat_idx, i + AHEAD)
         if stream is None:  # (non-temporal stores do not wait on their lines)
             lookup_prefetch_output_ahead(out, i)
         put_row(out, i, weight, flat_idx[i], stream)

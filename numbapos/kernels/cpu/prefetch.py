@@ -11,14 +11,21 @@ D = 768, 16,384 indices, fused sparse SGD step with momentum):
 
 - AMD Zen (an EPYC VM, LLVM CPU name ``znver*``): whole rows (64 lines)
   took the fused pass from 9.0 to 5.3-5.9 ms and the lookup from 3.4 to 1.9 ms.
-- Intel (a Xeon VM, ``rocketlake``): every prefetch cost time, the more the
-  worse (the requests compete with the hardware prefetcher's for the line fill
-  buffers): the whole step took 13.4-14.0 ms with 64 lines per row, 11.9-12.4
-  with 16, 10.7-11.2 with 8 four rows ahead, and 10.4-11.0 ms with none; a
-  4096-token lookup 470 against 444 us.
+- Intel client cores (a Xeon VM, ``rocketlake``): every prefetch cost time,
+  the more the worse (the requests compete with the hardware prefetcher's for
+  the line fill buffers): the whole step took 13.4-14.0 ms with 64 lines per
+  row, 11.9-12.4 with 16, 10.7-11.2 with 8 four rows ahead, and 10.4-11.0 ms
+  with none; a 4096-token lookup 470 against 444 us.
+- Intel server cores on a mesh (:data:`MESH_XEONS`; an ``emeraldrapids`` VM,
+  whose trip to memory is longer): 8 lines per row pay. With V = 1e6, D = 256,
+  16,384 ids (interleaved, two processes) the fused float32 SGD step took
+  3.85-3.86 instead of 4.04-4.43 ms (medians 4.50-4.76 instead of 5.23-6.29),
+  the unfused one 4.47-4.90 instead of 4.83-5.25; the float32 lookup kernel
+  1.13 instead of 1.22 ms. The BERT / GPT-2 blocks and the bench command's
+  V = 50,000 step did not move beyond the noise.
 
-So whole rows on AMD Zen, nothing elsewhere (where nothing was measured, the
-hardware prefetcher alone is the safe default).
+So whole rows on AMD Zen, 8 lines on the mesh Xeons, nothing elsewhere (where
+nothing was measured, the hardware prefetcher alone is the safe default).
 
 Kernels that widen bfloat16 / float16 rows element by element (16-bit lookups
 to float32, the 16-bit optimiser steps, the int8 / int4 lookups) run several
@@ -29,30 +36,28 @@ least :data:`HALF_PREFETCH_LINES` lines per row on every CPU
 Xeon VM (``emeraldrapids``, 2 cores, V = 1e6, D = 256, 16,384 ids, minima of
 interleaved runs, quiet): 8 lines took the bfloat16 sparse SGD step (lookup,
 backward, step) from 6.2-6.3 to 5.2-5.4 ms and its fused form from 5.2-5.4 to
-4.4-4.5 ms (float32: 5.4-5.5 and 4.5-4.6 ms), the bfloat16 -> float32 lookup
+4.4-4.5 ms, the bfloat16 -> float32 lookup
 from 1.25 to 1.13-1.19 ms; under load, 16 and 64
 lines did no better. The int8 / int4 lookups, which decode each byte with a
 multiply-add, are such kernels too (their rows are 5 and 3 lines at D = 256,
 so they prefetch whole rows): on the same VM and ids, the int8 lookup went
 from 1.43-1.45 to 0.70-0.73 ms and the int4 one from 2.42-2.53 to 0.57-0.86
-ms (float32: 1.26-1.31 ms); 4, 16 and 32 rows ahead did no better than 8.
+ms; 4, 16 and 32 rows ahead did no better than 8. Being read once (inference
+only), their rows are prefetched with ``prefetchnta`` (``read_once_prefetch_listed``).
+
 Lookups wait on their output rows too: a store to a line that is not in the
 first-level cache waits for the line, and an output of 16k rows does not fit
-in the second-level cache. On the Intel server processors whose cores sit on
-a mesh (:data:`MESH_XEONS`, a longer trip to memory than ``rocketlake``'s) the
-float32 lookup prefetches :data:`LOOKUP_PREFETCH_LINES` (8) lines per row and
-:data:`LOOKUP_OUTPUT_PREFETCH_LINES` (16) lines of the output row
-:data:`OUTPUT_AHEAD` rows ahead, to write (``lookup_prefetch_listed``,
-``lookup_prefetch_output_ahead``); the 16-bit and int8 lookups prefetch their
-output rows on every CPU (``prefetch_output_ahead``); the int8 / int4 lookups,
-which read a row once, prefetch it with ``prefetchnta``
-(``read_once_prefetch_listed``). Measured on the ``emeraldrapids`` VM (V = 1e6,
-D = 256, 16,384 fresh ids per call, interleaved minima): the float32 lookup
-kernel took 1.22 ms with no prefetch, 1.13 with 8 lines per row, 1.05 with
-the output rows as well (1.07 with 16 lines per row; ``prefetchnta`` 1.28);
-the int8 one 597 us with ``prefetcht0``, 546 with ``prefetchnta``, 542 with
-the output rows and 16-lane decoding (:mod:`.wide`); the bfloat16 copy lookup
-596 against 550 us with the output rows.
+in the second-level cache. The 16-bit and int8 lookups prefetch their output
+rows :data:`OUTPUT_AHEAD` rows ahead, to write, on every CPU
+(``prefetch_output_ahead``, :data:`OUTPUT_PREFETCH_LINES`); the float32 lookup
+does on the mesh Xeons (``lookup_prefetch_output_ahead``,
+:data:`LOOKUP_OUTPUT_PREFETCH_LINES`). Measured on the ``emeraldrapids`` VM
+(V = 1e6, D = 256, 16,384 fresh ids per call, interleaved minima): the
+float32 lookup kernel took 1.22 ms with no prefetch, 1.13 with 8 lines per
+row, 1.05 with the output rows as well (1.07 with 16 lines per row;
+``prefetchnta`` 1.28); the int8 one 597 us with ``prefetcht0``, 546 with
+``prefetchnta``, 542 with the output rows and 16-lane decoding (:mod:`.wide`);
+the bfloat16 copy lookup 596 against 550 us with the output rows.
 ``NUMBAPOS_PREFETCH_LINES=N`` (0-64) overrides all of them.
 
 The setting is compiled into the kernels; the cache guard
@@ -74,8 +79,7 @@ from ... import config as settings
 from .jit import kernel
 
 __all__ = ["AHEAD", "HALF_PREFETCH_LINES", "MAX_LINES", "PREFETCH_LINES",
-           "half_prefetch_listed", "half_prefetch_listed_for_write", "lookup_prefetch_listed",
-           "prefetch_listed",
+           "half_prefetch_listed", "half_prefetch_listed_for_write", "prefetch_listed",
            "lookup_prefetch_output_ahead", "prefetch_listed_for_write", "prefetch_output_ahead",
            "prefetch_row",
            "prefetch_row_for_write", "read_once_prefetch_listed"]
@@ -94,6 +98,13 @@ def cpu_name() -> str:
     return config.CPU_NAME or ll.get_host_cpu_name()
 
 
+MESH_XEONS = ("sapphirerapids", "emeraldrapids", "graniterapids")
+"""LLVM's names of the Intel server processors whose cores sit on a mesh."""
+
+MESH_XEON_LINES = 8
+"""Cache lines per row prefetched on :data:`MESH_XEONS`."""
+
+
 def prefetch_lines(lines=None, cpu=None) -> int:
     """Cache lines to prefetch per row: ``lines`` (default: :mod:`numbapos.config`'s
     ``prefetch_lines``, ``NUMBAPOS_PREFETCH_LINES``) when set, else by CPU."""
@@ -101,7 +112,10 @@ def prefetch_lines(lines=None, cpu=None) -> int:
         lines = settings.get("prefetch_lines")
     if lines is not None:
         return lines
-    return MAX_LINES if (cpu or cpu_name()).startswith("znver") else 0
+    cpu = cpu or cpu_name()
+    if cpu.startswith("znver"):
+        return MAX_LINES
+    return MESH_XEON_LINES if cpu.startswith(MESH_XEONS) else 0
 
 
 PREFETCH_LINES = prefetch_lines()
@@ -123,28 +137,6 @@ def half_prefetch_lines(lines=None, cpu=None) -> int:
 
 HALF_PREFETCH_LINES = half_prefetch_lines()
 """Cache lines prefetched per row by the kernels that widen 16-bit rows (this process)."""
-
-MESH_XEONS = ("sapphirerapids", "emeraldrapids", "graniterapids")
-"""LLVM's names of the Intel server processors whose cores sit on a mesh (a longer trip
-to memory than a client core's): float32 lookups prefetch rows there."""
-
-
-def lookup_prefetch_lines(lines=None, cpu=None) -> int:
-    """Cache lines per table row that the float32 lookup prefetches: the setting when given,
-    else :func:`prefetch_lines` where it prefetches (AMD Zen), else
-    :data:`HALF_WIDEN_MIN_LINES` on :data:`MESH_XEONS`, else none."""
-    if lines is None:
-        lines = settings.get("prefetch_lines")
-    if lines is not None:
-        return lines
-    lines = prefetch_lines(None, cpu)
-    if lines == 0 and (cpu or cpu_name()).startswith(MESH_XEONS):
-        return HALF_WIDEN_MIN_LINES
-    return lines
-
-
-LOOKUP_PREFETCH_LINES = lookup_prefetch_lines()
-"""Cache lines per row prefetched by the float32 lookup compiled by this process."""
 
 OUTPUT_AHEAD = 4
 """Rows ahead that :func:`prefetch_output_ahead` asks for (measured best of 1, 2 and 4)."""
@@ -187,7 +179,7 @@ _DATA_CACHE = 1
 def _lines(kind) -> int:
     # Read when a kernel is compiled: tests may change them.
     return {"rows": PREFETCH_LINES, "half": HALF_PREFETCH_LINES,
-            "lookup": LOOKUP_PREFETCH_LINES, "output": OUTPUT_PREFETCH_LINES,
+            "output": OUTPUT_PREFETCH_LINES,
             "lookup_output": LOOKUP_OUTPUT_PREFETCH_LINES}[kind]
 
 
@@ -245,7 +237,6 @@ _half_prefetch_row_for_write = intrinsic(_make_prefetch(_WRITE, "_half_prefetch_
                                                         "half"))
 _read_once_prefetch_row = intrinsic(_make_prefetch(_READ, "_read_once_prefetch_row", "half",
                                                    locality=_READ_ONCE))
-_lookup_prefetch_row = intrinsic(_make_prefetch(_READ, "_lookup_prefetch_row", "lookup"))
 _output_prefetch_row = intrinsic(_make_prefetch(_WRITE, "_output_prefetch_row", "output"))
 _lookup_output_prefetch_row = intrinsic(_make_prefetch(_WRITE, "_lookup_output_prefetch_row",
                                                        "lookup_output"))
@@ -277,13 +268,6 @@ def half_prefetch_listed_for_write(table, rows, j):
     """:func:`prefetch_listed_for_write` with :data:`HALF_PREFETCH_LINES`."""
     if j < rows.size:
         _half_prefetch_row_for_write(table, rows[j])
-
-
-@kernel(inline="always")
-def lookup_prefetch_listed(table, rows, j):
-    """:func:`prefetch_listed` with :data:`LOOKUP_PREFETCH_LINES` (the float32 lookup)."""
-    if j < rows.size:
-        _lookup_prefetch_row(table, rows[j])
 
 
 @kernel(inline="always")
