@@ -99,7 +99,8 @@ def cpu_name() -> str:
 
 
 MESH_XEONS = ("sapphirerapids", "emeraldrapids", "graniterapids")
-"""LLVM's names of the Intel server processors whose cores sit on a mesh."""
+"""LLVM's names of the Intel server processors whose cores sit on a mesh (a longer trip
+to memory than a client core's, so row prefetch pays there; see the module notes)."""
 
 MESH_XEON_LINES = 8
 """Cache lines per row prefetched on :data:`MESH_XEONS`."""
@@ -142,6 +143,8 @@ OUTPUT_AHEAD = 4
 """Rows ahead that :func:`prefetch_output_ahead` asks for (measured best of 1, 2 and 4)."""
 
 OUTPUT_MIN_LINES = 16
+"""Output lines prefetched per row when no setting is given: 1 KB, a float32 row at D = 256
+(a longer row's later lines follow the hardware prefetcher)."""
 
 
 def output_prefetch_lines(lines=None) -> int:
@@ -273,8 +276,8 @@ def half_prefetch_listed_for_write(table, rows, j):
 @kernel(inline="always")
 def read_once_prefetch_listed(table, rows, j):
     """:func:`half_prefetch_listed` with ``prefetchnta``, for rows read once and not written
-    back by the same step (the int8 / int4 inference lookups): the rows skip the outer
-    caches, so they neither evict the rows and outputs kept there nor wait for them."""
+    back by the same step (the int8 / int4 inference lookups): the rows are not kept in
+    the outer caches, so they do not evict the output and the rows other calls reuse."""
     if j < rows.size:
         _read_once_prefetch_row(table, rows[j])
 
@@ -284,10 +287,10 @@ def prefetch_output_ahead(out, i):
     """Prefetch ``out[i + OUTPUT_AHEAD]`` (2-D) to write, when within ``out``:
     :data:`OUTPUT_PREFETCH_LINES` lines of it.
 
-    For lookups whose rows are decoded element by element into an output larger
-    than the second-level cache (the int8 lookup): each first store to an output
-    line waits for the line, and asking for it a few rows ahead overlaps those
-    waits with the decoding.
+    For the lookups that widen or decode rows, or copy 16-bit ones, into an output
+    larger than the second-level cache (the bfloat16 / float16 and int8 lookups):
+    each first store to an output line waits for the line, and asking for it a
+    few rows ahead overlaps those waits with the work on earlier rows.
     """
     if i + OUTPUT_AHEAD < out.shape[0]:
         _output_prefetch_row(out, i + OUTPUT_AHEAD)
