@@ -77,6 +77,7 @@ from numba.extending import intrinsic
 
 from ... import config as settings
 from .jit import kernel
+from .rowaddress import row_address
 
 __all__ = ["AHEAD", "HALF_PREFETCH_LINES", "MAX_LINES", "PREFETCH_LINES",
            "half_prefetch_listed", "half_prefetch_listed_for_write", "prefetch_listed",
@@ -204,14 +205,12 @@ def _codegen(intent, kind, locality):
             return context.get_dummy_value()
         table_type, row_type = signature.args
         table = context.make_array(table_type)(context, builder, args[0])
+        start = row_address(context, builder, table_type, args[0], args[1], row_type)
         i64 = ir.IntType(64)
         i32 = ir.IntType(32)
         byte_ptr = ir.IntType(8).as_pointer()
         fnty = ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        row = context.cast(builder, args[1], row_type, types.int64)
-        start = builder.add(builder.ptrtoint(table.data, i64),
-                            builder.mul(row, builder.extract_value(table.strides, 0)))
         row_bytes = builder.mul(builder.extract_value(table.shape, 1),
                                 ir.Constant(i64, table_type.dtype.bitwidth // 8))
         limit = ir.Constant(i64, lines * _LINE_BYTES)

@@ -25,6 +25,7 @@ from numba.extending import intrinsic
 
 from ... import config
 from .jit import kernel
+from .rowaddress import row_address
 
 __all__ = ["STREAM_MIN_BYTES", "copy_row", "put_row", "streams"]
 
@@ -60,17 +61,11 @@ def _row_pair(dst, i, src, j) -> bool:
 def _row_addresses(context, builder, signature, args):
     """``(address of dst[i], address of src[j], bytes per row)`` as i64 values."""
     dst_type, i_type, src_type, j_type = signature.args
-    dst_array = context.make_array(dst_type)(context, builder, args[0])
     src_array = context.make_array(src_type)(context, builder, args[2])
-
-    def row_start(array, row, row_type):
-        row = context.cast(builder, row, row_type, types.int64)
-        offset = builder.mul(row, builder.extract_value(array.strides, 0))
-        return builder.add(builder.ptrtoint(array.data, _I64), offset)
-
     size = builder.mul(builder.extract_value(src_array.shape, 1),
                        ir.Constant(_I64, src_type.dtype.bitwidth // 8))
-    return row_start(dst_array, args[1], i_type), row_start(src_array, args[3], j_type), size
+    return (row_address(context, builder, dst_type, args[0], args[1], i_type),
+            row_address(context, builder, src_type, args[2], args[3], j_type), size)
 
 
 @intrinsic

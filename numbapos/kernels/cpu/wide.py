@@ -26,6 +26,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .rowaddress import row_address
+
 __all__ = ["LANES", "decode8_block"]
 
 LANES = 16
@@ -39,10 +41,7 @@ _BYTES = ir.VectorType(ir.IntType(8), LANES)
 
 def _element_address(context, builder, array_type, array, row, row_type, column):
     """The address of ``array[row, column]`` (i64) for contiguous rows."""
-    array = context.make_array(array_type)(context, builder, array)
-    row = context.cast(builder, row, row_type, types.int64)
-    start = builder.add(builder.ptrtoint(array.data, _I64),
-                        builder.mul(row, builder.extract_value(array.strides, 0)))
+    start = row_address(context, builder, array_type, array, row, row_type)
     return builder.add(start, builder.mul(column,
                                           ir.Constant(_I64, array_type.dtype.bitwidth // 8)))
 
