@@ -70,11 +70,9 @@ def measure(rounds: int = 7, pin: bool = False, only: str | None = None,
             if only is not None and only not in case.name:
                 continue
             fn = case.sides["numbapos"](inputs(case.shape), "cpu")
-            with numbapos._device.kernels_for("cpu").background.foreground():
+            fn()
+            with config.override(parallel_min_elements=SERIAL):
                 fn()
-                with config.override(parallel_min_elements=SERIAL):
-                    fn()
-            numbapos.wait_for_compiles()
             times = {c: [] for c in CONDITIONS}
             for r in range(rounds):
                 for i in range(len(CONDITIONS)):

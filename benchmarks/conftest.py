@@ -5,15 +5,9 @@ same inputs, so ``--benchmark-group-by=group`` shows the ratios directly. JIT
 compilation is excluded: every numbapos case runs once before it is timed.
 """
 
-import os
-
 import pytest
 
-# Every numbapos case runs once before it is timed: that call compiles the parallel
-# kernels themselves, not in the background (timed rounds must not run serial twins).
-os.environ.setdefault("NUMBAPOS_BACKGROUND_COMPILE", "0")
-
-import numbapos  # noqa: E402
+import numbapos
 
 try:
     import torch

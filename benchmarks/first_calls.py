@@ -1,13 +1,11 @@
 """First calls of a fresh process, cold cache and after ``python -m numbapos warmup``.
 
 Runs each first step in a new process with its own ``NUMBA_CACHE_DIR``: empty
-(cold: every kernel compiled; parallel kernels in the background thread, their
-serial twins meanwhile, and again with ``NUMBAPOS_BACKGROUND_COMPILE=0``) or
-filled by ``python -m numbapos warmup --dtypes float32 --index-dtypes int64``
-(warm: every kernel loaded). Prints the wall and CPU seconds of the first step
-(imports excluded), how many steps ran until the background thread was done,
-and, cold, the CPU seconds of each kernel compiled (nested compiles counted in
-their caller; the background thread's marked).
+(cold: every kernel compiled when first called) or filled by ``python -m
+numbapos warmup --dtypes float32 --index-dtypes int64`` (warm: every kernel
+loaded). Prints the wall and CPU seconds of the first step (imports
+excluded), the time of the next ones, and, cold, the CPU seconds of each
+kernel compiled (nested compiles counted in their caller).
 CPU seconds are what an idle machine's wall time would be: on a busy shared
 machine the wall time mostly measures the neighbours.
 
@@ -58,9 +56,8 @@ def child(step: str) -> None:
                                  seconds))
 
     event.register("numba:compile", Timer())
-    from numbapos import _device, nn, optim
+    from numbapos import nn, optim
 
-    background = _device.kernels_for("cpu").background
     vocab, dim, shape = STEPS[step]
     module = (nn.Embedding(vocab, dim, sparse=True, seed=0) if step == "embedding"
               else nn.BertEmbeddings(vocab, dim, seed=0))
@@ -69,7 +66,7 @@ def child(step: str) -> None:
     grad = np.ones(shape + (dim,), np.float32)
     times = []
     start = time.perf_counter()
-    while len(times) < 3 or background.pending():
+    while len(times) < 3:
         wall, cpu = time.perf_counter(), time.process_time()
         module.zero_grad()
         module(ids)
@@ -87,9 +84,8 @@ def child(step: str) -> None:
                       "ready": ready, "steady": steady, "compiles": compiles}))
 
 
-def run_child(step: str, cache: str, background: str = "1") -> dict:
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(ROOT),
-               NUMBAPOS_BACKGROUND_COMPILE=background)
+def run_child(step: str, cache: str) -> dict:
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, __file__, "--child", step], env=env, check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout.splitlines()[-1])
@@ -112,22 +108,16 @@ def main() -> None:
         print(f"warmup (float32, int64): {time.perf_counter() - start:.1f} s wall")
         for step in STEPS:
             cold = run_child(step, os.path.join(tmp, f"cold-{step}"))
-            off = run_child(step, os.path.join(tmp, f"off-{step}"), background="0")
             hot = run_child(step, warm)
             print(f"{step}: first step, cold cache: {cold['first'][0]:.2f} s wall "
-                  f"({cold['first'][1]:.2f} s CPU), then {cold['second'][0] * 1e3:.0f} ms; "
-                  f"{cold['steps']} steps ({cold['ready']:.2f} s) until the background "
-                  f"thread was done, then {cold['steady'] * 1e3:.1f} ms a step")
-            print(f"  cold, NUMBAPOS_BACKGROUND_COMPILE=0: {off['first'][0]:.2f} s wall "
-                  f"({off['first'][1]:.2f} s CPU); after warmup: {hot['first'][0]:.2f} s wall "
-                  f"({hot['first'][1]:.2f} s CPU)")
-            for label, report in (("cold", cold), ("cold, background off", off)):
-                compiles = sorted(report["compiles"], key=lambda item: -item[2])
-                print(f"  compiling, {label}: {sum(c[2] for c in compiles):.2f} s CPU in "
-                      f"{len(compiles)} kernels; the largest:")
-                for thread, name, seconds in compiles[:args.top]:
-                    where = "  (background)" if thread == "numbapos-compile" else ""
-                    print(f"    {seconds:5.2f} s  {name}{where}")
+                  f"({cold['first'][1]:.2f} s CPU), then {cold['second'][0] * 1e3:.0f} ms, "
+                  f"{cold['steady'] * 1e3:.1f} ms a step; after warmup: {hot['first'][0]:.2f} s "
+                  f"wall ({hot['first'][1]:.2f} s CPU)")
+            compiles = sorted(cold["compiles"], key=lambda item: -item[2])
+            print(f"  compiling, cold: {sum(c[2] for c in compiles):.2f} s CPU in "
+                  f"{len(compiles)} kernels; the largest:")
+            for _, name, seconds in compiles[:args.top]:
+                print(f"    {seconds:5.2f} s  {name}")
             if hot["compiles"]:
                 print(f"  compiled despite the warm-up: {[c[1] for c in hot['compiles']]}")
 

@@ -49,7 +49,7 @@ from ._device import (
 )
 from ._grad_mode import is_grad_enabled, no_grad
 from ._pool import get_num_threads, set_num_threads
-from ._warmup import wait_for_compiles, warmup
+from ._warmup import warmup
 from .sparse import SparseRows
 
 __version__ = "0.1.0"
@@ -57,5 +57,5 @@ __version__ = "0.1.0"
 __all__ = ["SparseRows", "__version__", "config", "cuda", "cuda_available", "cuda_empty_cache",
            "device_of",
            "functional", "get_num_threads", "io", "is_grad_enabled", "nn", "no_grad", "optim",
-           "set_num_threads", "synchronize", "to_device", "to_host", "wait_for_compiles",
+           "set_num_threads", "synchronize", "to_device", "to_host",
            "warmup"]

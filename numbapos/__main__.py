@@ -32,7 +32,7 @@ def info() -> int:
     print(f"numpy    {numpy.__version__}")
     print(f"numba    {numba.__version__}")
     try:
-        numbapos.config.get("background_compile")  # parses every NUMBAPOS_* variable
+        numbapos.config.get("spin_count")  # parses every NUMBAPOS_* variable
     except ValueError as err:
         print(f"settings error: {err}", file=sys.stderr)
         return 1

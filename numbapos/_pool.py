@@ -55,7 +55,7 @@ import time
 import numba
 import numpy as np
 
-from . import config
+from . import _numba_internals, config
 
 __all__ = ["LOAD_WINDOW_S", "SPIN_COUNT", "get_num_threads", "pool_settings", "set_num_threads",
            "start_pool", "usable_threads"]
@@ -87,17 +87,15 @@ def start_pool() -> None:
     code; its wait policy stays whatever that code's environment gave it).
     """
     global _spin_set, started
-    from numba.np.ufunc import parallel
-
     with _lock:
-        if parallel._is_initialized:
+        if _numba_internals.pool_started() is not False:  # running, or cannot be known
             started = True
             return
         spin = _chosen_spin_count()
         if spin is not None:
             os.environ["GOMP_SPINCOUNT"] = spin
         try:
-            parallel._launch_threads()
+            _numba_internals.start_thread_pool()
         except Exception:  # noqa: BLE001 - no usable layer: Numba says why at the first kernel
             pass
         finally:

@@ -33,7 +33,7 @@ try:
 except ImportError:  # Windows: warm-ups run in one process
     fcntl = None
 
-from . import _checks, _device, config, nn, optim
+from . import _checks, _device, _numba_internals, config, nn, optim
 from . import functional as F
 from ._grad_mode import no_grad
 from .sparse import SparseRows
@@ -364,12 +364,14 @@ def kernel_dispatchers() -> list:
     """Every ``@njit`` function of :mod:`numbapos.kernels.cpu`, once each."""
     from numba.core.registry import CPUDispatcher
 
+    cpu = _device.kernels_for("cpu")
     found = {}
-    for area in _device.kernels_for("cpu").AREAS:
+    for area in cpu.AREAS:
         for obj in vars(area).values():
-            if isinstance(obj, CPUDispatcher) and obj.py_func.__module__.startswith(
-                    "numbapos.kernels"):
-                found[id(obj)] = obj
+            for one in (obj if isinstance(obj, cpu.jit.SerialParallel) else (obj,)):
+                if isinstance(one, CPUDispatcher) and one.py_func.__module__.startswith(
+                        "numbapos.kernels"):
+                    found[id(one)] = one
     return list(found.values())
 
 
@@ -398,13 +400,10 @@ def _parallel_bodies(parallel: bool) -> Iterator[None]:
     """Make the CPU launchers pick their parallel bodies (or, unchanged, the serial ones).
 
     ``parallel_min_elements`` is overridden to 0 and ``adaptive_threads`` off
-    (on a busy machine the launchers would pick the serial kernels), and
-    kernels compile in this thread
-    (:func:`~numbapos.kernels.cpu.background.foreground`).
+    (on a busy machine the launchers would pick the serial kernels).
     """
     threshold = {"parallel_min_elements": 0, "adaptive_threads": False} if parallel else {}
-    # the parallel bodies themselves, compiled here, not their serial twins meanwhile
-    with config.override(**threshold), _device.kernels_for("cpu").background.foreground():
+    with config.override(**threshold):
         yield
 
 
@@ -445,42 +444,6 @@ def _run_case(case: Case, dtype: str, index_dtype: str, dispatchers) -> WarmupRe
                         time.perf_counter() - start, after[0] - before[0], after[1] - before[1])
 
 
-def wait_for_compiles(timeout: float | None = None) -> bool:
-    """Block until the parallel CPU kernels being compiled in the background are ready.
-
-    On a cold cache, a call that needs a parallel kernel not compiled yet runs
-    its serial twin (the same results) while a background thread compiles it
-    (``NUMBAPOS_BACKGROUND_COMPILE=0`` turns that off). Call this after a
-    warm-up step and before timing anything, so that every later call runs
-    the parallel kernels. Returns at once when nothing is being compiled.
-
-    Parameters
-    ----------
-    timeout : float, optional
-        Seconds to wait at most (default: until done).
-
-    Returns
-    -------
-    bool
-        True when nothing is left to compile, False when ``timeout`` ran out first.
-
-    Raises
-    ------
-    TypeError
-        ``timeout`` is not a number.
-    ValueError
-        ``timeout`` is negative or NaN.
-    """
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number):
-            raise TypeError(f"timeout: expected None or a number of seconds, got "
-                            f"{type(timeout).__name__}")
-        if not timeout >= 0:
-            raise ValueError(f"timeout: expected seconds >= 0, got {timeout!r}")
-        timeout = float(timeout)
-    return _device.kernels_for("cpu").background.wait(timeout)
-
-
 def _cores() -> int:
     """Cores this process may run on."""
     try:
@@ -492,8 +455,8 @@ def _cores() -> int:
 def _processes(processes, tasks: int) -> int:
     """How many processes compile ``tasks`` tasks (``processes`` checked; None: by cores)."""
     if processes is None:
-        if fcntl is None:  # no file lock to keep the workers' cache writes apart
-            return 1
+        if fcntl is None or not _numba_internals.can_lock_cache_saves():
+            return 1  # nothing keeps the workers' cache writes apart
         return max(1, min(_cores(), MAX_PROCESSES, tasks))
     if isinstance(processes, bool) or not isinstance(processes, int | np.integer):
         raise TypeError(f"processes: expected None or an integer, got "
@@ -503,6 +466,10 @@ def _processes(processes, tasks: int) -> int:
     if processes > 1 and fcntl is None:
         raise ValueError("processes: more than 1 needs POSIX file locks (fcntl), which this "
                          "platform lacks; use processes=1")
+    if processes > 1 and not _numba_internals.can_lock_cache_saves():
+        raise ValueError("processes: more than 1 needs to lock Numba's cache files, which "
+                         f"this Numba (or {_numba_internals.ENV}=0) does not allow; use "
+                         "processes=1")
     return max(1, min(int(processes), tasks))
 
 
@@ -523,11 +490,11 @@ _WORKER = "import numbapos._warmup as w; w._serve()"
 
 def _lock_cache_files(lock_path: str) -> None:
     """Make this process's Numba cache loads and saves take ``lock_path``'s lock."""
-    from numba.core import caching
-
     handle = open(lock_path, "a+b")  # noqa: SIM115 - kept open for the process's life
 
-    def locked(method, mode):
+    def locked(method, exclusive):
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+
         def wrapper(self, *args, **kwargs):
             fcntl.flock(handle, mode)
             try:
@@ -536,9 +503,8 @@ def _lock_cache_files(lock_path: str) -> None:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return wrapper
 
-    cache_file = caching.IndexDataCacheFile
-    cache_file.save = locked(cache_file.save, fcntl.LOCK_EX)
-    cache_file.load = locked(cache_file.load, fcntl.LOCK_SH)
+    if not _numba_internals.lock_cache_saves(locked):
+        raise RuntimeError("warmup: this Numba's cache files cannot be locked; use processes=1")
 
 
 def _serve() -> None:

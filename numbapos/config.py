@@ -10,9 +10,6 @@ warm-up, tests and benchmarks, instead of patching module constants.
 ============================  ==================================  =============================
 setting                       variable                            default
 ============================  ==================================  =============================
-``background_compile``        ``NUMBAPOS_BACKGROUND_COMPILE``     ``True``: parallel kernels
-                                                                  missing from the cache compile
-                                                                  in a background thread
 ``spin_count``                ``NUMBAPOS_SPIN_COUNT``             ``10000``: OpenMP spin before
                                                                   idle threads sleep
 ``prefetch_lines``            ``NUMBAPOS_PREFETCH_LINES``         by CPU (64 on AMD Zen, 8 on
@@ -30,6 +27,9 @@ setting                       variable                            default
                                                                   device allocator
 ``cuda_sync_checks``          ``NUMBAPOS_CUDA_SYNC_CHECKS``       ``False``: index errors on the
                                                                   GPU raise at a later call
+``numba_internals``           ``NUMBAPOS_NUMBA_INTERNALS``        ``True``: faster paths through
+                                                                  Numba's private interfaces
+                                                                  where present (0: public only)
 ``cuda_fast_launch``          ``NUMBAPOS_CUDA_FAST_LAUNCH``       ``True``: GPU launches call the
                                                                   compiled kernel resolved once
                                                                   per signature
@@ -128,9 +128,10 @@ def _setting(name, default, kind, doc, **bounds) -> Setting:
 
 
 SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
-    _setting("background_compile", True, "flag",
-             "parallel kernels missing from the cache compile in a background thread while "
-             "their serial twins run the call (0: in the calling thread)"),
+    _setting("numba_internals", True, "flag",
+             "faster paths through Numba's private interfaces where this Numba has them, each "
+             "with a public fallback giving the same results (0: the fallbacks only; read "
+             "once, when the CPU backend is first used)"),
     _setting("spin_count", 10_000, "int",
              "OpenMP iterations an idle pool thread spins before it sleeps, set while the pool "
              "starts unless OMP_WAIT_POLICY / GOMP_SPINCOUNT are set (0: sleep at once)",

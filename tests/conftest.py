@@ -4,13 +4,11 @@ import os
 import sys
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-# The tests run with the settings users get (numbapos.config's defaults: the
-# background compiler on, adaptive threads on). A test that compares parallel
-# kernels with their serial twins or across thread counts asks for the
-# `foreground_compile` fixture (`parallel_threshold` implies it), so that on a
-# cold cache it runs the parallel kernel itself, not its serial twin while the
-# kernel compiles; `parallel_threshold` also switches adaptive threads off, so
-# that on a busy machine the launchers do not fall back to the serial kernels.
+# The tests run with the settings users get (numbapos.config's defaults: adaptive
+# threads on). A test that compares parallel kernels with their serial twins or
+# across thread counts asks for the `parallel_threshold` fixture, which also
+# switches adaptive threads off, so that on a busy machine the launchers do not
+# fall back to the serial kernels.
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -184,16 +182,7 @@ def host(x):
 
 
 @pytest.fixture
-def foreground_compile():
-    """Parallel kernels compile in the calling thread during this test (it compares them)."""
-    import numbapos
-
-    with numbapos.config.override(background_compile=False):
-        yield
-
-
-@pytest.fixture
-def parallel_threshold(foreground_compile):
+def parallel_threshold():
     """``parallel_threshold(n)`` sets config's ``parallel_min_elements`` for the rest of the test.
 
     ``1 << 40`` makes every CPU launcher run its serial kernel, ``1`` (or 0) its

@@ -420,7 +420,6 @@ def test_bert_functional_backward_matches_module(rng, device):
         np.testing.assert_array_equal(host(got), host(param.grad))
 
 
-@pytest.mark.usefixtures("foreground_compile")
 def test_bert_deterministic_for_any_thread_count(rng):
     ids = rng.integers(0, 40, (4, 64))
     types = rng.integers(0, 2, (4, 64))
@@ -795,7 +794,6 @@ def test_gpt2_functional_backward_and_frozen(rng, device):
     assert block.wte.weight.grad is None and block.wpe.weight.grad is not None
 
 
-@pytest.mark.usefixtures("foreground_compile")
 def test_gpt2_deterministic_for_any_thread_count(rng):
     ids = rng.integers(0, 40, (4, 64))
     probe = rng.standard_normal((4, 64, 128)).astype(np.float32)

@@ -45,8 +45,8 @@ def test_defaults(environment):
 
 
 @pytest.mark.parametrize("variable, text, name, value", [
-    ("NUMBAPOS_BACKGROUND_COMPILE", "0", "background_compile", False),
-    ("NUMBAPOS_BACKGROUND_COMPILE", " 1 ", "background_compile", True),
+    ("NUMBAPOS_ADAPTIVE_THREADS", "0", "adaptive_threads", False),
+    ("NUMBAPOS_ADAPTIVE_THREADS", " 1 ", "adaptive_threads", True),
     ("NUMBAPOS_SPIN_COUNT", "0", "spin_count", 0),
     ("NUMBAPOS_PREFETCH_LINES", "64", "prefetch_lines", 64),
     ("NUMBAPOS_PARALLEL_MIN_ELEMENTS", "1000", "parallel_min_elements", 1000),
@@ -60,7 +60,7 @@ def test_variables_are_parsed(environment, variable, text, name, value):
 
 
 @pytest.mark.parametrize("variable, text, expected", [
-    ("NUMBAPOS_BACKGROUND_COMPILE", "yes", "expected 0 or 1, got 'yes'"),
+    ("NUMBAPOS_ADAPTIVE_THREADS", "yes", "expected 0 or 1, got 'yes'"),
     ("NUMBAPOS_SPIN_COUNT", "-1", "expected an integer >= 0, got '-1'"),
     ("NUMBAPOS_SPIN_COUNT", "lots", "expected an integer >= 0, got 'lots'"),
     ("NUMBAPOS_PREFETCH_LINES", "65", r"expected an integer in \[0, 64\], got '65'"),
@@ -69,7 +69,7 @@ def test_variables_are_parsed(environment, variable, text, name, value):
 def test_a_bad_variable_raises_naming_it_at_the_first_read(environment, variable, text, expected):
     environment(**{variable: text})
     with pytest.raises(ValueError, match=f"{variable}: {expected}"):
-        config.get("background_compile")  # any setting: the environment is parsed as a whole
+        config.get("spin_count")  # any setting: the environment is parsed as a whole
 
 
 def test_the_environment_is_read_once(environment, monkeypatch):
@@ -99,8 +99,8 @@ def test_override_nests_restores_and_checks():
     with pytest.raises(ValueError, match="max_pending_records: expected an integer >= 1"):
         with config.override(max_pending_records=0):
             pass
-    with pytest.raises(TypeError, match="background_compile: expected a bool"):
-        with config.override(background_compile=1):
+    with pytest.raises(TypeError, match="adaptive_threads: expected a bool"):
+        with config.override(adaptive_threads=1):
             pass
     with pytest.raises(KeyError, match="no setting 'nope'"):
         config.get("nope")
@@ -155,7 +155,7 @@ def test_importing_numbapos_and_its_backends_starts_nothing():
         "assert not parallel._is_initialized and not _pool.started\n"
         "numbapos.functional.dropout(np.ones(8), 0.5, 1)\n"
         "assert not parallel._is_initialized, 'small work started the pool'\n"
-        "with numbapos.config.override(parallel_min_elements=0, background_compile=False):\n"
+        "with numbapos.config.override(parallel_min_elements=0):\n"
         "    numbapos.functional.dropout(np.ones(8), 0.5, 1)\n"
         "assert parallel._is_initialized and _pool.started\n"
         "print('ok')\n")

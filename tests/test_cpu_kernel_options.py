@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from numba.core.registry import CPUDispatcher
 
+from numbapos import _numba_internals
 from numbapos._args import RowGroups, SGDHyper
 from numbapos.kernels import cpu
-from numbapos.kernels.cpu import arrays, optim
+from numbapos.kernels.cpu import arrays, jit, optim
 from numbapos.kernels.cpu.embedding import sum_row_groups
 from numbapos.kernels.cpu.optim import _sgd_rows, _sgd_variant, sgd_rows_
 
@@ -25,8 +26,12 @@ def _dispatchers():
                cpu.positional]
     for module in modules:
         for name, value in vars(module).items():
-            if isinstance(value, CPUDispatcher) and value.py_func.__module__ == module.__name__:
-                yield f"{module.__name__.rsplit('.', 1)[-1]}.{name}", value
+            variants = ((name, value),)
+            if isinstance(value, jit.SerialParallel):
+                variants = ((name + ".serial", value.serial), (name + ".parallel", value.parallel))
+            for label, one in variants:
+                if isinstance(one, CPUDispatcher) and one.py_func.__module__ == module.__name__:
+                    yield f"{module.__name__.rsplit('.', 1)[-1]}.{label}", one
 
 
 # Ids by name: a dispatcher's repr holds its address, which differs between the
@@ -37,7 +42,9 @@ def test_every_cpu_kernel_is_cached_nogil_and_without_the_runtime(name, dispatch
     options = dispatcher.targetoptions
     assert type(dispatcher._cache).__name__ == "FunctionCache", name
     assert options["nogil"] is True, name
-    assert options["_nrt"] is False, name
+    # Numba's runtime off unless NUMBAPOS_NUMBA_INTERNALS=0 asked for the public path.
+    assert options.get("_nrt") is (False if _numba_internals.enabled() else None), name
+    assert options.get("parallel", False) is name.endswith(".parallel"), name
 
 
 def test_option_is_true_or_none():
@@ -81,7 +88,7 @@ def test_the_variant_is_part_of_the_compiled_signature():
                   hyper)
         np.testing.assert_allclose(param[[1, 4]], 0.9 if hyper is not nesterov else 1 - 0.1 * 1.9)
         assert any(str(sig[1]).startswith("array(int32") and str(sig[3]).startswith(buf_kind)
-                   and str(sig[4]) == general_kind for sig in _sgd_rows.signatures)
+                   and str(sig[4]) == general_kind for sig in _sgd_rows.serial.signatures)
 
 
 def test_scale_flag_sums_match_numpy():
@@ -107,3 +114,26 @@ def test_kernel_helper_is_the_only_njit_in_the_cpu_kernels():
     for module in (cpu.blocks, cpu.dropout, cpu.embedding, cpu.init, cpu.normalization,
                    optim, cpu.positional):
         assert not re.search(r"^\s*@njit", inspect.getsource(module), re.M), module.__name__
+
+
+def test_a_parallel_kernel_is_one_body_compiled_twice_into_two_cache_entries():
+    """``kernel(parallel=True)``: the serial compilation is a renamed copy of the body, so
+    Numba's cache (keyed by qualified name, not by ``parallel``) keeps both."""
+    pair = cpu.embedding._gather_rows
+    assert isinstance(pair, jit.SerialParallel)
+    assert pair.serial.py_func.__code__ is pair.parallel.py_func.__code__
+    assert pair.serial.py_func.__qualname__ == "_gather_rows__serial"
+    assert pair.parallel.py_func.__qualname__ == "_gather_rows"
+    assert pair.serial.targetoptions.get("parallel", False) is False
+    assert pair.parallel.targetoptions["parallel"] is True
+    serial_cache = pair.serial._cache._cache_file._index_name
+    parallel_cache = pair.parallel._cache._cache_file._index_name
+    assert serial_cache != parallel_cache
+
+
+def test_no_hand_written_parallel_twin_is_left():
+    """Every ``prange`` loop is one body (``kernel(parallel=True)``), not a ``_parallel`` copy."""
+    for area in cpu.AREAS:
+        names = [name for name in vars(area) if name.endswith("_parallel")
+                 and isinstance(vars(area)[name], CPUDispatcher | jit.SerialParallel)]
+        assert not names, f"{area.__name__}: {names}"

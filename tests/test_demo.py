@@ -47,7 +47,6 @@ def test_positional_model_clearly_wins(positions):
     assert with_positions.eval_loss < without.eval_loss - 0.5
 
 
-@pytest.mark.usefixtures("foreground_compile")
 def test_same_seed_same_numbers_on_any_thread_count():
     threads = two_threads()
     before = numba.get_num_threads()

@@ -172,7 +172,6 @@ def test_masks_of_consecutive_counters_and_seeds_uncorrelated():
     assert abs(corr(m[:-1], m[1:])) < limit
 
 
-@pytest.mark.usefixtures("foreground_compile")
 def test_mask_independent_of_thread_count():
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs at least 2 Numba threads")

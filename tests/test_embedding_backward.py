@@ -196,7 +196,6 @@ def test_padding_idx_minus_two_means_row_eight(device):
     np.testing.assert_array_equal(got[3], [1, 1])
 
 
-@pytest.mark.usefixtures("foreground_compile")
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("scale", [False, True])
 def test_bit_identical_across_thread_counts_and_runs(rng, sparse, scale):

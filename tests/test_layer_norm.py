@@ -185,7 +185,6 @@ def _threads():
     return two_threads()
 
 
-@pytest.mark.usefixtures("foreground_compile")
 def test_deterministic_for_any_thread_count(rng):
     x = rng.standard_normal((300, 200)).astype(np.float32)  # parallel kernels, many chunks
     gy = rng.standard_normal((300, 200)).astype(np.float32)

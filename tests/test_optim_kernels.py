@@ -15,11 +15,9 @@ import numbapos
 from numbapos._args import AdagradHyper, AdamHyper, RowWiseAdagradHyper, SGDHyper
 from numbapos.kernels.cpu import optim as kernels
 
-# The parallel sizes must run the parallel kernels, compiled in the foreground (with
-# the background compiler a cold cache would run the serial ones meanwhile): these
-# tests are the default run's check of the SGD, Adam and Adagrad dense / row pairs
-# against the scalar loop (test_warmup's pair test leaves them to the exhaustive run).
-pytestmark = pytest.mark.usefixtures("foreground_compile")
+# The parallel sizes run the parallel kernels: these tests are the default run's check
+# of the SGD, Adam and Adagrad dense / row pairs against the scalar loop (test_warmup's
+# pair test leaves them to the exhaustive run).
 
 DENSE_SIZES = [1000, numbapos.config.SETTINGS["parallel_min_elements"].default + 77]
 ROW_SHAPES = [(40, 7, 16), (3000, 700, 96)]  # (rows in the table, rows updated, D)

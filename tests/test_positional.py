@@ -94,7 +94,6 @@ def test_sinusoid_error_bound_serial_path(dtype):
     assert np.max(np.abs(table - expected)) <= bound
 
 
-@pytest.mark.usefixtures("foreground_compile")
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_sinusoid_same_values_for_any_thread_count_and_kernel(dtype, parallel_threshold):
     two_threads()

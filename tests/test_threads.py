@@ -86,7 +86,6 @@ def test_bad_spin_count_is_a_clear_error():
     assert "NUMBAPOS_SPIN_COUNT: expected an integer >= 0, got 'lots'" in done.stderr
 
 
-@pytest.mark.usefixtures("foreground_compile")
 def test_set_num_threads_validates_and_is_per_thread():
     before = numbapos.get_num_threads()
     limit = numbapos._pool.pool_settings()["pool_size"]
@@ -209,17 +208,16 @@ def test_switched_off_or_unmeasurable_every_thread_runs(load):
 
 def test_one_free_core_sends_launchers_to_their_serial_kernels(monkeypatch):
     from numbapos import _pool
-    from numbapos.kernels.cpu import arrays
+    from numbapos.kernels.cpu import arrays, jit
 
     free = [1]
     monkeypatch.setattr(_pool, "usable_threads", lambda: free[0])
-    serial, parallel = object(), object()
-    monkeypatch.setattr(arrays.background, "installed", {id(parallel): None})
+    kernels = jit.SerialParallel(object(), object())
     assert not arrays.runs_parallel(1 << 30)
-    assert arrays.pick(serial, parallel, 1 << 30) is serial
+    assert arrays.pick(kernels, 1 << 30) is kernels.serial
     free[0] = 2
     assert arrays.runs_parallel(1 << 30)
-    assert arrays.pick(serial, parallel, 1 << 30) is parallel
+    assert arrays.pick(kernels, 1 << 30) is kernels.parallel
     assert not arrays.runs_parallel(1)  # small work: serial whatever the load
 
 

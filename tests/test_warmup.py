@@ -1,9 +1,9 @@
 """``numbapos.warmup``, ``python -m numbapos warmup``: later processes load what it compiles.
 
-Also the serial/parallel pairs of every launcher (``arrays.pick``), which must
-compute the same bits, or a cold-cache first call (a serial twin, see
-``test_background_compile.py``) would differ from later ones: checked for every
-pair the warm-up drives. That test compiles every kernel of the default warm-up
+Also the serial/parallel pairs of every launcher (``arrays.pick``: two
+compilations of one ``prange`` body), which must compute the same bits, or a
+result would depend on the size of the call and the load of the machine:
+checked for every pair the warm-up drives. That test compiles every kernel of the default warm-up
 into the project's cache, so it runs first here, and the warm-up's own test
 below then loads what it finds (under ``pytest -n 2 --dist loadfile`` one file
 runs in one process: kept apart, the two tests compiled the same kernels twice,
@@ -26,7 +26,7 @@ import numbapos
 from numbapos import _warmup
 from numbapos.__main__ import main
 from numbapos.kernels import cpu
-from numbapos.kernels.cpu import AREAS, arrays
+from numbapos.kernels.cpu import AREAS, arrays, jit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,12 +74,14 @@ def test_every_serial_parallel_pair_computes_the_same_bits(monkeypatch, dtype, g
     """Each pick runs both kernels on copies of its arguments and compares every array."""
     compared = set()
 
-    def both(serial, parallel, work):
+    def both(kernels, work):
+        serial, parallel = kernels
+
         def run(*args):
             mine, theirs = copy.deepcopy(args), copy.deepcopy(args)
             got_serial = serial(*mine)
             got_parallel = parallel(*theirs)
-            where = serial.py_func.__name__
+            where = parallel.py_func.__name__
             _same(got_serial, got_parallel, where)
             for x, y in zip(mine, theirs, strict=True):
                 _same(x, y, where)
@@ -95,11 +97,11 @@ def test_every_serial_parallel_pair_computes_the_same_bits(monkeypatch, dtype, g
         if case.name in groups:
             with _warmup._parallel_bodies(True):
                 case.run(dtype, "int64")
-    # Every pair written in the kernel modules was reached (by these groups: those
-    # of the others, listed above).
+    # Every pair of the kernel modules that a launcher picks from was reached (by these
+    # groups: those of the others, listed above).
     sources = "".join(Path(area.__file__).read_text() for area in AREAS)
-    written = {name for name in (line.split("pick(", 1)[1].split(",", 1)[0].strip()
-                                 for line in sources.splitlines() if "pick(_" in line)}
+    written = {name for area in AREAS for name, obj in vars(area).items()
+               if isinstance(obj, jit.SerialParallel) and f"pick({name}," in sources}
     if set(groups) >= set(PAIR_GROUPS):
         expected = written if set(groups) >= set(OTHER_GROUPS) else written - OTHER_PAIRS
     else:

@@ -74,10 +74,7 @@ def time_case(case, device: str, plan: Plan, errors: list) -> report.Row:
             continue
         try:
             fn = make(x, device)
-            # Compiles numbapos's kernels (the parallel ones here, not in the background,
-            # so no round runs their serial twins); peers allocate their caches.
-            with _device.kernels_for("cpu").background.foreground():
-                fn()
+            fn()  # compiles numbapos's kernels; peers allocate their caches
         except Exception as exc:  # a broken peer must not hide the other rows
             errors.append((case.name, side, f"{type(exc).__name__}: {exc}"))
             continue

@@ -10,7 +10,6 @@ from .. import stepvalues  # noqa: F401 (the optimisers' step scalars: functiona
 from . import (
     alibi,
     arrays,
-    background,  # noqa: F401  (its setting: python -m numbapos info; the warm-up)
     blocks,
     cachestamp,
     dropout,
@@ -18,6 +17,7 @@ from . import (
     half,
     halfoptim,
     init,
+    jit,  # noqa: F401 (SerialParallel: the warm-up lists every kernel)
     normalization,
     optim,
     positional,

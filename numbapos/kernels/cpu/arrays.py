@@ -6,7 +6,6 @@ import numpy as np
 
 from ... import _pool, config
 from ..._alignment import aligned
-from . import background
 
 __all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "concat_rows",
            "contiguous", "empty", "full", "to_host", "zeros"]
@@ -40,19 +39,11 @@ def runs_parallel(work: int) -> bool:
     return _pool.usable_threads() > 1
 
 
-def pick(serial, parallel, work: int):
-    """The serial kernel for small work, the parallel one from ``parallel_min_elements`` on
-    (unless other processes leave this one a single free core: :func:`runs_parallel`).
-
-    The two must take the same arguments and compute the same bits: while the
-    parallel one is not compiled yet (cold cache), its calls run the serial one
-    and it compiles in a background thread (:mod:`.background`).
-    """
-    if not runs_parallel(work):
-        return serial
-    if id(parallel) not in background.installed:
-        background.install(serial, parallel)
-    return parallel
+def pick(kernels, work: int):
+    """The serial kernel of a :class:`~.jit.SerialParallel` pair for small work, the
+    parallel one from ``parallel_min_elements`` on (unless other processes leave this
+    one a single free core: :func:`runs_parallel`)."""
+    return kernels.parallel if runs_parallel(work) else kernels.serial
 
 
 def option(value):

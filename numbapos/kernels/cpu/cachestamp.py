@@ -32,6 +32,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from ..._numba_internals import no_nrt_options
+
 __all__ = ["STAMP_NAME", "compiled_sources", "fingerprint", "refresh"]
 
 STAMP_NAME = "numbapos-kernels.stamp"
@@ -58,7 +60,8 @@ def fingerprint(sources=None, settings=None) -> str:
     if settings is None:
         from . import prefetch
 
-        settings = {"prefetch_lines": prefetch.PREFETCH_LINES,
+        settings = {"numba_internals": bool(no_nrt_options()),
+                    "prefetch_lines": prefetch.PREFETCH_LINES,
                     "half_prefetch_lines": prefetch.HALF_PREFETCH_LINES,
                     "output_prefetch_lines": prefetch.OUTPUT_PREFETCH_LINES,
                     "lookup_output_prefetch_lines": prefetch.LOOKUP_OUTPUT_PREFETCH_LINES}

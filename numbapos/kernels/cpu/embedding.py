@@ -60,7 +60,7 @@ def gather_rows(flat, weight, out):
     """
     if flat.size:
         stream = option(streams(out.nbytes))
-        pick(_gather_rows, _gather_rows_parallel, out.size)(flat, weight, out, stream)
+        pick(_gather_rows, out.size)(flat, weight, out, stream)
 
 
 def unique_rows(flat):
@@ -82,7 +82,7 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
     if flat.size:
         if not _pool.started:  # an always-parallel kernel
             _pool.start_pool()
-        _renorm_rows_(weight, unique_rows(flat), float(max_norm), float(norm_type))
+        _renorm_rows_.parallel(weight, unique_rows(flat), float(max_norm), float(norm_type))
 
 
 def group_by_row(flat, padding_idx):
@@ -158,7 +158,7 @@ def sum_row_groups(grad, groups, scale_grad_by_freq, out):
 
 def _sum_segments(grad, order, starts, counts, dest, scale_grad_by_freq, out):
     """``_sum_row_segments`` serial or parallel by the number of elements summed."""
-    kernel = pick(_sum_row_segments, _sum_row_segments_parallel, order.size * grad.shape[1])
+    kernel = pick(_sum_row_segments, order.size * grad.shape[1])
     kernel(grad, order, starts, counts, dest, option(scale_grad_by_freq), out)
 
 
@@ -209,13 +209,6 @@ def _index_bounds(flat_idx):
     return low, high
 
 
-@kernel()
-def _gather_rows(flat_idx, weight, out, stream):
-    """``out[i, :] = weight[flat_idx[i], :]`` (serial, for small lookups; ``stream``: put_row)."""
-    for i in range(flat_idx.size):
-        put_row(out, i, weight, flat_idx[i], stream)
-
-
 # A launcher that is its own kernel: small lookups cannot afford a Python frame more.
 @kernel()
 def gather_rows_checked(indices, weight, out):
@@ -240,8 +233,9 @@ def gather_rows_checked(indices, weight, out):
 
 
 @kernel(parallel=True)
-def _gather_rows_parallel(flat_idx, weight, out, stream):
-    """``out[i, :] = weight[flat_idx[i], :]``, output rows split across threads."""
+def _gather_rows(flat_idx, weight, out, stream):
+    """``out[i, :] = weight[flat_idx[i], :]``, output rows split across threads
+    (``stream``: :func:`.rowcopy.put_row`)."""
     for i in prange(flat_idx.size):
         prefetch_listed(weight, flat_idx, i + AHEAD)
         if stream is None:  # (non-temporal stores do not wait on their lines)
@@ -446,16 +440,8 @@ def _run_lengths(runs, used, n):
     runs[2, used - 1] = n - runs[1, used - 1]
 
 
-@kernel()
-def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
-    """:func:`_sum_row_segments_parallel` in one thread (small sums; cold-cache first calls)."""
-    for j in range(dest.size):
-        prefetch_listed_for_write(out, dest, j + AHEAD)
-        sum_segment(grad, order, starts[j], counts[j], scale_by_freq, out[dest[j]])
-
-
 @kernel(parallel=True)
-def _sum_row_segments_parallel(grad, order, starts, counts, dest, scale_by_freq, out):
+def _sum_row_segments(grad, order, starts, counts, dest, scale_by_freq, out):
     """Deterministic scatter-add: ``out[dest[j]] = sum of grad[order[k]]`` over segment ``j``.
 
     Segment ``j`` is ``k`` in ``starts[j] .. starts[j] + counts[j]`` (never

@@ -1,26 +1,63 @@
 """``kernel(...)``: the ``@njit`` every CPU kernel is compiled with.
 
 ``cache=True`` (compiled once per machine, then loaded), ``nogil=True`` (other
-Python threads run meanwhile) and Numba's runtime (NRT) off. The kernels never
+Python threads run meanwhile) and Numba's runtime (NRT) off where Numba lets
+us (:func:`numbapos._numba_internals.no_nrt_options`). The kernels never
 allocate: their arrays come from the launchers, so reference counting has
-nothing to manage, and without NRT
+nothing to manage, and without NRT a call from Python does not wrap each array
+argument in a fresh reference-counted ``MemInfo`` and a row view costs no
+atomic increment of the whole array's count (``docs/performance.rst``). A
+kernel that allocated would fail to compile without NRT, so the tests would
+say so.
 
-- a call from Python does not wrap each array argument in a fresh
-  reference-counted ``MemInfo`` (a ``malloc`` each): an 8-token lookup's
-  kernel call went from 0.74 to 0.59 us on the 2-core development machine;
-- a row view (``values[j]``) costs no atomic increment and decrement on the
-  whole array's count, which two threads taking rows of one array would
-  otherwise contend for.
-
-``_nrt`` is Numba's own (underscored) target option; a kernel that allocated
-would fail to compile with it, so the tests would say so.
+``kernel(parallel=True)`` compiles one ``prange`` body twice: a serial kernel
+(``prange`` is ``range`` there) for small work and a parallel one, returned
+together as :class:`SerialParallel`; a launcher picks one by the size of the
+work (:func:`.arrays.pick`). Numba's on-disk cache keys a function by its
+qualified name and its types, not by the ``parallel`` option, so the serial
+compilation is made from a copy of the function under its own qualified name
+(``<name>__serial``): two cache entries, each a cache hit in a new process.
 """
 
+from types import FunctionType
+from typing import NamedTuple
+
 from numba import njit
+from numba.core.dispatcher import Dispatcher
 
-__all__ = ["kernel"]
+from ..._numba_internals import no_nrt_options
+
+__all__ = ["SerialParallel", "kernel"]
+
+SERIAL_SUFFIX = "__serial"
 
 
-def kernel(**options):
-    """``@njit(cache=True, nogil=True, _nrt=False, **options)``."""
-    return njit(cache=True, nogil=True, _nrt=False, **options)
+class SerialParallel(NamedTuple):
+    """The two compilations of one ``prange`` body; both compute the same bits."""
+
+    serial: Dispatcher
+    parallel: Dispatcher
+
+
+def kernel(*, parallel=False, **options):
+    """``@njit(cache=True, nogil=True, _nrt=False, **options)``; with ``parallel=True`` a
+    :class:`SerialParallel` pair compiled from the one body."""
+    options = dict(cache=True, nogil=True, **no_nrt_options(), **options)
+
+    def compile_(func):
+        if not parallel:
+            return njit(**options)(func)
+        return SerialParallel(njit(**options)(_renamed(func)),
+                              njit(parallel=True, **options)(func))
+    return compile_
+
+
+def _renamed(func):
+    """A copy of ``func`` (same code, globals, defaults) under ``<qualname>__serial``."""
+    copy = FunctionType(func.__code__, func.__globals__, func.__name__ + SERIAL_SUFFIX,
+                        func.__defaults__, func.__closure__)
+    copy.__qualname__ = func.__qualname__ + SERIAL_SUFFIX
+    copy.__module__ = func.__module__
+    copy.__doc__ = func.__doc__
+    copy.__kwdefaults__ = func.__kwdefaults__
+    return copy
