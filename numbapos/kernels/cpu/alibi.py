@@ -34,7 +34,7 @@ def alibi_fill(slopes, positions, mode, shift, out):
     ``positions`` is an ``(Bb, Lk)`` int64 array (mode 2) or None.
     """
     if out.size:
-        pick(_fill, _fill_parallel, out.size)(slopes, positions, mode, shift, out)
+        pick(_fill, out.size)(slopes, positions, mode, shift, out)
 
 
 def alibi_add_(scores, slopes, positions, mode, shift):
@@ -43,7 +43,7 @@ def alibi_add_(scores, slopes, positions, mode, shift):
     ``positions`` is ``(1 or B, Lk)`` int64 (mode 2) or None.
     """
     if scores.size:
-        pick(_add, _add_parallel, scores.size)(scores, slopes, positions, mode, shift)
+        pick(_add, scores.size)(scores, slopes, positions, mode, shift)
 
 
 def alibi_slope_grad(grad, positions, mode, shift, partial, out):
@@ -53,8 +53,7 @@ def alibi_slope_grad(grad, positions, mode, shift, partial, out):
     ``(b, i)`` in order, then added over ``j`` in order into ``out`` (``(H,)``).
     """
     if out.size:
-        pick(_slope_grad, _slope_grad_parallel, grad.size)(grad, positions, mode, shift,
-                                                            partial, out)
+        pick(_slope_grad, grad.size)(grad, positions, mode, shift, partial, out)
 
 
 # ---------------------------------------------------------------- kernels
@@ -69,83 +68,53 @@ def _distance(positions, mode, shift, pb, i, j):
     return j - shift
 
 
-@kernel(inline="always")
-def _fill_head(slopes, positions, mode, shift, out, k):
-    heads = out.shape[1]
-    b = k // heads
-    h = k - b * heads
-    pb = 0 if positions is None or positions.shape[0] == 1 else b
-    slope = np.float64(slopes[h])
-    for i in range(out.shape[2]):
-        row = out[b, h, i]
-        for j in range(row.size):
-            row[j] = slope * np.float64(_distance(positions, mode, shift, pb, i, j))
-
-
-@kernel()
+@kernel(parallel=True)
 def _fill(slopes, positions, mode, shift, out):
-    for k in range(out.shape[0] * out.shape[1]):
-        _fill_head(slopes, positions, mode, shift, out, k)
-
-
-@kernel(parallel=True)
-def _fill_parallel(slopes, positions, mode, shift, out):
-    for k in prange(out.shape[0] * out.shape[1]):
-        _fill_head(slopes, positions, mode, shift, out, k)
-
-
-@kernel(inline="always")
-def _add_head(scores, slopes, positions, mode, shift, k):
-    heads = scores.shape[1]
-    b = k // heads
-    h = k - b * heads
-    pb = 0 if positions is None or positions.shape[0] == 1 else b
-    slope = np.float64(slopes[h])
-    for i in range(scores.shape[2]):
-        row = scores[b, h, i]
-        for j in range(row.size):
-            bias = row.dtype.type(slope * np.float64(_distance(positions, mode, shift, pb,
-                                                                i, j)))
-            row[j] += bias
-
-
-@kernel()
-def _add(scores, slopes, positions, mode, shift):
-    for k in range(scores.shape[0] * scores.shape[1]):
-        _add_head(scores, slopes, positions, mode, shift, k)
-
-
-@kernel(parallel=True)
-def _add_parallel(scores, slopes, positions, mode, shift):
-    for k in prange(scores.shape[0] * scores.shape[1]):
-        _add_head(scores, slopes, positions, mode, shift, k)
-
-
-@kernel(inline="always")
-def _slope_grad_head(grad, positions, mode, shift, partial, out, h):
-    acc = partial[h]
-    for j in range(acc.size):
-        acc[j] = 0.0
-    for b in range(grad.shape[0]):
+    """One ``(b, h)`` plane per iteration, the planes split across threads."""
+    heads = out.shape[1]
+    for k in prange(out.shape[0] * heads):
+        b = k // heads
+        h = k - b * heads
         pb = 0 if positions is None or positions.shape[0] == 1 else b
-        for i in range(grad.shape[2]):
-            row = grad[b, h, i]
-            for j in range(acc.size):
-                acc[j] += np.float64(row[j]) * np.float64(_distance(positions, mode, shift,
-                                                                    pb, i, j))
-    total = 0.0
-    for j in range(acc.size):
-        total += acc[j]
-    out[h] = total
-
-
-@kernel()
-def _slope_grad(grad, positions, mode, shift, partial, out):
-    for h in range(grad.shape[1]):
-        _slope_grad_head(grad, positions, mode, shift, partial, out, h)
+        slope = np.float64(slopes[h])
+        for i in range(out.shape[2]):
+            row = out[b, h, i]
+            for j in range(row.size):
+                row[j] = slope * np.float64(_distance(positions, mode, shift, pb, i, j))
 
 
 @kernel(parallel=True)
-def _slope_grad_parallel(grad, positions, mode, shift, partial, out):
+def _add(scores, slopes, positions, mode, shift):
+    """One ``(b, h)`` plane per iteration, the planes split across threads."""
+    heads = scores.shape[1]
+    for k in prange(scores.shape[0] * heads):
+        b = k // heads
+        h = k - b * heads
+        pb = 0 if positions is None or positions.shape[0] == 1 else b
+        slope = np.float64(slopes[h])
+        for i in range(scores.shape[2]):
+            row = scores[b, h, i]
+            for j in range(row.size):
+                bias = row.dtype.type(slope * np.float64(_distance(positions, mode, shift, pb,
+                                                                    i, j)))
+                row[j] += bias
+
+
+@kernel(parallel=True)
+def _slope_grad(grad, positions, mode, shift, partial, out):
+    """One head per iteration, the heads split across threads."""
     for h in prange(grad.shape[1]):
-        _slope_grad_head(grad, positions, mode, shift, partial, out, h)
+        acc = partial[h]
+        for j in range(acc.size):
+            acc[j] = 0.0
+        for b in range(grad.shape[0]):
+            pb = 0 if positions is None or positions.shape[0] == 1 else b
+            for i in range(grad.shape[2]):
+                row = grad[b, h, i]
+                for j in range(acc.size):
+                    acc[j] += np.float64(row[j]) * np.float64(_distance(positions, mode, shift,
+                                                                        pb, i, j))
+        total = 0.0
+        for j in range(acc.size):
+            total += acc[j]
+        out[h] = total

@@ -71,8 +71,7 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
     if ids.word.size == 0:
         return
     tables = _with_affine(tables, y.shape[1], y.dtype)
-    pick(_bert_forward, _bert_forward_parallel, y.size)(ids, tables, eps, drop, y, mean, rstd,
-                                                         np.int64(fmt))
+    pick(_bert_forward, y.size)(ids, tables, eps, drop, y, mean, rstd, np.int64(fmt))
 
 
 def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, grad_beta,
@@ -98,9 +97,9 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     if num_tokens:
         scratch = np.empty((chunks, 2, dim), dtype=dtype)
         flags = (grad_gamma is not None, grad_beta is not None, grad_type is not None)
-        kernel = pick(_bert_backward, _bert_backward_parallel, grad_y.size)
-        kernel(grad_y, ids, _with_affine(tables, dim, dtype), mean, rstd, drop, flags,
-               chunk_rows(num_tokens), grad_sum, part_w, part_b, part_t, scratch, np.int64(fmt))
+        pick(_bert_backward, grad_y.size)(
+            grad_y, ids, _with_affine(tables, dim, dtype), mean, rstd, drop, flags,
+            chunk_rows(num_tokens), grad_sum, part_w, part_b, part_t, scratch, np.int64(fmt))
     if grad_gamma is not None:
         _sum_partials(part_w.reshape(chunks, 1, -1), grad_gamma.reshape(1, -1))
     if grad_beta is not None:
@@ -116,8 +115,7 @@ def gpt2_forward(ids, pos, wte, wpe, drop, y, fmt=FLOAT_TABLES):
     and ``y`` is float32.
     """
     if ids.size:
-        pick(_gpt2_forward, _gpt2_forward_parallel, y.size)(ids, pos, wte, wpe, drop, y,
-                                                             np.int64(fmt))
+        pick(_gpt2_forward, y.size)(ids, pos, wte, wpe, drop, y, np.int64(fmt))
 
 
 def gpt2_forward_checked(ids, past_length, length, wte, wpe, y, fmt=FLOAT_TABLES):
@@ -190,87 +188,63 @@ def normalize_dropout_row_(v, mean, rstd, weight, bias, key, threshold, scale, b
         v[d] = ((v[d] - mean) * rstd * weight[d] + bias[d]) * m
 
 
-@kernel(inline="always")
-def _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd, fmt):
-    prefetch_listed(tables.word, ids.word, t + AHEAD)
-    row = y[t]
-    dim = row.size
-    sum3_row(tables.word[ids.word[t]], tables.token_type[ids.token_type[t]],
-             tables.position[ids.position[t]], row, fmt)
-    first = row_sum(row) / row.dtype.type(dim)
-    m, r = row_moments(row, first, eps)
-    mean[t] = m
-    rstd[t] = r
-    if drop.active:
-        normalize_dropout_row_(row, m, r, tables.gamma, tables.beta, key, drop.threshold,
-                               drop.scale, t * dim)
-    else:
-        normalize_row_(row, m, r, tables.gamma, tables.beta)
-
-
-@kernel()
-def _bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt):
-    key = dropout_key(drop.seed, drop.counter)
-    for t in range(ids.word.size):
-        _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd, fmt)
-
-
 @kernel(parallel=True)
-def _bert_forward_parallel(ids, tables, eps, drop, y, mean, rstd, fmt):
+def _bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt):
+    """The tokens split across threads, each token's row summed, normalised and dropped out
+    in ``y[t]``."""
     key = dropout_key(drop.seed, drop.counter)
     for t in prange(ids.word.size):
-        _bert_token(t, ids, tables, eps, key, drop, y, mean, rstd, fmt)
-
-
-@kernel(inline="always")
-def _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
-                         grad_sum, part_w, part_b, part_t, scratch, fmt):
-    want_w, want_b, fuse_type = flags
-    num_tokens, dim = grad_y.shape
-    start = c * chunk
-    stop = min(start + chunk, num_tokens)
-    s = scratch[c, 0]
-    e = scratch[c, 1]
-    zero_rows(part_w[c:c + 1])
-    zero_rows(part_b[c:c + 1])
-    zero_rows(part_t[c])
-    keep_scale = grad_y.dtype.type(drop.scale)
-    zero = grad_y.dtype.type(0)
-    for t in range(start, stop):
         prefetch_listed(tables.word, ids.word, t + AHEAD)
+        row = y[t]
+        dim = row.size
         sum3_row(tables.word[ids.word[t]], tables.token_type[ids.token_type[t]],
-                 tables.position[ids.position[t]], s, fmt)
-        gy = grad_y[t]
+                 tables.position[ids.position[t]], row, fmt)
+        first = row_sum(row) / row.dtype.type(dim)
+        m, r = row_moments(row, first, eps)
+        mean[t] = m
+        rstd[t] = r
         if drop.active:
-            base = t * dim
-            for d in range(dim):
-                e[d] = gy[d] * (keep_scale if keeps(key, base + d, drop.threshold) else zero)
-            gy = e
-        gs = grad_sum[t]
-        layer_norm_row_backward(gy, s, mean[t], rstd[t], tables.gamma, want_w, want_b, gs,
-                                part_w[c], part_b[c])
-        if fuse_type:
-            pt = part_t[c, ids.token_type[t]]
-            for d in range(dim):
-                pt[d] += gs[d]
-
-
-@kernel()
-def _bert_backward(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum, part_w,
-                   part_b, part_t, scratch, fmt):
-    key = dropout_key(drop.seed, drop.counter)
-    for c in range(scratch.shape[0]):
-        _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
-                             grad_sum, part_w, part_b, part_t, scratch, fmt)
+            normalize_dropout_row_(row, m, r, tables.gamma, tables.beta, key, drop.threshold,
+                                   drop.scale, t * dim)
+        else:
+            normalize_row_(row, m, r, tables.gamma, tables.beta)
 
 
 @kernel(parallel=True)
-def _bert_backward_parallel(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum,
-                            part_w, part_b, part_t, scratch, fmt):
+def _bert_backward(grad_y, ids, tables, mean, rstd, drop, flags, chunk, grad_sum, part_w,
+                   part_b, part_t, scratch, fmt):
+    """The chunks of ``chunk`` tokens split across threads; chunk ``c`` zeroes and fills its
+    partial rows ``part_*[c]`` and works in ``scratch[c]``."""
     key = dropout_key(drop.seed, drop.counter)
+    want_w, want_b, fuse_type = flags
+    num_tokens, dim = grad_y.shape
+    keep_scale = grad_y.dtype.type(drop.scale)
+    zero = grad_y.dtype.type(0)
     for c in prange(scratch.shape[0]):
-        _bert_backward_chunk(c, chunk, grad_y, ids, tables, mean, rstd, key, drop, flags,
-                             grad_sum, part_w, part_b, part_t, scratch, fmt)
+        start = c * chunk
+        stop = min(start + chunk, num_tokens)
+        s = scratch[c, 0]
+        e = scratch[c, 1]
+        zero_rows(part_w[c:c + 1])
+        zero_rows(part_b[c:c + 1])
+        zero_rows(part_t[c])
+        for t in range(start, stop):
+            prefetch_listed(tables.word, ids.word, t + AHEAD)
+            sum3_row(tables.word[ids.word[t]], tables.token_type[ids.token_type[t]],
+                     tables.position[ids.position[t]], s, fmt)
+            gy = grad_y[t]
+            if drop.active:
+                base = t * dim
+                for d in range(dim):
+                    e[d] = gy[d] * (keep_scale if keeps(key, base + d, drop.threshold) else zero)
+                gy = e
+            gs = grad_sum[t]
+            layer_norm_row_backward(gy, s, mean[t], rstd[t], tables.gamma, want_w, want_b, gs,
+                                    part_w[c], part_b[c])
+            if fuse_type:
+                pt = part_t[c, ids.token_type[t]]
+                for d in range(dim):
+                    pt[d] += gs[d]
 
 
 @kernel()
@@ -287,33 +261,22 @@ def _sum_partials(part, out):
                 out[r, d] += part[c, r, d]
 
 
-@kernel(inline="always")
-def _gpt2_token(t, ids, pos, wte, wpe, key, drop, y, fmt):
-    prefetch_listed(wte, ids, t + AHEAD)
-    row = y[t]
-    a = wte[ids[t]]
-    b = wpe[pos[t]]
-    if drop.active:
-        s = row.dtype.type(drop.scale)
-        zero = row.dtype.type(0)
-        base = t * row.size
-        for d in range(row.size):
-            m = s if keeps(key, base + d, drop.threshold) else zero
-            row[d] = (widen(a[d], fmt) + widen(b[d], fmt)) * m
-    else:
-        for d in range(row.size):
-            row[d] = widen(a[d], fmt) + widen(b[d], fmt)
-
-
-@kernel()
-def _gpt2_forward(ids, pos, wte, wpe, drop, y, fmt):
-    key = dropout_key(drop.seed, drop.counter)
-    for t in range(ids.size):
-        _gpt2_token(t, ids, pos, wte, wpe, key, drop, y, fmt)
-
-
 @kernel(parallel=True)
-def _gpt2_forward_parallel(ids, pos, wte, wpe, drop, y, fmt):
+def _gpt2_forward(ids, pos, wte, wpe, drop, y, fmt):
+    """The tokens split across threads."""
     key = dropout_key(drop.seed, drop.counter)
     for t in prange(ids.size):
-        _gpt2_token(t, ids, pos, wte, wpe, key, drop, y, fmt)
+        prefetch_listed(wte, ids, t + AHEAD)
+        row = y[t]
+        a = wte[ids[t]]
+        b = wpe[pos[t]]
+        if drop.active:
+            s = row.dtype.type(drop.scale)
+            zero = row.dtype.type(0)
+            base = t * row.size
+            for d in range(row.size):
+                m = s if keeps(key, base + d, drop.threshold) else zero
+                row[d] = (widen(a[d], fmt) + widen(b[d], fmt)) * m
+        else:
+            for d in range(row.size):
+                row[d] = widen(a[d], fmt) + widen(b[d], fmt)

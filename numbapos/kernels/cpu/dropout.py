@@ -22,28 +22,18 @@ def dropout_apply(x, drop, out):
     :class:`~numbapos.kernels.args.DropoutArgs`.
     """
     if x.size:
-        kernel = pick(_dropout_apply, _dropout_apply_parallel, x.size)
-        kernel(x, drop.seed, drop.counter, drop.threshold, drop.scale, out)
+        pick(_dropout_apply, x.size)(x, drop.seed, drop.counter, drop.threshold, drop.scale,
+                                     out)
 
 
 def dropout_keep_mask(drop, out):
     """``out[i] = kept(i)`` over a flat bool ``out``."""
     if out.size:
-        kernel = pick(_dropout_keep_mask, _dropout_keep_mask_parallel, out.size)
-        kernel(drop.seed, drop.counter, drop.threshold, out)
-
-
-@kernel()
-def _dropout_apply(x, seed, counter, threshold, scale, out):
-    key = dropout_key(seed, counter)
-    s = out.dtype.type(scale)
-    zero = out.dtype.type(0)
-    for i in range(x.size):
-        out[i] = x[i] * (s if keeps(key, i, threshold) else zero)
+        pick(_dropout_keep_mask, out.size)(drop.seed, drop.counter, drop.threshold, out)
 
 
 @kernel(parallel=True)
-def _dropout_apply_parallel(x, seed, counter, threshold, scale, out):
+def _dropout_apply(x, seed, counter, threshold, scale, out):
     key = dropout_key(seed, counter)
     s = out.dtype.type(scale)
     zero = out.dtype.type(0)
@@ -51,17 +41,8 @@ def _dropout_apply_parallel(x, seed, counter, threshold, scale, out):
         out[i] = x[i] * (s if keeps(key, i, threshold) else zero)
 
 
-@kernel()
-def _dropout_keep_mask(seed, counter, threshold, out):
-    key = dropout_key(seed, counter)
-    for i in range(out.size):
-        out[i] = keeps(key, i, threshold)
-
-
 @kernel(parallel=True)
-def _dropout_keep_mask_parallel(seed, counter, threshold, out):
+def _dropout_keep_mask(seed, counter, threshold, out):
     key = dropout_key(seed, counter)
     for i in prange(out.size):
         out[i] = keeps(key, i, threshold)
-
-

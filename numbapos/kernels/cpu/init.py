@@ -18,23 +18,12 @@ __all__ = ["keyed_normal_rows_"]
 def keyed_normal_rows_(rows, seed, mean, std, out):
     """``out[j, d] = mean + std * z(seed, rows[j], d)`` for int64 ``rows`` and a 2-D ``out``."""
     if out.size:
-        pick(_keyed_normal_rows, _keyed_normal_rows_parallel, out.size)(rows, seed, mean, std,
-                                                                          out)
-
-
-@kernel(inline="always")
-def _fill_row(j, rows, seed, mean, std, out):
-    for d in range(out.shape[1]):
-        out[j, d] = mean + std * keyed_normal(seed, rows[j], d)
-
-
-@kernel()
-def _keyed_normal_rows(rows, seed, mean, std, out):
-    for j in range(rows.size):
-        _fill_row(j, rows, seed, mean, std, out)
+        pick(_keyed_normal_rows, out.size)(rows, seed, mean, std, out)
 
 
 @kernel(parallel=True)
-def _keyed_normal_rows_parallel(rows, seed, mean, std, out):
+def _keyed_normal_rows(rows, seed, mean, std, out):
+    """The rows split across threads."""
     for j in prange(rows.size):
-        _fill_row(j, rows, seed, mean, std, out)
+        for d in range(out.shape[1]):
+            out[j, d] = mean + std * keyed_normal(seed, rows[j], d)

@@ -18,9 +18,9 @@ compiled code, never on threads. No other fast-math flag is used (NaN and inf
 propagate as usual). They stay functions of their own (Numba's IR inlining
 would compile them with the caller's flags); the backward's reduction also adds
 the row's weight and bias terms in the same pass (a row is read twice, not
-five times: 11-15 % off the backward). The elementwise row steps are inlined
-into the kernels (``inline="always"``, no fast-math anywhere on that path): a
-call per row and step cost 13-28 % of a LayerNorm or BERT forward at D = 384.
+five times). The elementwise row steps are inlined into the kernels
+(``inline="always"``, no fast-math anywhere on that path), so that they cost
+no call per row and step.
 """
 
 import numpy as np
@@ -47,8 +47,7 @@ def layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
     dim = x.shape[1]
     weight = _affine(weight, dim, x.dtype, 1)
     bias = _affine(bias, dim, x.dtype, 0)
-    kernel = pick(_layer_norm_rows, _layer_norm_rows_parallel, x.size)
-    kernel(x, weight, bias, eps, y, mean, rstd)
+    pick(_layer_norm_rows, x.size)(x, weight, bias, eps, y, mean, rstd)
 
 
 def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias):
@@ -71,9 +70,8 @@ def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight,
     part_w = np.empty((num_chunks(num_rows), dim if want_w else 0), dtype=x.dtype)
     part_b = np.empty((num_chunks(num_rows), dim if want_b else 0), dtype=x.dtype)
     weight = _affine(weight, dim, x.dtype, 1)
-    kernel = pick(_backward_chunks, _backward_chunks_parallel, x.size)
-    kernel(grad_y, x, mean, rstd, weight, want_w, want_b, chunk_rows(num_rows), grad_x,
-           part_w, part_b)
+    pick(_backward_chunks, x.size)(grad_y, x, mean, rstd, weight, want_w, want_b,
+                                   chunk_rows(num_rows), grad_x, part_w, part_b)
     if want_w:
         _sum_partials(part_w, grad_weight)
     if want_b:
@@ -140,17 +138,8 @@ def layer_norm_row(v, weight, bias, eps, out):
     return mean, rstd
 
 
-@kernel()
-def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
-    """Forward pass over the rows of ``x`` (serial, for small inputs)."""
-    for i in range(x.shape[0]):
-        m, r = layer_norm_row(x[i], weight, bias, eps, y[i])
-        mean[i] = m
-        rstd[i] = r
-
-
 @kernel(parallel=True)
-def _layer_norm_rows_parallel(x, weight, bias, eps, y, mean, rstd):
+def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
     """Forward pass over the rows of ``x``, rows split across threads."""
     for i in prange(x.shape[0]):
         m, r = layer_norm_row(x[i], weight, bias, eps, y[i])
@@ -207,40 +196,23 @@ def layer_norm_row_backward(gy, v, mean, rstd, weight, want_w, want_b, gx, part_
         gx[d] = rstd * (gy[d] * weight[d] - a - xhat * b)
 
 
-@kernel(inline="always")
-def _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b,
-                    grad_x, part_w, part_b):
-    start = c * chunk_rows
-    stop = min(start + chunk_rows, x.shape[0])
-    zero_rows(part_w[c:c + 1])
-    zero_rows(part_b[c:c + 1])
-    for i in range(start, stop):
-        layer_norm_row_backward(grad_y[i], x[i], mean[i], rstd[i], weight, want_w, want_b,
-                                grad_x[i], part_w[c], part_b[c])
-
-
-@kernel()
-def _backward_chunks(grad_y, x, mean, rstd, weight, want_w, want_b, chunk_rows,
-                               grad_x, part_w, part_b):
-    """Backward pass, one chunk of ``chunk_rows`` rows at a time (serial).
+@kernel(parallel=True)
+def _backward_chunks(grad_y, x, mean, rstd, weight, want_w, want_b, chunk_rows, grad_x, part_w,
+                     part_b):
+    """Backward pass, the chunks of ``chunk_rows`` rows split across threads.
 
     ``part_w`` / ``part_b`` have one row per chunk (``(n_chunks, 0)`` when that
     gradient is not wanted), which the chunk zeroes first.
     """
     n_chunks = (x.shape[0] + chunk_rows - 1) // chunk_rows
-    for c in range(n_chunks):
-        _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b,
-                        grad_x, part_w, part_b)
-
-
-@kernel(parallel=True)
-def _backward_chunks_parallel(grad_y, x, mean, rstd, weight, want_w, want_b,
-                                        chunk_rows, grad_x, part_w, part_b):
-    """Backward pass, chunks split across threads (same partials as the serial kernel)."""
-    n_chunks = (x.shape[0] + chunk_rows - 1) // chunk_rows
     for c in prange(n_chunks):
-        _backward_chunk(c, chunk_rows, grad_y, x, mean, rstd, weight, want_w, want_b,
-                        grad_x, part_w, part_b)
+        start = c * chunk_rows
+        stop = min(start + chunk_rows, x.shape[0])
+        zero_rows(part_w[c:c + 1])
+        zero_rows(part_b[c:c + 1])
+        for i in range(start, stop):
+            layer_norm_row_backward(grad_y[i], x[i], mean[i], rstd[i], weight, want_w, want_b,
+                                    grad_x[i], part_w[c], part_b[c])
 
 
 @kernel(inline="always")

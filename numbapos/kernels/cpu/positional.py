@@ -20,7 +20,7 @@ __all__ = ["add_gathered_rows", "add_rows", "mult_add", "mult_add_backward",
 
 # The sinusoid recurrence is re-anchored with a direct sin/cos at least this often.
 # Its float64 error grows about 1e-16 per step, so 256 steps stay near 1e-13: far
-# inside the 1e-10 bound, while the anchors cost under 5% of the fill.
+# inside the 1e-10 bound, while the anchors stay a small part of the fill.
 SINUSOID_MAX_BLOCK = 256
 # Fewer rows than this per block and the anchors' sin/cos start to dominate.
 SINUSOID_MIN_BLOCK = 32
@@ -50,29 +50,29 @@ def sinusoid_fill(inv_freq, offset, out):
     num_blocks = -(-out.shape[0] // block)
     sin_acc = np.empty((num_blocks, inv_freq.size), dtype=np.float64)
     cos_acc = np.empty((num_blocks, inv_freq.size), dtype=np.float64)
-    kernel = pick(_sinusoid_fill, _sinusoid_fill_parallel, out.size)
-    kernel(inv_freq, step_cos, step_sin, offset, block, out, sin_acc, cos_acc)
+    pick(_sinusoid_fill, out.size)(inv_freq, step_cos, step_sin, offset, block, out, sin_acc,
+                                   cos_acc)
 
 
 def add_rows(x, table, start, out):
     """``out[n, l] = x[n, l] + table[start + l]`` for ``(N, L, D)`` ``x`` / ``out``."""
-    pick(_add_rows, _add_rows_parallel, x.size)(x, table, start, out)
+    pick(_add_rows, x.size)(x, table, start, out)
 
 
 def add_gathered_rows(x, table, positions, out):
     """``out[n, l] = x[n, l] + table[positions[n, l]]``; ``positions`` (N, L) or (1, L)."""
-    pick(_add_gathered_rows, _add_gathered_rows_parallel, x.size)(x, table, positions, out)
+    pick(_add_gathered_rows, x.size)(x, table, positions, out)
 
 
 def sum_over_batch(grad, start, out):
     """``out[start + l] = sum over n of grad[n, l]`` (batch order); other rows of ``out`` zero."""
     out[...] = 0
-    pick(_sum_over_batch, _sum_over_batch_parallel, grad.size)(grad, start, out)
+    pick(_sum_over_batch, grad.size)(grad, start, out)
 
 
 def mult_add(x, a, b, out):
     """``out[n, l] = a[l] * x[n, l] + b[l]`` elementwise."""
-    pick(_mult_add, _mult_add_parallel, x.size)(x, a, b, out)
+    pick(_mult_add, x.size)(x, a, b, out)
 
 
 def mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
@@ -82,8 +82,7 @@ def mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
     """
     grad_a[...] = 0
     grad_b[...] = 0
-    kernel = pick(_mult_add_backward, _mult_add_backward_parallel, x.size)
-    kernel(grad, x, a, grad_x, grad_a, grad_b)
+    pick(_mult_add_backward, x.size)(grad, x, a, grad_x, grad_a, grad_b)
 
 
 def positions_from_padding(ids, padding_idx, past, pad_position, out):
@@ -125,65 +124,48 @@ def positions_from_mask(mask, pad_position, max_positions, out, name="attention_
 # ---------------------------------------------------------------- sinusoid table
 
 
-@kernel(inline="always")
-def _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, s, c):
-    """Rows ``start:stop`` of the table, by rotating (sin, cos) one position at a time.
-
-    ``sin((p+1)w) = sin(pw)cos(w) + cos(pw)sin(w)`` and
-    ``cos((p+1)w) = cos(pw)cos(w) - sin(pw)sin(w)``: four multiplies per channel
-    pair instead of a sin and a cos. The recurrence runs in float64 (``s``, ``c``
-    are float64 scratch of length ``inv_freq.size``) and starts from a direct
-    sin/cos at ``start``; its error grows about linearly with the rows since the
-    anchor, which the caller bounds through the block length.
-    """
-    dim = out.shape[1]
-    pairs = dim // 2
-    num_freq = inv_freq.size
-    first = np.float64(offset + start)
-    for i in range(num_freq):
-        angle = first * inv_freq[i]
-        s[i] = np.sin(angle)
-        c[i] = np.cos(angle)
-    for r in range(start, stop):
-        row = out[r]
-        for i in range(pairs):
-            row[2 * i] = s[i]
-            row[2 * i + 1] = c[i]
-        if num_freq > pairs:  # odd D: the last channel is an unpaired sin
-            row[dim - 1] = s[pairs]
-        for i in range(num_freq):
-            si = s[i]
-            ci = c[i]
-            s[i] = si * step_cos[i] + ci * step_sin[i]
-            c[i] = ci * step_cos[i] - si * step_sin[i]
-
-
-@kernel()
+@kernel(parallel=True)
 def _sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out, sin_acc, cos_acc):
-    """Fill ``out`` block by block, each re-anchored with a direct sin/cos (serial).
+    """Fill ``out`` block by block, the blocks of ``block`` rows split across threads.
 
     ``inv_freq`` holds the float64 frequencies ``w_i`` (``ceil(D / 2)`` of them),
     ``step_cos`` / ``step_sin`` their cosines and sines; ``sin_acc`` /
     ``cos_acc`` are float64 scratch of shape ``(num_blocks, ceil(D / 2))``.
+
+    Each block starts from a direct sin/cos at its first row, then rotates
+    (sin, cos) one position at a time:
+    ``sin((p+1)w) = sin(pw)cos(w) + cos(pw)sin(w)`` and
+    ``cos((p+1)w) = cos(pw)cos(w) - sin(pw)sin(w)``: four multiplies per channel
+    pair instead of a sin and a cos. The recurrence runs in float64; its error
+    grows about linearly with the rows since the anchor, which the block length
+    bounds.
     """
     rows = out.shape[0]
-    for b in range(sin_acc.shape[0]):
-        start = b * block
-        stop = min(start + block, rows)
-        _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, sin_acc[b],
-                       cos_acc[b])
-
-
-@kernel(parallel=True)
-def _sinusoid_fill_parallel(inv_freq, step_cos, step_sin, offset, block, out, sin_acc,
-                            cos_acc):
-    """:func:`_sinusoid_fill` with the blocks of rows split across threads."""
-    rows = out.shape[0]
+    dim = out.shape[1]
+    pairs = dim // 2
+    num_freq = inv_freq.size
     for b in prange(sin_acc.shape[0]):
         start = b * block
         stop = min(start + block, rows)
-        _sinusoid_rows(inv_freq, step_cos, step_sin, offset, start, stop, out, sin_acc[b],
-                       cos_acc[b])
+        s = sin_acc[b]
+        c = cos_acc[b]
+        first = np.float64(offset + start)
+        for i in range(num_freq):
+            angle = first * inv_freq[i]
+            s[i] = np.sin(angle)
+            c[i] = np.cos(angle)
+        for r in range(start, stop):
+            row = out[r]
+            for i in range(pairs):
+                row[2 * i] = s[i]
+                row[2 * i + 1] = c[i]
+            if num_freq > pairs:  # odd D: the last channel is an unpaired sin
+                row[dim - 1] = s[pairs]
+            for i in range(num_freq):
+                si = s[i]
+                ci = c[i]
+                s[i] = si * step_cos[i] + ci * step_sin[i]
+                c[i] = ci * step_cos[i] - si * step_sin[i]
 
 
 # ---------------------------------------------------------------- x + P
@@ -195,17 +177,10 @@ def _add_row(x, table, n, l, trow, out):
         out[n, l, d] = x[n, l, d] + table[trow, d]
 
 
-@kernel()
-def _add_rows(x, table, start, out):
-    """``out[n, l] = x[n, l] + table[start + l]`` for x of shape (N, L, D)."""
-    for n in range(x.shape[0]):
-        for l in range(x.shape[1]):
-            _add_row(x, table, n, l, start + l, out)
-
-
 @kernel(parallel=True)
-def _add_rows_parallel(x, table, start, out):
-    """:func:`add_rows`, the N * L rows split across threads."""
+def _add_rows(x, table, start, out):
+    """``out[n, l] = x[n, l] + table[start + l]`` for x of shape (N, L, D), the N * L rows
+    split across threads."""
     seq = x.shape[1]
     for k in prange(x.shape[0] * seq):
         n = k // seq
@@ -213,22 +188,12 @@ def _add_rows_parallel(x, table, start, out):
         _add_row(x, table, n, l, start + l, out)
 
 
-@kernel()
+@kernel(parallel=True)
 def _add_gathered_rows(x, table, positions, out):
-    """``out[n, l] = x[n, l] + table[positions[n, l]]``.
+    """``out[n, l] = x[n, l] + table[positions[n, l]]``, the N * L rows split across threads.
 
     ``positions`` has shape (N, L), or (1, L) to share one row of positions.
     """
-    shared = positions.shape[0] == 1
-    for n in range(x.shape[0]):
-        pn = 0 if shared else n
-        for l in range(x.shape[1]):
-            _add_row(x, table, n, l, positions[pn, l], out)
-
-
-@kernel(parallel=True)
-def _add_gathered_rows_parallel(x, table, positions, out):
-    """:func:`add_gathered_rows`, the N * L rows split across threads."""
     shared = positions.shape[0] == 1
     seq = x.shape[1]
     for k in prange(x.shape[0] * seq):
@@ -238,78 +203,45 @@ def _add_gathered_rows_parallel(x, table, positions, out):
         _add_row(x, table, n, l, positions[pn, l], out)
 
 
-@kernel(inline="always")
-def _batch_sum_row(grad, l, trow, out):
-    for n in range(grad.shape[0]):
-        for d in range(grad.shape[2]):
-            out[trow, d] += grad[n, l, d]
-
-
-@kernel()
-def _sum_over_batch(grad, start, out):
-    """``out[start + l] += sum over n of grad[n, l]``, summed in batch order."""
-    for l in range(grad.shape[1]):
-        _batch_sum_row(grad, l, start + l, out)
-
-
 @kernel(parallel=True)
-def _sum_over_batch_parallel(grad, start, out):
-    """:func:`sum_over_batch`, one thread per position (same result for any thread count)."""
+def _sum_over_batch(grad, start, out):
+    """``out[start + l] += sum over n of grad[n, l]``, summed in batch order; one thread per
+    position (same result for any thread count)."""
     for l in prange(grad.shape[1]):
-        _batch_sum_row(grad, l, start + l, out)
+        trow = start + l
+        for n in range(grad.shape[0]):
+            for d in range(grad.shape[2]):
+                out[trow, d] += grad[n, l, d]
 
 
 # ---------------------------------------------------------------- A * X + B
 
 
-@kernel(inline="always")
-def _mult_add_row(x, a, b, n, l, out):
-    for d in range(x.shape[2]):
-        out[n, l, d] = a[l, d] * x[n, l, d] + b[l, d]
-
-
-@kernel()
-def _mult_add(x, a, b, out):
-    """``out[n, l] = a[l] * x[n, l] + b[l]`` elementwise (rows ``l < L`` of a and b)."""
-    for n in range(x.shape[0]):
-        for l in range(x.shape[1]):
-            _mult_add_row(x, a, b, n, l, out)
-
-
 @kernel(parallel=True)
-def _mult_add_parallel(x, a, b, out):
-    """:func:`mult_add`, the N * L rows split across threads."""
+def _mult_add(x, a, b, out):
+    """``out[n, l] = a[l] * x[n, l] + b[l]`` elementwise (rows ``l < L`` of a and b), the
+    N * L rows split across threads."""
     seq = x.shape[1]
     for k in prange(x.shape[0] * seq):
         n = k // seq
         l = k - n * seq
-        _mult_add_row(x, a, b, n, l, out)
-
-
-@kernel(inline="always")
-def _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b):
-    for n in range(grad.shape[0]):
-        for d in range(grad.shape[2]):
-            g = grad[n, l, d]
-            grad_x[n, l, d] = g * a[l, d]
-            grad_a[l, d] += g * x[n, l, d]
-            grad_b[l, d] += g
-
-
-@kernel()
-def _mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
-    """Gradients of :func:`mult_add`: ``grad_x = grad * a``; ``grad_a[l] += sum_n grad * x``;
-    ``grad_b[l] += sum_n grad``. ``grad_a`` and ``grad_b`` rows ``l < L`` must start at zero.
-    """
-    for l in range(grad.shape[1]):
-        _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b)
+        for d in range(x.shape[2]):
+            out[n, l, d] = a[l, d] * x[n, l, d] + b[l, d]
 
 
 @kernel(parallel=True)
-def _mult_add_backward_parallel(grad, x, a, grad_x, grad_a, grad_b):
-    """:func:`mult_add_backward`, one thread per position, batch summed in order."""
+def _mult_add_backward(grad, x, a, grad_x, grad_a, grad_b):
+    """Gradients of :func:`mult_add`: ``grad_x = grad * a``; ``grad_a[l] += sum_n grad * x``;
+    ``grad_b[l] += sum_n grad``. ``grad_a`` and ``grad_b`` rows ``l < L`` must start at zero.
+    One thread per position, the batch summed in order.
+    """
     for l in prange(grad.shape[1]):
-        _mult_add_backward_row(grad, x, a, l, grad_x, grad_a, grad_b)
+        for n in range(grad.shape[0]):
+            for d in range(grad.shape[2]):
+                g = grad[n, l, d]
+                grad_x[n, l, d] = g * a[l, d]
+                grad_a[l, d] += g * x[n, l, d]
+                grad_b[l, d] += g
 
 
 # ---------------------------------------------------------------- positions from padding

@@ -25,7 +25,7 @@ def blend_rows(table, index0, index1, weight0, weight1, out):
     entry per row of ``out``; every index lies in ``[0, len(table))``.
     """
     if out.size:
-        pick(_blend, _blend_parallel, out.size)(table, index0, index1, weight0, weight1, out)
+        pick(_blend, out.size)(table, index0, index1, weight0, weight1, out)
 
 
 def fractional_rows(positions, num_positions, index0, index1, weight0, weight1):
@@ -54,47 +54,30 @@ def fractional_rows(positions, num_positions, index0, index1, weight0, weight1):
 def scale_rows(values, weights, out):
     """``out[n] = weights[n] * values[n]`` for ``(N, D)`` arrays and float64 ``weights``."""
     if out.size:
-        pick(_scale, _scale_parallel, out.size)(values, weights, out)
+        pick(_scale, out.size)(values, weights, out)
 
 
-@kernel()
+@kernel(parallel=True)
 def _scale(values, weights, out):
-    for n in range(out.shape[0]):
-        w = weights[n]
-        for d in range(out.shape[1]):
-            out[n, d] = w * np.float64(values[n, d])
-
-
-@kernel(parallel=True)
-def _scale_parallel(values, weights, out):
+    """The rows split across threads."""
     for n in prange(out.shape[0]):
         w = weights[n]
         for d in range(out.shape[1]):
             out[n, d] = w * np.float64(values[n, d])
 
 
-@kernel(inline="always")
-def _blend_row(table, index0, index1, weight0, weight1, out, n):
-    src0 = table[index0[n]]
-    row = out[n]
-    w1 = weight1[n]
-    if w1 == 0.0:
-        for d in range(row.size):
-            row[d] = src0[d]
-        return
-    src1 = table[index1[n]]
-    w0 = weight0[n]
-    for d in range(row.size):
-        row[d] = w0 * np.float64(src0[d]) + w1 * np.float64(src1[d])
-
-
-@kernel()
+@kernel(parallel=True)
 def _blend(table, index0, index1, weight0, weight1, out):
-    for n in range(out.shape[0]):
-        _blend_row(table, index0, index1, weight0, weight1, out, n)
-
-
-@kernel(parallel=True)
-def _blend_parallel(table, index0, index1, weight0, weight1, out):
+    """The rows split across threads; a zero ``weight1`` copies row ``index0`` as it is."""
     for n in prange(out.shape[0]):
-        _blend_row(table, index0, index1, weight0, weight1, out, n)
+        src0 = table[index0[n]]
+        row = out[n]
+        w1 = weight1[n]
+        if w1 == 0.0:
+            for d in range(row.size):
+                row[d] = src0[d]
+        else:
+            src1 = table[index1[n]]
+            w0 = weight0[n]
+            for d in range(row.size):
+                row[d] = w0 * np.float64(src0[d]) + w1 * np.float64(src1[d])

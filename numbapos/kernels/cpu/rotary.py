@@ -28,7 +28,7 @@ from .rowcopy import copy_row, put_row, streams
 __all__ = ["rotary_apply", "rotary_pick_frequencies", "rotary_table"]
 
 # Rows per non-temporal tile: each tile ends with a store fence, which costs
-# about as much as streaming a few rows (one row per fence took 8x longer).
+# about as much as streaming a few rows.
 MIN_STREAM_TILE = 8
 
 
@@ -44,8 +44,7 @@ def rotary_table(positions, offset, inv_freq, angles, cos, sin):
     dtype.
     """
     if cos.size:
-        kernel = pick(_table, _table_parallel, cos.size * 8)
-        kernel(positions, offset, inv_freq, angles, cos, sin)
+        pick(_table, cos.size * 8)(positions, offset, inv_freq, angles, cos, sin)
 
 
 def rotary_pick_frequencies(positions, threshold, short, long, out):
@@ -76,9 +75,9 @@ def rotary_apply(x, cos, sin, interleaved, head_axis, out):
                         and tile >= MIN_STREAM_TILE)
         tile = tile if stream else 1
         scratch = np.empty((batch * outer if stream else 1, tile * dim), x.dtype)
-        kernel = pick(_apply, _apply_parallel, x.size)
-        kernel(x.reshape(-1, tile * dim), cos, sin, bool(interleaved), head_axis, outer, inner,
-               tile, None if same else out.reshape(-1, tile * dim), scratch, stream)
+        pick(_apply, x.size)(x.reshape(-1, tile * dim), cos, sin, bool(interleaved), head_axis,
+                             outer, inner, tile, None if same else out.reshape(-1, tile * dim),
+                             scratch, stream)
 
 
 def _tile_rows(inner: int) -> int:
@@ -92,48 +91,32 @@ def _tile_rows(inner: int) -> int:
 # ---------------------------------------------------------------- cos / sin table
 
 
-@kernel(inline="always")
-def _table_row(pos, inv_freq, angles, crow, srow):
-    """One position's row of the table: cos and sin of each frequency, scaled."""
-    for i in range(inv_freq.size):
-        if angles.float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
-            a32 = np.float32(np.float32(pos) * np.float32(inv_freq[i]))
-            sa, ca = sincos(np.float64(a32))
-            c = np.float64(np.float32(ca) * np.float32(angles.scale))
-            s = np.float64(np.float32(sa) * np.float32(angles.scale))
-        else:
-            sa, ca = sincos(np.float64(pos) * inv_freq[i])
-            c = ca * angles.scale
-            s = sa * angles.scale
-        crow[i] = c
-        srow[i] = s * angles.sign
-
-
-@kernel(inline="always")
-def _position(positions, offset, p, l):
-    if positions is None:
-        return offset + l
-    return offset + positions[p, l]
-
-
-@kernel()
-def _table(positions, offset, inv_freq, angles, cos, sin):
-    """Fill the ``(P, L, R/2)`` table, one position after another."""
-    seq = cos.shape[1]
-    for k in range(cos.shape[0] * seq):
-        p = k // seq
-        l = k - p * seq
-        _table_row(_position(positions, offset, p, l), inv_freq, angles, cos[p, l], sin[p, l])
-
-
 @kernel(parallel=True)
-def _table_parallel(positions, offset, inv_freq, angles, cos, sin):
-    """:func:`_table`, the positions split across threads."""
+def _table(positions, offset, inv_freq, angles, cos, sin):
+    """Fill the ``(P, L, R/2)`` table, the positions split across threads: each position's
+    row holds the cos and sin of each frequency, scaled."""
     seq = cos.shape[1]
     for k in prange(cos.shape[0] * seq):
         p = k // seq
         l = k - p * seq
-        _table_row(_position(positions, offset, p, l), inv_freq, angles, cos[p, l], sin[p, l])
+        if positions is None:
+            pos = offset + l
+        else:
+            pos = offset + positions[p, l]
+        crow = cos[p, l]
+        srow = sin[p, l]
+        for i in range(inv_freq.size):
+            if angles.float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
+                a32 = np.float32(np.float32(pos) * np.float32(inv_freq[i]))
+                sa, ca = sincos(np.float64(a32))
+                c = np.float64(np.float32(ca) * np.float32(angles.scale))
+                s = np.float64(np.float32(sa) * np.float32(angles.scale))
+            else:
+                sa, ca = sincos(np.float64(pos) * inv_freq[i])
+                c = ca * angles.scale
+                s = sa * angles.scale
+            crow[i] = c
+            srow[i] = s * angles.sign
 
 
 # ---------------------------------------------------------------- rotation
@@ -163,7 +146,7 @@ def _rotate_row(src, dst, c, s, interleaved):
 def _rotate_row_(row, c, s, interleaved):
     """:func:`_rotate_row` in place. One array, so LLVM sees that iteration ``i`` touches
     only ``i`` and ``i + R/2`` and vectorises the loop (with two arrays that may be one it
-    cannot, and runs 4x slower)."""
+    cannot)."""
     half = c.size
     if interleaved:
         for i in range(half):
@@ -179,51 +162,36 @@ def _rotate_row_(row, c, s, interleaved):
             row[i + half] = x1 * c[i] + x0 * s[i]
 
 
-@kernel(inline="always")
-def _apply_outer(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch, stream,
-                 k):
-    """The rows of outer index ``k = b * A + a`` (``x`` / ``out`` viewed as tiles of ``tile``
-    rows; in place when ``out`` is None; through ``scratch[k]`` and non-temporal stores, a
-    tile at a time, when ``stream``)."""
-    b = k // outer
-    a = k - b * outer
-    pb = 0 if cos.shape[0] == 1 else b
+@kernel(parallel=True)
+def _apply(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch, stream):
+    """Rotate every row of ``x`` (``(B * A * C / tile, tile * D)``: tiles of ``tile`` rows)
+    into ``out`` (None: in place), the ``B * A`` outer indices split across threads.
+
+    Outer index ``k = b * A + a`` owns ``C / tile`` tiles; with ``stream`` each
+    tile is rotated in ``scratch[k]`` and then written with non-temporal stores.
+    """
     half = cos.shape[2]
     dim = x.shape[1] // tile
     tiles = inner // tile
-    for g in range(tiles):
-        r = k * tiles + g
-        if stream is not None:
-            copy_row(scratch, k, x, r)
-        for t in range(tile):
-            m = g * tile + t
-            l = m if head_axis == 1 else a
-            c = cos[pb, l]
-            s = sin[pb, l]
-            if out is None:
-                _rotate_row_(x[r, t * dim:(t + 1) * dim], c, s, interleaved)
-            elif stream is None:
-                _rotate_row(x[r, t * dim:(t + 1) * dim], out[r, t * dim:(t + 1) * dim], c, s,
-                            interleaved)
-            else:
-                _rotate_row_(scratch[k, t * dim:t * dim + 2 * half], c, s, interleaved)
-        if stream is not None:
-            put_row(out, r, scratch, k, stream)
-
-
-@kernel()
-def _apply(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch, stream):
-    """Rotate every row of ``x`` (``(B * A * C / tile, tile * D)``) into ``out`` (None: in
-    place)."""
-    for k in range(x.shape[0] * tile // inner):
-        _apply_outer(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch,
-                     stream, k)
-
-
-@kernel(parallel=True)
-def _apply_parallel(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch,
-                    stream):
-    """:func:`_apply`, the ``B * A`` outer indices split across threads."""
     for k in prange(x.shape[0] * tile // inner):
-        _apply_outer(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch,
-                     stream, k)
+        b = k // outer
+        a = k - b * outer
+        pb = 0 if cos.shape[0] == 1 else b
+        for g in range(tiles):
+            r = k * tiles + g
+            if stream is not None:
+                copy_row(scratch, k, x, r)
+            for t in range(tile):
+                m = g * tile + t
+                l = m if head_axis == 1 else a
+                c = cos[pb, l]
+                s = sin[pb, l]
+                if out is None:
+                    _rotate_row_(x[r, t * dim:(t + 1) * dim], c, s, interleaved)
+                elif stream is None:
+                    _rotate_row(x[r, t * dim:(t + 1) * dim], out[r, t * dim:(t + 1) * dim], c,
+                                s, interleaved)
+                else:
+                    _rotate_row_(scratch[k, t * dim:t * dim + 2 * half], c, s, interleaved)
+            if stream is not None:
+                put_row(out, r, scratch, k, stream)
