@@ -42,8 +42,8 @@ def info() -> int:
     prefetch = numbapos._device.kernels_for("cpu").prefetch
     print(f"prefetch {prefetch.PREFETCH_LINES} cache lines per table row, "
           f"{prefetch.HALF_PREFETCH_LINES} per 16-bit row widened, "
-          f"{prefetch.OUTPUT_PREFETCH_LINES} / {prefetch.LOOKUP_OUTPUT_PREFETCH_LINES} per "
-          f"16-bit or int8 / float32 output row (CPU {prefetch.cpu_name()})")
+          f"{prefetch.OUTPUT_PREFETCH_LINES} per 16-bit or int8 output row "
+          f"(CPU {prefetch.cpu_name()})")
     print("devices  cpu: available")
     print(f"         cuda: {_cuda_status()}")
     print("tables   (format: bytes a row; use; per-row error of a value read back)")

@@ -12,8 +12,7 @@ setting                       variable                            default
 ============================  ==================================  =============================
 ``spin_count``                ``NUMBAPOS_SPIN_COUNT``             ``10000``: OpenMP spin before
                                                                   idle threads sleep
-``prefetch_lines``            ``NUMBAPOS_PREFETCH_LINES``         by CPU (64 on AMD Zen, 8 on
-                                                                  Intel's mesh Xeons, else 0)
+``prefetch_lines``            ``NUMBAPOS_PREFETCH_LINES``         by CPU (64 on AMD Zen, else 0)
 ``parallel_min_elements``     ``NUMBAPOS_PARALLEL_MIN_ELEMENTS``  ``32768``: smaller work runs
                                                                   the serial kernel
 ``adaptive_threads``          ``NUMBAPOS_ADAPTIVE_THREADS``       ``True``: parallel kernels use
@@ -137,8 +136,7 @@ SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
              "starts unless OMP_WAIT_POLICY / GOMP_SPINCOUNT are set (0: sleep at once)",
              low=0, high=None),
     _setting("prefetch_lines", None, "int",
-             "cache lines prefetched per table row (default: 64 on AMD Zen, 8 on Intel's mesh "
-             "Xeons, else 0); "
+             "cache lines prefetched per table row (default: 64 on AMD Zen, else 0); "
              "compiled into the CPU kernels", low=0, high=64, allow_none=True),
     _setting("parallel_min_elements", 1 << 15, "int",
              "elements of work from which a CPU launcher runs its parallel kernel",

@@ -11,7 +11,6 @@ from numbapos.kernels.cpu.prefetch import (
     AHEAD,
     half_prefetch_listed,
     half_prefetch_listed_for_write,
-    lookup_prefetch_output_ahead,
     prefetch_listed,
     prefetch_listed_for_write,
     prefetch_output_ahead,
@@ -69,8 +68,8 @@ def test_prefetch_wants_a_2d_table_and_an_integer_row():
 
 @pytest.mark.parametrize("cpu, lines", [("znver3", 64), ("znver5", 64), ("rocketlake", 0),
                                         ("skylake-avx512", 0), ("generic", 0),
-                                        ("sapphirerapids", 8), ("emeraldrapids", 8),
-                                        ("graniterapids", 8)])
+                                        ("sapphirerapids", 0), ("emeraldrapids", 0),
+                                        ("graniterapids", 0)])
 def test_prefetch_policy_by_cpu(cpu, lines):
     with numbapos.config.override(prefetch_lines=None):
         assert prefetch.prefetch_lines(cpu=cpu) == lines
@@ -162,24 +161,17 @@ def test_half_prefetch_setting_changes_the_code_not_the_result(monkeypatch, line
     assert calls == ({(0, 3), (1, 3), (0, 0)} if lines else set())
 
 
-@pytest.mark.parametrize("cpu, output", [
-    ("emeraldrapids", 16), ("sapphirerapids", 16), ("graniterapids", 16), ("znver4", 0),
-    ("rocketlake", 0), ("skylake-avx512", 0), ("generic", 0)])
-def test_output_row_prefetch_policy_by_cpu(cpu, output):
-    """The float32 lookup's output rows on the mesh Xeons, where it was measured; the 16-bit
-    and int8 lookups' on every CPU; the setting overrides both."""
-    with numbapos.config.override(prefetch_lines=None):
-        assert prefetch.lookup_output_prefetch_lines(cpu=cpu) == output
-        assert prefetch.output_prefetch_lines() == prefetch.OUTPUT_MIN_LINES
-    for lines in (0, 4):
-        with numbapos.config.override(prefetch_lines=lines):
-            assert prefetch.lookup_output_prefetch_lines(cpu=cpu) == lines
-            assert prefetch.output_prefetch_lines() == lines
+@pytest.mark.parametrize("lines", [None, 0, 4])
+def test_output_row_prefetch_is_the_same_on_every_cpu(lines):
+    """The 16-bit and int8 lookups' output rows, on every CPU; the setting overrides it."""
+    with numbapos.config.override(prefetch_lines=lines):
+        expected = prefetch.OUTPUT_MIN_LINES if lines is None else lines
+        assert prefetch.output_prefetch_lines() == expected
 
 
 @pytest.mark.parametrize("lines", [0, 16])
 def test_output_prefetches_are_writes_within_the_output(monkeypatch, lines):
-    for name in ("OUTPUT_PREFETCH_LINES", "LOOKUP_OUTPUT_PREFETCH_LINES", "PREFETCH_LINES"):
+    for name in ("OUTPUT_PREFETCH_LINES", "PREFETCH_LINES"):
         monkeypatch.setattr(prefetch, name, lines)
 
     @njit
@@ -187,7 +179,6 @@ def test_output_prefetches_are_writes_within_the_output(monkeypatch, lines):
         for j in range(rows.size):
             prefetch_listed(table, rows, j + AHEAD)
             prefetch_output_ahead(out, j)
-            lookup_prefetch_output_ahead(out, j)
             out[j] = table[rows[j]]
 
     table = np.arange(3000, dtype=np.float32).reshape(10, 300)

@@ -142,8 +142,7 @@ def rounding_bits16_at(column_key):
     ``column_key`` (an integer; only its low 32 bits count).
 
     A loop over a row's columns starts at ``np.uint64(row_key)`` and steps the key with
-    :func:`next_column_key`: one addition per element where ``rounding_bits16`` multiplies
-    (in the CPU's bfloat16 SGD step, one vector multiply of three, 8 % of its arithmetic).
+    :func:`next_column_key`: one addition per element where ``rounding_bits16`` multiplies.
     """
     x = int(column_key) & _MASK32
     x ^= x >> 16

@@ -53,8 +53,7 @@ def option(value):
     (in the kernel or in a function inlined into it) is settled when it is
     compiled, so a kernel compiled for one setting holds none of the other's
     code. A first call then compiles only the variant it runs: for the sparse
-    SGD rows that is one loop of four, for the gradient sums one of two (0.15 s
-    less compilation for ``sum_row_segments`` alone). A plain ``bool`` would be
+    SGD rows that is one loop of four, for the gradient sums one of two. A plain ``bool`` would be
     a run-time branch around both loops, both compiled.
     """
     return True if value else None
@@ -65,10 +64,8 @@ def empty(shape, dtype) -> np.ndarray:
     starts on a 64-byte cache line (:mod:`numbapos._alignment`).
 
     NumPy aligns its arrays to 16 bytes. Rows written into an array at 16 mod 64
-    straddle cache lines, and every other vector store is split in two: a
-    16,384-row bfloat16 lookup (D = 256, rows copied) took 0.60-0.72 ms into such
-    an array and 0.50-0.62 ms into an aligned one, 14-17 % less in each of four
-    processes (2-core Xeon VM); PyTorch aligns to 64 bytes as well.
+    straddle cache lines, and every other vector store is split in two
+    (``docs/performance.rst``); PyTorch aligns to 64 bytes as well.
     """
     return aligned(np.empty, shape, dtype)
 
@@ -85,8 +82,7 @@ def full(shape, value, dtype) -> np.ndarray:
     A fill with +0 comes from :func:`zeros`: large arrays are then the OS's
     lazily zeroed pages, so optimiser state (a momentum buffer as big as the
     table) costs neither time nor memory for the rows a sparse update never
-    touches. Writing 150 MB of zeros cost 0.1-0.2 s of the first training step
-    at V = 50,000, D = 768.
+    touches.
     """
     if value == 0 and not np.signbit(value):
         return zeros(shape, dtype)

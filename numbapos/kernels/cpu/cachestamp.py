@@ -63,8 +63,7 @@ def fingerprint(sources=None, settings=None) -> str:
         settings = {"numba_internals": bool(no_nrt_options()),
                     "prefetch_lines": prefetch.PREFETCH_LINES,
                     "half_prefetch_lines": prefetch.HALF_PREFETCH_LINES,
-                    "output_prefetch_lines": prefetch.OUTPUT_PREFETCH_LINES,
-                    "lookup_output_prefetch_lines": prefetch.LOOKUP_OUTPUT_PREFETCH_LINES}
+                    "output_prefetch_lines": prefetch.OUTPUT_PREFETCH_LINES}
     digest = hashlib.sha256()
     for path in sources:
         path = Path(path)

@@ -17,7 +17,6 @@ from .arrays import option, pick
 from .jit import kernel
 from .prefetch import (
     AHEAD,
-    lookup_prefetch_output_ahead,
     prefetch_listed,
     prefetch_listed_for_write,
 )
@@ -169,8 +168,8 @@ _SCRATCH_MAX = 1 << 22  # elements (32 MB); larger requests get a fresh array
 _scratch_of_thread = threading.local()
 
 # The radix sort's digits are at most 12 bits wide (a 32 KB histogram, L1-sized), so
-# ids into 10^7 rows (24 bits) take two passes, not three (16k Zipf ids: 167 -> 128
-# us), and int64 keys at most six; the histograms of all passes are kept at once.
+# ids into 10^7 rows (24 bits) take two passes, not three, and int64 keys at most six;
+# the histograms of all passes are kept at once.
 _DIGIT_BITS = 12
 _HISTOGRAMS = 6 << _DIGIT_BITS
 _POSITION_MASK = (1 << 32) - 1
@@ -198,8 +197,7 @@ def not_equal_mask(flat, value, out):
 @kernel()
 def _index_bounds(flat_idx):
     """Smallest and largest value of a non-empty integer array."""
-    # min / max rather than branches: LLVM vectorises them (16,384 random int64 ids:
-    # 3.1 against 14.5 us with a branch per id, the cost of every lookup's range check).
+    # min / max rather than branches: LLVM vectorises them (every lookup's range check).
     low = flat_idx[0]
     high = flat_idx[0]
     for i in range(1, flat_idx.size):
@@ -238,8 +236,6 @@ def _gather_rows(flat_idx, weight, out, stream):
     (``stream``: :func:`.rowcopy.put_row`)."""
     for i in prange(flat_idx.size):
         prefetch_listed(weight, flat_idx, i + AHEAD)
-        if stream is None:  # (non-temporal stores do not wait on their lines)
-            lookup_prefetch_output_ahead(out, i)
         put_row(out, i, weight, flat_idx[i], stream)
 
 
@@ -267,8 +263,7 @@ def _row_norm(weight, row, norm_type):
 # The 1- and 2-norms' sums may be reassociated (``fastmath={"reassoc"}``, no other
 # fast-math flag: infinities and NaNs keep their meaning), so LLVM sums in vector
 # lanes as PyTorch's vectorised norm does. Summed in order, one running sum is a
-# chain of D dependent additions: a max_norm lookup of 16k rows of 768 took 8.8 ms
-# against 2.9 ms without max_norm; the renorm pass went from 3.7 to 2.1 ms here.
+# chain of D dependent additions, three times slower (docs/performance.rst).
 @kernel(fastmath={"reassoc"})
 def _sum_of_squares(weight, row):
     acc = 0.0
@@ -316,7 +311,7 @@ def _radix_group(flat_idx, histograms, keys, positions, runs):
 
     Keys of at most 31 bits (ids of any table under 2**31 rows) travel with
     their position in one int64, ``key << 32 | position``, so each pass moves
-    one array, not two (16k ids into 10^6 rows: 193 -> 150 us); wider keys
+    one array, not two; wider keys
     move keys and positions side by side.
     """
     n = flat_idx.size
@@ -493,8 +488,8 @@ def group_gradient(grad, groups, j, scale_by_freq, acc):
     A row named once gets its one row of ``grad`` itself (scaled by 1 / 1
     under ``scale_by_freq``, which changes nothing); otherwise the rows are
     summed into ``acc`` by :func:`sum_segment`, which is returned. Skipping the
-    copy into ``acc`` for the many rows a batch names once makes the fused
-    sparse SGD pass about 10 % faster; the bits are the same.
+    copy into ``acc`` for the many rows a batch names once saves a pass over
+    them; the bits are the same.
     """
     start = groups.starts[j]
     count = groups.counts[j]

@@ -2,71 +2,27 @@
 
 A lookup, a gradient sum or a sparse optimiser update reads rows at random
 places of a table much larger than the cache. Each row is a short sequential
-run (3 KB at D = 768), so the hardware prefetcher only starts after the
-first miss of every row. Asking for the row ``AHEAD`` iterations ahead keeps
-several rows in flight per thread. Whether that pays depends on the processor,
-so :data:`PREFETCH_LINES` (the cache lines asked for per row) is chosen per
-CPU, measured on the 2-core development VMs (interleaved runs, V = 50,000,
-D = 768, 16,384 indices, fused sparse SGD step with momentum):
+run, so the hardware prefetcher only starts after the first miss of every
+row; asking for the row ``AHEAD`` iterations ahead keeps several rows in
+flight per thread. Whether that pays depends on the processor and the kernel
+(measured on the development VMs: ``docs/performance.rst``, "Row prefetch"),
+so the cache lines asked for per row are chosen per kind of kernel:
 
-- AMD Zen (an EPYC VM, LLVM CPU name ``znver*``): whole rows (64 lines)
-  took the fused pass from 9.0 to 5.3-5.9 ms and the lookup from 3.4 to 1.9 ms.
-- Intel client cores (a Xeon VM, ``rocketlake``): every prefetch cost time,
-  the more the worse (the requests compete with the hardware prefetcher's for
-  the line fill buffers): the whole step took 13.4-14.0 ms with 64 lines per
-  row, 11.9-12.4 with 16, 10.7-11.2 with 8 four rows ahead, and 10.4-11.0 ms
-  with none; a 4096-token lookup 470 against 444 us.
-- Intel server cores on a mesh (:data:`MESH_XEONS`; an ``emeraldrapids`` VM,
-  whose trip to memory is longer): 8 lines per row pay. With V = 1e6, D = 256,
-  16,384 ids (interleaved, two processes) the fused float32 SGD step took
-  3.85-3.86 instead of 4.04-4.43 ms (medians 4.50-4.76 instead of 5.23-6.29),
-  the unfused one 4.47-4.90 instead of 4.83-5.25; the float32 lookup kernel
-  1.13 instead of 1.22 ms. The BERT / GPT-2 blocks and the bench command's
-  V = 50,000 step did not move beyond the noise.
+- :data:`PREFETCH_LINES`, the float kernels: whole rows on AMD Zen (LLVM CPU
+  name ``znver*``), nothing elsewhere (on Intel the requests compete with the
+  hardware prefetcher's for the line fill buffers);
+- :data:`HALF_PREFETCH_LINES`, the kernels that widen 16-bit rows or decode
+  int8 / int4 ones element by element, whose longer work per byte leaves
+  their misses exposed: at least 8 lines on every CPU; the int8 / int4 rows,
+  read once, with ``prefetchnta`` (``read_once_prefetch_listed``);
+- :data:`OUTPUT_PREFETCH_LINES`, the output rows of the 16-bit and int8
+  lookups, to write, :data:`OUTPUT_AHEAD` rows ahead (a store to a line that
+  is not in the first-level cache waits for it).
 
-So whole rows on AMD Zen, 8 lines on the mesh Xeons, nothing elsewhere (where
-nothing was measured, the hardware prefetcher alone is the safe default).
-
-Kernels that widen bfloat16 / float16 rows element by element (16-bit lookups
-to float32, the 16-bit optimiser steps, the int8 / int4 lookups) run several
-times more instructions per byte than a float row copy, so the out-of-order
-window reaches fewer rows ahead and their misses are exposed. They prefetch at
-least :data:`HALF_PREFETCH_LINES` lines per row on every CPU
-(``half_prefetch_listed*``). Measured on an Intel
-Xeon VM (``emeraldrapids``, 2 cores, V = 1e6, D = 256, 16,384 ids, minima of
-interleaved runs, quiet): 8 lines took the bfloat16 sparse SGD step (lookup,
-backward, step) from 6.2-6.3 to 5.2-5.4 ms and its fused form from 5.2-5.4 to
-4.4-4.5 ms, the bfloat16 -> float32 lookup
-from 1.25 to 1.13-1.19 ms; under load, 16 and 64
-lines did no better. The int8 / int4 lookups, which decode each byte with a
-multiply-add, are such kernels too (their rows are 5 and 3 lines at D = 256,
-so they prefetch whole rows): on the same VM and ids, the int8 lookup went
-from 1.43-1.45 to 0.70-0.73 ms and the int4 one from 2.42-2.53 to 0.57-0.86
-ms; 4, 16 and 32 rows ahead did no better than 8. Being read once (inference
-only), their rows are prefetched with ``prefetchnta`` (``read_once_prefetch_listed``).
-
-Lookups wait on their output rows too: a store to a line that is not in the
-first-level cache waits for the line, and an output of 16k rows does not fit
-in the second-level cache. The 16-bit and int8 lookups prefetch their output
-rows :data:`OUTPUT_AHEAD` rows ahead, to write, on every CPU
-(``prefetch_output_ahead``, :data:`OUTPUT_PREFETCH_LINES`); the float32 lookup
-does on the mesh Xeons (``lookup_prefetch_output_ahead``,
-:data:`LOOKUP_OUTPUT_PREFETCH_LINES`). Measured on the ``emeraldrapids`` VM
-(V = 1e6, D = 256, 16,384 fresh ids per call, interleaved minima): the
-float32 lookup kernel took 1.22 ms with no prefetch, 1.13 with 8 lines per
-row, 1.05 with the output rows as well (1.07 with 16 lines per row;
-``prefetchnta`` 1.28); the int8 one 597 us with ``prefetcht0``, 546 with
-``prefetchnta``, 542 with the output rows and 16-lane decoding (:mod:`.wide`);
-the bfloat16 copy lookup 596 against 550 us with the output rows.
-``NUMBAPOS_PREFETCH_LINES=N`` (0-64) overrides all of them.
-
-The setting is compiled into the kernels; the cache guard
-(:mod:`.cachestamp`) counts it, so a process with another setting recompiles
-the cached kernels once. ``python -m numbapos info`` shows it.
-
+``NUMBAPOS_PREFETCH_LINES=N`` (0-64) overrides all of them. The setting is
+compiled into the kernels; the cache guard (:mod:`.cachestamp`) counts it.
 A prefetch is a hint: it never faults and never changes a result, so an
-address past the end of a table (callers still bound the row) costs nothing
-but a wasted request.
+address past the end of a table costs nothing but a wasted request.
 """
 
 import llvmlite.binding as ll
@@ -81,8 +37,7 @@ from .rowaddress import row_address
 
 __all__ = ["AHEAD", "HALF_PREFETCH_LINES", "MAX_LINES", "PREFETCH_LINES",
            "half_prefetch_listed", "half_prefetch_listed_for_write", "prefetch_listed",
-           "lookup_prefetch_output_ahead", "prefetch_listed_for_write", "prefetch_output_ahead",
-           "prefetch_row",
+           "prefetch_listed_for_write", "prefetch_output_ahead", "prefetch_row",
            "prefetch_row_for_write", "read_once_prefetch_listed"]
 
 AHEAD = 8
@@ -99,14 +54,6 @@ def cpu_name() -> str:
     return config.CPU_NAME or ll.get_host_cpu_name()
 
 
-MESH_XEONS = ("sapphirerapids", "emeraldrapids", "graniterapids")
-"""LLVM's names of the Intel server processors whose cores sit on a mesh (a longer trip
-to memory than a client core's, so row prefetch pays there; see the module notes)."""
-
-MESH_XEON_LINES = 8
-"""Cache lines per row prefetched on :data:`MESH_XEONS`."""
-
-
 def prefetch_lines(lines=None, cpu=None) -> int:
     """Cache lines to prefetch per row: ``lines`` (default: :mod:`numbapos.config`'s
     ``prefetch_lines``, ``NUMBAPOS_PREFETCH_LINES``) when set, else by CPU."""
@@ -115,9 +62,7 @@ def prefetch_lines(lines=None, cpu=None) -> int:
     if lines is not None:
         return lines
     cpu = cpu or cpu_name()
-    if cpu.startswith("znver"):
-        return MAX_LINES
-    return MESH_XEON_LINES if cpu.startswith(MESH_XEONS) else 0
+    return MAX_LINES if cpu.startswith("znver") else 0
 
 
 PREFETCH_LINES = prefetch_lines()
@@ -160,19 +105,6 @@ OUTPUT_PREFETCH_LINES = output_prefetch_lines()
 """Cache lines of an output row prefetched by :func:`prefetch_output_ahead` (this process)."""
 
 
-def lookup_output_prefetch_lines(lines=None, cpu=None) -> int:
-    """Cache lines of an output row the float32 lookup prefetches to write: the setting when
-    given, else :data:`OUTPUT_MIN_LINES` on :data:`MESH_XEONS` (measured), else none."""
-    if lines is None:
-        lines = settings.get("prefetch_lines")
-    if lines is not None:
-        return lines
-    return OUTPUT_MIN_LINES if (cpu or cpu_name()).startswith(MESH_XEONS) else 0
-
-
-LOOKUP_OUTPUT_PREFETCH_LINES = lookup_output_prefetch_lines()
-"""Cache lines of an output row prefetched by :func:`lookup_prefetch_output_ahead`."""
-
 _LINE_BYTES = 64
 _READ, _WRITE = 0, 1
 _KEEP_IN_ALL_CACHES = 3  # prefetcht0
@@ -183,8 +115,7 @@ _DATA_CACHE = 1
 def _lines(kind) -> int:
     # Read when a kernel is compiled: tests may change them.
     return {"rows": PREFETCH_LINES, "half": HALF_PREFETCH_LINES,
-            "output": OUTPUT_PREFETCH_LINES,
-            "lookup_output": LOOKUP_OUTPUT_PREFETCH_LINES}[kind]
+            "output": OUTPUT_PREFETCH_LINES}[kind]
 
 
 def _make_prefetch(intent, name, kind="rows", locality=_KEEP_IN_ALL_CACHES):
@@ -240,8 +171,6 @@ _half_prefetch_row_for_write = intrinsic(_make_prefetch(_WRITE, "_half_prefetch_
 _read_once_prefetch_row = intrinsic(_make_prefetch(_READ, "_read_once_prefetch_row", "half",
                                                    locality=_READ_ONCE))
 _output_prefetch_row = intrinsic(_make_prefetch(_WRITE, "_output_prefetch_row", "output"))
-_lookup_output_prefetch_row = intrinsic(_make_prefetch(_WRITE, "_lookup_output_prefetch_row",
-                                                       "lookup_output"))
 
 
 @kernel(inline="always")
@@ -293,11 +222,3 @@ def prefetch_output_ahead(out, i):
     """
     if i + OUTPUT_AHEAD < out.shape[0]:
         _output_prefetch_row(out, i + OUTPUT_AHEAD)
-
-
-@kernel(inline="always")
-def lookup_prefetch_output_ahead(out, i):
-    """:func:`prefetch_output_ahead` with :data:`LOOKUP_OUTPUT_PREFETCH_LINES` (the float32
-    lookup, whose row copies wait on their output lines as the int8 decoding does)."""
-    if i + OUTPUT_AHEAD < out.shape[0]:
-        _lookup_output_prefetch_row(out, i + OUTPUT_AHEAD)

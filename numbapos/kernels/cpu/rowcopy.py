@@ -7,8 +7,7 @@ the last-level cache, see :data:`STREAM_MIN_BYTES`.
 A lookup copies whole table rows. Written as an element loop, LLVM vectorises
 it but keeps a runtime overlap check and a scalar tail per row; the C
 library's ``memcpy`` moves a 3 KB row (D = 768, float32) in fewer, wider
-stores. An 8-token lookup's kernel went from 0.94 to 0.72 us on the 2-core
-development machine (the copy is most of a small call).
+stores (the copy is most of a small call; ``docs/performance.rst``).
 
 The caller guarantees that ``dst`` and ``src`` do not overlap (a lookup's
 ``out`` never shares memory with the table: the functional ops check it).
@@ -35,9 +34,7 @@ this many bytes are written with non-temporal stores (:func:`streams`).
 
 A store to a line not in the cache first reads that line from memory (to
 merge it), so an ordinary copy of N bytes moves 3N; a non-temporal store
-writes whole lines past the cache and moves 2N. A 16,384-row lookup (D = 768,
-float32, a 48 MB output) took 2.74-2.75 ms instead of 3.63 ms on the AMD EPYC
-development VM (interleaved, same process). But the written rows then are not
+writes whole lines past the cache and moves 2N. But the written rows then are not
 in the cache: an output that fits in the last-level cache (32 MB there) is
 read back by its consumer faster from there, so smaller outputs keep ordinary
 stores. (The processor's reported cache size is not trusted: VMs report the

@@ -11,11 +11,8 @@ applied to 16 elements at once.
 
 Where it pays: decoding int8 rows into a float32 output that does not fit
 in the second-level cache. A 512-bit store fills a whole cache line, so a
-row takes half as many stores waiting on their lines: on a 2-core Intel
-Xeon VM (``emeraldrapids``, V = 1e6, D = 256, 16,384 ids, interleaved
-minima) the int8 lookup kernel took 576-589 us with 256-bit vectors and
-542-547 us with these. The int4 decode, which shuffles nibbles, gained
-nothing and keeps its loop.
+row takes half as many stores waiting on their lines (``docs/performance.rst``).
+The int4 decode, which shuffles nibbles, gained nothing and keeps its loop.
 
 Callers guarantee contiguous rows (column stride equal to the item size) and
 16 elements inside both rows; the scalar loop does the rest of a row.
