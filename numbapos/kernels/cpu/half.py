@@ -52,9 +52,9 @@ def gather_half_rows(flat, table, fmt, out):
     ``fmt``, ``out`` ``(N, D)`` uint32 (a float32 array's view)."""
     if flat.size and out.shape[1]:
         if fmt == BF16:
-            kernel = pick(_widen_bf16, _widen_bf16_parallel, out.size)
+            kernel = pick(_widen_bf16, out.size)
         else:
-            kernel = pick(_widen_f16, _widen_f16_parallel, out.size)
+            kernel = pick(_widen_f16, out.size)
         kernel(flat, table, out)
 
 
@@ -63,7 +63,7 @@ def copy_half_rows(flat, table, out):
     lookup into the table's own dtype, a plain row copy."""
     if flat.size and out.shape[1]:
         stream = option(streams(out.nbytes))
-        pick(_copy_rows, _copy_rows_parallel, out.size)(flat, table, out, stream)
+        pick(_copy_rows, out.size)(flat, table, out, stream)
 
 
 def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
@@ -76,7 +76,7 @@ def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
     """
     if flat.size and table.shape[1]:
         rows = unique_rows(flat)
-        pick(_renorm, _renorm_parallel, rows.size * table.shape[1])(
+        pick(_renorm, rows.size * table.shape[1])(
             table, rows, float(max_norm), float(norm_type), option(fmt == F16))
 
 
@@ -98,7 +98,7 @@ def store_half_rows_(table, values, rows, used, seed, step, stochastic, fmt):
     """:func:`store_half_` for the rows ``rows[:used]`` only (unique; ``used`` an int here, a
     one-element device array or an int on the GPU); the same bits for those rows."""
     if used and table.shape[1]:
-        kernel = pick(_store_rows, _store_rows_parallel, int(used) * table.shape[1])
+        kernel = pick(_store_rows, int(used) * table.shape[1])
         kernel(table, values, rows, np.int64(used), np.uint64(seed), np.uint64(step),
                option(stochastic), np.int64(fmt))
 
@@ -108,9 +108,9 @@ def widen_half_rows(table, rows, used, fmt, out):
     uint32; its other rows are left as they are)."""
     if used and table.shape[1]:
         if fmt == BF16:
-            kernel = pick(_widen_bf16_at, _widen_bf16_at_parallel, int(used) * table.shape[1])
+            kernel = pick(_widen_bf16_at, int(used) * table.shape[1])
         else:
-            kernel = pick(_widen_f16_at, _widen_f16_at_parallel, int(used) * table.shape[1])
+            kernel = pick(_widen_f16_at, int(used) * table.shape[1])
         kernel(rows, np.int64(used), table, out)
 
 
@@ -129,49 +129,24 @@ def _widen_f16_row(table, r, out, i):
         out[i, d] = f16_to_f32_bits(table[r, d])
 
 
-@kernel()
+@kernel(parallel=True)
 def _widen_bf16(flat_idx, table, out):
-    for i in range(flat_idx.size):
-        half_prefetch_listed(table, flat_idx, i + AHEAD)
-        prefetch_output_ahead(out, i)
-        _widen_bf16_row(table, flat_idx[i], out, i)
-
-
-@kernel(parallel=True)
-def _widen_bf16_parallel(flat_idx, table, out):
     for i in prange(flat_idx.size):
         half_prefetch_listed(table, flat_idx, i + AHEAD)
         prefetch_output_ahead(out, i)
         _widen_bf16_row(table, flat_idx[i], out, i)
 
 
-@kernel()
+@kernel(parallel=True)
 def _widen_f16(flat_idx, table, out):
-    for i in range(flat_idx.size):
-        half_prefetch_listed(table, flat_idx, i + AHEAD)
-        prefetch_output_ahead(out, i)
-        _widen_f16_row(table, flat_idx[i], out, i)
-
-
-@kernel(parallel=True)
-def _widen_f16_parallel(flat_idx, table, out):
     for i in prange(flat_idx.size):
         half_prefetch_listed(table, flat_idx, i + AHEAD)
         prefetch_output_ahead(out, i)
         _widen_f16_row(table, flat_idx[i], out, i)
 
 
-@kernel()
-def _copy_rows(flat_idx, table, out, stream):
-    for i in range(flat_idx.size):
-        half_prefetch_listed(table, flat_idx, i + AHEAD)
-        if stream is None:  # (non-temporal stores do not wait on their lines)
-            prefetch_output_ahead(out, i)
-        put_row(out, i, table, flat_idx[i], stream)
-
-
 @kernel(parallel=True)
-def _copy_rows_parallel(flat_idx, table, out, stream):
+def _copy_rows(flat_idx, table, out, stream):
     for i in prange(flat_idx.size):
         half_prefetch_listed(table, flat_idx, i + AHEAD)
         if stream is None:  # (non-temporal stores do not wait on their lines)
@@ -182,8 +157,8 @@ def _copy_rows_parallel(flat_idx, table, out, stream):
 @kernel(inline="always")
 def _renorm_row(table, row, max_norm, norm_type, fmt):
     """Clip one row (see :func:`renorm_half_rows_`); the norm summed in float64, in order.
-    Elements are read by their bits (:func:`~numbapos.kernels.widen.widen`, vectorised):
-    through ``ldexp`` (``half_value``) the pass cost 30x the float32 one."""
+    Elements are read by their bits (:func:`~numbapos.kernels.widen.widen`, vectorised),
+    not through ``ldexp`` (``half_value``), which made the pass far slower."""
     dim = table.shape[1]
     acc = 0.0
     if norm_type == np.inf:
@@ -222,14 +197,8 @@ def _renorm_entry(table, rows, j, max_norm, norm_type, f16):
         _renorm_row(table, rows[j], max_norm, norm_type, F16)
 
 
-@kernel()
-def _renorm(table, rows, max_norm, norm_type, f16):
-    for j in range(rows.size):
-        _renorm_entry(table, rows, j, max_norm, norm_type, f16)
-
-
 @kernel(parallel=True)
-def _renorm_parallel(table, rows, max_norm, norm_type, f16):
+def _renorm(table, rows, max_norm, norm_type, f16):
     for j in prange(rows.size):
         half_prefetch_listed_for_write(table, rows, j + AHEAD)
         _renorm_entry(table, rows, j, max_norm, norm_type, f16)
@@ -249,39 +218,20 @@ def _store_row(table, values, r, key, stochastic, fmt):
             column_key = next_column_key(column_key)
 
 
-@kernel()
+@kernel(parallel=True)
 def _store_rows(table, values, rows, used, seed, step, stochastic, fmt):
     key = dropout_key(seed, step)
-    for j in range(used):
-        _store_row(table, values, rows[j], key, stochastic, fmt)
-
-
-@kernel(parallel=True)
-def _store_rows_parallel(table, values, rows, used, seed, step, stochastic, fmt):
-    key = dropout_key(seed, step)
     for j in prange(used):
         _store_row(table, values, rows[j], key, stochastic, fmt)
 
 
-@kernel()
+@kernel(parallel=True)
 def _widen_bf16_at(rows, used, table, out):
-    for j in range(used):
-        _widen_bf16_row(table, rows[j], out, rows[j])
-
-
-@kernel(parallel=True)
-def _widen_bf16_at_parallel(rows, used, table, out):
     for j in prange(used):
         _widen_bf16_row(table, rows[j], out, rows[j])
 
 
-@kernel()
-def _widen_f16_at(rows, used, table, out):
-    for j in range(used):
-        _widen_f16_row(table, rows[j], out, rows[j])
-
-
 @kernel(parallel=True)
-def _widen_f16_at_parallel(rows, used, table, out):
+def _widen_f16_at(rows, used, table, out):
     for j in prange(used):
         _widen_f16_row(table, rows[j], out, rows[j])

@@ -58,55 +58,52 @@ _L2 = int(WeightDecayMode.L2)
 def sgd_half_rows_(table, rows, values, used, buf, row_started, hyper, rounding):
     """Lazy SGD (:func:`.optim.sgd_rows_`) on the listed rows of the 16-bit ``table``
     (``uint16`` bits), float32 ``values``, ``buf`` and ``hyper``; stored per ``rounding``."""
-    _rows(_sgd, _sgd_parallel, table, rows, values, used, rounding, *_sgd_state(buf, row_started,
-                                                                               hyper))
+    _rows(_sgd, table, rows, values, used, rounding, *_sgd_state(buf, row_started, hyper))
 
 
 def sgd_half_row_groups_(table, grad, groups, scale_grad_by_freq, buf, row_started, hyper,
                          rounding):
     """:func:`sgd_half_rows_` fused with the gradient of a lookup (see
     :func:`.optim.sgd_row_groups_`)."""
-    _groups(_sgd, _sgd_parallel, table, grad, groups, scale_grad_by_freq, rounding,
+    _groups(_sgd, table, grad, groups, scale_grad_by_freq, rounding,
             *_sgd_state(buf, row_started, hyper))
 
 
 def adam_half_rows_(table, rows, values, used, exp_avg, exp_avg_sq, hyper, rounding):
     """SparseAdam (:func:`.optim.adam_rows_`) on the listed rows of the 16-bit ``table``
     (``exp_avg`` float32, or bfloat16 as ``uint16`` bits)."""
-    _rows(_adam, _adam_parallel, table, rows, values, used, rounding, exp_avg,
-          _bf16_state(exp_avg), exp_avg_sq, hyper)
+    _rows(_adam, table, rows, values, used, rounding, exp_avg, _bf16_state(exp_avg), exp_avg_sq,
+          hyper)
 
 
 def adam_half_row_groups_(table, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper,
                           rounding):
     """:func:`adam_half_rows_` fused with the gradient of a lookup."""
-    _groups(_adam, _adam_parallel, table, grad, groups, scale_grad_by_freq, rounding, exp_avg,
+    _groups(_adam, table, grad, groups, scale_grad_by_freq, rounding, exp_avg,
             _bf16_state(exp_avg), exp_avg_sq, hyper)
 
 
 def adagrad_half_rows_(table, rows, values, used, state_sum, hyper, rounding):
     """Sparse Adagrad (:func:`.optim.adagrad_rows_`) on the listed rows of the 16-bit ``table``."""
-    _rows(_adagrad, _adagrad_parallel, table, rows, values, used, rounding, state_sum, hyper)
+    _rows(_adagrad, table, rows, values, used, rounding, state_sum, hyper)
 
 
 def adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, state_sum, hyper,
                              rounding):
     """:func:`adagrad_half_rows_` fused with the gradient of a lookup."""
-    _groups(_adagrad, _adagrad_parallel, table, grad, groups, scale_grad_by_freq, rounding,
-            state_sum, hyper)
+    _groups(_adagrad, table, grad, groups, scale_grad_by_freq, rounding, state_sum, hyper)
 
 
 def rowwise_adagrad_half_rows_(table, rows, values, used, state_sum, hyper, rounding):
     """Row-wise Adagrad (:func:`.optim.rowwise_adagrad_rows_`) on the listed rows of the
     16-bit ``table``; each row's mean square summed in column order, as there."""
-    _rows(_rowwise, _rowwise_parallel, table, rows, values, used, rounding, state_sum, hyper)
+    _rows(_rowwise, table, rows, values, used, rounding, state_sum, hyper)
 
 
 def rowwise_adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, state_sum, hyper,
                                      rounding):
     """:func:`rowwise_adagrad_half_rows_` fused with the gradient of a lookup."""
-    _groups(_rowwise, _rowwise_parallel, table, grad, groups, scale_grad_by_freq, rounding,
-            state_sum, hyper)
+    _groups(_rowwise, table, grad, groups, scale_grad_by_freq, rounding, state_sum, hyper)
 
 
 def _sgd_state(buf, row_started, hyper):
@@ -125,28 +122,29 @@ def _bf16_state(state):
     return option(state.dtype == np.uint16)
 
 
-def _rows(serial, parallel, table, rows, values, used, rounding, *rest):
+def _rows(kernels, table, rows, values, used, rounding, *rest):
     rows, values = rows[:used], values[:used]  # exact on the CPU: used == rows.size
-    _run(serial, parallel, table, rows, values, None, None, False, rounding, rest)
+    _run(kernels, table, rows, values, None, None, False, rounding, rest)
 
 
-def _groups(serial, parallel, table, grad, groups, scale_grad_by_freq, rounding, *rest):
+def _groups(kernels, table, grad, groups, scale_grad_by_freq, rounding, *rest):
     # No summed values: an empty array (the kernels' ``groups is None`` branches must type).
-    _run(serial, parallel, table, groups.rows, np.empty((0, table.shape[1]), np.float32), grad,
-         groups, scale_grad_by_freq, rounding, rest)
+    _run(kernels, table, groups.rows, np.empty((0, table.shape[1]), np.float32), grad, groups,
+         scale_grad_by_freq, rounding, rest)
 
 
-def _run(serial, parallel, table, rows, values, grad, groups, scale, rounding, rest):
+def _run(kernels, table, rows, values, grad, groups, scale, rounding, rest):
     """``kernel(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic, f16,
-    *rest)`` over chunks of the rows: one chunk for small work, else a few per thread, each
-    summing its rows' gradients (a lookup's) into its row of scratch."""
+    *rest)`` over chunks of the rows: one chunk for small work (the serial kernel of the
+    ``kernels`` pair), else a few per thread (the parallel one), each summing its rows'
+    gradients (a lookup's) into its row of scratch."""
     used, dim = rows.size, table.shape[1]
     if used == 0 or dim == 0:
         return
     work = used * dim
     chunks = min(used, 4 * numba.get_num_threads()) if runs_parallel(work) else 1
     scratch = np.empty((chunks, dim if groups is not None else 0), np.float32)
-    pick(serial, parallel, work)(
+    pick(kernels, work)(
         table, rows, values, grad, groups, option(scale), scratch, np.uint64(rounding.seed),
         np.uint64(rounding.step), option(rounding.stochastic), option(rounding.fmt == F16),
         *rest)
@@ -233,7 +231,7 @@ def _sgd_row(row, g, table, buf, bf16_buf, started, h, nesterov, maximize, decay
 
 @kernel(inline="always")
 def _sgd_options_row(row, g, table, buf, bf16_buf, started, general, h, key, stochastic, fmt):
-    # SGD's usual options as constants (their selects cost 8 % of the step), or any.
+    # SGD's usual options as constants (they then pay for no selects), or any.
     if general is None:
         _sgd_row(row, g, table, buf, bf16_buf, started, h, False, False, False, key,
                  stochastic, fmt)
@@ -259,18 +257,9 @@ def _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, st
                              stochastic, F16)
 
 
-@kernel()
+@kernel(parallel=True)
 def _sgd(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic, f16, buf,
          bf16_buf, started, general, h):
-    key = dropout_key(seed, step)
-    for chunk in range(scratch.shape[0]):
-        _sgd_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic,
-                   f16, buf, bf16_buf, started, general, h)
-
-
-@kernel(parallel=True)
-def _sgd_parallel(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic,
-                  f16, buf, bf16_buf, started, general, h):
     # Rows are unique, so chunks never share a row (nor its momentum or flag).
     key = dropout_key(seed, step)
     for chunk in prange(scratch.shape[0]):
@@ -311,18 +300,9 @@ def _adam_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, s
                       F16)
 
 
-@kernel()
+@kernel(parallel=True)
 def _adam(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic, f16,
           exp_avg, bf16_avg, exp_avg_sq, h):
-    key = dropout_key(seed, step)
-    for chunk in range(scratch.shape[0]):
-        _adam_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic,
-                    f16, exp_avg, bf16_avg, exp_avg_sq, h)
-
-
-@kernel(parallel=True)
-def _adam_parallel(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic,
-                   f16, exp_avg, bf16_avg, exp_avg_sq, h):
     key = dropout_key(seed, step)
     for chunk in prange(scratch.shape[0]):
         _adam_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key, stochastic,
@@ -357,18 +337,9 @@ def _adagrad_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key
             _adagrad_row(rows[j], g, table, state_sum, h, key, stochastic, F16)
 
 
-@kernel()
+@kernel(parallel=True)
 def _adagrad(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic, f16,
              state_sum, h):
-    key = dropout_key(seed, step)
-    for chunk in range(scratch.shape[0]):
-        _adagrad_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key,
-                       stochastic, f16, state_sum, h)
-
-
-@kernel(parallel=True)
-def _adagrad_parallel(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic,
-                      f16, state_sum, h):
     key = dropout_key(seed, step)
     for chunk in prange(scratch.shape[0]):
         _adagrad_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key,
@@ -409,18 +380,9 @@ def _rowwise_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key
             _rowwise_row(rows[j], g, table, state_sum, h, key, stochastic, F16)
 
 
-@kernel()
+@kernel(parallel=True)
 def _rowwise(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic, f16,
              state_sum, h):
-    key = dropout_key(seed, step)
-    for chunk in range(scratch.shape[0]):
-        _rowwise_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key,
-                       stochastic, f16, state_sum, h)
-
-
-@kernel(parallel=True)
-def _rowwise_parallel(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic,
-                      f16, state_sum, h):
     key = dropout_key(seed, step)
     for chunk in prange(scratch.shape[0]):
         _rowwise_chunk(chunk, table, rows, values, grad, groups, scale, scratch, key,

@@ -35,7 +35,7 @@ def sgd_dense_(param, grad, buf, first, hyper):
     parameter's dtype; ``first`` says the momentum buffer starts on this step.
     """
     if param.size:
-        pick(_sgd_dense, _sgd_dense_parallel, param.size)(param, grad, buf, first, hyper)
+        pick(_sgd_dense, param.size)(param, grad, buf, first, hyper)
 
 
 def sgd_rows_(param, rows, values, used, buf, row_started, hyper):
@@ -47,8 +47,7 @@ def sgd_rows_(param, rows, values, used, buf, row_started, hyper):
     rows, values = rows[:used], values[:used]  # exact on the CPU: used == rows.size
     if rows.size:
         work = rows.size * param.shape[1]
-        pick(_sgd_rows, _sgd_rows_parallel, work)(param, rows, values, *_sgd_variant(buf, hyper),
-                                                  row_started, hyper)
+        pick(_sgd_rows, work)(param, rows, values, *_sgd_variant(buf, hyper), row_started, hyper)
 
 
 def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, hyper):
@@ -60,8 +59,8 @@ def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, h
     at once: the ``(rows, D)`` gradient is never stored. Same bits as
     ``sum_row_groups`` followed by :func:`sgd_rows_`.
     """
-    _run_row_groups(_sgd_row_groups, _sgd_row_groups_parallel, param, grad, groups,
-                    scale_grad_by_freq, *_sgd_variant(buf, hyper), row_started, hyper)
+    _run_row_groups(_sgd_row_groups, param, grad, groups, scale_grad_by_freq,
+                    *_sgd_variant(buf, hyper), row_started, hyper)
 
 
 def _sgd_variant(buf, hyper):
@@ -70,22 +69,20 @@ def _sgd_variant(buf, hyper):
     ``buf`` is None without momentum; ``general`` is None for SGD's usual
     options (no Nesterov, maximize or weight decay), else True (see
     :func:`.arrays.option`). A kernel is compiled with one of the four row
-    loops only: the parallel sparse SGD kernel in 0.75-0.8 s instead of 1.0 s,
-    the serial one in 0.25 s instead of 0.37 s.
+    loops only, which shortens its compilation.
     """
     usual = not (hyper.nesterov or hyper.maximize or hyper.weight_decay != 0)
     return (buf if hyper.momentum != 0 else None), option(not usual)
 
 
-def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *rest,
-                    accumulators=1):
+def _run_row_groups(kernels, param, grad, groups, scale_grad_by_freq, *rest, accumulators=1):
     """Run a fused row-group update: ``kernel(param, grad, groups, scale, scratch, *rest)``.
 
     The scratch holds one row per chunk of rows, each chunk summing its rows'
     gradients into its own row (``accumulators`` rows of D side by side, for
-    a kernel that sums several groups at once): one chunk (the serial kernel)
-    for small work, else a few per thread (the parallel kernel). Nothing runs
-    without rows.
+    a kernel that sums several groups at once): one chunk (the serial kernel
+    of the ``kernels`` pair) for small work, else a few per thread (the
+    parallel one). Nothing runs without rows.
     """
     used = groups.rows.size
     if used == 0:
@@ -93,17 +90,16 @@ def _run_row_groups(serial, parallel, param, grad, groups, scale_grad_by_freq, *
     dim = param.shape[1]
     chunks = min(used, 4 * numba.get_num_threads()) if runs_parallel(used * dim) else 1
     scratch = np.empty((chunks, accumulators * dim), param.dtype)
-    run = parallel if chunks > 1 else serial
+    run = kernels.parallel if chunks > 1 else kernels.serial
     run(param, grad, groups, option(scale_grad_by_freq), scratch, *rest)
 
 
 # The element updates pick between their options with ``choose`` (a select, no
 # branch): written with ``if``, the options were branches inside the row loops,
-# which LLVM left scalar (the fused sparse SGD step lost 0.8-1 ms to it at
-# V = 50,000, D = 768). Only a state that an option may leave absent (SGD's
+# which LLVM left scalar. Only a state that an option may leave absent (SGD's
 # momentum buffer) gets a loop of its own. The dense updates stream whole arrays
-# at memory speed either way and keep one loop each (a loop per option doubled
-# their compile time for nothing).
+# at memory speed either way and keep one loop each (a loop per option only
+# lengthened their compilation).
 _sgd_plain_update = updates.sgd_plain_update
 _sgd_momentum_update = updates.sgd_momentum_update
 
@@ -117,15 +113,8 @@ def _sgd_dense_at(i, param, grad, buf, first, h, decay):
         param[i] = _sgd_plain_update(param[i], grad[i], h, h.maximize, decay)
 
 
-@kernel()
-def _sgd_dense(param, grad, buf, first, hyper):
-    decay = hyper.weight_decay != 0
-    for i in range(param.size):
-        _sgd_dense_at(i, param, grad, buf, first, hyper, decay)
-
-
 @kernel(parallel=True)
-def _sgd_dense_parallel(param, grad, buf, first, hyper):
+def _sgd_dense(param, grad, buf, first, hyper):
     decay = hyper.weight_decay != 0
     for i in prange(param.size):
         _sgd_dense_at(i, param, grad, buf, first, hyper, decay)
@@ -136,9 +125,8 @@ def _sgd_dense_parallel(param, grad, buf, first, hyper):
 # _sgd_variant) when Numba compiles the kernel. The choice is made in the kernel
 # itself, not in a helper: Numba prunes an ``is None`` branch on a kernel's own
 # arguments before it inlines the helpers, so the other three loops are never
-# copied in (0.25 s less compilation than choosing inside an inlined helper).
-# The usual options get loops with the others as literals: their selects cost 8 %
-# of the fused sparse step.
+# copied in (less compilation than choosing inside an inlined helper).
+# The usual options get loops with the other options as literals: they pay for no selects.
 @kernel(inline="always")
 def _sgd_plain_row(row, g, param, h, maximize, decay):
     # Row ``row`` of ``param`` with gradient row ``g`` (1-D), no momentum.
@@ -170,28 +158,10 @@ def _sgd_momentum_entry(j, param, rows, values, buf, row_started, h, nesterov, m
     _sgd_momentum_row(rows[j], values[j], param, buf, row_started, h, nesterov, maximize, decay)
 
 
-@kernel()
+@kernel(parallel=True)
 def _sgd_rows(param, rows, values, buf, general, row_started, h):
     if buf is None:
         if general is None:
-            for j in range(rows.size):
-                _sgd_plain_entry(j, param, rows, values, h, False, False)
-        else:
-            for j in range(rows.size):
-                _sgd_plain_entry(j, param, rows, values, h, h.maximize, h.weight_decay != 0)
-    elif general is None:
-        for j in range(rows.size):
-            _sgd_momentum_entry(j, param, rows, values, buf, row_started, h, False, False, False)
-    else:
-        for j in range(rows.size):
-            _sgd_momentum_entry(j, param, rows, values, buf, row_started, h, h.nesterov,
-                                h.maximize, h.weight_decay != 0)
-
-
-@kernel(parallel=True)
-def _sgd_rows_parallel(param, rows, values, buf, general, row_started, h):
-    if buf is None:
-        if general is None:
             for j in prange(rows.size):
                 _sgd_plain_entry(j, param, rows, values, h, False, False)
         else:
@@ -206,8 +176,8 @@ def _sgd_rows_parallel(param, rows, values, buf, general, row_started, h):
                                 h.maximize, h.weight_decay != 0)
 
 
-# Each optimiser has its own chunk loop and serial/parallel pair: a kernel that took
-# the row update as an argument (a Numba dispatcher) would never load from the cache.
+# Each optimiser has its own chunk loop and kernel: a kernel that took the row
+# update as an argument (a Numba dispatcher) would never load from the cache.
 @kernel(inline="always")
 def _chunk_bounds(chunk, groups, scratch):
     # The groups of chunk ``chunk`` of scratch.shape[0] (summed through scratch[chunk]):
@@ -238,27 +208,10 @@ def _sgd_momentum_chunk(chunk, param, grad, groups, scale_by_freq, scratch, buf,
                           decay)
 
 
-@kernel()
-def _sgd_row_groups(param, grad, groups, scale_by_freq, scratch, buf, general, row_started, h):
-    # One chunk: the loop of _sgd_rows's variant (see there) over the row groups.
-    if buf is None:
-        if general is None:
-            _sgd_plain_chunk(0, param, grad, groups, scale_by_freq, scratch, h, False, False)
-        else:
-            _sgd_plain_chunk(0, param, grad, groups, scale_by_freq, scratch, h, h.maximize,
-                             h.weight_decay != 0)
-    elif general is None:
-        _sgd_momentum_chunk(0, param, grad, groups, scale_by_freq, scratch, buf, row_started, h,
-                            False, False, False)
-    else:
-        _sgd_momentum_chunk(0, param, grad, groups, scale_by_freq, scratch, buf, row_started, h,
-                            h.nesterov, h.maximize, h.weight_decay != 0)
-
-
 @kernel(parallel=True)
-def _sgd_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, buf, general,
-                             row_started, h):
-    # One chunk of rows per scratch row; rows are unique, so chunks never share a row.
+def _sgd_row_groups(param, grad, groups, scale_by_freq, scratch, buf, general, row_started, h):
+    # The loop of _sgd_rows's variant (see there) over the row groups, one chunk of rows
+    # per scratch row; rows are unique, so chunks never share a row.
     chunks = scratch.shape[0]
     if buf is None:
         if general is None:
@@ -289,8 +242,7 @@ def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
     ``max_exp_avg_sq`` is read and written only with ``amsgrad`` (may be empty).
     """
     if param.size:
-        pick(_adam_dense, _adam_dense_parallel, param.size)(
-            param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
+        pick(_adam_dense, param.size)(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)
 
 
 def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper):
@@ -302,8 +254,8 @@ def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper):
     """
     rows, values = rows[:used], values[:used]  # exact on the CPU: used == rows.size
     if rows.size:
-        pick(_adam_rows, _adam_rows_parallel, rows.size * param.shape[1])(
-            param, rows, values, exp_avg, exp_avg_sq, hyper)
+        pick(_adam_rows, rows.size * param.shape[1])(param, rows, values, exp_avg, exp_avg_sq,
+                                                     hyper)
 
 
 _adam_prologue = updates.adam_prologue
@@ -324,18 +276,8 @@ def _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, l2, d
     param[i] = updates.adam_dense_param(p, m, v, h)
 
 
-@kernel()
-def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
-    l2, decoupled = _adam_decay_flags(h)
-    low_weight = h.one_minus_beta1 < 0.5
-    beta1 = param.dtype.type(1) - h.one_minus_beta1
-    for i in range(param.size):
-        _adam_dense_at(i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, l2, decoupled,
-                       low_weight, beta1)
-
-
 @kernel(parallel=True)
-def _adam_dense_parallel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
+def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h):
     l2, decoupled = _adam_decay_flags(h)
     low_weight = h.one_minus_beta1 < 0.5
     beta1 = param.dtype.type(1) - h.one_minus_beta1
@@ -349,8 +291,8 @@ def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_s
 
     Same bits as ``sum_row_groups`` followed by :func:`adam_rows_`.
     """
-    _run_row_groups(_adam_row_groups, _adam_row_groups_parallel, param, grad, groups,
-                    scale_grad_by_freq, exp_avg, exp_avg_sq, hyper)
+    _run_row_groups(_adam_row_groups, param, grad, groups, scale_grad_by_freq, exp_avg,
+                    exp_avg_sq, hyper)
 
 
 @kernel(inline="always")
@@ -375,14 +317,8 @@ def _adam_row_from(row, g_row, param, exp_avg, exp_avg_sq, h):
             param[row, d], g_row[d], exp_avg[row, d], exp_avg_sq[row, d], h, l2, decoupled)
 
 
-@kernel()
-def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, hyper):
-    for j in range(rows.size):
-        _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, hyper)
-
-
 @kernel(parallel=True)
-def _adam_rows_parallel(param, rows, values, exp_avg, exp_avg_sq, hyper):
+def _adam_rows(param, rows, values, exp_avg, exp_avg_sq, hyper):
     for j in prange(rows.size):
         _adam_row(j, param, rows, values, exp_avg, exp_avg_sq, hyper)
 
@@ -398,15 +334,8 @@ def _adam_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, exp_av
         _adam_row_from(groups.rows[j], g, param, exp_avg, exp_avg_sq, h)
 
 
-@kernel()
-def _adam_row_groups(param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq, hyper):
-    _adam_group_chunk(0, param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq,
-                      hyper)
-
-
 @kernel(parallel=True)
-def _adam_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq,
-                              hyper):
+def _adam_row_groups(param, grad, groups, scale_by_freq, scratch, exp_avg, exp_avg_sq, hyper):
     for chunk in prange(scratch.shape[0]):
         _adam_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
                           exp_avg, exp_avg_sq, hyper)
@@ -418,29 +347,21 @@ def _adam_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, exp_a
 def adagrad_dense_(param, grad, state_sum, hyper):
     """One ``torch.optim.Adagrad`` step on flat arrays, in place (``hyper``: AdagradHyper)."""
     if param.size:
-        pick(_adagrad_dense, _adagrad_dense_parallel, param.size)(param, grad, state_sum, hyper)
+        pick(_adagrad_dense, param.size)(param, grad, state_sum, hyper)
 
 
 def adagrad_rows_(param, rows, values, used, state_sum, hyper):
     """``torch.optim.Adagrad``'s sparse update of the listed (unique) rows of a 2-D ``param``."""
     rows, values = rows[:used], values[:used]  # exact on the CPU: used == rows.size
     if rows.size:
-        pick(_adagrad_rows, _adagrad_rows_parallel, rows.size * param.shape[1])(
-            param, rows, values, state_sum, hyper)
+        pick(_adagrad_rows, rows.size * param.shape[1])(param, rows, values, state_sum, hyper)
 
 
 _adagrad_update = updates.adagrad_update
 
 
-@kernel()
-def _adagrad_dense(param, grad, state_sum, hyper):
-    decay = hyper.weight_decay != 0
-    for i in range(param.size):
-        param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper, decay)
-
-
 @kernel(parallel=True)
-def _adagrad_dense_parallel(param, grad, state_sum, hyper):
+def _adagrad_dense(param, grad, state_sum, hyper):
     decay = hyper.weight_decay != 0
     for i in prange(param.size):
         param[i], state_sum[i] = _adagrad_update(param[i], grad[i], state_sum[i], hyper, decay)
@@ -448,8 +369,8 @@ def _adagrad_dense_parallel(param, grad, state_sum, hyper):
 
 def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`adagrad_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
-    _run_row_groups(_adagrad_row_groups, _adagrad_row_groups_parallel, param, grad, groups,
-                    scale_grad_by_freq, state_sum, hyper)
+    _run_row_groups(_adagrad_row_groups, param, grad, groups, scale_grad_by_freq, state_sum,
+                    hyper)
 
 
 @kernel(inline="always")
@@ -472,14 +393,8 @@ def _adagrad_row_from(row, g_row, param, state_sum, h):
                                                            state_sum[row, d], h, decay)
 
 
-@kernel()
-def _adagrad_rows(param, rows, values, state_sum, hyper):
-    for j in range(rows.size):
-        _adagrad_row(j, param, rows, values, state_sum, hyper)
-
-
 @kernel(parallel=True)
-def _adagrad_rows_parallel(param, rows, values, state_sum, hyper):
+def _adagrad_rows(param, rows, values, state_sum, hyper):
     for j in prange(rows.size):
         _adagrad_row(j, param, rows, values, state_sum, hyper)
 
@@ -495,13 +410,8 @@ def _adagrad_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
         _adagrad_row_from(groups.rows[j], g, param, state_sum, h)
 
 
-@kernel()
-def _adagrad_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
-    _adagrad_group_chunk(0, param, grad, groups, scale_by_freq, scratch, state_sum, hyper)
-
-
 @kernel(parallel=True)
-def _adagrad_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
+def _adagrad_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, hyper):
     for chunk in prange(scratch.shape[0]):
         _adagrad_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch,
                              state_sum, hyper)
@@ -517,24 +427,22 @@ def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
     :class:`~numbapos._args.RowWiseAdagradHyper`.
     """
     if param.shape[0] and param.shape[1]:
-        pick(_rowwise_dense, _rowwise_dense_parallel, param.size)(
-            param, grad, state_sum, _l2_variant(hyper), hyper)
+        pick(_rowwise_dense, param.size)(param, grad, state_sum, _l2_variant(hyper), hyper)
 
 
 def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper):
     """:func:`rowwise_adagrad_rows_` fused with the gradient of a lookup (see sgd_row_groups_)."""
     if param.shape[1]:  # as rowwise_adagrad_rows_: a row of width 0 has no mean square
-        _run_row_groups(_rowwise_row_groups, _rowwise_row_groups_parallel, param, grad, groups,
-                        scale_grad_by_freq, state_sum, _l2_variant(hyper), hyper,
-                        accumulators=_ROWS_AT_ONCE)
+        _run_row_groups(_rowwise_row_groups, param, grad, groups, scale_grad_by_freq, state_sum,
+                        _l2_variant(hyper), hyper, accumulators=_ROWS_AT_ONCE)
 
 
 def rowwise_adagrad_rows_(param, rows, values, used, state_sum, hyper):
     """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only."""
     rows, values = rows[:used], values[:used]  # exact on the CPU: used == rows.size
     if rows.size and param.shape[1]:
-        pick(_rowwise_rows, _rowwise_rows_parallel, rows.size * param.shape[1])(
-            param, rows, values, state_sum, _l2_variant(hyper), hyper)
+        pick(_rowwise_rows, rows.size * param.shape[1])(param, rows, values, state_sum,
+                                                        _l2_variant(hyper), hyper)
 
 
 def _l2_variant(hyper):
@@ -612,15 +520,8 @@ def _rowwise_dense_block(b, param, grad, state_sum, h, l2):
             _rowwise_row(i, grad[i], param, state_sum, h, l2)
 
 
-@kernel()
-def _rowwise_dense(param, grad, state_sum, general, hyper):
-    l2 = False if general is None else hyper.mode == _L2
-    for b in range(_blocks(param.shape[0])):
-        _rowwise_dense_block(b, param, grad, state_sum, hyper, l2)
-
-
 @kernel(parallel=True)
-def _rowwise_dense_parallel(param, grad, state_sum, general, hyper):
+def _rowwise_dense(param, grad, state_sum, general, hyper):
     l2 = False if general is None else hyper.mode == _L2
     for b in prange(_blocks(param.shape[0])):
         _rowwise_dense_block(b, param, grad, state_sum, hyper, l2)
@@ -640,15 +541,8 @@ def _rowwise_rows_block(b, param, rows, values, state_sum, h, l2):
             _rowwise_row(rows[i], values[i], param, state_sum, h, l2)
 
 
-@kernel()
-def _rowwise_rows(param, rows, values, state_sum, general, hyper):
-    l2 = False if general is None else hyper.mode == _L2
-    for b in range(_blocks(rows.size)):
-        _rowwise_rows_block(b, param, rows, values, state_sum, hyper, l2)
-
-
 @kernel(parallel=True)
-def _rowwise_rows_parallel(param, rows, values, state_sum, general, hyper):
+def _rowwise_rows(param, rows, values, state_sum, general, hyper):
     l2 = False if general is None else hyper.mode == _L2
     for b in prange(_blocks(rows.size)):
         _rowwise_rows_block(b, param, rows, values, state_sum, hyper, l2)
@@ -679,15 +573,8 @@ def _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, sta
         _rowwise_row(rows[i], g, param, state_sum, h, l2)
 
 
-@kernel()
-def _rowwise_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, general, hyper):
-    l2 = False if general is None else hyper.mode == _L2
-    _rowwise_group_chunk(0, param, grad, groups, scale_by_freq, scratch, state_sum, hyper, l2)
-
-
 @kernel(parallel=True)
-def _rowwise_row_groups_parallel(param, grad, groups, scale_by_freq, scratch, state_sum,
-                                 general, hyper):
+def _rowwise_row_groups(param, grad, groups, scale_by_freq, scratch, state_sum, general, hyper):
     l2 = False if general is None else hyper.mode == _L2
     for chunk in prange(scratch.shape[0]):
         _rowwise_group_chunk(chunk, param, grad, groups, scale_by_freq, scratch, state_sum,

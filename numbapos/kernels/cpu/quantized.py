@@ -58,9 +58,9 @@ def quantize_rows(table, bits, out):
     if bad >= 0:
         return bad
     if bits == 8:
-        pick(_quantize8, _quantize8_parallel, table.size)(table, out)
+        pick(_quantize8, table.size)(table, out)
     else:
-        pick(_quantize4, _quantize4_parallel, table.size)(table, out)
+        pick(_quantize4, table.size)(table, out)
     return -1
 
 
@@ -68,9 +68,9 @@ def dequantize_rows(packed, bits, dim, out):
     """``out[r] = decode(packed[r])``: the float32 ``(V, dim)`` table of a packed one."""
     if out.size:
         if bits == 8:
-            pick(_dequantize8, _dequantize8_parallel, out.size)(packed, out)
+            pick(_dequantize8, out.size)(packed, out)
         else:
-            pick(_dequantize4, _dequantize4_parallel, out.size)(packed, out)
+            pick(_dequantize4, out.size)(packed, out)
 
 
 def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
@@ -81,9 +81,9 @@ def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
     """
     if out.size:
         if bits == 8:
-            kernel = pick(_gather8, _gather8_parallel, out.size)
+            kernel = pick(_gather8, out.size)
         else:
-            kernel = pick(_gather4, _gather4_parallel, out.size)
+            kernel = pick(_gather4, out.size)
         kernel(flat, packed, np.int64(padding_idx), out)
 
 
@@ -195,26 +195,14 @@ def _quantize4_row(table, out, r):
         out[r, j] = np.uint8(code)
 
 
-@kernel()
-def _quantize8(table, out):
-    for r in range(table.shape[0]):
-        _quantize8_row(table, out, r)
-
-
 @kernel(parallel=True)
-def _quantize8_parallel(table, out):
+def _quantize8(table, out):
     for r in prange(table.shape[0]):
         _quantize8_row(table, out, r)
 
 
-@kernel()
-def _quantize4(table, out):
-    for r in range(table.shape[0]):
-        _quantize4_row(table, out, r)
-
-
 @kernel(parallel=True)
-def _quantize4_parallel(table, out):
+def _quantize4(table, out):
     for r in prange(table.shape[0]):
         _quantize4_row(table, out, r)
 
@@ -261,46 +249,22 @@ def _zero_row(out, i):
         out[i, d] = np.float32(0.0)
 
 
-@kernel()
+@kernel(parallel=True)
 def _dequantize8(packed, out):
-    for r in range(out.shape[0]):
-        _decode8(packed, r, out, r)
-
-
-@kernel(parallel=True)
-def _dequantize8_parallel(packed, out):
     for r in prange(out.shape[0]):
         _decode8(packed, r, out, r)
 
 
-@kernel()
+@kernel(parallel=True)
 def _dequantize4(packed, out):
-    for r in range(out.shape[0]):
-        _decode4(packed, r, out, r)
-
-
-@kernel(parallel=True)
-def _dequantize4_parallel(packed, out):
     for r in prange(out.shape[0]):
         _decode4(packed, r, out, r)
 
 
-@kernel()
-def _gather8(flat_idx, packed, padding_idx, out):
-    """``out[i] = decode8(packed[flat_idx[i]])``, padding rows zero (serial)."""
-    for i in range(flat_idx.size):
-        read_once_prefetch_listed(packed, flat_idx, i + AHEAD)
-        prefetch_output_ahead(out, i)
-        r = flat_idx[i]
-        if r == padding_idx:
-            _zero_row(out, i)
-        else:
-            _decode8(packed, r, out, i)
-
-
 @kernel(parallel=True)
-def _gather8_parallel(flat_idx, packed, padding_idx, out):
-    """:func:`_gather8` with output rows split across threads."""
+def _gather8(flat_idx, packed, padding_idx, out):
+    """``out[i] = decode8(packed[flat_idx[i]])``, padding rows zero; output rows split
+    across threads."""
     for i in prange(flat_idx.size):
         read_once_prefetch_listed(packed, flat_idx, i + AHEAD)
         prefetch_output_ahead(out, i)
@@ -311,21 +275,10 @@ def _gather8_parallel(flat_idx, packed, padding_idx, out):
             _decode8(packed, r, out, i)
 
 
-@kernel()
-def _gather4(flat_idx, packed, padding_idx, out):
-    """``out[i] = decode4(packed[flat_idx[i]])``, padding rows zero (serial)."""
-    for i in range(flat_idx.size):
-        read_once_prefetch_listed(packed, flat_idx, i + AHEAD)
-        r = flat_idx[i]
-        if r == padding_idx:
-            _zero_row(out, i)
-        else:
-            _decode4(packed, r, out, i)
-
-
 @kernel(parallel=True)
-def _gather4_parallel(flat_idx, packed, padding_idx, out):
-    """:func:`_gather4` with output rows split across threads."""
+def _gather4(flat_idx, packed, padding_idx, out):
+    """``out[i] = decode4(packed[flat_idx[i]])``, padding rows zero; output rows split
+    across threads."""
     for i in prange(flat_idx.size):
         read_once_prefetch_listed(packed, flat_idx, i + AHEAD)
         r = flat_idx[i]
