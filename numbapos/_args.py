@@ -1,8 +1,15 @@
 """What :mod:`numbapos.functional` hands to the launchers of either device.
 
 Small named tuples that carry the scalars and arrays of wide launchers, the
-dropout threshold, and the fixed chunking of deterministic reductions. Plain
-Python: importing it compiles nothing.
+IntEnums of every format, mode and norm code, the dropout threshold, and the
+fixed chunking of deterministic reductions. Plain Python: importing it
+compiles nothing.
+
+The launchers of both devices take these records, and so do their kernels.
+A CUDA kernel cannot take None, so the CUDA launchers hand their kernels the
+same record with an absent array (a TiledIds' computed ``values``, a missing
+LayerNorm weight, a counter the host holds) as an empty device array, which
+the kernel tests with ``.size``, and floats cast to the data's dtype.
 """
 
 from __future__ import annotations
@@ -88,7 +95,7 @@ class SGDHyper(NamedTuple):
 class HalfRounding(NamedTuple):
     """How a sparse step writes a bfloat16 / float16 table back (its launchers' last argument).
 
-    ``fmt`` is the table's format code (``kernels.halfbits.BF16`` / ``F16``);
+    ``fmt`` is the table's :class:`TableFormat` (``BF16`` / ``F16``);
     with ``stochastic`` each element rounds with the keyed hash of
     ``(seed, step, row, column)``, else to nearest even. ``live`` is
     None, or (CUDA only) a ``(1,)`` uint64 device array holding the step,
@@ -215,6 +222,59 @@ class AdagradHyper(NamedTuple):
     weight_decay: object
     eps: object
     maximize: bool
+
+
+# ---------------------------------------------------------------- codes
+#
+# Every format, mode and norm code a launcher or kernel takes is one of these
+# IntEnums (ints, so NumPy and the launchers compare them as such). Kernel
+# sources compare with module-level ``int(...)`` copies of the members: Numba
+# types an int global as a literal, which specialises the functions it is
+# passed to (and prunes their branches), while an IntEnum member is typed
+# ``IntEnum<int64>``, a run-time value and another specialisation. Launchers hand
+# kernels plain ints (``np.int64(code)``) for the same reason.
+
+
+class TableFormat(IntEnum):
+    """How a table's elements are stored: what kernels read through ``widen``.
+
+    ``FLOAT``: float32 / float64, read as they are; ``BF16`` / ``F16``: bfloat16
+    / float16 tables given as their ``uint16`` bits (``kernels.halfbits``).
+    """
+
+    FLOAT = -1
+    BF16 = 0
+    F16 = 1
+
+
+class AlibiMode(IntEnum):
+    """How an ALiBi bias measures the query-key distance (``kernels/*/alibi.py``).
+
+    ``SYMMETRIC``: ``-|i + shift - j|`` (flash-attention's bidirectional form);
+    ``MPT``: ``j - shift``; ``BLOOM``: the key's position from the attention mask.
+    """
+
+    SYMMETRIC = 0
+    MPT = 1
+    BLOOM = 2
+
+
+class NormKind(IntEnum):
+    """The branch a max-norm kernel takes for its ``norm_type`` p (the CPU's branches)."""
+
+    INF = 0
+    L2 = 1
+    L1 = 2
+    P = 3
+
+
+class ClockKind(IntEnum):
+    """What an optimiser's device clock computes at each step (``kernels.cuda.clock``):
+    the learning rate alone (SGD), or also the step's Adam / Adagrad scalars."""
+
+    SGD = 0
+    ADAM = 1
+    ADAGRAD = 2
 
 
 class WeightDecayMode(IntEnum):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks, _device
+from .functional import sparse as _ops  # (numbapos imports functional, which imports this)
 
 
 class SparseRows:
@@ -144,10 +145,7 @@ class SparseRows:
         """Sum the rows of an unsummed gradient now (no-op when summed); returns self."""
         if self._pending is not None:
             groups, grad, scale = self._pending
-            K = _device.backend(grad)
-            values = K.empty((groups.rows.shape[0], grad.shape[1]), grad.dtype)
-            K.sum_row_groups(grad, groups, scale, values)
-            self._values, self._pending = values, None
+            self._values, self._pending = _ops.sum_row_groups(groups, grad, scale), None
         return self
 
     @property
@@ -215,9 +213,7 @@ class SparseRows:
         """Add these rows into ``dense`` (C-contiguous, same device and dtype) in place."""
         self.materialize()
         rows, values, used = self._padded()
-        K = _device.backend(dense, values)
-        K.add_rows_(dense, K.contiguous(rows, np.int64), K.contiguous(values), used)
-        return dense
+        return _ops.add_rows_(dense, rows, values, used)
 
     def __add__(self, other: SparseRows) -> SparseRows:
         """Merge two sparse gradients of the same table (rows summed, still sorted).
@@ -247,17 +243,6 @@ class SparseRows:
                                      f"but {grad._values.shape[0]} value rows")
         rows_a, values_a, used_a = self._padded()
         rows_b, values_b, used_b = other._padded()
-        K = _device.backend(values_a)
-        dtype = np.result_type(values_a.dtype, values_b.dtype)
-        size, dim = rows_a.shape[0] + rows_b.shape[0], self.shape[1]
-        rows = K.empty((size,), np.int64)
-        values = K.empty((size, dim), dtype)
-        num_rows = self.num_rows
-        # Empty slots get row num_rows: padding of a one-row-larger table, grouped nowhere.
-        K.concat_rows(K.contiguous(rows_a, np.int64), K.contiguous(values_a, dtype), used_a,
-                      K.contiguous(rows_b, np.int64), K.contiguous(values_b, dtype), used_b,
-                      num_rows, rows, values)
-        groups = K.group_rows(rows, num_rows, num_rows + 1)
-        summed = K.empty((groups.rows.shape[0], dim), dtype)
-        K.sum_row_groups(values, groups, False, summed)
-        return SparseRows._grouped(groups, summed, num_rows)
+        groups, summed = _ops.merge_rows(rows_a, values_a, used_a, rows_b, values_b, used_b,
+                                         self.num_rows)
+        return SparseRows._grouped(groups, summed, self.num_rows)

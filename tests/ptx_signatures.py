@@ -78,8 +78,10 @@ def _factory_of(fn):
     raise RuntimeError(f"kernel {qualname}: its factory's frame was not found")
 
 
-def _numba_type(arg):
-    import numba
+def _host_value(arg):
+    """``arg`` with each simulated device array, also inside a tuple (the kernels' records),
+    as the NumPy array it wraps: typed as a GPU types its device array (the simulator's
+    ``FakeCUDAArray`` types an empty array as layout 'A', a GPU as 'C')."""
     import numpy as np
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
@@ -87,7 +89,16 @@ def _numba_type(arg):
         arg = arg._ary
     if isinstance(arg, np.ndarray) and not arg.flags.writeable:
         arg = arg.copy()  # device arrays are never read-only
-    return numba.typeof(arg)
+    if isinstance(arg, tuple):
+        members = [_host_value(member) for member in arg]
+        return type(arg)(*members) if hasattr(arg, "_fields") else tuple(members)
+    return arg
+
+
+def _numba_type(arg):
+    import numba
+
+    return numba.typeof(_host_value(arg))
 
 
 def install_recorder() -> None:

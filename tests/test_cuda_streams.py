@@ -199,10 +199,12 @@ def test_the_fast_launch_internals_exist_in_the_installed_numba_cuda():
     code = (
         "import numpy as np\n"
         "from numba.cuda.typing.typeof import Purpose, typeof\n"
-        "from numbapos._args import AdamHyper\n"
+        "from numbapos._args import AdamHyper, DropoutArgs, TiledIds\n"
         "from numbapos.kernels.cuda import fastlaunch\n"
         "values = [True, 2.5, 7, np.int64(3), np.float32(1), np.uint64(9),\n"
-        "          AdamHyper(*[np.float32(0.5)] * 8, False, True, False)]\n"
+        "          AdamHyper(*[np.float32(0.5)] * 8, False, True, False),\n"
+        "          (np.int64(1), np.int64(2)), TiledIds(np.zeros(2, np.int64), 0, 2),\n"
+        "          DropoutArgs(*[np.uint64(1)] * 3, np.float32(2), True, np.zeros(0, np.uint64))]\n"
         "for value in values * 2:  # the second time from the cache\n"
         "    assert fastlaunch._type_of(value) == typeof(value, Purpose.argument), value\n"
         "print(fastlaunch.supported(), fastlaunch.ENABLED)\n")

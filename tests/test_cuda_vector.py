@@ -366,9 +366,14 @@ PTX = textwrap.dedent("""
     u16 = numba.typeof(np.zeros((2, 8), np.uint16))
     u32 = numba.typeof(np.zeros((2, 8), np.uint32))
     n = numba.int64
-    u64 = numba.uint64
     b = numba.boolean
-    live = numba.typeof(np.zeros(1, np.uint64))  # a dropout device counter (or empty)
+    from numbapos._args import BertIds, BertTables, DropoutArgs, RowGroups, TiledIds
+
+    # The kernels' records: tiled ids, dropout (its device counter, or empty).
+    tiled = numba.typeof(TiledIds(np.zeros(3, np.int64), np.int64(0), np.int64(3)))
+    drop = numba.typeof(DropoutArgs(np.uint64(0), np.uint64(0), np.uint64(0), np.float32(1),
+                                    True, np.zeros(1, np.uint64)))
+    groups = numba.typeof(RowGroups(*[np.zeros(3, np.int64)] * 5))
     err = (i64, i64, n)
     signatures = {
         "gather_vec": (embedding._gather_rows_vec, (i64, f32, f32, n, *err)),
@@ -376,15 +381,13 @@ PTX = textwrap.dedent("""
                             (i64, numba.typeof(np.zeros((2, 8), np.float32)[:, 4:]), f32, n,
                              *err)),
         "gather": (embedding._gather_rows, (i64, f32, f32, *err)),
-        "sum_vec": (embedding._sum_row_segments_vec,
-                    (f32, i64, i64, i64, i64, i64, b, b, f32, i64)),
+        "sum_vec": (embedding._sum_row_segments_vec, (f32, groups, b, b, f32, i64)),
         "gpt2_vec": (blocks._gpt2_forward_vec,
-                     (i64, i64, b, n, n, f32, f32, u64, u64, live, u64, numba.float32, b,
-                      numba.float32, f32, i64, i64, n, n)),
+                     (i64, tiled, f32, f32, drop, f32, i64, i64, numba.types.UniTuple(n, 2))),
         "bert_vec": (blocks._bert_forward_vec,
-                     (i64, i64, b, n, n, i64, b, n, n, f32, f32, f32, f1, f1, b, b,
-                      numba.float32, u64, u64, live, u64, numba.float32, b, f32, f1, f1, i64,
-                      i64, n, n, n)),
+                     (numba.types.NamedTuple((i64, tiled, tiled), BertIds),
+                      numba.types.NamedTuple((f32, f32, f32, f1, f1), BertTables),
+                      numba.float32, drop, f32, f1, f1, i64, i64, numba.types.UniTuple(n, 3))),
         "copy16_vec": (embedding._gather_rows_vec, (i64, u16, u16, n, *err)),
         "widen_vec": (half._widen_rows_vec, (i64, u16, n, u32, *err)),
     }

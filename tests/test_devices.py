@@ -6,6 +6,7 @@ compares it with the NumPy reference or with the CPU result: bit for bit for
 pure copies, ordered sums and dropout masks, to a few ulp for reductions.
 """
 
+import ast
 import inspect
 import pathlib
 import re
@@ -68,6 +69,66 @@ def test_no_kernel_import_outside_kernels_and_device():
              if "kernels" not in p.parts and p.name != "_device.py"
              and pattern.search(p.read_text())]
     assert leaks == []
+
+
+# Where a kernel backend may be looked up (numbapos._device.kernels_for / backend): the
+# functional ops, the backends, _device itself and the modules that drive the devices
+# (streams and captures, the warm-up, the bench, and the command line's `info`, which
+# reports the CPU backend's prefetch settings). nn, optim, io, distributed, sparse and
+# demo go through numbapos.functional.
+BACKEND_USERS = ("numbapos/functional/", "numbapos/kernels/", "numbapos/_device.py",
+                 "numbapos/cuda.py", "numbapos/_warmup.py", "numbapos/bench/",
+                 "numbapos/__main__.py")
+BACKEND_LOOKUPS = frozenset({"kernels_for", "backend"})
+
+
+def backend_lookups(source: str) -> list[str]:
+    """``"line: code"`` of each place ``source`` looks a kernel backend up: ``kernels_for`` /
+    ``backend`` read from the ``_device`` module (however it was imported or named) or
+    imported from it."""
+    tree = ast.parse(source)
+    names = {"_device"}  # what the _device module is called here
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if (node.module or "").rpartition(".")[2] == "_device":
+                found += [f"{node.lineno}: from {'.' * node.level}{node.module} import {alias.name}"
+                          for alias in node.names if alias.name in BACKEND_LOOKUPS]
+            else:
+                names |= {alias.asname or alias.name for alias in node.names
+                          if alias.name == "_device"}
+        elif isinstance(node, ast.Import):
+            names |= {alias.asname for alias in node.names
+                      if alias.name.endswith("._device") and alias.asname}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in BACKEND_LOOKUPS:
+            owner = node.value
+            owner = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", None)
+            if owner in names:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return sorted(found, key=lambda where: int(where.split(":")[0]))
+
+
+def test_backend_lookups_are_found():
+    assert backend_lookups("from .. import _device\nK = _device.backend(x)\n") == \
+        ["2: _device.backend"]
+    assert backend_lookups("import numbapos\nnumbapos._device.kernels_for('cuda').clock\n") \
+        == ["2: numbapos._device.kernels_for"]
+    assert backend_lookups("from numbapos import _device as d\nf = d.kernels_for\n") == \
+        ["2: d.kernels_for"]
+    assert backend_lookups("from .._device import backend as b, to_host\n") == \
+        ["1: from .._device import backend"]
+    assert backend_lookups("from .. import _device\n_device.to_host(x)\nK.backend(x)\n") == []
+
+
+def test_only_functional_and_device_modules_look_up_kernel_backends():
+    leaks = []
+    for path in sorted((ROOT / "numbapos").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if not name.startswith(BACKEND_USERS):
+            leaks += [f"{name}:{where}" for where in backend_lookups(path.read_text())]
+    assert leaks == [], ("modules above numbapos.functional reach a kernel backend; call a "
+                         "functional op instead")
 
 
 def test_import_does_not_load_numba_cuda():

@@ -7,9 +7,10 @@ import math
 import numpy as np
 
 from .. import _checks, _device
+from .._args import AlibiMode
 from ._common import backend_for
 
-MODES = {"symmetric": 0, "mpt": 1, "bloom": 2}
+MODES = {"symmetric": AlibiMode.SYMMETRIC, "mpt": AlibiMode.MPT, "bloom": AlibiMode.BLOOM}
 
 
 def alibi_slopes(num_heads, max_bias=8.0, dtype=np.float32):
@@ -58,15 +59,21 @@ def alibi_slopes(num_heads, max_bias=8.0, dtype=np.float32):
     return slopes.astype(dtype)
 
 
-def _check_mode(mode):
+def _check_mode(mode) -> AlibiMode:
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode: expected one of {list(MODES)}, got {_checks.quote(mode)}")
     return MODES[mode]
 
 
+def _launcher_mode(mode: AlibiMode) -> int:
+    """The launchers' mode: the enum's int (the CPU kernels are compiled for an int64
+    mode; an IntEnum argument would be typed, and compiled, apart)."""
+    return int(mode)
+
+
 def _mask_positions(K, mode, attention_mask, batch, key_length):
     """BLOOM's key positions ``(cumsum(mask) - 1) * mask`` as ``(1 or B, Lk)`` int64, or None."""
-    if mode != MODES["bloom"]:
+    if mode != AlibiMode.BLOOM:
         if attention_mask is not None:
             raise ValueError("attention_mask: only mode='bloom' reads it (symmetric and mpt "
                              "biases do not depend on padding)")
@@ -89,7 +96,7 @@ def _mask_positions(K, mode, attention_mask, batch, key_length):
 
 
 def _shift(mode, query_length, key_length):
-    return key_length - query_length if mode == MODES["symmetric"] else key_length - 1
+    return key_length - query_length if mode == AlibiMode.SYMMETRIC else key_length - 1
 
 
 def _check_slopes(slopes, name="slopes"):
@@ -153,9 +160,9 @@ def alibi_bias(slopes, query_length, key_length=None, *, mode="symmetric", atten
     K = backend_for((slopes,), ("slopes",))
     positions = _mask_positions(K, code, attention_mask, None, key_length)
     rows = 1 if positions is None else positions.shape[0]
-    queries = query_length if code == MODES["symmetric"] else 1
+    queries = query_length if code == AlibiMode.SYMMETRIC else 1
     out = K.empty((rows, slopes.shape[0], queries, key_length), slopes.dtype)
-    K.alibi_fill(K.contiguous(slopes), positions, code,
+    K.alibi_fill(K.contiguous(slopes), positions, _launcher_mode(code),
                  _shift(code, query_length, key_length), out)
     return out
 
@@ -198,7 +205,7 @@ def add_alibi_(scores, slopes, *, mode="symmetric", attention_mask=None):
                          f"(scores.shape={tuple(scores.shape)})")
     code = _check_mode(mode)
     positions = _mask_positions(K, code, attention_mask, batch, key_length)
-    K.alibi_add_(scores, K.contiguous(slopes, scores.dtype), positions, code,
+    K.alibi_add_(scores, K.contiguous(slopes, scores.dtype), positions, _launcher_mode(code),
                  _shift(code, query_length, key_length))
     return scores
 
@@ -237,6 +244,6 @@ def alibi_slopes_grad(grad_scores, *, mode="symmetric", attention_mask=None):
         return K.zeros((heads,), grad.dtype)
     partial = K.empty((heads, key_length), np.float64)
     out = K.empty((heads,), grad.dtype)
-    K.alibi_slope_grad(grad, positions, code, _shift(code, query_length, key_length), partial,
-                       out)
+    K.alibi_slope_grad(grad, positions, _launcher_mode(code),
+                       _shift(code, query_length, key_length), partial, out)
     return out

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _checks, _device
-from .._args import BertIds, BertTables, DropoutArgs, TiledIds
+from .._args import BertIds, BertTables, DropoutArgs, TableFormat, TiledIds
 from ._common import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -42,9 +42,6 @@ from ._common import (
 from .embedding import _scatter
 from .half import half_format
 
-# The kernels' format code of float32 / float64 tables (numbapos.kernels.widen.FLOAT_TABLES;
-# kernels are imported by _device only).
-_FLOAT_TABLES = -1
 _UINT16 = np.dtype(np.uint16)
 
 # Token-type tables up to this many rows get their gradient summed inside the
@@ -161,12 +158,12 @@ def _kernel_tables(K, tables):
     code: 16-bit tables (the 2-D arrays) as their ``uint16`` bits; the LayerNorm
     vectors of a BERT block (float32 beside them) as they are."""
     fmt = (half_format(tables[0].dtype) if _checks.is_half_dtype(tables[0].dtype)
-           else _FLOAT_TABLES)
+           else TableFormat.FLOAT)
     kernel = []
     for table in tables:
         if table is not None:
             table = K.contiguous(table)
-            if fmt != _FLOAT_TABLES and table.ndim == 2:
+            if fmt != TableFormat.FLOAT and table.ndim == 2:
                 table = table.view(_UINT16)
         kernel.append(table)
     return kernel, fmt
@@ -749,7 +746,7 @@ def _small_gpt2(input_ids, wte, wpe, past_length):
             or wte.shape[1] != wpe.shape[1] or input_ids.ndim not in (1, 2)
             or not input_ids.flags.c_contiguous or past_length < 0):
         return None
-    dtype, fmt = wte.dtype, _FLOAT_TABLES
+    dtype, fmt = wte.dtype, TableFormat.FLOAT
     if dtype not in FLOAT_DTYPES:
         if not _checks.is_half_dtype(dtype):
             return None

@@ -21,21 +21,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from .._alignment import aligned_copy
+from .._args import TableFormat
 from ._common import backend_for, check_range, flatten, on_backend
 
-# The launchers' format codes (numbapos.kernels.halfbits.BF16 / F16; kernels are
-# imported by _device only).
-BF16, F16 = 0, 1
+__all__ = ["half_embedding", "half_format", "store_rounded_", "store_widened_", "to_table_dtype",
+           "widen_table"]
+
+# The launchers' formats of 16-bit tables.
+BF16, F16 = TableFormat.BF16, TableFormat.F16
 
 _FLOAT32 = np.dtype(np.float32)
 _UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
 _RENORM_WRITES = "max_norm clips the rows it looks up in place"
 
 
-def half_format(dtype) -> int:
-    """The launchers' format code of a 16-bit dtype: BF16 or F16."""
+def half_format(dtype) -> TableFormat:
+    """The launchers' :class:`~numbapos._args.TableFormat` of a 16-bit dtype: BF16 or F16."""
     return F16 if dtype == _checks.FLOAT16 else BF16
 
 
@@ -156,6 +159,49 @@ def store_rounded_(table, values, *, rows=None, seed=0, step=0, stochastic_round
         rows = _rows(K, rows, table.shape[0])
     _store(K, table, values, rows, None if rows is None else int(rows.shape[0]), seed, step,
            bool(stochastic_rounding))
+    return table
+
+
+def store_widened_(table, values, *, seed=0, step=0, stochastic_rounding=True):
+    """Store the float32 copy :func:`widen_table` made of ``table`` back into it, rounded.
+
+    What an optimiser's dense step on a 16-bit table ends with (and the
+    storing back of a bfloat16 momentum it widened): :func:`store_rounded_`
+    of every row, on arrays the caller has checked. Nothing is checked here,
+    so that the checks of a step all come before its first update; and
+    ``step`` may be a device counter, as the sparse optimiser ops'
+    ``rounding_step`` may.
+
+    Parameters
+    ----------
+    table : ndarray or CUDA array, shape (V, D), bfloat16 or float16
+        A table as ``numbapos._checks.check_table`` returns it, writeable;
+        modified in place.
+    values : ndarray or CUDA array, shape (V, D), float32
+        On ``table``'s device.
+    seed : int, default 0
+        The stochastic rounding's seed (0 <= seed < 2**64).
+    step : int or CUDA array, default 0
+        The rounding step (0 <= step < 2**64), or for a CUDA ``table`` a
+        device counter (a CUDA array of one uint64 that the kernel reads:
+        :func:`numbapos.functional.capture.device_counter`).
+    stochastic_rounding : bool, default True
+        Round stochastically, keyed by ``(seed, step, r, d)``; False rounds
+        to nearest even.
+
+    Returns
+    -------
+    ndarray or CUDA array
+        ``table``.
+
+    Raises
+    ------
+    RuntimeError
+        Stochastic rounding with an integer ``step`` inside a captured GPU
+        step (every replay would round with the same bits).
+    """
+    K = _device.backend(table)
+    _store(K, table, values, None, None, seed, step, stochastic_rounding)
     return table
 
 

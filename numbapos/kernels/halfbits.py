@@ -44,11 +44,16 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload, register_jitable
 
+from .._args import TableFormat
 from .rowwise import _from_bits, _to_bits
 from .scalar import f32_bits, f32_from_bits
 
-BF16 = 0  # format codes of the launchers
-F16 = 1
+# The 16-bit formats (numbapos._args.TableFormat), as the kernel sources compare them:
+# plain ints, which Numba types as literals (the functions they are passed to are
+# specialised on them and their branches pruned, as before the enum); an IntEnum member
+# would be a run-time IntEnum<int64> argument, another specialisation.
+BF16 = int(TableFormat.BF16)
+F16 = int(TableFormat.F16)
 _TWO_M14 = np.float32(2.0 ** -14)
 _I32, _I16, _F32 = ir.IntType(32), ir.IntType(16), ir.FloatType()
 

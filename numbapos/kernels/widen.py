@@ -2,9 +2,9 @@
 
 Fused kernels that take float32 / float64 tables and bfloat16 / float16 ones
 (the BERT / GPT-2 blocks) read every table element through :func:`widen`,
-with the tables' format code: a float element is returned as it is, and the
-``uint16`` bits of a 16-bit element (what kernels see of a bfloat16 /
-float16 table) are widened exactly to float32 with
+with the tables' format (:class:`numbapos._args.TableFormat`): a float element
+is returned as it is, and the ``uint16`` bits of a 16-bit element (what kernels
+see of a bfloat16 / float16 table) are widened exactly to float32 with
 :mod:`numbapos.kernels.halfbits`. One kernel source then serves every table
 format, and a 16-bit table gives bit for bit the results of the float32
 kernel on the widened table.
@@ -18,14 +18,15 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
+from .._args import TableFormat
 from .halfbits import half_to_f32_bits
 from .scalar import f32_from_bits
 
 __all__ = []  # device helpers, not launchers
 
-# The format code of float32 / float64 tables (read as they are); 16-bit tables
-# have halfbits.BF16 / F16.
-FLOAT_TABLES = -1
+# The format of float32 / float64 tables (read as they are), TableFormat.FLOAT as an int
+# (see halfbits.BF16); 16-bit tables have halfbits.BF16 / F16.
+FLOAT_TABLES = int(TableFormat.FLOAT)
 
 
 def widen(x, fmt):

@@ -7,6 +7,7 @@ import numpy as np
 from .. import _checks, _device
 from .. import functional as F
 from ..functional.alibi import MODES
+from ..functional.arrays import contiguous
 from .module import Module
 from .parameter import Parameter
 
@@ -104,7 +105,7 @@ class ALiBi(Module):
         if self.slopes.requires_grad:
             grad = F.alibi_slopes_grad(grad_output, mode=self.mode, attention_mask=mask)
             if grad.dtype != self.slopes.dtype:
-                grad = _device.backend(grad).contiguous(grad, self.slopes.dtype)  # on its device
+                grad = contiguous(grad, self.slopes.dtype)  # on its device
         self._release()
         if grad is not None:
             self.slopes.accumulate_grad(grad, fresh=True)

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from ..functional.capture import device_counter
 from .module import Module
 
 
@@ -123,8 +124,7 @@ class Dropout(Module):
         made from the host's at the first CUDA draw."""
         found = self.__dict__.get("_counter_on_device")
         if found is None:
-            K = _device.kernels_for("cuda")
-            found = K.clock.DeviceCounter(self._host_counter, self._set_host_counter)
+            found = device_counter(self._host_counter, self._set_host_counter)
             self.__dict__["_counter_on_device"] = found
         return found
 

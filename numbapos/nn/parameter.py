@@ -7,6 +7,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from .. import _device
 from .._checks import check_float_array, check_parameter_data, check_same_device, grad_dtype
+from ..functional import arrays as _arrays
 from ..sparse import SparseRows
 
 
@@ -312,7 +313,7 @@ class Parameter(NDArrayOperatorsMixin):
         elif isinstance(grad, SparseRows):
             grad.add_to(self.grad)
         else:
-            _device.backend(self.grad).add_(self.grad, grad)
+            _arrays.add_(self.grad, grad)
         for hook in list(self._post_accumulate_grad_hooks.values()):
             hook(self)
         if isinstance(self.grad, SparseRows):

@@ -10,6 +10,7 @@ import numpy as np
 from .. import _checks, _device
 from .. import functional as F
 from ..functional import rope as _rope
+from ..functional.capture import refuse_in_capture
 from ..functional.rope import rope_type_of
 from ..functional.rotary import check_rotary_options
 from ._outputs import OutputBuffer
@@ -195,7 +196,7 @@ class RotaryEmbedding(Module):
         if ids.size == 0:
             return 0
         if _device.device_of(ids) == "cuda":
-            _device.kernels_for("cuda").streams.refuse_in_capture(
+            refuse_in_capture(
                 "dynamic NTK scaling with CUDA position_ids and no seq_len (max(position_ids) "
                 "is read on the host); pass seq_len=")
         return int(_device.to_host(ids).max()) + 1  # dynamic only; a copy from a GPU

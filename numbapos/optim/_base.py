@@ -11,7 +11,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _checks, _device
-from ..functional import half as F
+from ..functional.capture import device_clock, device_counter
+from ..functional.half import store_widened_, widen_table
 from ..nn.parameter import Parameter
 from ..sparse import SparseRows
 
@@ -107,11 +108,40 @@ class Optimizer:
     where parameters are numbered 0, 1, ... in the order of the groups and
     of the parameters in them, and ``state`` has an entry only for parameters
     that have taken a step. Arrays are host (NumPy) copies.
+
+    Attributes
+    ----------
+    param_groups : list of dict
+        Each group's options and ``"params"``, its parameters.
+    state : dict
+        ``id(param) -> {name: array or scalar}``: each parameter's state.
+    stochastic_rounding : bool
+        How the updates of bfloat16 / float16 tables are stored back:
+        stochastically (True, the default) or to nearest even.
+    seed : int
+        The stochastic rounding's seed (default 0).
+    momentum_dtype : numpy.dtype or None
+        bfloat16 for a bfloat16 momentum of 16-bit tables, None (the
+        default) for float32.
     """
 
     _OPTIONS: tuple[str, ...] = ()
 
     def __init__(self, params, defaults: dict):
+        # The subclasses' keywords set these (_set_rounding); they apply to 16-bit tables.
+        self.stochastic_rounding: bool = True
+        self.seed: int = 0
+        self.momentum_dtype: np.dtype | None = None
+        # What a step makes besides the state, keyed by id(param), never in a checkpoint:
+        # - _clocks: a CUDA parameter's device clock (step count and learning rate on the
+        #   GPU, made at its first CUDA step; see _clock);
+        # - _rounding_counters: a 16-bit CUDA table's rounding step on the GPU (a device
+        #   counter mirroring state["rounding_step"]; see _rounding_counter);
+        # - _shadows: the float32 copy of a 16-bit table that _check makes for a dense step
+        #   and _apply updates and stores back (empty between steps).
+        self._clocks: dict[int, object] = {}
+        self._rounding_counters: dict[int, object] = {}
+        self._shadows: dict[int, object] = {}
         self.defaults = self._check_options(dict(defaults))
         if isinstance(params, (Parameter, dict)) or _checks.is_array(params) \
                 or not hasattr(params, "__iter__"):
@@ -219,7 +249,7 @@ class Optimizer:
                                            group)
         if _checks.is_half_dtype(data.dtype):
             scalars = {**scalars, "rounding_step": 0}
-            momentum_dtype = self.__dict__.get("momentum_dtype")
+            momentum_dtype = self.momentum_dtype
             if momentum_dtype is not None and self._MOMENTUM in arrays:
                 arrays = {**arrays, self._MOMENTUM:
                           arrays[self._MOMENTUM]._replace(dtype=momentum_dtype)}
@@ -243,13 +273,6 @@ class Optimizer:
     # (numbapos.cuda.capture) advances them on every replay. ``state["step"]`` is the
     # host's count of eager steps; state_dict() reports the device's.
 
-    @property
-    def _clocks(self) -> dict:
-        clocks = self.__dict__.get("_device_clocks")
-        if clocks is None:
-            clocks = self.__dict__["_device_clocks"] = {}
-        return clocks
-
     def _clock(self, param: Parameter, group: dict, state: dict):
         """``param``'s device clock (made at its first CUDA step, at the state's step count,
         before this step's increment), its learning rate set to the group's; None on the
@@ -258,8 +281,7 @@ class Optimizer:
             return None
         clock = self._clocks.get(id(param))
         if clock is None:
-            K = _device.kernels_for("cuda")
-            clock = self._clocks[id(param)] = K.clock.Clock(
+            clock = self._clocks[id(param)] = device_clock(
                 group["lr"], state.get("step", 0), source=lambda: group["lr"])
         clock.set_lr(group["lr"])
         return clock
@@ -359,16 +381,9 @@ class Optimizer:
     # 16-bit tables (bfloat16 / float16) are updated in float32 with float32 state and
     # stored back rounded stochastically (or to nearest even). A SparseRows gradient goes
     # to the sparse functional ops, which do all three per row in one pass (the
-    # subclass's _update passes them _rounding(...)). A dense gradient updates a float32
-    # copy of the whole table: _check widens it (kept in _shadows until _apply), _update
-    # runs on the copy, and _apply stores it back.
-
-    @property
-    def _shadows(self) -> dict:
-        shadows = self.__dict__.get("_shadow_tables")
-        if shadows is None:
-            shadows = self.__dict__["_shadow_tables"] = {}
-        return shadows
+    # subclass's _update passes them the ``rounding`` keywords _apply gives it). A dense
+    # gradient updates a float32 copy of the whole table: _check widens it (kept in
+    # _shadows until _apply), _update runs on the copy, and _apply stores it back.
 
     def _set_rounding(self, stochastic_rounding, seed, momentum_dtype=None) -> None:
         """How 16-bit tables are written back and the dtype of their momentum (the
@@ -394,8 +409,7 @@ class Optimizer:
         self._check_state(param, group)  # the state is the 16-bit table's
         shadow = self._shadows.get(id(param))
         if shadow is None:
-            K = _device.backend(table)
-            shadow = self._shadows[id(param)] = F._widen(K, table, None, 0)
+            shadow = self._shadows[id(param)] = widen_table(table)
         param.data = shadow
         try:
             self._check_float(param, group, state=False)
@@ -407,7 +421,7 @@ class Optimizer:
         the float32 copy :meth:`_check` made and stored back."""
         table = param.data
         if not _checks.is_half_dtype(table.dtype):
-            self._update(param, group)
+            self._update(param, group, {})
             return
         state = self._state(param, group)  # float32 arrays, the rounding step
         step = state["rounding_step"]
@@ -422,22 +436,24 @@ class Optimizer:
         if shadow is not None:
             narrow = self._widen_state(param, group)  # its state made for the 16-bit table
             param.data = shadow
-        self.__dict__["_drawn_rounding_step"] = drawn
+            rounding = {}  # the float32 copy's update: stored back rounded below
+        else:  # the sparse ops round the rows they update, keyed by this step
+            rounding = {"stochastic_rounding": self.stochastic_rounding, "seed": self.seed,
+                        "rounding_step": drawn}
         try:
-            self._update(param, group)
+            self._update(param, group, rounding)
         finally:
             param.data = table
-            self.__dict__.pop("_drawn_rounding_step", None)
             self._narrow_state(param, narrow)
         state["rounding_step"] = step + 1
         if shadow is not None:
-            F._store(_device.backend(table), table, shadow, None, None,
-                     getattr(self, "seed", 0), drawn, getattr(self, "stochastic_rounding", True))
+            store_widened_(table, shadow, seed=self.seed, step=drawn,
+                           stochastic_rounding=self.stochastic_rounding)
 
     def _rounding_counter(self, param: Parameter):
         """``param``'s rounding step on the device (made from the host's at its first CUDA
         update; :class:`numbapos.kernels.cuda.clock.DeviceCounter`)."""
-        counters = self.__dict__.setdefault("_rounding_counters", {})
+        counters = self._rounding_counters
         counter = counters.get(id(param))
         if counter is None:
             key = id(param)
@@ -448,8 +464,7 @@ class Optimizer:
             def sink(value):
                 self.state[key]["rounding_step"] = value
 
-            K = _device.kernels_for("cuda")
-            counter = counters[key] = K.clock.DeviceCounter(source, sink, "rounding step")
+            counter = counters[key] = device_counter(source, sink, "rounding step")
         return counter
 
     def _widen_state(self, param: Parameter, group: dict) -> dict:
@@ -459,7 +474,7 @@ class Optimizer:
         value = state.get(self._MOMENTUM) if self._MOMENTUM else None
         if value is None or not _checks.is_half_dtype(value.dtype):
             return {}
-        state[self._MOMENTUM] = F._widen(_device.backend(value), value, None, 0)
+        state[self._MOMENTUM] = widen_table(value)
         return {self._MOMENTUM: value}
 
     def _narrow_state(self, param: Parameter, narrow: dict) -> None:
@@ -467,18 +482,8 @@ class Optimizer:
         rounded to nearest even, and put those back in the state."""
         state = self.state.get(id(param), {})
         for name, value in narrow.items():
-            F._store(_device.backend(value), value, state[name], None, None, 0, 0, False)
+            store_widened_(value, state[name], seed=0, step=0, stochastic_rounding=False)
             state[name] = value
-
-    def _rounding(self, param: Parameter, state: dict) -> dict:
-        """The sparse functional ops' rounding keywords for ``param``: its step's key for a
-        16-bit table (on the GPU the device counter :meth:`_apply` drew), nothing for a
-        float one (or the float32 copy of a dense step)."""
-        if not _checks.is_half_dtype(param.data.dtype):
-            return {}
-        step = self.__dict__.get("_drawn_rounding_step", state["rounding_step"])
-        return {"stochastic_rounding": getattr(self, "stochastic_rounding", True),
-                "seed": getattr(self, "seed", 0), "rounding_step": step}
 
     def _check_float(self, param: Parameter, group: dict, table=None, state=True) -> None:
         """The checks of a float parameter, or (``table``) of a 16-bit table's sparse step;
@@ -500,7 +505,15 @@ class Optimizer:
     def _check_sparse(self, group: dict) -> None:
         """ValueError where the group's options refuse a SparseRows gradient (none here)."""
 
-    def _update(self, param: Parameter, group: dict) -> None:
+    def _update(self, param: Parameter, group: dict, rounding: dict) -> None:
+        """Apply one update to ``param`` (checked by :meth:`_check`) with ``group``'s options.
+
+        ``rounding`` holds the keywords the sparse functional ops take to store a 16-bit
+        table's rows back (``stochastic_rounding``, ``seed`` and this step's
+        ``rounding_step``: on the GPU the device counter :meth:`_apply` drew); it is empty
+        for a float parameter and for the float32 copy a dense step of a 16-bit table
+        updates.
+        """
         raise NotImplementedError
 
     # ------------------------------------------------------------ checkpoints

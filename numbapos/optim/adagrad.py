@@ -73,14 +73,14 @@ class Adagrad(Optimizer):
             raise ValueError("weight_decay: not compatible with SparseRows gradients (as in "
                              f"torch.optim.Adagrad), got {group['weight_decay']}")
 
-    def _update(self, param: Parameter, group: dict) -> None:
+    def _update(self, param: Parameter, group: dict, rounding: dict) -> None:
         state = self._state(param, group)
         clock = self._clock(param, group, state)
         state["step"] += 1
         options = {name: group[name] for name in ("lr", "lr_decay", "eps", "maximize")}
         if isinstance(param.grad, SparseRows):
             F.sparse_adagrad_(param.data, param.grad, state["sum"], step=state["step"],
-                              clock=clock, **options, **self._rounding(param, state))
+                              clock=clock, **options, **rounding)
         else:
             F.adagrad_(param.data, param.grad, state["sum"], step=state["step"],
                        weight_decay=group["weight_decay"], clock=clock, **options)
@@ -148,13 +148,13 @@ class RowWiseAdagrad(Optimizer):
     def _state_spec(self, shape, dtype, group):
         return {"sum": StateArray((num_rows(shape),), dtype, 0)}, {}
 
-    def _update(self, param: Parameter, group: dict) -> None:
+    def _update(self, param: Parameter, group: dict, rounding: dict) -> None:
         state = self._state(param, group)
         options = {name: group[name] for name in self._OPTIONS}
         if isinstance(param.grad, SparseRows):
             F.sparse_rowwise_adagrad_(param.data, param.grad, state["sum"],
                                       clock=self._clock(param, group, state), **options,
-                                      **self._rounding(param, state))
+                                      **rounding)
         else:
             F.rowwise_adagrad_(param.data, param.grad, state["sum"],
                                clock=self._clock(param, group, state), **options)

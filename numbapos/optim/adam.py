@@ -107,7 +107,7 @@ class Adam(Optimizer):
             raise ValueError("amsgrad: not supported with SparseRows gradients (as "
                              "torch.optim.SparseAdam); use amsgrad=False for sparse tables")
 
-    def _update(self, param: Parameter, group: dict) -> None:
+    def _update(self, param: Parameter, group: dict, rounding: dict) -> None:
         state = self._state(param, group)
         clock = self._clock(param, group, state)
         state["step"] += 1
@@ -116,7 +116,7 @@ class Adam(Optimizer):
         moments = (state["exp_avg"], state["exp_avg_sq"])
         if isinstance(param.grad, SparseRows):
             F.sparse_adam_(param.data, param.grad, *moments, step=state["step"], clock=clock,
-                           **options, **self._rounding(param, state))
+                           **options, **rounding)
         else:
             F.adam_(param.data, param.grad, *moments, state.get("max_exp_avg_sq"),
                     step=state["step"], amsgrad=group["amsgrad"], clock=clock, **options)

@@ -116,7 +116,7 @@ class SGD(Optimizer):
                   "row_started": StateArray((num_rows(shape),), np.dtype(np.bool_), False)}
         return arrays, {"dense_started": False}
 
-    def _update(self, param: Parameter, group: dict) -> None:
+    def _update(self, param: Parameter, group: dict, rounding: dict) -> None:
         data = param.data
         options = {name: group[name] for name in self._OPTIONS}
         momentum = group["momentum"]
@@ -126,7 +126,7 @@ class SGD(Optimizer):
         grad = param.grad
         options["clock"] = self._clock(param, group, state)
         if isinstance(grad, SparseRows):
-            F.sparse_sgd_(data, grad, buf, started, **options, **self._rounding(param, state))
+            F.sparse_sgd_(data, grad, buf, started, **options, **rounding)
             return
         if momentum != 0 and not state["dense_started"] and data.ndim == 2 \
                 and _device.to_host(started).any():

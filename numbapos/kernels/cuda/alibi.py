@@ -11,18 +11,20 @@ one thread per head adds its columns in order; no atomics.
 import numpy as np
 from numba import cuda, float64
 
-from .arrays import THREADS, empty, grid
+from ..._args import AlibiMode
+from .arrays import THREADS, absent, grid
 from .fpmath import cast_like, mul_f64
 from .launch import launch
 
 __all__ = ["alibi_add_", "alibi_fill", "alibi_slope_grad"]
 
+_SYMMETRIC = int(AlibiMode.SYMMETRIC)  # the kernels' (see numbapos._args)
+
 
 def _positions(positions):
-    """``(positions, has_positions)``: a (1, 1) stand-in from the pool when there are none."""
-    if positions is None:
-        return empty((1, 1), np.int64), False
-    return positions, True
+    """The kernels' ``positions``: an empty array when there are none (modes other than
+    BLOOM's)."""
+    return absent(np.int64, 2) if positions is None else positions
 
 
 # ---------------------------------------------------------------- launchers
@@ -31,23 +33,21 @@ def _positions(positions):
 def alibi_fill(slopes, positions, mode, shift, out):
     """``out[b, h, i, j] = slopes[h] * dist(b, i, j)`` for ``out`` of shape ``(Bb, H, Q, Lk)``.
 
-    ``positions`` is an ``(Bb, Lk)`` int64 array (mode 2) or None.
+    ``positions`` is an ``(Bb, Lk)`` int64 array (``AlibiMode.BLOOM``) or None.
     """
     if out.size:
-        ids, has = _positions(positions)
-        launch(_fill, grid(out.size), THREADS, slopes, ids, has, np.int64(mode), np.int64(shift),
-               out)
+        launch(_fill, grid(out.size), THREADS, slopes, _positions(positions), np.int64(mode),
+               np.int64(shift), out)
 
 
 def alibi_add_(scores, slopes, positions, mode, shift):
     """``scores[b, h, i, j] += slopes[h] * dist(b, i, j)`` (the bias rounded to the dtype first).
 
-    ``positions`` is ``(1 or B, Lk)`` int64 (mode 2) or None.
+    ``positions`` is ``(1 or B, Lk)`` int64 (``AlibiMode.BLOOM``) or None.
     """
     if scores.size:
-        ids, has = _positions(positions)
-        launch(_add, grid(scores.size), THREADS, scores, slopes, ids, has, np.int64(mode),
-               np.int64(shift))
+        launch(_add, grid(scores.size), THREADS, scores, slopes, _positions(positions),
+               np.int64(mode), np.int64(shift))
 
 
 def alibi_slope_grad(grad, positions, mode, shift, partial, out):
@@ -57,9 +57,8 @@ def alibi_slope_grad(grad, positions, mode, shift, partial, out):
     ``(b, i)`` in order, then added over ``j`` in order into ``out`` (``(H,)``).
     """
     if out.size:
-        ids, has = _positions(positions)
-        launch(_column_sums, grid(partial.size), THREADS, grad, ids, has, np.int64(mode),
-               np.int64(shift), partial)
+        launch(_column_sums, grid(partial.size), THREADS, grad, _positions(positions),
+               np.int64(mode), np.int64(shift), partial)
         launch(_head_sums, grid(out.size), THREADS, partial, out)
 
 
@@ -67,11 +66,11 @@ def alibi_slope_grad(grad, positions, mode, shift, partial, out):
 
 
 @cuda.jit(device=True)
-def _distance(positions, has, mode, shift, b, i, j):
-    if has:
+def _distance(positions, mode, shift, b, i, j):
+    if positions.size:
         pb = 0 if positions.shape[0] == 1 else b
         return positions[pb, j]
-    if mode == 0:
+    if mode == _SYMMETRIC:
         return -abs(i + shift - j)
     return j - shift
 
@@ -88,26 +87,26 @@ def _unravel(k, heads, rows, cols):
 
 
 @cuda.jit
-def _fill(slopes, positions, has, mode, shift, out):
+def _fill(slopes, positions, mode, shift, out):
     heads, rows, cols = out.shape[1], out.shape[2], out.shape[3]
     for k in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         b, h, i, j = _unravel(k, heads, rows, cols)
-        dist = float64(_distance(positions, has, mode, shift, b, i, j))
+        dist = float64(_distance(positions, mode, shift, b, i, j))
         out[b, h, i, j] = float64(slopes[h]) * dist
 
 
 @cuda.jit
-def _add(scores, slopes, positions, has, mode, shift):
+def _add(scores, slopes, positions, mode, shift):
     heads, rows, cols = scores.shape[1], scores.shape[2], scores.shape[3]
     for k in range(cuda.grid(1), scores.size, cuda.gridsize(1)):
         b, h, i, j = _unravel(k, heads, rows, cols)
-        dist = float64(_distance(positions, has, mode, shift, b, i, j))
+        dist = float64(_distance(positions, mode, shift, b, i, j))
         value = scores[b, h, i, j]
         scores[b, h, i, j] = value + cast_like(float64(slopes[h]) * dist, value)
 
 
 @cuda.jit
-def _column_sums(grad, positions, has, mode, shift, partial):
+def _column_sums(grad, positions, mode, shift, partial):
     """One thread per (head, key column): the sum over ``b, i`` in order."""
     cols = partial.shape[1]
     for k in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
@@ -116,7 +115,7 @@ def _column_sums(grad, positions, has, mode, shift, partial):
         acc = float64(0.0)
         for b in range(grad.shape[0]):
             for i in range(grad.shape[2]):
-                dist = float64(_distance(positions, has, mode, shift, b, i, j))
+                dist = float64(_distance(positions, mode, shift, b, i, j))
                 acc += mul_f64(float64(grad[b, h, i, j]), dist)
         partial[h, j] = acc
 

@@ -136,6 +136,24 @@ def empty(shape, dtype):
     return cuda.device_array(shape, dtype=dtype, stream=stream)
 
 
+_ABSENT: dict = {}  # (dtype, ndim) -> an empty device array
+
+
+def absent(dtype, ndim: int = 1):
+    """The empty device array a kernel gets in place of an absent one (None on the host).
+
+    Kernels take the records of :mod:`numbapos._args`; an array field that is
+    None there (no LayerNorm weight, computed position ids, no device counter)
+    reaches a kernel as this array, which the kernel tests with ``.size``. Made
+    once per dtype and rank (an empty array holds no memory).
+    """
+    key = (np.dtype(dtype), ndim)
+    found = _ABSENT.get(key)
+    if found is None:
+        found = _ABSENT[key] = empty((0,) * ndim, key[0])
+    return found
+
+
 def full(shape, value, dtype):
     """C-contiguous device array filled with ``value``."""
     out = empty(shape, dtype)

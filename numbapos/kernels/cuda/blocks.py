@@ -38,10 +38,15 @@ mask``, bit-identical to the CPU. For float32 tables whose rows are whole,
 columns, the same operations per element, the same bits); otherwise by
 elements.
 
-Tables may also be bfloat16 / float16 ``uint16`` bits (format code ``fmt``):
+Tables may also be bfloat16 / float16 ``uint16`` bits (``fmt``, a
+:class:`~numbapos._args.TableFormat`):
 every element is read through :func:`numbapos.kernels.widen.widen`, exactly as
 on the CPU (the per-dtype kernels are compiled per format too; the vector paths
 stay float32-only, so 16-bit tables run by elements).
+
+The kernels take the launchers' records (:mod:`numbapos._args`: BertIds,
+BertTables, DropoutArgs, TiledIds), an absent array among them as an empty one
+(see :func:`_kernel_ids`).
 
 Nothing here reads data back to the host, and each forward is ONE launch.
 Ids are checked inside the kernels that read them: a bad word id, token type
@@ -61,15 +66,15 @@ from functools import cache
 import numpy as np
 from numba import cuda, float32, int64
 
-from ..._args import NO_DROPOUT, TiledIds, chunk_rows, num_chunks
+from ..._args import NO_DROPOUT, BertIds, TiledIds, chunk_rows, num_chunks
 from ..hash import keeps
 from ..widen import FLOAT_TABLES, widen
 from . import errors, vector
-from .arrays import THREADS, grid
-from .dropout import counter_args, counter_key
+from .arrays import THREADS, absent, grid
+from .dropout import drop_key, kernel_drop
 from .fpmath import mul_for, numba_float
 from .launch import launch
-from .normalization import add_partials, fill_zero, moments, row_blocks
+from .normalization import add_partials, fill_zero, moments, partials, row_blocks
 from .reduce import block_sum, block_sum2, tree_threads
 from .vector import load16, store16
 
@@ -82,39 +87,45 @@ _TYPE_TAG = ("token_type_ids", "type_vocab_size")
 _GPT2_POSITION_TAG = ("position_ids", "n_positions")
 
 
-def _placeholder(dtype):
-    """A one-element device array standing for an absent argument (never read or
-    written), made once per context and dtype."""
-    objects = errors.context_objects()
-    key = ("placeholder", np.dtype(dtype))
-    found = objects.get(key)
-    if found is None:
-        found = objects[key] = cuda.device_array(1, dtype=np.dtype(dtype))
-    return found
+# ---------------------------------------------------------------- kernel records
+#
+# The kernels take the launchers' records (numbapos._args) with what a kernel can
+# read in place of what it cannot: ids as TiledIds, an absent array (computed ids,
+# no LayerNorm weight or bias) as an empty one, which the kernels test with
+# ``.size``, and the dropout scale cast to the data's dtype (.dropout.kernel_drop).
 
 
-def _ids_args(ids, num_tokens):
-    """``(values, has_values, start, length)``: the kernel arguments of a flat ``(T,)`` id
-    array or a :class:`~numbapos._args.TiledIds` (see :func:`_id_at`)."""
+def _kernel_ids(ids, num_tokens):
+    """A flat ``(T,)`` id array or a :class:`~numbapos._args.TiledIds` as the
+    :class:`~numbapos._args.TiledIds` kernels read (:func:`_id_at`): ``values`` empty for
+    computed ids, and a flat array the tiling of itself."""
     if isinstance(ids, TiledIds):
         if ids.values is None:
-            return _placeholder(np.int64), False, int64(ids.start), int64(max(ids.length, 1))
-        return ids.values, True, int64(0), int64(max(ids.values.size, 1))
-    return ids, True, int64(0), int64(max(num_tokens, 1))
+            return TiledIds(absent(np.int64), int64(ids.start), int64(max(ids.length, 1)))
+        return TiledIds(ids.values, int64(0), int64(max(ids.values.size, 1)))
+    return TiledIds(ids, int64(0), int64(max(num_tokens, 1)))
 
 
-def _affine_args(tables, dtype):
-    """``(gamma, beta, has_gamma, has_beta)``: absent ones as unread placeholders (no fill)."""
-    gamma = _placeholder(dtype) if tables.gamma is None else tables.gamma
-    beta = _placeholder(dtype) if tables.beta is None else tables.beta
-    return gamma, beta, tables.gamma is not None, tables.beta is not None
+def _kernel_bert_ids(ids, num_tokens):
+    """:class:`~numbapos._args.BertIds` as the kernels read them: word ids flat, position
+    and token-type ids as :func:`_kernel_ids`."""
+    return BertIds(ids.word, _kernel_ids(ids.position, num_tokens),
+                   _kernel_ids(ids.token_type, num_tokens))
 
 
-def _drop_scalars(drop, dtype):
-    """The dropout arguments of a kernel: seed, counter, live (the device counter, or
-    empty: :func:`.dropout.counter_args`), threshold, scale (cast), active."""
-    counter, live = counter_args(drop)
-    return drop.seed, counter, live, drop.threshold, dtype.type(drop.scale), bool(drop.active)
+def _kernel_tables(tables, dtype):
+    """:class:`~numbapos._args.BertTables` with an absent LayerNorm weight / bias empty (the
+    kernels then use the ones / zeros the CPU substitutes; nothing is filled)."""
+    if tables.gamma is not None and tables.beta is not None:
+        return tables
+    return tables._replace(gamma=absent(dtype) if tables.gamma is None else tables.gamma,
+                           beta=absent(dtype) if tables.beta is None else tables.beta)
+
+
+@cache
+def _tags(*names):
+    """The deferred-error tags of the ids named (the CPU's names), as the kernels take them."""
+    return tuple(int64(errors.tag(*name)) for name in names)
 
 
 # ---------------------------------------------------------------- launchers
@@ -128,8 +139,9 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
     :class:`~numbapos._args.BertTables` and :class:`~numbapos._args.DropoutArgs`;
     ``y`` is ``(T, D)``, ``mean`` and ``rstd`` ``(T,)``. Ids are range-checked
     in the kernel (deferred errors; a bad token's ``y`` row, mean and rstd
-    are zeros). ``fmt``: the tables' format, as on the CPU (16-bit tables as
-    ``uint16`` bits, widened exactly in the kernel, which is compiled per format).
+    are zeros). ``fmt``: the tables' :class:`~numbapos._args.TableFormat`, as on
+    the CPU (16-bit tables as ``uint16`` bits, widened exactly in the kernel,
+    which is compiled per format).
     """
     num_tokens = y.shape[0]
     if num_tokens == 0:
@@ -137,20 +149,12 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
     dtype = y.dtype
     word, host = errors.words()
     if _vector_rows(y, tables.word, tables.position, tables.token_type):
-        launch(_bert_forward_vec, row_blocks(num_tokens), tree_threads(y.shape[1] // 4),
-               ids.word, *_ids_args(ids.position, num_tokens),
-               *_ids_args(ids.token_type, num_tokens), tables.word, tables.position,
-               tables.token_type, *_affine_args(tables, dtype), dtype.type(eps),
-               *_drop_scalars(drop, dtype), y, mean, rstd, word, host, errors.tag(*_WORD_TAG),
-               errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
-        errors.after_launch()
-        return
-    launch(_bert_forward_kernel(dtype, fmt), row_blocks(num_tokens), tree_threads(y.shape[1]),
-           ids.word, *_ids_args(ids.position, num_tokens),
-           *_ids_args(ids.token_type, num_tokens), tables.word, tables.position,
-           tables.token_type, *_affine_args(tables, dtype), dtype.type(eps),
-           *_drop_scalars(drop, dtype), y, mean, rstd, word, host, errors.tag(*_WORD_TAG),
-           errors.tag(*_BERT_POSITION_TAG), errors.tag(*_TYPE_TAG))
+        kernel, threads = _bert_forward_vec, tree_threads(y.shape[1] // 4)
+    else:
+        kernel, threads = _bert_forward_kernel(dtype, int(fmt)), tree_threads(y.shape[1])
+    launch(kernel, row_blocks(num_tokens), threads, _kernel_bert_ids(ids, num_tokens),
+           _kernel_tables(tables, dtype), dtype.type(eps), kernel_drop(drop, dtype), y, mean,
+           rstd, word, host, _tags(_WORD_TAG, _BERT_POSITION_TAG, _TYPE_TAG))
     errors.after_launch()
 
 
@@ -171,35 +175,27 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
         for out in wanted:
             fill_zero(out)
         return
-    gamma, _, has_gamma, _ = _affine_args(tables, dtype)
-    drop_args = _drop_scalars(drop, dtype)
-    id_args = (ids.word, *_ids_args(ids.position, num_tokens),
-               *_ids_args(ids.token_type, num_tokens))
+    fmt = int(fmt)
+    ids = _kernel_bert_ids(ids, num_tokens)
+    tables = _kernel_tables(tables, dtype)
+    drop = kernel_drop(drop, dtype)
     word = errors.device_word()
     launch(_bert_backward_kernel(dtype, fmt), row_blocks(num_tokens),
-           tree_threads(grad_y.shape[1]),
-           grad_y, *id_args, tables.word, tables.position, tables.token_type, gamma, has_gamma,
-           mean, rstd, *drop_args, grad_sum, word)
+           tree_threads(grad_y.shape[1]), grad_y, ids, tables, mean, rstd, drop, grad_sum, word)
     if not wanted:
         return
-    want_w = grad_gamma is not None
-    want_b = grad_beta is not None
-    want_t = grad_type is not None
     chunks = num_chunks(num_tokens)
     types = tables.token_type.shape[0]
-    # An unwanted partial is a small placeholder that the kernel never touches.
-    part_w = cuda.device_array((chunks, dim) if want_w else (1, 1), dtype=dtype)
-    part_b = cuda.device_array((chunks, dim) if want_b else (1, 1), dtype=dtype)
-    part_t = cuda.device_array((chunks, types, dim) if want_t else (1, 1, 1), dtype=dtype)
-    launch(_bert_partials_kernel(dtype, fmt), grid(chunks * dim), THREADS, grad_y, *id_args,
-           tables.word, tables.position, tables.token_type, mean, rstd, *drop_args, grad_sum,
-           chunks, chunk_rows(num_tokens), want_w, want_b, want_t, part_w, part_b, part_t, word)
-    if want_w:
-        add_partials(part_w, grad_gamma)
-    if want_b:
-        add_partials(part_b, grad_beta)
-    if want_t:
-        add_partials(part_t, grad_type)
+    # The partials of an unwanted gradient are empty: the kernel sums into the others.
+    part_w = partials(grad_gamma is not None, (chunks, dim), dtype)
+    part_b = partials(grad_beta is not None, (chunks, dim), dtype)
+    part_t = partials(grad_type is not None, (chunks, types, dim), dtype)
+    launch(_bert_partials_kernel(dtype, fmt), grid(chunks * dim), THREADS, grad_y, ids, tables,
+           mean, rstd, drop, grad_sum, chunks, chunk_rows(num_tokens), part_w, part_b, part_t,
+           word)
+    for part, out in ((part_w, grad_gamma), (part_b, grad_beta), (part_t, grad_type)):
+        if out is not None:
+            add_partials(part, out)
 
 
 def gpt2_forward_checked(ids, past_length, length, wte, wpe, y, fmt=FLOAT_TABLES):
@@ -225,16 +221,14 @@ def gpt2_forward(ids, pos, wte, wpe, drop, y, fmt=FLOAT_TABLES):
     if num_tokens == 0 or dim == 0:
         return
     word, host = errors.words()
+    pos, drop = _kernel_ids(pos, num_tokens), kernel_drop(drop, y.dtype)
+    tags = _tags(_WORD_TAG, _GPT2_POSITION_TAG)
     if _vector_rows(y, wte, wpe):
-        launch(_gpt2_forward_vec, row_blocks(num_tokens), _row_threads(dim // 4), ids,
-               *_ids_args(pos, num_tokens), wte, wpe, *_drop_scalars(drop, y.dtype),
-               y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG),
-               errors.tag(*_GPT2_POSITION_TAG))
+        launch(_gpt2_forward_vec, row_blocks(num_tokens), _row_threads(dim // 4), ids, pos, wte,
+               wpe, drop, y, word, host, tags)
     else:
-        launch(_gpt2_forward, row_blocks(num_tokens), _row_threads(dim), ids,
-               *_ids_args(pos, num_tokens), wte, wpe, int64(fmt), *_drop_scalars(drop, y.dtype),
-               y.dtype.type(0), y, word, host, errors.tag(*_WORD_TAG),
-               errors.tag(*_GPT2_POSITION_TAG))
+        launch(_gpt2_forward, row_blocks(num_tokens), _row_threads(dim), ids, pos, wte, wpe,
+               drop, y, int64(fmt), word, host, tags)
     errors.after_launch()
 
 
@@ -245,10 +239,9 @@ def tile_ids(values, start, length, out):
     the device (for the gradient scatter, which needs one id per token).
     """
     if out.size:
-        has = values is not None
-        vals = values if has else _placeholder(np.int64)
-        launch(_tile_ids, grid(out.size), THREADS, vals, has, int64(start), int64(max(length, 1)),
-               out)
+        ids = TiledIds(absent(np.int64) if values is None else values, int64(start),
+                       int64(max(length, 1)))
+        launch(_tile_ids, grid(out.size), THREADS, ids, out)
 
 
 def _vector_rows(*arrays) -> bool:
@@ -265,12 +258,13 @@ def _row_threads(dim: int) -> int:
 
 
 @cuda.jit(device=True)
-def _id_at(values, has, start, length, t):
-    """Id of token ``t``: ``values[t % length]``, or ``start + t % length``."""
-    j = t % length
-    if has:
-        return int64(values[j])
-    return start + j
+def _id_at(ids, t):
+    """Id of token ``t`` of the :class:`~numbapos._args.TiledIds` ``ids``:
+    ``values[t % length]``, or ``start + t % length`` when ``values`` is empty."""
+    j = t % ids.length
+    if ids.values.size:
+        return int64(ids.values[j])
+    return ids.start + j
 
 
 @cuda.jit(device=True)
@@ -279,23 +273,24 @@ def _outside(value, size):
 
 
 @cuda.jit(device=True)
-def _bert_bad_token(t, w, k, p, word, position, token_type, y, mean, rstd, zero, err,
-                    err_host, word_tag, pos_tag, type_tag):
+def _bert_bad_token(t, w, k, p, tables, y, mean, rstd, zero, err, err_host, tags):
     """Whether token ``t``'s ids ``w`` / ``k`` / ``p`` are out of range; if so, thread 0
-    records them (word, token type, then position: the CPU's order) and zeroes its mean
-    and rstd, and the block zero-fills ``y[t]``."""
-    bad_w = _outside(w, word.shape[0])
-    bad_k = _outside(k, token_type.shape[0])
-    bad_p = _outside(p, position.shape[0])
+    records them (word, token type, then position: the CPU's order; ``tags`` those of
+    the word, position and token-type ids) and zeroes its mean and rstd, and the block
+    zero-fills ``y[t]``."""
+    bad_w = _outside(w, tables.word.shape[0])
+    bad_k = _outside(k, tables.token_type.shape[0])
+    bad_p = _outside(p, tables.position.shape[0])
     if not (bad_w or bad_k or bad_p):
         return False
     if cuda.threadIdx.x == 0:
         if bad_w:
-            errors.record(err, err_host, int64(t), w, int64(word.shape[0]), word_tag)
+            errors.record(err, err_host, int64(t), w, int64(tables.word.shape[0]), tags[0])
         if bad_k:
-            errors.record(err, err_host, int64(t), k, int64(token_type.shape[0]), type_tag)
+            errors.record(err, err_host, int64(t), k, int64(tables.token_type.shape[0]),
+                          tags[2])
         if bad_p:
-            errors.record(err, err_host, int64(t), p, int64(position.shape[0]), pos_tag)
+            errors.record(err, err_host, int64(t), p, int64(tables.position.shape[0]), tags[1])
         mean[t] = zero
         rstd[t] = zero
     for d in range(cuda.threadIdx.x, y.shape[1], cuda.blockDim.x):
@@ -304,34 +299,38 @@ def _bert_bad_token(t, w, k, p, word, position, token_type, y, mean, rstd, zero,
 
 
 @cuda.jit(device=True)
-def _bert_output(s, m, r, gamma, beta, has_gamma, has_beta, d, key, index, threshold, scale,
-                 active, one, zero):
+def _bert_output(s, m, r, tables, d, key, index, drop, one, zero):
     """Element ``d`` of a BERT output from its row sum ``s``: normalised, gamma / beta
-    (or the ones / zeros the CPU uses), then the dropout mask of element ``index``."""
+    (or the ones / zeros the CPU uses when they are empty), then the dropout mask of
+    element ``index``."""
     v = (s - m) * r
-    if has_gamma:
-        v = v * gamma[d]
+    if tables.gamma.size:
+        v = v * tables.gamma[d]
     else:
         v = v * one
-    if has_beta:
-        v = v + beta[d]
+    if tables.beta.size:
+        v = v + tables.beta[d]
     else:
         v = v + zero
-    if active:
-        v = v * (scale if keeps(key, index, threshold) else zero)
+    if drop.active:
+        v = v * (drop.scale if keeps(key, index, drop.threshold) else zero)
     return v
+
+
+@cuda.jit(device=True)
+def _row_sum(tables, w, k, p, d, fmt):
+    """``(word[w, d] + token_type[k, d]) + position[p, d]``, each widened (the CPU's order)."""
+    return (widen(tables.word[w, d], fmt) + widen(tables.token_type[k, d], fmt)) \
+        + widen(tables.position[p, d], fmt)
 
 
 @cache
 def _bert_forward_kernel(dtype, fmt=FLOAT_TABLES):
-    """The scalar BERT forward for ``dtype`` outputs and tables of format ``fmt``."""
+    """The scalar BERT forward for ``dtype`` outputs and tables of format ``fmt`` (an int)."""
     nbt = numba_float(dtype)
 
     @cuda.jit
-    def bert_forward_tokens(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals,
-                            type_has, type_start, type_len, word, position, token_type, gamma,
-                            beta, has_gamma, has_beta, eps, seed, counter, live, threshold, scale,
-                            active, y, mean, rstd, err, err_host, word_tag, pos_tag, type_tag):
+    def bert_forward_tokens(ids, tables, eps, drop, y, mean, rstd, err, err_host, tags):
         """One block per token: check its ids, ``s`` into ``y[t]``, moments, then normalise
         (+ dropout). A token with a bad id records it (thread 0: word, token type, then
         position, the CPU's order) and gets zeros."""
@@ -343,18 +342,16 @@ def _bert_forward_kernel(dtype, fmt=FLOAT_TABLES):
         one = nbt(1)
         inf = nbt(math.inf)
         n = nbt(dim)
-        key = counter_key(seed, counter, live)
+        key = drop_key(drop)
         for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-            w = int64(word_ids[t])
-            k = _id_at(type_vals, type_has, type_start, type_len, t)
-            p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
-            if _bert_bad_token(t, w, k, p, word, position, token_type, y, mean, rstd, zero, err,
-                               err_host, word_tag, pos_tag, type_tag):
+            w = int64(ids.word[t])
+            k = _id_at(ids.token_type, t)
+            p = _id_at(ids.position, t)
+            if _bert_bad_token(t, w, k, p, tables, y, mean, rstd, zero, err, err_host, tags):
                 continue  # the same for every thread of the block
             acc = zero
             for d in range(tid, dim, nt):
-                s = (widen(word[w, d], fmt) + widen(token_type[k, d], fmt)) \
-                    + widen(position[p, d], fmt)
+                s = _row_sum(tables, w, k, p, d, fmt)
                 y[t, d] = s
                 acc += s
             first = block_sum(sh, acc, tid, nt) / n
@@ -368,8 +365,7 @@ def _bert_forward_kernel(dtype, fmt=FLOAT_TABLES):
             m, r = moments(first, c, q, n, eps, zero, one, inf)
             base = t * dim
             for d in range(tid, dim, nt):
-                y[t, d] = _bert_output(y[t, d], m, r, gamma, beta, has_gamma, has_beta, d,
-                                       key, base + d, threshold, scale, active, one, zero)
+                y[t, d] = _bert_output(y[t, d], m, r, tables, d, key, base + d, drop, one, zero)
             if tid == 0:
                 mean[t] = m
                 rstd[t] = r
@@ -378,10 +374,7 @@ def _bert_forward_kernel(dtype, fmt=FLOAT_TABLES):
 
 
 @cuda.jit
-def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals, type_has,
-                      type_start, type_len, word, position, token_type, gamma, beta, has_gamma,
-                      has_beta, eps, seed, counter, live, threshold, scale, active, y, mean,
-                      rstd, err, err_host, word_tag, pos_tag, type_tag):
+def _bert_forward_vec(ids, tables, eps, drop, y, mean, rstd, err, err_host, tags):
     """The float32 BERT forward by 16-byte vectors (the launcher checked
     :func:`.vector.aligned` for the three tables and ``y``): each thread owns 4 adjacent
     columns at a time, with the three table loads of a vector in flight together. The
@@ -395,19 +388,18 @@ def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals
     zero = float32(0)
     one = float32(1)
     n = float32(dim)
-    key = counter_key(seed, counter, live)
+    key = drop_key(drop)
     for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-        w = int64(word_ids[t])
-        k = _id_at(type_vals, type_has, type_start, type_len, t)
-        p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
-        if _bert_bad_token(t, w, k, p, word, position, token_type, y, mean, rstd, zero, err,
-                           err_host, word_tag, pos_tag, type_tag):
+        w = int64(ids.word[t])
+        k = _id_at(ids.token_type, t)
+        p = _id_at(ids.position, t)
+        if _bert_bad_token(t, w, k, p, tables, y, mean, rstd, zero, err, err_host, tags):
             continue  # the same for every thread of the block
         acc = zero
         for v in range(tid, vectors, nt):
-            wv = load16(word, w, 4 * v)
-            kv = load16(token_type, k, 4 * v)
-            pv = load16(position, p, 4 * v)
+            wv = load16(tables.word, w, 4 * v)
+            kv = load16(tables.token_type, k, 4 * v)
+            pv = load16(tables.position, p, 4 * v)
             s = ((wv[0] + kv[0]) + pv[0], (wv[1] + kv[1]) + pv[1], (wv[2] + kv[2]) + pv[2],
                  (wv[3] + kv[3]) + pv[3])
             store16(y, t, 4 * v, s)
@@ -428,17 +420,25 @@ def _bert_forward_vec(word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals
             d = 4 * v
             s = load16(y, t, d)
             store16(y, t, d, (
-                _bert_output(s[0], m, r, gamma, beta, has_gamma, has_beta, d, key, base + d,
-                             threshold, scale, active, one, zero),
-                _bert_output(s[1], m, r, gamma, beta, has_gamma, has_beta, d + 1, key,
-                             base + d + 1, threshold, scale, active, one, zero),
-                _bert_output(s[2], m, r, gamma, beta, has_gamma, has_beta, d + 2, key,
-                             base + d + 2, threshold, scale, active, one, zero),
-                _bert_output(s[3], m, r, gamma, beta, has_gamma, has_beta, d + 3, key,
-                             base + d + 3, threshold, scale, active, one, zero)))
+                _bert_output(s[0], m, r, tables, d, key, base + d, drop, one, zero),
+                _bert_output(s[1], m, r, tables, d + 1, key, base + d + 1, drop, one, zero),
+                _bert_output(s[2], m, r, tables, d + 2, key, base + d + 2, drop, one, zero),
+                _bert_output(s[3], m, r, tables, d + 3, key, base + d + 3, drop, one, zero)))
         if tid == 0:
             mean[t] = m
             rstd[t] = r
+
+
+@cuda.jit(device=True)
+def _bert_token_ids(ids, tables, t):
+    """``(w, k, p, ok)``: token ``t``'s word, token-type and position ids, and whether all
+    three are in range (a token with a bad one, recorded by the forward, is skipped)."""
+    w = int64(ids.word[t])
+    k = _id_at(ids.token_type, t)
+    p = _id_at(ids.position, t)
+    ok = not (_outside(w, tables.word.shape[0]) or _outside(k, tables.token_type.shape[0])
+              or _outside(p, tables.position.shape[0]))
+    return w, k, p, ok
 
 
 @cache
@@ -446,10 +446,7 @@ def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
     nbt = numba_float(dtype)
 
     @cuda.jit
-    def bert_backward_tokens(grad_y, word_ids, pos_vals, pos_has, pos_start, pos_len,
-                             type_vals, type_has, type_start, type_len, word, position,
-                             token_type, gamma, has_gamma, mean, rstd, seed, counter, live,
-                             threshold, scale, active, grad_sum, err):
+    def bert_backward_tokens(grad_y, ids, tables, mean, rstd, drop, grad_sum, err):
         """One block per token: masked ``grad_y``, then the LayerNorm row backward.
 
         ``grad_sum[t]`` first holds ``g = (grad_y * mask) * gamma`` (each thread
@@ -466,13 +463,11 @@ def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
         zero = nbt(0)
         one = nbt(1)
         n = nbt(dim)
-        key = counter_key(seed, counter, live)
+        key = drop_key(drop)
+        has_gamma = tables.gamma.size != 0
         for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-            w = int64(word_ids[t])
-            k = _id_at(type_vals, type_has, type_start, type_len, t)
-            p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
-            if (_outside(w, word.shape[0]) or _outside(k, token_type.shape[0])
-                    or _outside(p, position.shape[0])):
+            w, k, p, ok = _bert_token_ids(ids, tables, t)
+            if not ok:
                 continue  # the same for every thread of the block
             m = mean[t]
             r = rstd[t]
@@ -480,12 +475,11 @@ def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
             sg = zero
             sgx = zero
             for d in range(tid, dim, nt):
-                s = (widen(word[w, d], fmt) + widen(token_type[k, d], fmt)) \
-                    + widen(position[p, d], fmt)
+                s = _row_sum(tables, w, k, p, d, fmt)
                 gy = grad_y[t, d]
-                if active:
-                    gy = gy * (scale if keeps(key, base + d, threshold) else zero)
-                g = gy * (gamma[d] if has_gamma else one)
+                if drop.active:
+                    gy = gy * (drop.scale if keeps(key, base + d, drop.threshold) else zero)
+                g = gy * (tables.gamma[d] if has_gamma else one)
                 grad_sum[t, d] = g
                 sg += g
                 sgx += g * ((s - m) * r)
@@ -493,9 +487,7 @@ def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
             a = sg / n
             b = sgx / n
             for d in range(tid, dim, nt):
-                s = (widen(word[w, d], fmt) + widen(token_type[k, d], fmt)) \
-                    + widen(position[p, d], fmt)
-                xhat = (s - m) * r
+                xhat = (_row_sum(tables, w, k, p, d, fmt) - m) * r
                 grad_sum[t, d] = r * (grad_sum[t, d] - a - xhat * b)
 
     return bert_backward_tokens
@@ -507,11 +499,10 @@ def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
     mul = mul_for(dtype)
 
     @cuda.jit
-    def bert_partials(grad_y, word_ids, pos_vals, pos_has, pos_start, pos_len, type_vals,
-                      type_has, type_start, type_len, word, position, token_type, mean, rstd,
-                      seed, counter, live, threshold, scale, active, grad_sum, chunks, chunk,
-                      want_w, want_b, want_t, part_w, part_b, part_t, err):
-        """One thread per ``(chunk, d)``: its chunk's gamma / beta / token-type terms in order.
+    def bert_partials(grad_y, ids, tables, mean, rstd, drop, grad_sum, chunks, chunk, part_w,
+                      part_b, part_t, err):
+        """One thread per ``(chunk, d)``: its chunk's gamma / beta / token-type terms in order,
+        into the partials that are not empty (those of the gradients wanted).
 
         Returns at once while an index error is pending (tokens with ids out of
         range, always recorded by then, are skipped).
@@ -519,9 +510,12 @@ def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
         if errors.is_pending(err):
             return
         num_tokens, dim = grad_y.shape
-        types = token_type.shape[0]
+        types = tables.token_type.shape[0]
+        want_w = part_w.size != 0
+        want_b = part_b.size != 0
+        want_t = part_t.size != 0
         zero = nbt(0)
-        key = counter_key(seed, counter, live)
+        key = drop_key(drop)
         for j in range(cuda.grid(1), chunks * dim, cuda.gridsize(1)):
             c = j // dim
             d = j - c * dim
@@ -533,19 +527,16 @@ def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
             pw = zero
             pb = zero
             for t in range(start, stop):
-                w = int64(word_ids[t])
-                k = _id_at(type_vals, type_has, type_start, type_len, t)
-                p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
-                if (_outside(w, word.shape[0]) or _outside(k, types)
-                        or _outside(p, position.shape[0])):
+                w, k, p, ok = _bert_token_ids(ids, tables, t)
+                if not ok:
                     continue
                 if want_w or want_b:
                     gy = grad_y[t, d]
-                    if active:
-                        gy = mul(gy, scale if keeps(key, t * dim + d, threshold) else zero)
+                    if drop.active:
+                        gy = mul(gy, drop.scale if keeps(key, t * dim + d, drop.threshold)
+                                 else zero)
                     if want_w:
-                        s = (widen(word[w, d], fmt) + widen(token_type[k, d], fmt)) \
-                            + widen(position[p, d], fmt)
+                        s = _row_sum(tables, w, k, p, d, fmt)
                         pw += mul(gy, (s - mean[t]) * rstd[t])
                     if want_b:
                         pb += gy
@@ -559,84 +550,85 @@ def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
     return bert_partials
 
 
-@cuda.jit
-def _gpt2_forward(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, fmt, seed, counter, live,
-                  threshold, scale, active, zero, y, err, err_host, word_tag, pos_tag):
-    """One block per token, threads along D: ``y[t, d] = wte[ids[t], d] + wpe[pos[t], d]``
-    (times the mask). The id and position are read and checked once per token; a bad
-    one is recorded (thread 0) and the row is zeros. ``scale`` / ``zero`` are of
-    ``y``'s dtype; 16-bit tables (``uint16`` bits of format ``fmt``) are widened."""
-    num_tokens, dim = y.shape
-    key = counter_key(seed, counter, live)
-    tid = cuda.threadIdx.x
-    for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-        w = int64(ids[t])
-        p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
-        bad_w = _outside(w, wte.shape[0])
-        bad_p = _outside(p, wpe.shape[0])
-        if bad_w or bad_p:
-            if tid == 0:
-                if bad_w:
-                    errors.record(err, err_host, int64(t), w, int64(wte.shape[0]), word_tag)
-                if bad_p:
-                    errors.record(err, err_host, int64(t), p, int64(wpe.shape[0]), pos_tag)
-            for d in range(tid, dim, cuda.blockDim.x):
-                y[t, d] = zero
-            continue
-        base = t * dim
-        for d in range(tid, dim, cuda.blockDim.x):
-            v = widen(wte[w, d], fmt) + widen(wpe[p, d], fmt)
-            if active:
-                v = v * (scale if keeps(key, base + d, threshold) else zero)
-            y[t, d] = v
+@cuda.jit(device=True)
+def _gpt2_bad_token(t, w, p, wte, wpe, y, zero, err, err_host, tags):
+    """Whether token ``t``'s id ``w`` or position ``p`` is out of range; if so, thread 0
+    records them (``tags``: those of the ids and of the positions) and the block
+    zero-fills ``y[t]``."""
+    bad_w = _outside(w, wte.shape[0])
+    bad_p = _outside(p, wpe.shape[0])
+    if not (bad_w or bad_p):
+        return False
+    if cuda.threadIdx.x == 0:
+        if bad_w:
+            errors.record(err, err_host, int64(t), w, int64(wte.shape[0]), tags[0])
+        if bad_p:
+            errors.record(err, err_host, int64(t), p, int64(wpe.shape[0]), tags[1])
+    for d in range(cuda.threadIdx.x, y.shape[1], cuda.blockDim.x):
+        y[t, d] = zero
+    return True
 
 
 @cuda.jit(device=True)
-def _dropped(v, key, index, threshold, scale, zero, active):
-    """``v`` times element ``index``'s dropout factor (``scale`` or ``zero``) when ``active``."""
-    if active:
-        return v * (scale if keeps(key, index, threshold) else zero)
+def _dropped(v, key, index, drop, zero):
+    """``v`` times element ``index``'s dropout factor (``scale`` or ``zero``) when active."""
+    if drop.active:
+        return v * (drop.scale if keeps(key, index, drop.threshold) else zero)
     return v
 
 
 @cuda.jit
-def _gpt2_forward_vec(ids, pos_vals, pos_has, pos_start, pos_len, wte, wpe, seed, counter, live,
-                      threshold, scale, active, zero, y, err, err_host, word_tag, pos_tag):
+def _gpt2_forward(ids, pos, wte, wpe, drop, y, fmt, err, err_host, tags):
+    """One block per token, threads along D: ``y[t, d] = wte[ids[t], d] + wpe[pos[t], d]``
+    (times the mask; ``pos`` a :class:`~numbapos._args.TiledIds`). The id and position
+    are read and checked once per token; a bad one is recorded (thread 0) and the row is
+    zeros. ``drop.scale`` is of ``y``'s dtype; 16-bit tables (``uint16`` bits of format
+    ``fmt``) are widened."""
+    num_tokens, dim = y.shape
+    zero = y.dtype.type(0)
+    key = drop_key(drop)
+    tid = cuda.threadIdx.x
+    for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
+        w = int64(ids[t])
+        p = _id_at(pos, t)
+        if _gpt2_bad_token(t, w, p, wte, wpe, y, zero, err, err_host, tags):
+            continue  # the same for every thread of the block
+        base = t * dim
+        for d in range(tid, dim, cuda.blockDim.x):
+            y[t, d] = _dropped(widen(wte[w, d], fmt) + widen(wpe[p, d], fmt), key, base + d,
+                               drop, zero)
+
+
+@cuda.jit
+def _gpt2_forward_vec(ids, pos, wte, wpe, drop, y, err, err_host, tags):
     """:func:`_gpt2_forward` by float32 vectors (the launcher checked
     :func:`.vector.aligned`): each thread loads 4 adjacent columns of both rows (two
     16-byte loads in flight), adds and masks them element by element as there, and
     stores them at once."""
     num_tokens, dim = y.shape
-    key = counter_key(seed, counter, live)
+    zero = y.dtype.type(0)
+    key = drop_key(drop)
     tid = cuda.threadIdx.x
     for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
         w = int64(ids[t])
-        p = _id_at(pos_vals, pos_has, pos_start, pos_len, t)
-        bad_w = _outside(w, wte.shape[0])
-        bad_p = _outside(p, wpe.shape[0])
-        if bad_w or bad_p:
-            if tid == 0:
-                if bad_w:
-                    errors.record(err, err_host, int64(t), w, int64(wte.shape[0]), word_tag)
-                if bad_p:
-                    errors.record(err, err_host, int64(t), p, int64(wpe.shape[0]), pos_tag)
-            for d in range(tid, dim, cuda.blockDim.x):
-                y[t, d] = zero
-            continue
+        p = _id_at(pos, t)
+        if _gpt2_bad_token(t, w, p, wte, wpe, y, zero, err, err_host, tags):
+            continue  # the same for every thread of the block
         base = t * dim
         for v in range(tid, dim // 4, cuda.blockDim.x):
             d = 4 * v
             a = load16(wte, w, d)
             b = load16(wpe, p, d)
             i = base + d
-            store16(y, t, d, (_dropped(a[0] + b[0], key, i, threshold, scale, zero, active),
-                              _dropped(a[1] + b[1], key, i + 1, threshold, scale, zero, active),
-                              _dropped(a[2] + b[2], key, i + 2, threshold, scale, zero, active),
-                              _dropped(a[3] + b[3], key, i + 3, threshold, scale, zero, active)))
+            store16(y, t, d, (_dropped(a[0] + b[0], key, i, drop, zero),
+                              _dropped(a[1] + b[1], key, i + 1, drop, zero),
+                              _dropped(a[2] + b[2], key, i + 2, drop, zero),
+                              _dropped(a[3] + b[3], key, i + 3, drop, zero)))
 
 
 @cuda.jit
-def _tile_ids(values, has, start, length, out):
-    """``out[t]`` = the id of token ``t`` (:func:`_id_at`), elementwise."""
+def _tile_ids(ids, out):
+    """``out[t]`` = the id of token ``t`` of the :class:`~numbapos._args.TiledIds` ``ids``
+    (:func:`_id_at`), elementwise."""
     for t in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        out[t] = _id_at(values, has, start, length, t)
+        out[t] = _id_at(ids, t)

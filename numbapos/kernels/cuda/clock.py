@@ -43,14 +43,17 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
+from ..._args import ClockKind
 from .. import stepvalues
 from . import arrays, errors, streams
 from .launch import launch
 
 __all__ = []  # not launchers: the CUDA optimiser ops use them
 
-SGD, ADAM, ADAGRAD = 0, 1, 2  # what a tick computes (SGD's: the learning rate alone)
-LR, STEP = 0, 1
+# What a tick computes (SGD's: the learning rate alone); functional.optim names them.
+SGD, ADAM, ADAGRAD = ClockKind.SGD, ClockKind.ADAM, ClockKind.ADAGRAD
+_SGD, _ADAM = int(ClockKind.SGD), int(ClockKind.ADAM)  # the kernel's (see numbapos._args)
+LR, STEP = 0, 1  # the entries of a clock's values
 
 
 class LiveHyper(NamedTuple):
@@ -101,26 +104,20 @@ class Clock:
         return found
 
 
-_NONE: dict = {}
-
-
 def split(hyper, dtype):
     """``(hyper, dyn)`` for a kernel: ``dyn`` empty for a plain hyper tuple (host values)."""
     if isinstance(hyper, LiveHyper):
         return hyper.hyper, hyper.dyn
-    key = np.dtype(dtype)
-    found = _NONE.get(key)
-    if found is None:
-        found = _NONE[key] = arrays.empty((0,), key)
-    return hyper, found
+    return hyper, arrays.absent(dtype)
 
 
-def tick(clock: Clock, hyper, dtype, kind: int, beta1=0.0, beta2=0.0, weight_decay=0.0,
+def tick(clock: Clock, hyper, dtype, kind: ClockKind, beta1=0.0, beta2=0.0, weight_decay=0.0,
          sparse=False, lr_decay=0.0) -> LiveHyper:
     """Advance ``clock`` by one step on the device and return ``hyper`` reading its values.
 
-    ``kind`` is SGD (the learning rate only, no step), ADAM or ADAGRAD; the
-    options are the float64 values the host's hyper-parameters were made from.
+    ``kind`` (a :class:`~numbapos._args.ClockKind`) is SGD (the learning rate only, no
+    step), ADAM or ADAGRAD; the options are the float64 values the host's
+    hyper-parameters were made from.
     """
     capture = streams.capturing()
     if capture is not None:
@@ -137,12 +134,12 @@ def _tick(values, word, kind, beta1, beta2, weight_decay, sparse, lr_decay, dyn)
     if cuda.grid(1) != 0 or errors.is_pending(word):
         return
     lr = values[LR]
-    if kind == SGD:
+    if kind == _SGD:
         dyn[0] = lr
         return
     step = values[STEP] + 1.0
     values[STEP] = step
-    if kind == ADAM:
+    if kind == _ADAM:
         decay, neg_step_size, root = stepvalues.adam_scalars(lr, beta1, beta2, weight_decay,
                                                              step, sparse)
         dyn[0] = decay

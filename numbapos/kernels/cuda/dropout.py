@@ -17,6 +17,7 @@ replay would draw the captured call's mask): it raises RuntimeError there.
 import numpy as np
 from numba import cuda
 
+from ..._args import DropoutArgs
 from ..hash import dropout_key, keeps
 from . import arrays, errors, streams
 from .arrays import THREADS, grid
@@ -24,24 +25,24 @@ from .launch import launch
 
 __all__ = ["dropout_apply", "dropout_keep_mask"]
 
-_NO_COUNTER: list = []
-
 
 def no_counter():
     """The empty uint64 device array a kernel's ``live`` gets when the host's value holds."""
-    if not _NO_COUNTER:
-        _NO_COUNTER.append(arrays.empty((0,), np.uint64))
-    return _NO_COUNTER[0]
+    return arrays.absent(np.uint64)
 
 
-def counter_args(drop):
-    """``(counter, live)`` of a kernel: ``live`` the device counter, or an empty array when
-    the counter is the host's ``drop.counter`` (refused while capturing when active)."""
-    if drop.live is not None:
-        return drop.counter, drop.live
-    if drop.active:
-        streams.refuse_in_capture(streams.DROPOUT)
-    return drop.counter, no_counter()
+def kernel_drop(drop, dtype=None):
+    """``drop`` (a :class:`~numbapos._args.DropoutArgs`) as the kernels take it: ``scale``
+    cast to ``dtype`` (as the CPU kernels cast it; kept when None) and ``live`` the
+    device counter, or an empty array when the counter is the host's ``drop.counter``
+    (refused while capturing when active)."""
+    live = drop.live
+    if live is None:
+        if drop.active:
+            streams.refuse_in_capture(streams.DROPOUT)
+        live = no_counter()
+    scale = drop.scale if dtype is None else dtype.type(drop.scale)
+    return DropoutArgs(drop.seed, drop.counter, drop.threshold, scale, bool(drop.active), live)
 
 
 @cuda.jit(device=True)
@@ -63,36 +64,41 @@ def dropout_apply(x, drop, out):
     1) copies ``x``, as on the CPU. The backward writes a gradient, so nothing
     is written while an index error is pending (:mod:`.errors`).
     """
-    counter = counter_args(drop)
+    # The scale is cast on the host exactly as the CPU kernel casts it.
+    drop = kernel_drop(drop, out.dtype)
     if x.size:
-        dtype = out.dtype.type
-        # The scale is cast on the host exactly as the CPU kernel casts it.
-        launch(_dropout_apply, grid(x.size), THREADS, x, drop.seed, *counter, drop.threshold,
-               dtype(drop.scale), dtype(0), out, errors.device_word())
+        launch(_dropout_apply, grid(x.size), THREADS, x, drop, out, errors.device_word())
 
 
 def dropout_keep_mask(drop, out):
     """``out[i] = kept(i)`` over a flat bool ``out``."""
-    counter = counter_args(drop)
+    drop = kernel_drop(drop)
     if out.size:
-        launch(_dropout_keep_mask, grid(out.size), THREADS, drop.seed, *counter,
-               drop.threshold, out)
+        launch(_dropout_keep_mask, grid(out.size), THREADS, drop, out)
+
+
+@cuda.jit(device=True)
+def drop_key(drop):
+    """The dropout key of a kernel's :class:`~numbapos._args.DropoutArgs` (see
+    :func:`counter_key`)."""
+    return counter_key(drop.seed, drop.counter, drop.live)
 
 
 @cuda.jit
-def _dropout_apply(x, seed, counter, live, threshold, scale, zero, out, err):
-    """``out[i] = x[i] * (scale or zero)``; ``scale`` / ``zero`` are of ``out``'s dtype.
+def _dropout_apply(x, drop, out, err):
+    """``out[i] = x[i] * (scale or 0)``; ``drop.scale`` is of ``out``'s dtype.
 
     Returns at once while an index error is pending."""
     if errors.is_pending(err):
         return
-    key = counter_key(seed, counter, live)
+    key = drop_key(drop)
+    zero = out.dtype.type(0)
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        out[i] = x[i] * (scale if keeps(key, i, threshold) else zero)
+        out[i] = x[i] * (drop.scale if keeps(key, i, drop.threshold) else zero)
 
 
 @cuda.jit
-def _dropout_keep_mask(seed, counter, live, threshold, out):
-    key = counter_key(seed, counter, live)
+def _dropout_keep_mask(drop, out):
+    key = drop_key(drop)
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        out[i] = keeps(key, i, threshold)
+        out[i] = keeps(key, i, drop.threshold)

@@ -30,6 +30,7 @@ import math
 import numpy as np
 from numba import cuda, float64, int64
 
+from ..._args import NormKind
 from . import errors, grouping, vector
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .fpmath import cast_like, mul_rn
@@ -40,8 +41,11 @@ from .vector import load16, store16
 __all__ = ["check_indices", "gather_rows", "gather_rows_checked", "group_rows",
            "not_equal_mask", "renorm_used_rows_", "scatter_rows", "sum_row_groups"]
 
-# Norm kinds of renorm_used_rows_ (the CPU's branches on norm_type).
-_NORM_INF, _NORM_2, _NORM_1, _NORM_P = 0, 1, 2, 3
+# The renorm kernels' branches on norm_type (NormKind), as ints for the kernel sources.
+_NORM_INF = int(NormKind.INF)
+_NORM_2 = int(NormKind.L2)
+_NORM_1 = int(NormKind.L1)
+_NORM_P = int(NormKind.P)
 
 # How many columns each thread of a row copy keeps in flight (loads before stores).
 _UNROLL = 4
@@ -109,9 +113,9 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
         return
     groups = group_rows(flat, None, weight.shape[0])
     norm_type = float(norm_type)
-    kind = norm_kind(norm_type)
     launch(_renorm_rows_, min(flat.size, MAX_BLOCKS), tree_threads(weight.shape[1]), weight,
-           groups.rows, groups.used, float(max_norm), kind, norm_type, errors.device_word())
+           groups.rows, groups.used, float(max_norm), norm_kind(norm_type), norm_type,
+           errors.device_word())
 
 
 def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
@@ -158,16 +162,18 @@ def not_equal_mask(flat, value, out):
 # ---------------------------------------------------------------- launcher helpers
 
 
-def norm_kind(norm_type: float) -> int:
-    """The renorm kernels' branch for a p-norm: ``_NORM_INF``, ``_NORM_2``, ``_NORM_1`` or
-    ``_NORM_P`` (the CPU's branches on ``norm_type``)."""
+def norm_kind(norm_type: float) -> np.int64:
+    """The renorm kernels' branch for a p-norm (a :class:`~numbapos._args.NormKind`, as the
+    int64 kernels take): the CPU's branches on ``norm_type``."""
     if norm_type == math.inf:
-        return _NORM_INF
-    if norm_type == 2.0:
-        return _NORM_2
-    if norm_type == 1.0:
-        return _NORM_1
-    return _NORM_P
+        kind = NormKind.INF
+    elif norm_type == 2.0:
+        kind = NormKind.L2
+    elif norm_type == 1.0:
+        kind = NormKind.L1
+    else:
+        kind = NormKind.P
+    return np.int64(kind)
 
 
 def _row_threads(dim: int, per_thread: int = 1) -> int:
@@ -181,12 +187,10 @@ def _launch_sum(grad, groups, dense, scale_grad_by_freq, out):
     n = groups.order.size
     if n and grad.shape[1] and _vector_sum(grad, out):
         launch(_sum_row_segments_vec, min(n, MAX_BLOCKS), _row_threads(grad.shape[1] // 4),
-               grad, groups.order, groups.starts, groups.counts, groups.rows, groups.used,
-               bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
+               grad, groups, bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
     elif n and grad.shape[1]:
-        launch(_sum_row_segments, min(n, MAX_BLOCKS), _row_threads(grad.shape[1]), grad,
-               groups.order, groups.starts, groups.counts, groups.rows, groups.used, bool(dense),
-               bool(scale_grad_by_freq), out, errors.device_word())
+        launch(_sum_row_segments, min(n, MAX_BLOCKS), _row_threads(grad.shape[1]), grad, groups,
+               bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
 
 
 def _vector_sum(grad, out) -> bool:
@@ -312,8 +316,9 @@ def _renorm_rows_(weight, rows, used, max_norm, kind, norm_type, word):
 
 
 @cuda.jit
-def _sum_row_segments(grad, order, starts, counts, rows, used, dense, scale_by_freq, out, word):
-    """Deterministic scatter-add, the CPU's ``_sum_row_segments`` by blocks.
+def _sum_row_segments(grad, groups, dense, scale_by_freq, out, word):
+    """Deterministic scatter-add, the CPU's ``_sum_row_segments`` by blocks, over the
+    :class:`~numbapos._args.RowGroups` ``groups``.
 
     Present row ``j`` (output row ``rows[j]`` when ``dense``, else ``j``) is
     owned by one block; each thread owns some columns and sums
@@ -327,10 +332,11 @@ def _sum_row_segments(grad, order, starts, counts, rows, used, dense, scale_by_f
     if errors.is_pending(word):
         return
     dim = grad.shape[1]
-    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
-        target = rows[j] if dense else j
+    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
+        target = groups.rows[j] if dense else j
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            out[target, d] = segment_sum(grad, order, starts[j], counts[j], scale_by_freq, d)
+            out[target, d] = segment_sum(grad, groups.order, groups.starts[j], groups.counts[j],
+                                         scale_by_freq, d)
 
 
 @cuda.jit(device=True)
@@ -382,18 +388,17 @@ def segment_sum(grad, order, start, count, scale_by_freq, d):
 
 
 @cuda.jit
-def _sum_row_segments_vec(grad, order, starts, counts, rows, used, dense, scale_by_freq, out,
-                          word):
+def _sum_row_segments_vec(grad, groups, dense, scale_by_freq, out, word):
     """:func:`_sum_row_segments` by float32 vectors: each thread owns 4 adjacent columns
     and sums them lane by lane (:func:`segment_sum4`), so the bits are the scalar ones."""
     if errors.is_pending(word):
         return
     vectors = grad.shape[1] // 4
-    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
-        target = rows[j] if dense else j
+    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
+        target = groups.rows[j] if dense else j
         for v in range(cuda.threadIdx.x, vectors, cuda.blockDim.x):
-            store16(out, target, 4 * v,
-                    segment_sum4(grad, order, starts[j], counts[j], scale_by_freq, 4 * v))
+            store16(out, target, 4 * v, segment_sum4(grad, groups.order, groups.starts[j],
+                                                     groups.counts[j], scale_by_freq, 4 * v))
 
 
 @cuda.jit(device=True)

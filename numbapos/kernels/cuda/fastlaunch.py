@@ -87,7 +87,7 @@ def _typeof():
                for kind in (bool, float, np.bool_, np.int8, np.int16, np.int32, np.int64,
                             np.uint8, np.uint16, np.uint32, np.uint64, np.float32, np.float64)}
 
-    named: dict = {}  # (named tuple class, field types) -> its Numba type
+    tuples: dict = {}  # (tuple class, member types) -> its Numba type
 
     def of(value):
         found = scalars.get(type(value))
@@ -96,12 +96,13 @@ def _typeof():
         cached = getattr(value, "_numba_type_", None)  # Numba device arrays cache theirs
         if cached is not None:
             return cached
-        if isinstance(value, tuple) and hasattr(value, "_fields"):
-            # The hyper-parameters and row groups: typed from their fields' types.
+        if isinstance(value, tuple):
+            # The records of numbapos._args (hyper-parameters, row groups, ids, tables,
+            # dropout, rounding) and tuples of tags: typed from their members' types.
             key = (type(value), tuple(map(of, value)))
-            found = named.get(key)
+            found = tuples.get(key)
             if found is None:
-                found = named[key] = typeof(value, Purpose.argument)
+                found = tuples[key] = typeof(value, Purpose.argument)
             return found
         return typeof(value, Purpose.argument)
     return of

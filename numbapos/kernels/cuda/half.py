@@ -22,6 +22,7 @@ import math
 import numpy as np
 from numba import cuda, float64, int64
 
+from ..._args import HalfRounding
 from ..halfbits import (
     f32_value_bits,
     half_from_f32_bits,
@@ -93,10 +94,9 @@ def renorm_half_rows_(table, flat, max_norm, norm_type, fmt):
         return
     groups = group_rows(flat, None, table.shape[0])
     norm_type = float(norm_type)
-    kind = norm_kind(norm_type)
     launch(_renorm_rows, min(flat.size, MAX_BLOCKS), _row_threads(table.shape[1]), table,
-           groups.rows, groups.used, float(max_norm), kind, norm_type, int64(fmt),
-           errors.device_word())
+           groups.rows, groups.used, float(max_norm), norm_kind(norm_type), norm_type,
+           int64(fmt), errors.device_word())
 
 
 def store_half_(table, values, seed, step, stochastic, fmt):
@@ -106,9 +106,8 @@ def store_half_(table, values, seed, step, stochastic, fmt):
     kernel reads: :class:`.clock.DeviceCounter`). Nothing is stored while an index error
     is pending."""
     if table.size:
-        launch(_store, grid(table.size), THREADS, table, values, np.uint64(seed),
-               *_step_args(step, stochastic), bool(stochastic), int64(fmt),
-               errors.device_word())
+        launch(_store, grid(table.size), THREADS, table, values,
+               _store_rounding(seed, step, stochastic, fmt), errors.device_word())
 
 
 def store_half_rows_(table, values, rows, used, seed, step, stochastic, fmt):
@@ -116,19 +115,29 @@ def store_half_rows_(table, values, rows, used, seed, step, stochastic, fmt):
     one-element device array: the count stays on the device)."""
     if rows.shape[0] and table.shape[1]:
         launch(_store_rows, min(rows.shape[0], MAX_BLOCKS), _row_threads(table.shape[1]), table,
-               values, rows, _count(used), np.uint64(seed), *_step_args(step, stochastic),
-               bool(stochastic), int64(fmt), errors.device_word())
+               values, rows, _count(used), _store_rounding(seed, step, stochastic, fmt),
+               errors.device_word())
 
 
-def _step_args(step, stochastic):
-    """``(step, live)`` of the store kernels: an int step (refused in a captured step when
-    stochastic: replays would repeat its bits) with an empty ``live``, or 0 and the device
-    counter."""
-    if not isinstance(step, (int, np.integer)):
-        return np.uint64(0), step
-    if stochastic:
-        streams.refuse_in_capture(streams.ROUNDING)
-    return np.uint64(step), no_counter()
+def kernel_rounding(rounding):
+    """``rounding`` (a :class:`~numbapos._args.HalfRounding`) as the kernels take it: the
+    format an int64, ``live`` the device counter holding the step, or an empty array
+    when the step is the host's (refused in a captured step when stochastic: replays
+    would repeat its bits)."""
+    live = rounding.live
+    if live is None:
+        if rounding.stochastic:
+            streams.refuse_in_capture(streams.ROUNDING)
+        live = no_counter()
+    return HalfRounding(int64(rounding.fmt), np.uint64(rounding.seed), np.uint64(rounding.step),
+                        bool(rounding.stochastic), live)
+
+
+def _store_rounding(seed, step, stochastic, fmt):
+    """The store kernels' rounding: ``step`` an int, or a device counter (step 0 and live)."""
+    if isinstance(step, (int, np.integer)):
+        return kernel_rounding(HalfRounding(fmt, seed, step, stochastic))
+    return kernel_rounding(HalfRounding(fmt, seed, 0, stochastic, step))
 
 
 def widen_half_rows(table, rows, used, fmt, out):
@@ -234,36 +243,44 @@ def _renorm_rows(table, rows, used, max_norm, kind, norm_type, fmt, word):
 
 
 @cuda.jit
-def _store(table, values, seed, step, live, stochastic, fmt, word):
-    """Elementwise :func:`store_half_`."""
+def _store(table, values, rounding, word):
+    """Elementwise :func:`store_half_` (``rounding``: :func:`kernel_rounding`)."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     dim = table.shape[1]
     for k in range(cuda.grid(1), table.size, cuda.gridsize(1)):
         r = k // dim
         d = k - r * dim
-        table[r, d] = _rounded(values[r, d], key, r, d, stochastic, fmt)
+        table[r, d] = _rounded(values[r, d], key, r, d, rounding)
 
 
 @cuda.jit(device=True)
-def _rounded(u, key, row, d, stochastic, fmt):
-    if stochastic:
-        return half_from_f32_bits_stochastic(u, fmt, rounding_bits(key, row, d))
-    return half_from_f32_bits(u, fmt)
+def rounding_key(rounding):
+    """The hash key of a kernel's :class:`~numbapos._args.HalfRounding` (its seed and step,
+    the step read from ``live`` when that is not empty)."""
+    return counter_key(rounding.seed, rounding.step, rounding.live)
+
+
+@cuda.jit(device=True)
+def _rounded(u, key, row, d, rounding):
+    """The float32 bits ``u`` of element ``(row, d)`` rounded to ``rounding.fmt``."""
+    if rounding.stochastic:
+        return half_from_f32_bits_stochastic(u, rounding.fmt, rounding_bits(key, row, d))
+    return half_from_f32_bits(u, rounding.fmt)
 
 
 @cuda.jit
-def _store_rows(table, values, rows, used, seed, step, live, stochastic, fmt, word):
+def _store_rows(table, values, rows, used, rounding, word):
     """:func:`store_half_rows_`: a block per listed row, threads along D."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     dim = table.shape[1]
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         r = rows[j]
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            table[r, d] = _rounded(values[r, d], key, r, d, stochastic, fmt)
+            table[r, d] = _rounded(values[r, d], key, r, d, rounding)
 
 
 @cuda.jit

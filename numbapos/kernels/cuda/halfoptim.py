@@ -13,17 +13,16 @@ while an index error is pending; row counts stay on the device.
 """
 
 import numpy as np
-from numba import cuda, int64
+from numba import cuda
 
 from ..._args import WeightDecayMode
 from .. import updates
 from ..halfbits import bf16_to_f32_bits, f32_bits_to_bf16, half_to_f32_bits
 from ..scalar import f32_bits, f32_from_bits
-from . import clock, errors, streams
+from . import clock, errors
 from .arrays import THREADS, grid
-from .dropout import counter_key, no_counter
 from .embedding import segment_sum
-from .half import _rounded
+from .half import _rounded, kernel_rounding, rounding_key
 from .launch import launch
 from .optim import (
     _live_adagrad,
@@ -54,8 +53,8 @@ def sgd_half_rows_(table, rows, values, used, buf, row_started, hyper, rounding)
     used, word = _on_device(used), errors.device_word()
     if table.shape[1]:
         launch(_sgd_rows, _row_blocks(rows), _row_threads(table.shape[1]), table, rows, used,
-               values, buf, _bf16_state(buf), row_started, *_hyper(hyper), *_rounding(rounding),
-               word)
+               values, buf, _bf16_state(buf), row_started, *_hyper(hyper),
+               kernel_rounding(rounding), word)
     if _host(hyper).momentum != 0:
         launch(_mark_started, grid(rows.size), THREADS, rows, used, row_started, word)
 
@@ -69,7 +68,7 @@ def sgd_half_row_groups_(table, grad, groups, scale_grad_by_freq, buf, row_start
     if table.shape[1]:
         launch(_sgd_row_groups, _row_blocks(groups.rows), _row_threads(table.shape[1]), table,
                grad, groups, bool(scale_grad_by_freq), buf, _bf16_state(buf), row_started,
-               *_hyper(hyper), *_rounding(rounding), word)
+               *_hyper(hyper), kernel_rounding(rounding), word)
     if _host(hyper).momentum != 0:
         launch(_mark_started, grid(groups.rows.size), THREADS, groups.rows, groups.used,
                row_started, word)
@@ -80,7 +79,7 @@ def adam_half_rows_(table, rows, values, used, exp_avg, exp_avg_sq, hyper, round
     if rows.size and table.shape[1]:
         launch(_adam_rows, _row_blocks(rows), _row_threads(table.shape[1]), table, rows,
                _on_device(used), values, exp_avg, _bf16_state(exp_avg), exp_avg_sq,
-               *_hyper(hyper), *_rounding(rounding), errors.device_word())
+               *_hyper(hyper), kernel_rounding(rounding), errors.device_word())
 
 
 def adam_half_row_groups_(table, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper,
@@ -89,14 +88,14 @@ def adam_half_row_groups_(table, grad, groups, scale_grad_by_freq, exp_avg, exp_
     if groups.rows.size and table.shape[1]:
         launch(_adam_row_groups, _row_blocks(groups.rows), _row_threads(table.shape[1]), table,
                grad, groups, bool(scale_grad_by_freq), exp_avg, _bf16_state(exp_avg),
-               exp_avg_sq, *_hyper(hyper), *_rounding(rounding), errors.device_word())
+               exp_avg_sq, *_hyper(hyper), kernel_rounding(rounding), errors.device_word())
 
 
 def adagrad_half_rows_(table, rows, values, used, state_sum, hyper, rounding):
     """Sparse Adagrad on the listed rows of the 16-bit ``table``."""
     if rows.size and table.shape[1]:
         launch(_adagrad_rows, _row_blocks(rows), _row_threads(table.shape[1]), table, rows,
-               _on_device(used), values, state_sum, *_hyper(hyper), *_rounding(rounding),
+               _on_device(used), values, state_sum, *_hyper(hyper), kernel_rounding(rounding),
                errors.device_word())
 
 
@@ -106,14 +105,14 @@ def adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, state_sum,
     if groups.rows.size and table.shape[1]:
         launch(_adagrad_row_groups, _row_blocks(groups.rows), _row_threads(table.shape[1]),
                table, grad, groups, bool(scale_grad_by_freq), state_sum, *_hyper(hyper),
-               *_rounding(rounding), errors.device_word())
+               kernel_rounding(rounding), errors.device_word())
 
 
 def rowwise_adagrad_half_rows_(table, rows, values, used, state_sum, hyper, rounding):
     """Row-wise Adagrad on the listed rows of the 16-bit ``table``."""
     if rows.size and table.shape[1]:
         launch(_rowwise_rows, grid(rows.size), THREADS, table, rows, _on_device(used), values,
-               state_sum, *_hyper(hyper), *_rounding(rounding), errors.device_word())
+               state_sum, *_hyper(hyper), kernel_rounding(rounding), errors.device_word())
 
 
 def rowwise_adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, state_sum, hyper,
@@ -121,25 +120,13 @@ def rowwise_adagrad_half_row_groups_(table, grad, groups, scale_grad_by_freq, st
     """:func:`rowwise_adagrad_half_rows_` fused with the gradient of a lookup."""
     if groups.rows.size and table.shape[1]:
         launch(_rowwise_row_groups, grid(groups.rows.size), THREADS, table, grad, groups,
-               bool(scale_grad_by_freq), state_sum, *_hyper(hyper), *_rounding(rounding),
+               bool(scale_grad_by_freq), state_sum, *_hyper(hyper), kernel_rounding(rounding),
                errors.device_word())
 
 
 def _bf16_state(state):
     """The kernels' flag for a state array: True for bfloat16 bits (``uint16``)."""
     return bool(state.dtype == np.uint16)
-
-
-def _rounding(rounding):
-    """The kernels' ``(fmt, seed, step, live, stochastic)`` arguments: ``live`` the device
-    counter holding the step (:class:`.clock.DeviceCounter`), or empty (``step`` holds)."""
-    live = rounding.live
-    if live is None:
-        if rounding.stochastic:
-            streams.refuse_in_capture(streams.ROUNDING)
-        live = no_counter()
-    return (int64(rounding.fmt), np.uint64(rounding.seed), np.uint64(rounding.step), live,
-            bool(rounding.stochastic))
 
 
 def _host(hyper):
@@ -162,8 +149,8 @@ def _load(table, row, d, fmt):
 
 
 @cuda.jit(device=True)
-def _store(table, row, d, value, key, stochastic, fmt):
-    table[row, d] = _rounded(f32_bits(value), key, row, d, stochastic, fmt)
+def _store(table, row, d, value, key, rounding):
+    table[row, d] = _rounded(f32_bits(value), key, row, d, rounding)
 
 
 @cuda.jit(device=True)
@@ -193,24 +180,23 @@ def _group_gradient(grad, groups, scale_by_freq, j, d):
 
 
 @cuda.jit(device=True)
-def _sgd_element(table, buf, bf16_buf, row, d, g, first, h, decay, key, stochastic, fmt):
-    p = _load(table, row, d, fmt)
+def _sgd_element(table, buf, bf16_buf, row, d, g, first, h, decay, key, rounding):
+    p = _load(table, row, d, rounding.fmt)
     if h.momentum != 0:
         p, b = updates.sgd_momentum_update(p, g, _load_state(buf, row, d, bf16_buf), h, first,
                                            h.nesterov, h.maximize, decay)
         _store_state(buf, row, d, b, bf16_buf)
     else:
         p = updates.sgd_plain_update(p, g, h, h.maximize, decay)
-    _store(table, row, d, p, key, stochastic, fmt)
+    _store(table, row, d, p, key, rounding)
 
 
 @cuda.jit
-def _sgd_rows(table, rows, used, values, buf, bf16_buf, row_started, h, dyn, fmt, seed, step,
-              live, stochastic, word):
+def _sgd_rows(table, rows, used, values, buf, bf16_buf, row_started, h, dyn, rounding, word):
     """SGD on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     h = _live_sgd(h, dyn)
     decay = h.weight_decay != 0
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
@@ -218,16 +204,16 @@ def _sgd_rows(table, rows, used, values, buf, bf16_buf, row_started, h, dyn, fmt
         first = h.momentum != 0 and not row_started[row]
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             _sgd_element(table, buf, bf16_buf, row, d, values[j, d], first, h, decay, key,
-                         stochastic, fmt)
+                         rounding)
 
 
 @cuda.jit
 def _sgd_row_groups(table, grad, groups, scale_by_freq, buf, bf16_buf, row_started, h, dyn,
-                    fmt, seed, step, live, stochastic, word):
+                    rounding, word):
     """:func:`_sgd_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     h = _live_sgd(h, dyn)
     decay = h.weight_decay != 0
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
@@ -235,88 +221,84 @@ def _sgd_row_groups(table, grad, groups, scale_by_freq, buf, bf16_buf, row_start
         first = h.momentum != 0 and not row_started[row]
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            _sgd_element(table, buf, bf16_buf, row, d, g, first, h, decay, key, stochastic,
-                         fmt)
+            _sgd_element(table, buf, bf16_buf, row, d, g, first, h, decay, key, rounding)
 
 
 # ---------------------------------------------------------------- Adam
 
 
 @cuda.jit(device=True)
-def _adam_element(table, exp_avg, bf16_avg, exp_avg_sq, row, d, g, h, key, stochastic, fmt):
+def _adam_element(table, exp_avg, bf16_avg, exp_avg_sq, row, d, g, h, key, rounding):
     l2, decoupled = updates.adam_decay_flags(h)
     p, m, exp_avg_sq[row, d] = updates.sparse_adam_update(
-        _load(table, row, d, fmt), g, _load_state(exp_avg, row, d, bf16_avg),
+        _load(table, row, d, rounding.fmt), g, _load_state(exp_avg, row, d, bf16_avg),
         exp_avg_sq[row, d], h, l2, decoupled)
     _store_state(exp_avg, row, d, m, bf16_avg)
-    _store(table, row, d, p, key, stochastic, fmt)
+    _store(table, row, d, p, key, rounding)
 
 
 @cuda.jit
-def _adam_rows(table, rows, used, values, exp_avg, bf16_avg, exp_avg_sq, h, dyn, fmt, seed,
-               step, live, stochastic, word):
+def _adam_rows(table, rows, used, values, exp_avg, bf16_avg, exp_avg_sq, h, dyn, rounding,
+               word):
     """SparseAdam on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     h = _live_adam(h, dyn)
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             _adam_element(table, exp_avg, bf16_avg, exp_avg_sq, rows[j], d, values[j, d], h,
-                          key, stochastic, fmt)
+                          key, rounding)
 
 
 @cuda.jit
 def _adam_row_groups(table, grad, groups, scale_by_freq, exp_avg, bf16_avg, exp_avg_sq, h,
-                     dyn, fmt, seed, step, live, stochastic, word):
+                     dyn, rounding, word):
     """:func:`_adam_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     h = _live_adam(h, dyn)
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             g = _group_gradient(grad, groups, scale_by_freq, j, d)
             _adam_element(table, exp_avg, bf16_avg, exp_avg_sq, groups.rows[j], d, g, h, key,
-                          stochastic, fmt)
+                          rounding)
 
 
 # ---------------------------------------------------------------- Adagrad
 
 
 @cuda.jit(device=True)
-def _adagrad_element(table, state_sum, row, d, g, h, key, stochastic, fmt):
-    p, state_sum[row, d] = updates.adagrad_update(_load(table, row, d, fmt), g,
+def _adagrad_element(table, state_sum, row, d, g, h, key, rounding):
+    p, state_sum[row, d] = updates.adagrad_update(_load(table, row, d, rounding.fmt), g,
                                                   state_sum[row, d], h, h.weight_decay != 0)
-    _store(table, row, d, p, key, stochastic, fmt)
+    _store(table, row, d, p, key, rounding)
 
 
 @cuda.jit
-def _adagrad_rows(table, rows, used, values, state_sum, h, dyn, fmt, seed, step, live,
-                  stochastic, word):
+def _adagrad_rows(table, rows, used, values, state_sum, h, dyn, rounding, word):
     """Adagrad on rows ``rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     h = _live_adagrad(h, dyn)
     for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
-            _adagrad_element(table, state_sum, rows[j], d, values[j, d], h, key, stochastic,
-                             fmt)
+            _adagrad_element(table, state_sum, rows[j], d, values[j, d], h, key, rounding)
 
 
 @cuda.jit
-def _adagrad_row_groups(table, grad, groups, scale_by_freq, state_sum, h, dyn, fmt, seed,
-                        step, live, stochastic, word):
+def _adagrad_row_groups(table, grad, groups, scale_by_freq, state_sum, h, dyn, rounding, word):
     """:func:`_adagrad_rows` with each gradient element summed on the spot from its positions."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     h = _live_adagrad(h, dyn)
     for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
         for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
             g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            _adagrad_element(table, state_sum, groups.rows[j], d, g, h, key, stochastic, fmt)
+            _adagrad_element(table, state_sum, groups.rows[j], d, g, h, key, rounding)
 
 
 # ---------------------------------------------------------------- row-wise Adagrad
@@ -331,33 +313,32 @@ def _rowwise_factors(table, row, square_sum, state_sum, h):
 
 
 @cuda.jit
-def _rowwise_rows(table, rows, used, values, state_sum, h, dyn, fmt, seed, step, live,
-                  stochastic, word):
+def _rowwise_rows(table, rows, used, values, state_sum, h, dyn, rounding, word):
     """Row-wise Adagrad on rows ``rows[j]``: one thread per listed row (the CPU's order)."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     h = _live_rowwise(h, dyn)
     l2 = h.mode == _L2
     for j in range(cuda.grid(1), used[0], cuda.gridsize(1)):
         row = rows[j]
         square_sum = np.float32(0)
         for d in range(table.shape[1]):
-            square_sum += updates.rowwise_term(values[j, d], _load(table, row, d, fmt), h, l2)
+            square_sum += updates.rowwise_term(values[j, d], _load(table, row, d, rounding.fmt),
+                                               h, l2)
         correction, multiplier = _rowwise_factors(table, row, square_sum, state_sum, h)
         for d in range(table.shape[1]):
-            p = updates.rowwise_apply(_load(table, row, d, fmt), values[j, d], correction,
-                                      multiplier)
-            _store(table, row, d, p, key, stochastic, fmt)
+            p = updates.rowwise_apply(_load(table, row, d, rounding.fmt), values[j, d],
+                                      correction, multiplier)
+            _store(table, row, d, p, key, rounding)
 
 
 @cuda.jit
-def _rowwise_row_groups(table, grad, groups, scale_by_freq, state_sum, h, dyn, fmt, seed,
-                        step, live, stochastic, word):
+def _rowwise_row_groups(table, grad, groups, scale_by_freq, state_sum, h, dyn, rounding, word):
     """:func:`_rowwise_rows` with the gradient summed on the spot (squares, then update)."""
     if errors.is_pending(word):
         return
-    key = counter_key(seed, step, live)
+    key = rounding_key(rounding)
     h = _live_rowwise(h, dyn)
     l2 = h.mode == _L2
     for j in range(cuda.grid(1), groups.used[0], cuda.gridsize(1)):
@@ -365,9 +346,10 @@ def _rowwise_row_groups(table, grad, groups, scale_by_freq, state_sum, h, dyn, f
         square_sum = np.float32(0)
         for d in range(table.shape[1]):
             g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            square_sum += updates.rowwise_term(g, _load(table, row, d, fmt), h, l2)
+            square_sum += updates.rowwise_term(g, _load(table, row, d, rounding.fmt), h, l2)
         correction, multiplier = _rowwise_factors(table, row, square_sum, state_sum, h)
         for d in range(table.shape[1]):
             g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            p = updates.rowwise_apply(_load(table, row, d, fmt), g, correction, multiplier)
-            _store(table, row, d, p, key, stochastic, fmt)
+            p = updates.rowwise_apply(_load(table, row, d, rounding.fmt), g, correction,
+                                      multiplier)
+            _store(table, row, d, p, key, rounding)

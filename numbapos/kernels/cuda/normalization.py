@@ -36,7 +36,7 @@ from numba import cuda
 
 from ..._args import chunk_rows, num_chunks
 from . import errors
-from .arrays import MAX_BLOCKS, THREADS, full, grid
+from .arrays import MAX_BLOCKS, THREADS, absent, full, grid
 from .fpmath import mul_for, numba_float
 from .launch import launch
 from .reduce import block_sum, block_sum2, tree_threads
@@ -149,15 +149,22 @@ def layer_norm_backward_rows(grad_y, x, mean, rstd, weight, grad_x, grad_weight,
     if not (want_w or want_b):
         return
     chunks = num_chunks(rows)
-    # An unwanted partial is a 1x1 placeholder that the kernel never touches.
-    part_w = cuda.device_array((chunks, dim) if want_w else (1, 1), dtype=x.dtype)
-    part_b = cuda.device_array((chunks, dim) if want_b else (1, 1), dtype=x.dtype)
+    part_w = partials(want_w, (chunks, dim), x.dtype)
+    part_b = partials(want_b, (chunks, dim), x.dtype)
     launch(_partials_kernel(x.dtype), grid(chunks * dim), THREADS, grad_y, x, mean, rstd, chunks,
-           chunk_rows(rows), want_w, want_b, part_w, part_b, word)
+           chunk_rows(rows), part_w, part_b, word)
     if want_w:
         add_partials(part_w, grad_weight)
     if want_b:
         add_partials(part_b, grad_bias)
+
+
+def partials(wanted: bool, shape, dtype):
+    """The per-chunk partial sums of one gradient, or an empty array when it is not wanted
+    (the partials kernels sum into the non-empty ones only)."""
+    if wanted:
+        return cuda.device_array(shape, dtype=dtype)
+    return absent(dtype, len(shape))
 
 
 # ---------------------------------------------------------------- kernels (one set per dtype)
@@ -243,12 +250,13 @@ def _partials_kernel(dtype):
     mul = mul_for(dtype)
 
     @cuda.jit
-    def layer_norm_partials(grad_y, x, mean, rstd, chunks, chunk, want_w, want_b,
-                            part_w, part_b, err):
+    def layer_norm_partials(grad_y, x, mean, rstd, chunks, chunk, part_w, part_b, err):
         """One thread per ``(chunk, d)``: its chunk's ``gy * xhat`` / ``gy`` in row order
-        (nothing while an index error is pending)."""
+        into the partials that are not empty (nothing while an index error is pending)."""
         if errors.is_pending(err):
             return
+        want_w = part_w.size != 0
+        want_b = part_b.size != 0
         rows, dim = x.shape
         zero = nbt(0)
         for k in range(cuda.grid(1), chunks * dim, cuda.gridsize(1)):

@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda, float64, int64
 
 from . import errors
-from .arrays import THREADS, asarray, grid
+from .arrays import THREADS, absent, asarray, grid
 from .fpmath import mul_f32, mul_f64
 from .launch import launch
 
@@ -110,12 +110,12 @@ def positions_from_padding(ids, padding_idx, past, pad_position, out):
         rows, seq = ids.shape
         top = np.iinfo(np.int64).max
         max_past = top - max(seq - 1, 0)  # past_length + L - 1 must fit in int64
-        has_past = not isinstance(past, (int, np.integer))
-        start = np.int64(0 if has_past else past)
-        past_arr = past if has_past else cuda.device_array(1, np.int64)
+        on_host = isinstance(past, (int, np.integer))
+        start = np.int64(past if on_host else 0)
+        past = absent(np.int64) if on_host else past  # empty: every row starts at ``start``
         word, host = errors.words()
-        launch(_positions_from_padding, grid(rows), THREADS, ids, np.int64(padding_idx), past_arr,
-               has_past, start, np.int64(pad_position), np.int64(max_past), np.int64(min(max_past,
+        launch(_positions_from_padding, grid(rows), THREADS, ids, np.int64(padding_idx), past,
+               start, np.int64(pad_position), np.int64(max_past), np.int64(min(max_past,
                top - 1) + 1), out, word, host, errors.tag("past_length", "past_length_bound"))
         errors.after_launch()
 
@@ -263,13 +263,14 @@ _MULT_ADD_BACKWARD = {np.dtype(np.float32): _make_mult_add_backward(mul_f32),
 
 
 @cuda.jit
-def _positions_from_padding(ids, padding_idx, past, has_past, start, pad_position, max_past,
-                            bound, out, err, err_host, which):
+def _positions_from_padding(ids, padding_idx, past, start, pad_position, max_past, bound, out,
+                            err, err_host, which):
     """One thread per row: a sequential scan along L (rows are short, and the scan's
-    running count makes the row one thread's work)."""
+    running count makes the row one thread's work), from ``past[r]``, or from ``start``
+    when ``past`` is empty."""
     seq = ids.shape[1]
     for r in range(cuda.grid(1), ids.shape[0], cuda.gridsize(1)):
-        next_position = int64(past[r]) if has_past else start
+        next_position = int64(past[r]) if past.size else start
         if next_position < 0 or next_position > max_past:
             errors.record(err, err_host, int64(r), next_position, bound, which)
             for l in range(seq):

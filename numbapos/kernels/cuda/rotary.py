@@ -21,9 +21,10 @@ multiplies (no FMA), so the rotation, like the table, has the CPU's bits.
 import numpy as np
 from numba import config, cuda, float32, float64, int64
 
+from ..._args import RotaryAngles
 from .. import sincos as _sincos
 from ..sincos import sincos
-from .arrays import THREADS, empty, grid
+from .arrays import THREADS, absent, grid
 from .fpmath import mul_for
 from .launch import launch
 
@@ -51,11 +52,11 @@ def rotary_table(positions, offset, inv_freq, angles, cos, sin):
     is a float64 device array; ``cos`` / ``sin`` are ``(P, L, R/2)``.
     """
     if cos.size:
-        has_ids = positions is not None
-        # a (1, 1) stand-in from the memory pool; the kernel never reads it
-        ids = positions if has_ids else empty((1, 1), np.int64)
-        launch(_table, grid(cos.size), THREADS, ids, has_ids, np.int64(offset), inv_freq,
-               float64(angles.scale), float64(angles.sign), bool(angles.float32_angle), cos, sin)
+        positions = absent(np.int64, 2) if positions is None else positions  # empty: l
+        angles = RotaryAngles(float64(angles.scale), float64(angles.sign),
+                              bool(angles.float32_angle))
+        launch(_table, grid(cos.size), THREADS, positions, np.int64(offset), inv_freq, angles,
+               cos, sin)
 
 
 def rotary_pick_frequencies(positions, threshold, short, long, out):
@@ -89,7 +90,11 @@ def rotary_apply(x, cos, sin, interleaved, head_axis, out):
 
 
 @cuda.jit
-def _table(positions, has_ids, offset, inv_freq, scale, sign, float32_angle, cos, sin):
+def _table(positions, offset, inv_freq, angles, cos, sin):
+    """One thread per table entry: the angle of position ``offset + positions[p, l]`` (``l``
+    when ``positions`` is empty) and frequency ``i``, as :class:`~numbapos._args.RotaryAngles`
+    says."""
+    scale = angles.scale
     half = cos.shape[2]
     seq = cos.shape[1]
     for k in range(cuda.grid(1), cos.size, cuda.gridsize(1)):
@@ -97,8 +102,8 @@ def _table(positions, has_ids, offset, inv_freq, scale, sign, float32_angle, cos
         i = k - row * half
         p = row // seq
         l = row - p * seq
-        pos = offset + (positions[p, l] if has_ids else l)
-        if float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
+        pos = offset + (positions[p, l] if positions.size else l)
+        if angles.float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
             a32 = float32(float32(pos) * float32(inv_freq[i]))
             sa, ca = sincos(float64(a32))
             c = float64(float32(ca) * float32(scale))
@@ -108,7 +113,7 @@ def _table(positions, has_ids, offset, inv_freq, scale, sign, float32_angle, cos
             c = ca * scale
             s = sa * scale
         cos[p, l, i] = c
-        sin[p, l, i] = s * sign
+        sin[p, l, i] = s * angles.sign
 
 
 # ---------------------------------------------------------------- rotation
