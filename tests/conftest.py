@@ -83,7 +83,7 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_report_header(config):
     if not _numba_cuda_importable():
-        return "numba-cuda is not installed: tests/test_cuda_*.py are not collected"
+        return "numba-cuda is not installed: tests/cuda/test_cuda_*.py are not collected"
     return None
 
 

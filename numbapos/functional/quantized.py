@@ -27,7 +27,7 @@ from .. import _checks, _device
 from ._common import backend_for, check_range, flatten, on_backend
 
 #: The table formats numbapos has: (name, bytes per row of D columns, use, error bound).
-#: ``python -m numbapos info`` prints them; the bounds are what tests/test_quantized.py
+#: ``python -m numbapos info`` prints them; the bounds are what tests/ops/test_quantized.py
 #: checks, per row, on top of a float32 rounding allowance of ``2**-20 * max|x|``.
 TABLE_FORMATS = (
     ("float32 / float64", "4 D / 8 D", "training and inference", "exact"),

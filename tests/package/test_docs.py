@@ -19,7 +19,7 @@ import pytest
 
 import numbapos
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 # Every module of the package except the kernels (launchers, no docstring examples;

@@ -210,7 +210,7 @@ def test_bad_state(tmp_path, state, match):
 
 
 def test_lists_and_scalars_are_nested_state(tmp_path):
-    # They raised TypeError before nested state (tests/test_checkpoints.py) was saved.
+    # They raised TypeError before nested state (tests/modules/test_checkpoints.py) was saved.
     for state in ({"a": [1.0, 2.0]}, {"a": 1.0}):
         save_state(state, tmp_path / "x.safetensors")
         assert load_state(tmp_path / "x.safetensors") == state

@@ -171,7 +171,7 @@ def test_from_pretrained_keeps_dtype_and_memory_like_pytorch(tdtype):
 
 def test_from_pretrained_lists_become_float32_and_other_dtypes_are_refused():
     assert nn.Embedding.from_pretrained([[1.0, 2.0]]).weight.dtype == np.float32
-    # (float16 and bfloat16 tensors are viewed as 16-bit tables: tests/test_half.py)
+    # (float16 and bfloat16 tensors are viewed as 16-bit tables: tests/ops/test_half.py)
     for table in (torch.ones(2, 2, dtype=torch.int64), np.ones((2, 2), np.int32)):
         with pytest.raises(TypeError, match="embeddings: expected dtype float32, float64, "
                                             "bfloat16 or float16"):
@@ -181,7 +181,7 @@ def test_from_pretrained_lists_become_float32_and_other_dtypes_are_refused():
 
 
 def test_device_arrays_are_unchanged_by_the_conversion():
-    # CUDA arrays keep their own path (tests/test_devices.py covers them on both devices).
+    # CUDA arrays keep their own path (tests/cuda/test_devices.py covers them on both devices).
     x = np.ones((2, 3), np.float32)
     assert numbapos._checks.as_array(x, "x") is x
     assert numbapos.device_of(numbapos._checks.as_array(torch.ones(2), "x")) == "cpu"

@@ -11,7 +11,7 @@ import pytest
 import numbapos
 from numbapos import config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

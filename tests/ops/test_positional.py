@@ -299,7 +299,7 @@ ADD_ERRORS = [
     (lambda x, t: (x, t, {"position_ids": np.array([0, 1, 6, 2])}), IndexError,
      r"position_ids: index 6 .*max_len=6"),
     (lambda x, t: (x, t, {"position_ids": [0, -1, 2, 2]}), IndexError, "index -1"),
-    # (float positions are fractional positions: tests/test_resize.py)
+    # (float positions are fractional positions: tests/ops/test_resize.py)
     (lambda x, t: (x, t, {"position_ids": [True, False, True, True]}), TypeError,
      "position_ids: expected integer"),
     (lambda x, t: (x, t, {"out": np.empty((2, 4, 2), np.float32)}), ValueError, "out: expected"),

@@ -34,7 +34,7 @@ from numbapos.kernels.cuda import vector
 from numbapos.kernels.cuda.reduce import block_max, block_sum, block_sum2
 from numbapos.kernels.halfbits import BF16
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 
 

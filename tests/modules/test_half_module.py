@@ -75,7 +75,7 @@ def test_an_optimiser_made_before_keeps_training_the_16_bit_table():
 
 
 def test_float64_bert_blocks_and_bad_dtypes_are_refused():
-    # BERT's fused kernels compute in float32 beside 16-bit tables (tests/test_half_blocks.py):
+    # BERT's fused kernels compute in float32 beside 16-bit tables (tests/ops/test_half_blocks.py):
     # a float64 LayerNorm would be rounded silently.
     block = nn.BertEmbeddings(vocab_size=20, hidden_size=8, max_position_embeddings=16,
                               type_vocab_size=2, seed=0, dtype=np.float64)

@@ -11,7 +11,7 @@ import pytest
 
 from numbapos.kernels.cpu import cachestamp
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_fingerprint_covers_every_inlined_source_and_the_settings(tmp_path):

@@ -28,7 +28,7 @@ from numbapos.__main__ import main
 from numbapos.kernels import cpu
 from numbapos.kernels.cpu import AREAS, arrays, jit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _same(a, b, where):

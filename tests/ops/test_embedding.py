@@ -213,7 +213,7 @@ def test_non_integer_indices_raise_type_error(rng, device, indices):
     [(np.zeros((4, 3), dtype=np.int64),), (np.zeros((4, 3), dtype=np.uint16),)]),
     indirect=["device"])
 def test_non_float_weight_raises_type_error(device, weight):
-    # (float16 and bfloat16 tables are looked up: tests/test_half.py)
+    # (float16 and bfloat16 tables are looked up: tests/ops/test_half.py)
     if isinstance(weight, np.ndarray):
         weight = on(device, weight)
     with pytest.raises(TypeError, match="weight"):

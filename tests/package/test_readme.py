@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def python_blocks():

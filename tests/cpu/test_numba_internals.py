@@ -11,7 +11,7 @@ import pytest
 
 from numbapos import _numba_internals
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A sparse training step and a BERT block step through the parallel kernels: the bytes of
 # every result, printed as hex digests.

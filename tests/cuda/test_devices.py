@@ -24,7 +24,7 @@ from numbapos import _device, nn, optim
 from numbapos import functional as F
 from numbapos.sparse import SparseRows
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 AREAS = ["alibi", "arrays", "blocks", "dropout", "embedding", "half", "halfoptim", "init",
          "normalization", "optim", "positional", "quantized", "resize", "rotary"]
 

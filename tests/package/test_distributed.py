@@ -34,7 +34,7 @@ def cluster():
     started = not ray.is_initialized()
     if started:
         # The workers import numbapos from this checkout, whatever else is installed.
-        root = str(pathlib.Path(__file__).resolve().parents[1])
+        root = str(pathlib.Path(__file__).resolve().parents[2])
         env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
                                              if p)}
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,

@@ -335,7 +335,7 @@ def test_dropout_replays_draw_the_masks_of_the_eager_steps_and_of_the_cpu():
     assert drop.counter == len(BATCHES)  # the host counts replays, reading nothing back
     assert int(drop.state_dict()["counter"]) == len(BATCHES)
     # Against the same steps on the CPU, whose masks and bits the eager CUDA steps give
-    # (tests/test_dropout.py): no second simulated run.
+    # (tests/ops/test_dropout.py): no second simulated run.
     for device in ("cpu",):
         emb2, drop2, ids2, step2 = _dropout_setup(device)
         expected = []
