@@ -466,10 +466,8 @@ def _processes(processes, tasks: int) -> int:
     if processes > 1 and fcntl is None:
         raise ValueError("processes: more than 1 needs POSIX file locks (fcntl), which this "
                          "platform lacks; use processes=1")
-    if processes > 1 and not _numba_internals.can_lock_cache_saves():
-        raise ValueError("processes: more than 1 needs to lock Numba's cache files, which "
-                         f"this Numba (or {_numba_internals.ENV}=0) does not allow; use "
-                         "processes=1")
+    if not _numba_internals.can_lock_cache_saves():
+        return 1  # the fallback: nothing keeps the workers' cache writes apart
     return max(1, min(int(processes), tasks))
 
 

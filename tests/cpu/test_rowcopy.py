@@ -152,8 +152,8 @@ def test_gather_streams_large_outputs_only(monkeypatch):
     seen = []
     original = cpu_embedding.pick
 
-    def spy(serial, parallel, work):
-        kernel = original(serial, parallel, work)
+    def spy(kernels, work):
+        kernel = original(kernels, work)
         return lambda *args: (seen.append(args[-1]), kernel(*args))[1]
 
     monkeypatch.setattr(cpu_embedding, "pick", spy)

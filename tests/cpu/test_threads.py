@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 import numbapos
+from numbapos import _numba_internals
 
 BERT_STEP = textwrap.dedent("""
     import hashlib, json, os
@@ -52,6 +53,13 @@ def default_run():
     return run_step()
 
 
+# The pool's start with numbapos's wait policy goes through Numba's internals; with
+# NUMBAPOS_NUMBA_INTERNALS=0 Numba starts it by itself, with the environment's policy.
+needs_internals = pytest.mark.skipif(not _numba_internals.enabled(),
+                                     reason="NUMBAPOS_NUMBA_INTERNALS=0: Numba starts the pool")
+
+
+@needs_internals
 def test_numbapos_sets_the_wait_policy_and_restores_the_environment(default_run):
     if default_run["layer"] != "omp":
         pytest.skip(f"threading layer {default_run['layer']}: the spin count is OpenMP's")
@@ -64,6 +72,7 @@ def test_numbapos_sets_the_wait_policy_and_restores_the_environment(default_run)
     ({"GOMP_SPINCOUNT": "123"}, "GOMP_SPINCOUNT=123"),
     ({"NUMBAPOS_SPIN_COUNT": "2000"}, "spin 2000 iterations"),
 ])
+@needs_internals
 def test_the_users_choice_wins(default_run, env, shown):
     if default_run["layer"] != "omp":
         pytest.skip("OpenMP layer not in use")
