@@ -151,7 +151,10 @@ def pool_settings() -> dict:
     ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT``, or the layer's own.
     """
     start_pool()
-    layer = numba.threading_layer()
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # not started yet (NUMBAPOS_NUMBA_INTERNALS=0: the first kernel starts it)
+        layer = "not started yet"
     if _spin_set is not None:
         how = "sleep at once" if _spin_set == "0" else f"spin {_spin_set} iterations, then sleep"
         wait = f"{how} (GOMP_SPINCOUNT={_spin_set} set by numbapos)"

@@ -501,8 +501,8 @@ def _lock_cache_files(lock_path: str) -> None:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return wrapper
 
-    if not _numba_internals.lock_cache_saves(locked):
-        raise RuntimeError("warmup: this Numba's cache files cannot be locked; use processes=1")
+    # Without the lock (the public fallback) _processes gave the warm-up one worker.
+    _numba_internals.lock_cache_saves(locked)
 
 
 def _serve() -> None:

@@ -23,7 +23,7 @@ import pytest
 from numba.core.registry import CPUDispatcher
 
 import numbapos
-from numbapos import _warmup
+from numbapos import _numba_internals, _warmup
 from numbapos.__main__ import main
 from numbapos.kernels import cpu
 from numbapos.kernels.cpu import AREAS, arrays, jit
@@ -271,6 +271,8 @@ print(json.dumps({"compiled": sum(r.compiled for r in again),
 """
 
 
+@pytest.mark.skipif(not _numba_internals.can_lock_cache_saves(),
+                    reason="NUMBAPOS_NUMBA_INTERNALS=0: the warm-up runs one worker")
 def test_worker_processes_fill_one_cache_without_losing_entries(tmp_path):
     cache = tmp_path / "cache"
     run = _python(["-m", "numbapos", "warmup", "--index-dtypes", "int32,int64", "--ops",
