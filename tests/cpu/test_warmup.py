@@ -173,8 +173,9 @@ def _launched(area) -> set:
     def walk(code):
         for name in code.co_names:
             obj = vars(area).get(name)
-            if isinstance(obj, CPUDispatcher):
-                found.add(obj.py_func.__name__)
+            for one in (obj if isinstance(obj, jit.SerialParallel) else (obj,)):
+                if isinstance(one, CPUDispatcher):
+                    found.add(one.py_func.__name__)
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
                 walk(const)
@@ -197,8 +198,11 @@ numbapos.warmup(dtypes, index_dtypes, ops, verbose=False, processes=2)
 again = numbapos.warmup(dtypes, index_dtypes, ops, verbose=False, processes=1)
 print(json.dumps({"compiled": {f"{r.case} {r.dtype} {r.index_dtype}": r.compiled
                                for r in again if r.compiled},
-                  "signatures": {area.__name__: {name: [str(sig) for sig in d.signatures]
-                                                 for name, d in vars(area).items()
+                  "signatures": {area.__name__: {d.py_func.__name__: [str(sig)
+                                                                      for sig in d.signatures]
+                                                 for obj in vars(area).values()
+                                                 for d in (obj if isinstance(
+                                                     obj, cpu.jit.SerialParallel) else (obj,))
                                                  if hasattr(d, "signatures")}
                                  for area in cpu.AREAS}}))
 """
@@ -255,8 +259,9 @@ def test_warmup_caches_every_launched_kernel_for_each_float_dtype(dtypes, index_
                 missing.append(f"{area.__name__}.{name}: {sigs}")
     assert not missing, "kernels the warm-up does not compile (add them to CASES):\n" + \
         "\n".join(missing)
-    parallel = [name for area in cpu.AREAS for name in _launched(area) if "parallel" in name]
-    assert parallel, "expected parallel kernel bodies among the launched kernels"
+    serial = [name for area in cpu.AREAS for name in _launched(area)
+              if name.endswith(jit.SERIAL_SUFFIX)]
+    assert serial, "expected the serial compilations of parallel bodies among the launched kernels"
 
 
 # Worker processes compiling signatures of the same kernels at once (int32 and
