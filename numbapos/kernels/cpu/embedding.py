@@ -11,7 +11,6 @@ import threading
 import numpy as np
 from numba import prange
 
-from ... import _pool
 from ..._args import RowGroups
 from .arrays import option, pick
 from .jit import kernel
@@ -79,9 +78,9 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type):
     ``max_norm / (norm + 1e-7)``, once however often it repeats.
     """
     if flat.size:
-        if not _pool.started:  # an always-parallel kernel
-            _pool.start_pool()
-        _renorm_rows_.parallel(weight, unique_rows(flat), float(max_norm), float(norm_type))
+        rows = unique_rows(flat)
+        pick(_renorm_rows_, rows.size * weight.shape[1])(weight, rows, float(max_norm),
+                                                          float(norm_type))
 
 
 def group_by_row(flat, padding_idx):
