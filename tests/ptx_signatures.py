@@ -274,4 +274,7 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    # Kernels defined in test modules (tests/<area>/test_*.py) are imported by module name.
+    sys.path[1:1] = [str(folder) for folder in sorted(Path(__file__).resolve().parent.iterdir())
+                     if folder.is_dir() and any(folder.glob("test_*.py"))]
     sys.exit(main())
