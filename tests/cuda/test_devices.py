@@ -180,6 +180,32 @@ def test_adopt_wraps_cuda_array_interface_objects(monkeypatch):
     assert _device.adopt(plain) is plain
 
 
+def test_a_numpy_numba_cuda_cannot_compile_with_is_named_before_the_first_launch(monkeypatch):
+    """numba-cuda 0.30 with NumPy 2.5 (no np.row_stack): one clear error, not an
+    AttributeError from inside the first kernel's compilation (seen on an H100 image)."""
+    import numba
+    import numba_cuda
+
+    from numbapos.kernels import cuda as backend
+
+    def removed(name):
+        raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+
+    def other(name):
+        raise AttributeError("something else")
+
+    monkeypatch.delattr(np, "row_stack", raising=False)
+    monkeypatch.setattr(numba.config, "ENABLE_CUDASIM", 0)
+    problem = backend.numpy_incompatibility(removed)
+    assert f"numba-cuda {numba_cuda.__version__}" in problem
+    assert f"NumPy {np.__version__}" in problem and "numpy<2.5" in problem
+    with pytest.raises(AttributeError, match="something else"):
+        backend.numpy_incompatibility(other)
+    assert backend.numpy_incompatibility(lambda name: None) is None
+    monkeypatch.setattr(np, "row_stack", np.vstack, raising=False)
+    assert backend.numpy_incompatibility(removed) is None
+
+
 def test_to_device_and_back(device):
     x = np.arange(6.0).reshape(2, 3)
     y = numbapos.to_device(x, device)

@@ -13,6 +13,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 
+
+def _path(*folders) -> str:
+    """A child's PYTHONPATH: ``folders`` first, then the caller's (packages installed there)."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([str(f) for f in folders] + inherited)
+
 pytest.importorskip("numba.cuda")
 
 # A kernel the simulator runs happily and NVVM refuses (a NumPy allocation on the device).
@@ -48,7 +54,7 @@ def _record(tmp_path, which):
     (tmp_path / "broken_kernels.py").write_text(BROKEN)
     path = tmp_path / f"{which}.pkl"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS), str(tmp_path)]))
+               PYTHONPATH=_path(ROOT, TESTS, tmp_path))
     done = subprocess.run([sys.executable, "-c", RECORD, str(path), which], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -80,7 +86,7 @@ def test_a_kernel_nvvm_refuses_fails_the_check_and_numbapos_kernels_compile(tmp_
     if not _nvvm_available():
         pytest.skip("NVVM is not installed (pip install 'numba-cuda[cu12]'; .ci/run does)")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+               PYTHONPATH=_path(ROOT, tmp_path))
     script = str(TESTS / "ptx_signatures.py")
     path, _ = _record(tmp_path, "ok")
     done = subprocess.run([sys.executable, script, str(path), "--cc", "9.0", "--only-recorded"],
