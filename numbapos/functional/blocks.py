@@ -427,12 +427,10 @@ def _clip_tables(K, tables, flats, options, names, num_tokens):
                                  f"C-contiguous 16-bit table")
     for table, flat, opts in zip(tables, flats, options, strict=True):
         if opts.max_norm is not None and num_tokens:
-            if _checks.is_half_dtype(table.dtype):
-                K.renorm_half_rows_(table.view(_UINT16), _full(K, flat, num_tokens),
-                                    opts.max_norm, opts.norm_type, half_format(table.dtype))
-            else:
-                K.renorm_used_rows_(table, _full(K, flat, num_tokens), opts.max_norm,
-                                    opts.norm_type)
+            half = _checks.is_half_dtype(table.dtype)
+            K.renorm_used_rows_(table.view(_UINT16) if half else table,
+                                _full(K, flat, num_tokens), opts.max_norm, opts.norm_type,
+                                half_format(table.dtype) if half else TableFormat.FLOAT)
 
 
 def _inline_checks(options):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks, _device
+from .._args import TableFormat
 from ..sparse import SparseRows
 from ._common import (
     INDEX_DTYPES,
@@ -15,7 +16,7 @@ from ._common import (
     flatten,
     on_backend,
 )
-from .half import half_embedding
+from .half import half_format
 
 _RENORM_WRITES = "max_norm clips the rows it looks up in place"
 
@@ -27,6 +28,7 @@ _RENORM_WRITES = "max_norm clips the rows it looks up in place"
 # (which reads them in C order; a strided array compiles its own variant once).
 _INT64, _INT32 = INDEX_DTYPES
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
+_UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
 _ndarray, _empty = np.ndarray, np.empty
 _gather_checked = None  # kernels.cpu.gather_rows_checked, once loaded
 
@@ -141,30 +143,48 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
                     return result
     weight = _checks.check_table(weight)
     K = backend_for((weight, out), ("weight", "out"))
-    if _checks.is_half_dtype(weight.dtype):
-        return half_embedding(K, indices, weight, padding_idx, max_norm, norm_type, out,
-                              out_dtype)
-    if out_dtype is not None and _checks.check_table_dtype(out_dtype, "out_dtype") != weight.dtype:
-        raise TypeError(f"out_dtype: a {weight.dtype} table looks up into {weight.dtype}, got "
-                        f"{_checks.check_table_dtype(out_dtype, 'out_dtype')}")
+    half = _checks.is_half_dtype(weight.dtype)
+    out_dtype = _lookup_dtype(weight.dtype, out_dtype, half)
     indices = on_backend(K, indices)
     num_rows, dim = weight.shape
     _checks.check_padding_idx(padding_idx, num_rows)
     max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
     if max_norm is not None:
         _checks.check_writeable(weight, "weight", _RENORM_WRITES)
+        if half and not _device.is_c_contiguous(weight):
+            raise ValueError("weight: max_norm clips rows in place and needs a C-contiguous "
+                             "16-bit table")
     shape = tuple(indices.shape) + (dim,)
     if out is not None:
-        out = _checks.check_out(out, shape, weight.dtype, avoid=(weight, indices))
+        out = _checks.check_out(out, shape, out_dtype, avoid=(weight, indices))
     flat = flatten(K, indices)
     check_range(K, flat, num_rows, checked_by_kernel=True)
 
+    # A 16-bit table reaches the kernels as its uint16 bits with its format, a float32
+    # result as its uint32 bits (see numbapos.functional.half).
+    fmt = half_format(weight.dtype) if half else TableFormat.FLOAT
+    table = K.contiguous(weight).view(_UINT16) if half else weight
     if max_norm is not None:
-        K.renorm_used_rows_(weight, flat, max_norm, norm_type)
+        K.renorm_used_rows_(table, flat, max_norm, norm_type, fmt)
     if out is None:
-        out = K.empty(shape, weight.dtype)
-    K.gather_rows(flat, weight, _device.reshaped(out, (flat.size, dim)))
+        out = K.empty(shape, out_dtype)
+    rows = _device.reshaped(out, (flat.size, dim))
+    if half:
+        rows = rows.view(_UINT32 if out_dtype == _FLOAT32 else _UINT16)
+    K.gather_rows(flat, table, rows, fmt)
     return out
+
+
+def _lookup_dtype(table, out_dtype, half):
+    """The result's dtype: ``out_dtype`` checked (default: float32 for a 16-bit table, else
+    the table's dtype); a 16-bit table also looks up into its own dtype."""
+    if out_dtype is None:
+        return _FLOAT32 if half else table
+    out_dtype = _checks.check_table_dtype(out_dtype, "out_dtype")
+    if out_dtype != table and not (half and out_dtype == _FLOAT32):
+        raise TypeError(f"out_dtype: a {table} table looks up into "
+                        f"{'float32 or ' if half else ''}{table}, got {out_dtype}")
+    return out_dtype
 
 
 def _load_gather_checked():

@@ -1,4 +1,4 @@
-"""bfloat16 / float16 tables: lookups into float32 or the table's own dtype, max-norm.
+"""bfloat16 / float16 tables: their format code, and their conversions to float32 and back.
 
 A 16-bit table takes half the memory of a float32 one, and a lookup from it
 reads half the bytes. NumPy's bfloat16 is ``ml_dtypes.bfloat16`` (the type
@@ -12,9 +12,11 @@ format code, and convert with the exact integer operations of
 - back from float32 (max-norm's clipped rows, a table made from float32):
   round to nearest even, bit for bit ``ml_dtypes`` / NumPy's casts.
 
-:func:`numbapos.functional.embedding` calls :func:`half_embedding` for such
-tables; the backward of a lookup is the float32 one (gradients of a 16-bit
-table are float32, summed in float32).
+:func:`numbapos.functional.embedding` looks such tables up (the kernels'
+``gather_rows`` / ``renorm_used_rows_`` with the table's format); the backward
+of a lookup is the float32 one (gradients of a 16-bit table are float32, summed
+in float32). This module holds the conversions: :func:`widen_table`,
+:func:`store_rounded_` and what the optimisers call.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import numpy as np
 from .. import _checks, _device
 from .._alignment import aligned_copy
 from .._args import TableFormat
-from ._common import backend_for, check_range, flatten, on_backend
+from ._common import backend_for, flatten, on_backend
 
-__all__ = ["half_embedding", "half_format", "store_rounded_", "store_widened_", "to_table_dtype",
+__all__ = ["half_format", "store_rounded_", "store_widened_", "to_table_dtype",
            "widen_table"]
 
 # The launchers' formats of 16-bit tables.
@@ -34,7 +36,6 @@ BF16, F16 = TableFormat.BF16, TableFormat.F16
 
 _FLOAT32 = np.dtype(np.float32)
 _UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
-_RENORM_WRITES = "max_norm clips the rows it looks up in place"
 
 
 def half_format(dtype) -> TableFormat:
@@ -50,48 +51,6 @@ def to_table_dtype(values, dtype):
     cache line (:mod:`numbapos._alignment`).
     """
     return aligned_copy(values, dtype)
-
-
-def half_embedding(K, indices, weight, padding_idx, max_norm, norm_type, out, out_dtype):
-    """:func:`~numbapos.functional.embedding` on a validated bfloat16 / float16 ``weight``."""
-    indices = on_backend(K, indices)
-    num_rows, dim = weight.shape
-    _checks.check_padding_idx(padding_idx, num_rows)
-    max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
-    out_dtype = _FLOAT32 if out_dtype is None else _checks.check_table_dtype(out_dtype,
-                                                                             "out_dtype")
-    if out_dtype != _FLOAT32 and out_dtype != weight.dtype:
-        raise TypeError(f"out_dtype: a {weight.dtype} table looks up into float32 or "
-                        f"{weight.dtype}, got {out_dtype}")
-    if max_norm is not None:
-        _checks.check_writeable(weight, "weight", _RENORM_WRITES)
-    shape = tuple(indices.shape) + (dim,)
-    if out is not None:
-        out = _checks.check_out(out, shape, out_dtype, avoid=(weight, indices))
-    flat = flatten(K, indices)
-    check_range(K, flat, num_rows, checked_by_kernel=True)
-    fmt = half_format(weight.dtype)
-    bits = K.contiguous(weight).view(_UINT16)
-    if max_norm is not None:
-        if not _is_contiguous(weight):
-            raise ValueError("weight: max_norm clips rows in place and needs a C-contiguous "
-                             "16-bit table")
-        K.renorm_half_rows_(bits, flat, max_norm, norm_type, fmt)
-    if out is None:
-        out = K.empty(shape, out_dtype)
-    rows = out.reshape(flat.size, dim)
-    if out_dtype == _FLOAT32:
-        K.gather_half_rows(flat, bits, fmt, rows.view(_UINT32))
-    else:
-        K.copy_half_rows(flat, bits, rows.view(_UINT16))
-    return out
-
-
-def _is_contiguous(x) -> bool:
-    flags = getattr(x, "flags", None)
-    if flags is None:
-        return True  # CUDA arrays reach here C-contiguous (checked on adoption)
-    return bool(flags["C_CONTIGUOUS"] if isinstance(flags, dict) else flags.c_contiguous)
 
 
 def widen_table(table, rows=None):
@@ -148,7 +107,7 @@ def store_rounded_(table, values, *, rows=None, seed=0, step=0, stochastic_round
     """
     table = _check_half(table)
     _checks.check_writeable(table, "table", "the rounded values are stored into it")
-    if not _is_contiguous(table):
+    if not _device.is_c_contiguous(table):
         raise ValueError("table: expected a C-contiguous table (it is written in place)")
     values = _checks.check_float_like(values, "values", tuple(table.shape), _FLOAT32,
                                       "the table's shape", "float32")
@@ -232,7 +191,7 @@ def _widen(K, table, rows, used):
             # a captured step can widen a table).
             every = K.empty((num_rows,), np.int64)
             K.tile_ids(None, 0, num_rows, every)
-            K.gather_half_rows(every, bits, half_format(table.dtype), out.view(_UINT32))
+            K.gather_rows(every, bits, out.view(_UINT32), half_format(table.dtype))
     else:
         K.widen_half_rows(bits, rows, used, half_format(table.dtype), out.view(_UINT32))
     return out

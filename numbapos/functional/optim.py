@@ -176,21 +176,21 @@ def _live(K, hyper, clock, param, kind, **options):
 def _update_rows(launchers, param, rows, rounding, *rest):
     """Apply a sparse update to the rows ``_sparse_args`` returned.
 
-    ``launchers`` are the optimiser's ``(rows, row_groups, half_rows,
-    half_row_groups)`` launchers: ``update_rows(param, rows, values, used,
-    *rest)`` for summed rows, the fused ``update_row_groups(param, grad,
-    groups, scale_grad_by_freq, *rest)`` (each row summed inside the update)
-    otherwise; a 16-bit ``param`` goes to the half launchers as its ``uint16``
-    bits, with ``rounding`` last.
+    ``launchers`` are the optimiser's ``(rows, row_groups)`` launchers:
+    ``update_rows(param, rows, values, used, *rest, rounding)`` for summed rows,
+    the fused ``update_row_groups(param, grad, groups, scale_grad_by_freq,
+    *rest, rounding)`` (each row summed inside the update) otherwise. A 16-bit
+    ``param`` goes to them as its ``uint16`` bits, with its ``rounding``
+    (None for float tables).
     """
-    update_rows, update_row_groups = launchers[:2]
+    update_rows, update_row_groups = launchers
     if rounding is not None:
-        update_rows, update_row_groups = launchers[2:]
-        param, rest = param.view(np.uint16), (*rest, rounding)
+        param = param.view(np.uint16)
     if isinstance(rows, UnsummedRows):
-        update_row_groups(param, rows.grad, rows.groups, rows.scale_grad_by_freq, *rest)
+        update_row_groups(param, rows.grad, rows.groups, rows.scale_grad_by_freq, *rest,
+                          rounding)
     else:
-        update_rows(param, rows.rows, rows.values, rows.used, *rest)
+        update_rows(param, rows.rows, rows.values, rows.used, *rest, rounding)
 
 
 def _momentum_state(state, name, param, dtype, avoid=()):
@@ -360,8 +360,7 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
                                     "row_started", avoid=(param, bufs[0]))
     else:
         bufs, started = [K.empty((0, 0), dtype)], K.empty((0,), np.bool_)
-    _update_rows((K.sgd_rows_, K.sgd_row_groups_, K.sgd_half_rows_, K.sgd_half_row_groups_),
-                 param, rows, rounding, bufs[0], started, hyper)
+    _update_rows((K.sgd_rows_, K.sgd_row_groups_), param, rows, rounding, bufs[0], started, hyper)
     return param
 
 
@@ -540,8 +539,7 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
                   weight_decay=weight_decay, sparse=True)
     m = _momentum_state(exp_avg, "exp_avg", param, dtype, avoid=(exp_avg_sq,))
     v = _same_as_param([exp_avg_sq], ["exp_avg_sq"], param, avoid=(exp_avg,), dtype=dtype)[0]
-    _update_rows((K.adam_rows_, K.adam_row_groups_, K.adam_half_rows_, K.adam_half_row_groups_),
-                 param, rows, rounding, m, v, hyper)
+    _update_rows((K.adam_rows_, K.adam_row_groups_), param, rows, rounding, m, v, hyper)
     return param
 
 
@@ -667,8 +665,7 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
     K, param, rows = _sparse_args(param, dtype, grad, (state_sum,), ("state_sum",))
     hyper = _live(K, hyper, clock, param, "ADAGRAD", lr_decay=lr_decay)
     (state_sum,) = _same_as_param((state_sum,), ["state_sum"], param, dtype=dtype)
-    _update_rows((K.adagrad_rows_, K.adagrad_row_groups_, K.adagrad_half_rows_,
-                  K.adagrad_half_row_groups_), param, rows, rounding, state_sum, hyper)
+    _update_rows((K.adagrad_rows_, K.adagrad_row_groups_), param, rows, rounding, state_sum, hyper)
     return param
 
 
@@ -822,7 +819,6 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
     hyper = _live(K, hyper, clock, param, "SGD")  # the learning rate alone
     state_sum = _checks.check_out(state_sum, (param.shape[0],), dtype, "state_sum",
                                   avoid=(param,))
-    _update_rows((K.rowwise_adagrad_rows_, K.rowwise_adagrad_row_groups_,
-                  K.rowwise_adagrad_half_rows_, K.rowwise_adagrad_half_row_groups_),
-                 param, rows, rounding, state_sum, hyper)
+    _update_rows((K.rowwise_adagrad_rows_, K.rowwise_adagrad_row_groups_), param, rows, rounding,
+                 state_sum, hyper)
     return param

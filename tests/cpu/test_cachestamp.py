@@ -18,7 +18,7 @@ def test_the_fingerprint_covers_every_inlined_source_and_the_settings(tmp_path):
     names = {path.relative_to(cachestamp._PACKAGE).as_posix()
              for path in cachestamp.compiled_sources()}
     assert {"kernels/hash.py", "kernels/halfbits.py", "kernels/updates.py",
-            "kernels/widen.py", "kernels/cpu/halfoptim.py", "kernels/cpu/prefetch.py",
+            "kernels/widen.py", "kernels/cpu/optim.py", "kernels/cpu/prefetch.py",
             "_args.py"} <= names
     assert not any(name.startswith("kernels/cuda/") for name in names)
 

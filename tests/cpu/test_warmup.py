@@ -58,8 +58,8 @@ OTHER_PAIRS = {"_apply", "_table", "_fill", "_add", "_slope_grad", "_bert_forwar
                "_bert_backward", "_quantize8", "_quantize4", "_dequantize8", "_dequantize4",
                "_gather8", "_gather4", "_layer_norm_rows", "_backward_chunks",
                "_dropout_apply", "_dropout_keep_mask", "_rowwise_dense", "_rowwise_rows",
-               "_widen_bf16", "_widen_f16", "_copy_rows", "_renorm", "_store_rows",
-               "_widen_bf16_at", "_widen_f16_at", "_sgd_dense", "_sgd_rows", "_adam_dense",
+               "_half_widen", "_half_copy_rows", "_half_renorm", "_store_rows", "_widen_at",
+               "_sgd_dense", "_sgd_rows", "_adam_dense",
                "_adam_rows", "_adagrad_dense", "_adagrad_rows"}
 
 
@@ -209,8 +209,9 @@ print(json.dumps({"compiled": {f"{r.case} {r.dtype} {r.index_dtype}": r.compiled
 
 # Kernels that only opt-in groups reach (the default warm-up leaves them out):
 # area -> prefix of the kernels' names.
-OPT_IN_KERNELS = {"numbapos.kernels.cpu.optim": "_rowwise_", "numbapos.kernels.cpu.half": "_",
-                  "numbapos.kernels.cpu.halfoptim": "_"}
+OPT_IN_KERNELS = {"numbapos.kernels.cpu.optim": ("_rowwise_", "_half_"),
+                  "numbapos.kernels.cpu.embedding": ("_half_",),
+                  "numbapos.kernels.cpu.convert": ("_",)}
 
 
 # The groups whose kernels the serial/parallel pair test above has already put in the
@@ -247,11 +248,11 @@ def test_warmup_caches_every_launched_kernel_for_each_float_dtype(dtypes, index_
         # Quantised tables are float32 by their format: their kernels never see float64.
         # 16-bit tables reach their kernels as uint16 bits (float64 scalars at most) and
         # are trained with float32 state: there only whether a kernel was compiled counts.
-        if area in (cpu.half, cpu.halfoptim):
-            expected = set()
-        else:
-            expected = wanted & {"float32"} if area is cpu.quantized else wanted
         for name in sorted(_launched(area)):
+            if area is cpu.convert or name.startswith("_half_"):
+                expected = set()
+            else:
+                expected = wanted & {"float32"} if area is cpu.quantized else wanted
             sigs = signatures[area.__name__][name]
             floats = {dtype for dtype in ("float32", "float64") if any(dtype in s for s in sigs)}
             # (a kernel may take float64 arrays besides its data: every wanted dtype appears)

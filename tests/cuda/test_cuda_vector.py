@@ -26,10 +26,8 @@ from numba import cuda, float32
 from numbapos._args import BertIds, BertTables, DropoutArgs
 from numbapos.kernels.cpu import blocks as cpu_blocks
 from numbapos.kernels.cpu import embedding as cpu
-from numbapos.kernels.cpu import half as cpu_half
 from numbapos.kernels.cuda import blocks as gpu_blocks
 from numbapos.kernels.cuda import embedding as gpu
-from numbapos.kernels.cuda import half as gpu_half
 from numbapos.kernels.cuda import vector
 from numbapos.kernels.cuda.reduce import block_max, block_sum, block_sum2
 from numbapos.kernels.halfbits import BF16
@@ -289,13 +287,13 @@ def test_half_lookups_are_the_cpus_bits_on_both_paths(rng, dim, offset, widen, c
     table = rng.integers(0, 2 ** 16, size=(5, dim), dtype=np.uint16)
     flat = np.array([4, 1, 1, 0, 3])
     want = np.zeros((flat.size, dim), np.uint32)
-    cpu_half.gather_half_rows(flat, table, BF16, want)
+    cpu.gather_rows(flat, table, want, BF16)
     out = placed(np.zeros((flat.size, dim), np.uint32))
-    launches(lambda: gpu_half.gather_half_rows(dev(flat), placed(table, offset), BF16, out),
+    launches(lambda: gpu.gather_rows(dev(flat), placed(table, offset), out, BF16),
              widen)
     np.testing.assert_array_equal(out.copy_to_host(), want)
     out16 = placed(np.zeros((flat.size, dim), np.uint16))
-    launches(lambda: gpu_half.copy_half_rows(dev(flat), placed(table, offset), out16), copy)
+    launches(lambda: gpu.gather_rows(dev(flat), placed(table, offset), out16, BF16), copy)
     np.testing.assert_array_equal(out16.copy_to_host(), table[flat])
 
 
@@ -357,7 +355,7 @@ PTX = textwrap.dedent("""
     import numpy as np
     import ptx_signatures
     from numba import cuda
-    from numbapos.kernels.cuda import blocks, embedding, errors, half
+    from numbapos.kernels.cuda import blocks, embedding, errors
 
     ptx_signatures._stand_in_device((9, 0))
     i64 = numba.typeof(np.zeros(3, np.int64))
@@ -389,7 +387,7 @@ PTX = textwrap.dedent("""
                       numba.types.NamedTuple((f32, f32, f32, f1, f1), BertTables),
                       numba.float32, drop, f32, f1, f1, i64, i64, numba.types.UniTuple(n, 3))),
         "copy16_vec": (embedding._gather_rows_vec, (i64, u16, u16, n, *err)),
-        "widen_vec": (half._widen_rows_vec, (i64, u16, n, u32, *err)),
+        "widen_vec": (embedding._widen_rows_vec, (i64, u16, n, u32, *err)),
     }
     for name, (kernel, argtypes) in signatures.items():
         ptx, _ = cuda.compile_ptx(kernel.py_func, argtypes, cc=(9, 0))

@@ -25,8 +25,8 @@ from numbapos import functional as F
 from numbapos.sparse import SparseRows
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-AREAS = ["alibi", "arrays", "blocks", "dropout", "embedding", "half", "halfoptim", "init",
-         "normalization", "optim", "positional", "quantized", "resize", "rotary"]
+AREAS = ["alibi", "arrays", "blocks", "convert", "dropout", "embedding", "init", "normalization",
+         "optim", "positional", "quantized", "resize", "rotary"]
 
 
 def _close(got, want, dtype=np.float64):

@@ -76,8 +76,7 @@ def test_widening_is_exact_for_every_16_bit_pattern(dtype):
     patterns = np.arange(1 << 16).astype(np.uint16)
     expected = patterns.view(dtype).astype(np.float32).view(np.uint32)
     got = np.empty((1, 1 << 16), np.uint32)
-    _cpu().gather_half_rows(np.zeros(1, np.int64), patterns.reshape(1, -1), FORMAT[dtype],
-                            got)
+    _cpu().gather_rows(np.zeros(1, np.int64), patterns.reshape(1, -1), got, FORMAT[dtype])
     # NaN payloads are kept: the bits themselves are compared, NaNs included.
     np.testing.assert_array_equal(got[0], expected)
 
@@ -133,7 +132,7 @@ def test_the_python_helpers_equal_the_compiled_ones(rng):
         widened = np.array([halfbits.half_to_f32_bits(int(h), fmt) for h in compiled],
                            np.uint32)
         expected = np.empty((1, compiled.size), np.uint32)
-        _cpu().gather_half_rows(np.zeros(1, np.int64), compiled.reshape(1, -1), fmt, expected)
+        _cpu().gather_rows(np.zeros(1, np.int64), compiled.reshape(1, -1), expected, fmt)
         np.testing.assert_array_equal(widened, expected[0])
 
 
@@ -237,7 +236,7 @@ def test_max_norm_of_rows_with_an_infinity_or_a_nan(dtype, threads_threshold,
     table = np.array([[1.0, -np.inf, -3.0, 0.5], [np.nan, 5.0, -5.0, 1.0],
                       [0.25, -0.25, 0.0, 0.0]], np.float32).astype(dtype)
     before = _bits(table).copy()
-    _cpu().renorm_half_rows_(_bits(table), np.array([0, 1, 2]), 1.0, 2.0, FORMAT[dtype])
+    _cpu().renorm_used_rows_(_bits(table), np.array([0, 1, 2]), 1.0, 2.0, FORMAT[dtype])
     quiet_nan = 0x7FC0 if dtype == BF16 else 0x7E00
     assert _bits(table)[0].tolist() == [0x0000, quiet_nan, 0x8000, 0x0000]
     np.testing.assert_array_equal(_bits(table)[1:], before[1:])
@@ -245,7 +244,7 @@ def test_max_norm_of_rows_with_an_infinity_or_a_nan(dtype, threads_threshold,
         from conftest import dev
 
         gpu = dev(before)
-        _cuda().renorm_half_rows_(gpu, dev(np.array([0, 1, 2])), 1.0, 2.0, FORMAT[dtype])
+        _cuda().renorm_used_rows_(gpu, dev(np.array([0, 1, 2])), 1.0, 2.0, FORMAT[dtype])
         np.testing.assert_array_equal(host(gpu), _bits(table))
 
 
@@ -259,17 +258,17 @@ def test_the_cuda_launchers_give_the_cpu_bits(dtype, rng):
     indices = rng.integers(0, 30, size=50)
     fmt = FORMAT[dtype]
     wide = np.empty((50, 37), np.uint32)
-    _cpu().gather_half_rows(indices, table, fmt, wide)
+    _cpu().gather_rows(indices, table, wide, fmt)
     wide_gpu = dev(np.zeros((50, 37), np.uint32))
-    K.gather_half_rows(dev(indices), dev(table), fmt, wide_gpu)
+    K.gather_rows(dev(indices), dev(table), wide_gpu, fmt)
     np.testing.assert_array_equal(host(wide_gpu), wide)
     same = dev(np.zeros((50, 37), np.uint16))
-    K.copy_half_rows(dev(indices), dev(table), same)
+    K.gather_rows(dev(indices), dev(table), same, fmt)
     np.testing.assert_array_equal(host(same), table[indices])
     for norm_type in (2.0, 1.0, np.inf, 3.0):
         cpu_table, gpu_table = table.copy(), dev(table)
-        _cpu().renorm_half_rows_(cpu_table, indices, 2.0, norm_type, fmt)
-        K.renorm_half_rows_(gpu_table, dev(indices), 2.0, norm_type, fmt)
+        _cpu().renorm_used_rows_(cpu_table, indices, 2.0, norm_type, fmt)
+        K.renorm_used_rows_(gpu_table, dev(indices), 2.0, norm_type, fmt)
         np.testing.assert_array_equal(host(gpu_table), cpu_table)
 
 

@@ -223,7 +223,7 @@ def test_cuda_launchers_round_bfloat16_bits_as_the_cpu(name, bf16_momentum, rng)
     if bf16_momentum:
         states[0] = _bits((rng.normal(size=(V, D)) * 0.3).astype(BF16))
     rounding = HalfRounding(0, np.uint64(3), np.uint64(9), True)
-    launch = f"{name}_half_rows_"
+    launch = f"{name}_rows_"
     mine = [bits.copy(), *[s.copy() for s in states]]
     getattr(cpu_k, launch)(mine[0], rows, values, 4, *mine[1:], hyper, rounding)
     theirs = [dev(a) for a in (bits, *states)]

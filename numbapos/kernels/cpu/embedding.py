@@ -4,6 +4,15 @@ and the padding mask.
 Launchers (the names in ``__all__``, twinned in ``kernels/cuda/embedding.py``)
 take validated arrays and caller-owned outputs; index arrays arrive flat.
 The ``@njit`` bodies below them trust their inputs and never allocate.
+
+Numba reads neither bfloat16 nor (on the CPU) float16, so a 16-bit table
+arrives as its ``uint16`` bits with its format (``fmt``,
+:class:`~numbapos._args.TableFormat`), and a float32 output as its ``uint32``
+bits: a lookup into float32 is then integer work alone (a bfloat16 row widens
+with a 16-bit shift, which LLVM vectorises), and one into the table's own
+dtype a plain row copy. The conversions are the exact ones of
+:mod:`numbapos.kernels.halfbits`, as on the GPU (same bits); their kernels
+are the ``_half_*`` ones.
 """
 
 import threading
@@ -11,13 +20,19 @@ import threading
 import numpy as np
 from numba import prange
 
-from ..._args import RowGroups
+from ..._args import RowGroups, TableFormat
+from ..halfbits import BF16, F16, f16_to_f32_bits, half_from_f32_bits
+from ..scalar import f32_bits
+from ..widen import widen
 from .arrays import option, pick
 from .jit import kernel
 from .prefetch import (
     AHEAD,
+    half_prefetch_listed,
+    half_prefetch_listed_for_write,
     prefetch_listed,
     prefetch_listed_for_write,
+    prefetch_output_ahead,
 )
 from .rowcopy import copy_row, put_row, streams
 
@@ -50,15 +65,21 @@ def check_indices(flat, size, name="indices", size_name="num_embeddings"):
     return int(np.flatnonzero((flat < 0) | (flat >= size))[0])
 
 
-def gather_rows(flat, weight, out):
+def gather_rows(flat, weight, out, fmt=TableFormat.FLOAT):
     """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``.
 
+    A 16-bit ``weight`` (``uint16`` bits of format ``fmt``) is copied into a
+    ``uint16`` ``out``, or widened into a ``uint32`` one (a float32 array's bits).
     An ``out`` of config's ``stream_min_bytes`` (32 MiB) or more (larger than the
-    last-level cache) is written with non-temporal stores.
+    last-level cache) is copied into with non-temporal stores.
     """
-    if flat.size:
-        stream = option(streams(out.nbytes))
-        pick(_gather_rows, out.size)(flat, weight, out, stream)
+    if not flat.size:
+        return
+    if fmt == TableFormat.FLOAT or out.dtype == np.uint16:
+        copy = _gather_rows if fmt == TableFormat.FLOAT else _half_copy_rows
+        pick(copy, out.size)(flat, weight, out, option(streams(out.nbytes)))
+    else:
+        pick(_half_widen, out.size)(flat, weight, out, option(fmt == TableFormat.F16))
 
 
 def unique_rows(flat):
@@ -71,16 +92,24 @@ def unique_rows(flat):
     return group_by_row(flat, None)[0]
 
 
-def renorm_used_rows_(weight, flat, max_norm, norm_type):
+def renorm_used_rows_(weight, flat, max_norm, norm_type, fmt=TableFormat.FLOAT):
     """Clip each distinct row of ``weight`` named in ``flat`` to ``max_norm``, in place.
 
     A row whose ``norm_type``-norm exceeds ``max_norm`` is scaled by
-    ``max_norm / (norm + 1e-7)``, once however often it repeats.
+    ``max_norm / (norm + 1e-7)``, once however often it repeats. A 16-bit
+    ``weight`` (``uint16`` bits of format ``fmt``): the norm in float64 from the
+    float32 values, the scale ``float32(max_norm / (norm + 1e-7))`` applied in
+    float32 and the row written back rounded to nearest even.
     """
-    if flat.size:
-        rows = unique_rows(flat)
-        pick(_renorm_rows_, rows.size * weight.shape[1])(weight, rows, float(max_norm),
-                                                          float(norm_type))
+    if not flat.size:
+        return
+    rows = unique_rows(flat)
+    work = rows.size * weight.shape[1]
+    if fmt == TableFormat.FLOAT:
+        pick(_renorm_rows_, work)(weight, rows, float(max_norm), float(norm_type))
+    else:
+        pick(_half_renorm, work)(weight, rows, float(max_norm), float(norm_type),
+                                 option(fmt == TableFormat.F16))
 
 
 def group_by_row(flat, padding_idx):
@@ -504,3 +533,85 @@ def _not_equal_mask(flat_idx, value, out):
     """``out[i] = flat_idx[i] != value``."""
     for i in range(flat_idx.size):
         out[i] = flat_idx[i] != value
+
+
+# ---------------------------------------------------------------- 16-bit tables
+
+
+@kernel(inline="always")
+def _half_widen_row(table, r, out, i, f16):
+    # The format as a constant of each compilation (``f16`` None for bfloat16): a
+    # bfloat16 row widens by a 16-bit shift, which LLVM vectorises.
+    if f16 is None:
+        for d in range(out.shape[1]):
+            out[i, d] = np.uint32(table[r, d]) << np.uint32(16)
+    else:
+        for d in range(out.shape[1]):
+            out[i, d] = f16_to_f32_bits(table[r, d])
+
+
+@kernel(parallel=True)
+def _half_widen(flat_idx, table, out, f16):
+    for i in prange(flat_idx.size):
+        half_prefetch_listed(table, flat_idx, i + AHEAD)
+        prefetch_output_ahead(out, i)
+        _half_widen_row(table, flat_idx[i], out, i, f16)
+
+
+@kernel(parallel=True)
+def _half_copy_rows(flat_idx, table, out, stream):
+    for i in prange(flat_idx.size):
+        half_prefetch_listed(table, flat_idx, i + AHEAD)
+        if stream is None:  # (non-temporal stores do not wait on their lines)
+            prefetch_output_ahead(out, i)
+        put_row(out, i, table, flat_idx[i], stream)
+
+
+@kernel(inline="always")
+def _half_renorm_row(table, row, max_norm, norm_type, fmt):
+    """Clip one row (see :func:`renorm_used_rows_`); the norm summed in float64, in order.
+    Elements are read by their bits (:func:`~numbapos.kernels.widen.widen`, vectorised),
+    not through ``ldexp`` (``half_value``), which made the pass far slower."""
+    dim = table.shape[1]
+    acc = 0.0
+    if norm_type == np.inf:
+        for d in range(dim):
+            acc = max(acc, abs(np.float64(widen(table[row, d], fmt))))
+        norm = acc
+    elif norm_type == 2.0:
+        for d in range(dim):
+            a = np.float64(widen(table[row, d], fmt))
+            acc += a * a
+        norm = np.sqrt(acc)
+    elif norm_type == 1.0:
+        for d in range(dim):
+            acc += abs(np.float64(widen(table[row, d], fmt)))
+        norm = acc
+    else:
+        for d in range(dim):
+            acc += abs(np.float64(widen(table[row, d], fmt))) ** norm_type
+        norm = acc ** (1.0 / norm_type)
+    if norm > max_norm:
+        scale = np.float32(max_norm / (norm + 1e-7))
+        for d in range(dim):
+            value = widen(table[row, d], fmt) * scale
+            # A NaN (an infinity times a zero scale) as the positive quiet NaN, whatever
+            # sign the processor gives it: the bits of the CUDA kernel (f32_value_bits).
+            bits = f32_bits(value) if value == value else np.uint32(0x7FC00000)
+            table[row, d] = half_from_f32_bits(bits, fmt)
+
+
+@kernel(inline="always")
+def _half_renorm_entry(table, rows, j, max_norm, norm_type, f16):
+    # The format as a constant, so each loop is compiled for one format.
+    if f16 is None:
+        _half_renorm_row(table, rows[j], max_norm, norm_type, BF16)
+    else:
+        _half_renorm_row(table, rows[j], max_norm, norm_type, F16)
+
+
+@kernel(parallel=True)
+def _half_renorm(table, rows, max_norm, norm_type, f16):
+    for j in prange(rows.size):
+        half_prefetch_listed_for_write(table, rows, j + AHEAD)
+        _half_renorm_entry(table, rows, j, max_norm, norm_type, f16)

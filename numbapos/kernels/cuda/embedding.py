@@ -23,6 +23,15 @@ reads and writes (16-byte aligned pointers and row strides, whole vectors per
 row: D % 4 == 0 for float32) and falls back to the scalar kernel otherwise;
 both give the same bits (the segment sums add the same terms in the same
 order, lane by lane). The vector segment sum is float32 only.
+
+A bfloat16 / float16 table (``fmt`` :class:`~numbapos._args.TableFormat` ``BF16`` /
+``F16``) arrives as its ``uint16`` bits, a float32 output as ``uint32`` bits; the
+conversions are the exact ones of :mod:`numbapos.kernels.halfbits`. A lookup copies
+16-bit rows (by the vector gather, 8 values a vector) or widens them
+(``_widen_rows_vec``: one 16-byte load of 8 values, two 16-byte stores of their
+float32 bits; by elements when not aligned or D % 8 != 0). Its max-norm sums each
+row in column order in every thread (the CPU's bits) and stores the clipped float32
+values rounded to nearest even.
 """
 
 import math
@@ -30,7 +39,8 @@ import math
 import numpy as np
 from numba import cuda, float64, int64
 
-from ..._args import NormKind
+from ..._args import NormKind, TableFormat
+from ..halfbits import f32_value_bits, half_from_f32_bits, half_to_f32_bits, half_value
 from . import errors, grouping, vector
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .fpmath import cast_like, mul_rn
@@ -69,24 +79,35 @@ def check_indices(flat, size, name="indices", size_name="num_embeddings"):
     return -1
 
 
-def gather_rows(flat, weight, out):
+def gather_rows(flat, weight, out, fmt=TableFormat.FLOAT):
     """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``.
 
+    With ``fmt`` ``BF16`` / ``F16`` ``weight`` is the table's ``uint16`` bits: a
+    ``uint16`` ``out`` gets the rows copied, a ``uint32`` one their float32 bits.
     Indices are checked as they are read: a bad one is recorded as the
     deferred error and its output row is zero-filled.
     """
-    if flat.size and weight.shape[1]:
-        word, host = errors.words()
-        if weight.dtype == out.dtype and vector.aligned(weight, out):
-            width = vector.lanes(weight.dtype)
-            launch(_gather_rows_vec, min(flat.size, MAX_BLOCKS),
-                   _row_threads(weight.shape[1] // width, 2), flat, weight, out, width, word,
-                   host, errors.tag())
-        else:
-            launch(_gather_rows, min(flat.size, MAX_BLOCKS),
-                   _row_threads(weight.shape[1], _UNROLL), flat, weight, out, word, host,
-                   errors.tag())
-        errors.after_launch()
+    if flat.size == 0 or weight.shape[1] == 0:
+        return
+    word, host = errors.words()
+    blocks, dim = min(flat.size, MAX_BLOCKS), weight.shape[1]
+    if weight.dtype == out.dtype and vector.aligned(weight, out):
+        width = vector.lanes(weight.dtype)
+        launch(_gather_rows_vec, blocks, _row_threads(dim // width, 2), flat, weight, out,
+               width, word, host, errors.tag())
+    elif fmt == TableFormat.FLOAT:
+        launch(_gather_rows, blocks, _row_threads(dim, _UNROLL), flat, weight, out, word, host,
+               errors.tag())
+    elif out.dtype == weight.dtype:
+        launch(_copy_rows, blocks, _row_threads(dim), flat, weight, out, word, host,
+               errors.tag())
+    elif vector.aligned(weight, out):
+        launch(_widen_rows_vec, blocks, _row_threads(dim // 8), flat, weight, int64(fmt), out,
+               word, host, errors.tag())
+    else:
+        launch(_widen_rows, blocks, _row_threads(dim), flat, weight, int64(fmt), out, word,
+               host, errors.tag())
+    errors.after_launch()
 
 
 def gather_rows_checked(indices, weight, out):
@@ -101,21 +122,28 @@ def gather_rows_checked(indices, weight, out):
     return -1
 
 
-def renorm_used_rows_(weight, flat, max_norm, norm_type):
+def renorm_used_rows_(weight, flat, max_norm, norm_type, fmt=TableFormat.FLOAT):
     """Clip each distinct row of ``weight`` named in ``flat`` to ``max_norm``, in place.
 
     A row whose ``norm_type``-norm exceeds ``max_norm`` is scaled by
     ``max_norm / (norm + 1e-7)``, once however often it repeats. The distinct
     rows are found on the device (:func:`group_rows`, which also checks the
-    indices); with a bad index nothing is clipped.
+    indices); with a bad index nothing is clipped. With ``fmt`` ``BF16`` / ``F16``
+    ``weight`` is the table's ``uint16`` bits: as the CPU, the norm in float64 from
+    the float32 values, then ``value * float32(max_norm / (norm + 1e-7))`` in
+    float32, rounded to nearest even.
     """
     if flat.size == 0 or weight.shape[1] == 0:
         return
     groups = group_rows(flat, None, weight.shape[0])
     norm_type = float(norm_type)
-    launch(_renorm_rows_, min(flat.size, MAX_BLOCKS), tree_threads(weight.shape[1]), weight,
-           groups.rows, groups.used, float(max_norm), norm_kind(norm_type), norm_type,
-           errors.device_word())
+    blocks, dim = min(flat.size, MAX_BLOCKS), weight.shape[1]
+    args = (groups.rows, groups.used, float(max_norm), norm_kind(norm_type), norm_type)
+    if fmt == TableFormat.FLOAT:
+        launch(_renorm_rows_, blocks, tree_threads(dim), weight, *args, errors.device_word())
+    else:
+        launch(_renorm_half_rows, blocks, _row_threads(dim), weight, *args, int64(fmt),
+               errors.device_word())
 
 
 def scatter_rows(grad, flat, padding_idx, scale_grad_by_freq, out):
@@ -268,6 +296,52 @@ def _gather_rows_vec(flat_idx, weight, out, width, word, host, which):
 
 
 @cuda.jit
+def _widen_rows(flat_idx, table, fmt, out, word, host, which):
+    """``out[i, :] = f32 bits of table[flat_idx[i], :]``: a block per output row."""
+    dim = out.shape[1]
+    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+        row = errors.checked(word, host, flat_idx[i], i, table.shape[0], which)
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            if row < 0:
+                out[i, d] = 0
+            else:
+                out[i, d] = half_to_f32_bits(table[row, d], fmt)
+
+
+@cuda.jit
+def _widen_rows_vec(flat_idx, table, fmt, out, word, host, which):
+    """:func:`_widen_rows` by vectors (the launcher checked :func:`.vector.aligned`):
+    8 columns a thread, one 16-byte load and two 16-byte stores."""
+    dim = out.shape[1]
+    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+        row = errors.checked(word, host, flat_idx[i], i, table.shape[0], which)
+        if row < 0:
+            for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+                out[i, d] = 0
+            continue
+        for v in range(cuda.threadIdx.x, dim // 8, cuda.blockDim.x):
+            d = 8 * v
+            h = load16(table, row, d)
+            store16(out, i, d, (half_to_f32_bits(h[0], fmt), half_to_f32_bits(h[1], fmt),
+                                half_to_f32_bits(h[2], fmt), half_to_f32_bits(h[3], fmt)))
+            store16(out, i, d + 4, (half_to_f32_bits(h[4], fmt), half_to_f32_bits(h[5], fmt),
+                                    half_to_f32_bits(h[6], fmt), half_to_f32_bits(h[7], fmt)))
+
+
+@cuda.jit
+def _copy_rows(flat_idx, table, out, word, host, which):
+    """``out[i, :] = table[flat_idx[i], :]`` (16-bit rows): a block per output row."""
+    dim = out.shape[1]
+    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+        row = errors.checked(word, host, flat_idx[i], i, table.shape[0], which)
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            if row < 0:
+                out[i, d] = 0
+            else:
+                out[i, d] = table[row, d]
+
+
+@cuda.jit
 def _renorm_rows_(weight, rows, used, max_norm, kind, norm_type, word):
     """Scale each listed (unique) row whose norm exceeds ``max_norm`` by
     ``max_norm / (norm + 1e-7)``, cast to the weight's dtype first (as the CPU).
@@ -313,6 +387,41 @@ def _renorm_rows_(weight, rows, used, max_norm, kind, norm_type, word):
             scale = cast_like(max_norm / (norm + 1e-7), weight[row, 0])
             for d in range(tid, dim, threads):
                 weight[row, d] *= scale
+
+
+@cuda.jit
+def _renorm_half_rows(table, rows, used, max_norm, kind, norm_type, fmt, word):
+    """Clip each listed (unique) row of a 16-bit table: one block per row, threads along D
+    for the write."""
+    if errors.is_pending(word):
+        return
+    dim = table.shape[1]
+    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
+        row = rows[j]
+        acc = 0.0
+        for d in range(dim):
+            a = abs(float64(half_value(table[row, d], fmt)))
+            if kind == _NORM_INF:
+                acc = max(acc, a)
+            elif kind == _NORM_2:
+                acc += mul_rn(a, a)  # never fused into the add: the CPU's bits
+            elif kind == _NORM_1:
+                acc += a
+            else:
+                acc += a ** norm_type
+        if kind == _NORM_2:
+            norm = math.sqrt(acc)
+        elif kind == _NORM_P:
+            norm = acc ** (1.0 / norm_type)
+        else:
+            norm = acc
+        cuda.syncthreads()  # every thread has read the row before any writes it
+        if norm > max_norm:
+            scale = np.float32(max_norm / (norm + 1e-7))
+            for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+                value = np.float32(half_value(table[row, d], fmt) * scale)
+                table[row, d] = half_from_f32_bits(f32_value_bits(value), fmt)
+        cuda.syncthreads()
 
 
 @cuda.jit
