@@ -280,8 +280,8 @@ def test_vector_bert_forward_zero_fills_a_bad_token_and_defers_the_error(rng):
 @pytest.mark.parametrize("dim, offset, widen, copy", [
     (16, 0, "_widen_rows_vec", "_gather_rows_vec"),
     (8, 0, "_widen_rows_vec", "_gather_rows_vec"),
-    (8, 2, "_widen_rows", "_copy_rows"),  # table 2 bytes past a boundary
-    (4, 0, "_widen_rows", "_copy_rows"),  # D % 8 != 0
+    (8, 2, "_widen_rows", "_gather_rows"),  # table 2 bytes past a boundary
+    (4, 0, "_widen_rows", "_gather_rows"),  # D % 8 != 0
 ])
 def test_half_lookups_are_the_cpus_bits_on_both_paths(rng, dim, offset, widen, copy):
     table = rng.integers(0, 2 ** 16, size=(5, dim), dtype=np.uint16)

@@ -95,11 +95,8 @@ def gather_rows(flat, weight, out, fmt=TableFormat.FLOAT):
         width = vector.lanes(weight.dtype)
         launch(_gather_rows_vec, blocks, _row_threads(dim // width, 2), flat, weight, out,
                width, word, host, errors.tag())
-    elif fmt == TableFormat.FLOAT:
+    elif fmt == TableFormat.FLOAT or out.dtype == weight.dtype:  # (16-bit rows copied)
         launch(_gather_rows, blocks, _row_threads(dim, _UNROLL), flat, weight, out, word, host,
-               errors.tag())
-    elif out.dtype == weight.dtype:
-        launch(_copy_rows, blocks, _row_threads(dim), flat, weight, out, word, host,
                errors.tag())
     elif vector.aligned(weight, out):
         launch(_widen_rows_vec, blocks, _row_threads(dim // 8), flat, weight, int64(fmt), out,
@@ -326,19 +323,6 @@ def _widen_rows_vec(flat_idx, table, fmt, out, word, host, which):
                                 half_to_f32_bits(h[2], fmt), half_to_f32_bits(h[3], fmt)))
             store16(out, i, d + 4, (half_to_f32_bits(h[4], fmt), half_to_f32_bits(h[5], fmt),
                                     half_to_f32_bits(h[6], fmt), half_to_f32_bits(h[7], fmt)))
-
-
-@cuda.jit
-def _copy_rows(flat_idx, table, out, word, host, which):
-    """``out[i, :] = table[flat_idx[i], :]`` (16-bit rows): a block per output row."""
-    dim = out.shape[1]
-    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
-        row = errors.checked(word, host, flat_idx[i], i, table.shape[0], which)
-        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            if row < 0:
-                out[i, d] = 0
-            else:
-                out[i, d] = table[row, d]
 
 
 @cuda.jit
