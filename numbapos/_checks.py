@@ -58,8 +58,11 @@ def host_view(x, name: str):
     The one conversion path of every array input: NumPy's array protocols
     (``__array__``, ``__array_interface__``: PyTorch CPU tensors, JAX arrays,
     numbapos Parameters), DLPack (``__dlpack__``) and the buffer protocol, all
-    without a copy where the producer allows one. A tensor that requires grad
-    raises TypeError (numbapos has no autograd: pass ``.detach()``).
+    without a copy where the producer allows one. A PyTorch bfloat16 tensor,
+    which none of them can read, is viewed through its bits as
+    ``ml_dtypes.bfloat16`` (:func:`numbapos._device.torch_bfloat16_bits`). A
+    tensor that requires grad raises TypeError (numbapos has no autograd: pass
+    ``.detach()``).
     """
     if getattr(x, "_numbapos_parameter", False):
         return x.data
@@ -69,6 +72,9 @@ def host_view(x, name: str):
             f"itself, so pass {name}.detach() (a view of the same memory, no copy)"
         )
     try:
+        bits = _device.torch_bfloat16_bits(x)
+        if bits is not None:
+            return np.asarray(bits).view(bfloat16_dtype())
         if any(hasattr(x, attr) for attr in _VIEW_PROTOCOLS):
             return np.asarray(x)
         if hasattr(x, "__dlpack__"):
@@ -216,11 +222,15 @@ def check_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected dtype float32 or float64, got {x.dtype}")
     if ndim is not None:
-        allowed = (ndim,) if isinstance(ndim, int) else ndim
-        if x.ndim not in allowed:
-            want = " or ".join(f"{n}-D" for n in allowed)
-            raise ValueError(f"{name}: expected a {want} array, got shape {x.shape}")
+        _check_rank(x, name, ndim)
     return x
+
+
+def _check_rank(x, name: str, ndim: int | tuple[int, ...]) -> None:
+    allowed = (ndim,) if isinstance(ndim, int) else ndim
+    if x.ndim not in allowed:
+        want = " or ".join(f"{n}-D" for n in allowed)
+        raise ValueError(f"{name}: expected a {want} array, got shape {tuple(x.shape)}")
 
 
 def check_cuda_contiguous(x, name: str) -> None:
@@ -352,14 +362,7 @@ _FLOAT32_DTYPE, _FLOAT64_DTYPE = np.dtype(np.float32), np.dtype(np.float64)
 _HALF_ANSWERS: dict = {}
 
 
-def bfloat16_dtype() -> np.dtype:
-    """NumPy's bfloat16, ``ml_dtypes.bfloat16`` (imported on first use)."""
-    try:
-        import ml_dtypes
-    except ImportError as err:  # pragma: no cover - a dependency of numbapos
-        raise TypeError("bfloat16 tables need the ml_dtypes package (pip install "
-                        "ml_dtypes)") from err
-    return np.dtype(ml_dtypes.bfloat16)
+bfloat16_dtype = _device.bfloat16_dtype
 
 
 _TABLE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
@@ -402,8 +405,20 @@ def grad_dtype(dtype) -> np.dtype:
     return np.dtype(np.float32) if is_half_dtype(dtype) else dtype
 
 
+def _viewed(x, name: str):
+    """``x`` as a NumPy view or an adopted CUDA array where it is an array of another
+    library (a PyTorch bfloat16 tensor included), else ``x`` itself."""
+    if isinstance(x, np.ndarray):
+        return x
+    if _device.is_cuda_array(x):
+        return _device.adopt(x)
+    view = host_view(x, name)
+    return x if view is None else view
+
+
 def check_parameter_data(data, name: str = "data"):
     """A parameter's array: float32 / float64 of any shape, or a 2-D bfloat16 / float16 table."""
+    data = _viewed(data, name)
     dtype = getattr(data, "dtype", None)
     if dtype is not None and is_half_dtype(dtype) and getattr(data, "ndim", 0) == 2:
         return check_table(data, name)
@@ -412,18 +427,9 @@ def check_parameter_data(data, name: str = "data"):
 
 def check_table(weight, name: str = "weight"):
     """An embedding table of any format lookups take: a 2-D float32 / float64 array, or a
-    2-D bfloat16 / float16 one (NumPy; float16 also as a CUDA array)."""
-    if not isinstance(weight, np.ndarray) and not _device.is_cuda_array(weight):
-        if (str(getattr(weight, "dtype", "")) == "torch.bfloat16"
-                and not getattr(weight, "requires_grad", False)
-                and str(getattr(weight, "device", "")) == "cpu"):
-            # NumPy cannot view a bfloat16 tensor; its int16 view can be, without a copy.
-            import torch
-
-            return check_table(weight.view(torch.int16).numpy().view(bfloat16_dtype()), name)
-        view = host_view(weight, name)
-        if view is not None:
-            weight = view
+    2-D bfloat16 / float16 one (NumPy or CUDA; a PyTorch bfloat16 tensor through its
+    bits, see :func:`host_view`)."""
+    weight = _viewed(weight, name)
     dtype = getattr(weight, "dtype", None)
     if dtype is not None and is_half_dtype(dtype) and (
             isinstance(weight, np.ndarray) or _device.is_cuda_array(weight)):
@@ -437,6 +443,22 @@ def check_table(weight, name: str = "weight"):
         return check_float_array(weight, name, ndim=2)
     except TypeError as err:
         raise TypeError(str(err).replace("float32 or float64", _TABLE_EXPECTED)) from None
+
+
+def check_float_or_half_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None):
+    """An activation of any float format: float32 / float64 as :func:`check_float_array`
+    checks it, or bfloat16 / float16 of any shape (CUDA arrays C-contiguous), no copy."""
+    arr = _viewed(x, name)
+    if not is_array(arr) or not is_half_dtype(arr.dtype):
+        try:
+            return check_float_array(arr, name, ndim=ndim)
+        except TypeError as err:
+            raise TypeError(str(err).replace("float32 or float64", _TABLE_EXPECTED)) from None
+    if _device.is_cuda_array(arr):
+        check_cuda_contiguous(arr, name)
+    if ndim is not None:
+        _check_rank(arr, name, ndim)
+    return arr
 
 
 def check_writeable(x, name: str, why: str) -> None:

@@ -227,11 +227,40 @@ def backend(*arrays):
     return kernels_for(device or "cpu")
 
 
+def bfloat16_dtype() -> np.dtype:
+    """NumPy's bfloat16, ``ml_dtypes.bfloat16`` (imported on first use)."""
+    try:
+        import ml_dtypes
+    except ImportError as err:  # pragma: no cover - a dependency of numbapos
+        raise TypeError("bfloat16 arrays need the ml_dtypes package (pip install "
+                        "ml_dtypes)") from err
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def torch_bfloat16_bits(x):
+    """The ``int16`` view of a PyTorch bfloat16 tensor (same memory, any device), or None.
+
+    NumPy has no bfloat16 of its own, so neither ``np.asarray`` nor DLPack can
+    read such a tensor on the CPU, and the ``"<V2"`` of its
+    ``__cuda_array_interface__`` is no type Numba computes with on the GPU: its
+    bits can be read, then viewed as ``ml_dtypes.bfloat16``. The values arrive
+    unchanged, without a copy and without a detour through float32. torch is
+    never imported here.
+    """
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    if torch is None or getattr(x, "dtype", None) is not torch.bfloat16:
+        return None
+    return x.view(torch.int16)
+
+
 def adopt(x):
     """A CUDA array as a Numba device array, without a copy; anything else unchanged.
 
     Objects with ``__cuda_array_interface__`` (CuPy, PyTorch CUDA tensors) are
-    wrapped with ``numba.cuda.as_cuda_array``; they share memory with ``x``.
+    wrapped with ``numba.cuda.as_cuda_array``; they share memory with ``x``. A
+    bfloat16 PyTorch tensor is wrapped through its ``int16`` view and comes
+    back as a Numba array of dtype ``ml_dtypes.bfloat16`` (see
+    :func:`torch_bfloat16_bits`), as the CPU path views it.
     """
     if isinstance(x, np.ndarray) or _is_numba_device_array(x):
         return x
@@ -242,6 +271,9 @@ def adopt(x):
         if not hasattr(cuda, "as_cuda_array"):  # Numba's CUDA simulator cannot adopt memory
             raise TypeError(f"{type(x).__name__}: arrays of other libraries need a real GPU; "
                             "Numba's CUDA simulator only runs its own device arrays")
+        bits = torch_bfloat16_bits(x)
+        if bits is not None:
+            return cuda.as_cuda_array(bits).view(bfloat16_dtype())
         return cuda.as_cuda_array(x)
     return x
 
@@ -257,6 +289,8 @@ def to_device(x, device: str):
         return to_host(x)
     if is_cuda_array(x):
         return adopt(x)
+    if torch_bfloat16_bits(x) is not None:
+        x = to_host(x)
     if getattr(getattr(x, "dtype", None), "name", None) == "bfloat16":
         raise TypeError("bfloat16 arrays stay on the CPU (Numba's device arrays have no "
                         "bfloat16 dtype); on CUDA use a float16 table")
@@ -274,6 +308,9 @@ def to_host(x):
     if is_cuda_array(x):
         synchronize()
         return adopt(x).copy_to_host()
+    bits = torch_bfloat16_bits(x)
+    if bits is not None:
+        return np.asarray(bits).view(bfloat16_dtype())
     return np.asarray(x)
 
 

@@ -6,6 +6,10 @@ definition (``np.add.at`` for scatter, float64 loops where order matters).
 
 from __future__ import annotations
 
+import functools
+from decimal import Decimal, localcontext
+from fractions import Fraction
+
 import numpy as np
 
 # ----------------------------------------------------------------- embedding
@@ -403,6 +407,49 @@ def alibi_distance(mode, batch, query_length, key_length, mask=None):
     mask = np.ones((1, key_length), np.int64) if mask is None else np.atleast_2d(mask)
     positions = (np.cumsum(mask, axis=1) - 1) * mask
     return np.broadcast_to(positions[:, None, :], (mask.shape[0], query_length, key_length))
+
+
+def nearest_float32(exact):
+    """The float32 nearest to ``exact`` (a Fraction or a high-precision Decimal), ties to
+    even: the candidates around a float64 guess compared by their exact distance."""
+    guess = np.float32(float(exact))
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess,
+                  np.nextafter(guess, np.float32(np.inf))]
+    convert = Fraction if isinstance(exact, Fraction) else Decimal
+
+    def key(c):
+        return abs(convert(float(c)) - exact), int(c.view(np.int32)) & 1
+
+    return min(candidates, key=key)
+
+
+@functools.cache
+def _bloom_power(m, k, max_bias):
+    return nearest_float32(Fraction(float(np.float32(2.0 ** (-max_bias / m)))) ** k)
+
+
+def alibi_slopes_bloom(num_heads, max_bias=8.0):
+    """transformers' BLOOM slopes, exactly rounded: ``float32(base) ** k`` in rationals."""
+    closest = 2 ** int(np.floor(np.log2(num_heads)))
+    pairs = [(closest, k) for k in range(1, closest + 1)]
+    pairs += [(2 * closest, k) for k in range(1, 2 * (num_heads - closest), 2)]
+    return np.array([_bloom_power(m, k, max_bias) for m, k in pairs], np.float32)
+
+
+@functools.cache
+def _mpt_slope(m2, k, max_bias):
+    exponent = np.float32(np.float32(k) * np.float32(max_bias / m2))
+    with localcontext() as ctx:
+        ctx.prec = 40
+        power = nearest_float32((Decimal(float(exponent)) * Decimal(2).ln()).exp())
+    return nearest_float32(1 / Fraction(float(power)))
+
+
+def alibi_slopes_mpt(num_heads, max_bias=8.0):
+    """transformers' MPT slopes, each float32 operation exactly rounded (2**x in 40 digits)."""
+    m2 = 2 ** int(np.ceil(np.log2(num_heads)))
+    slopes = np.array([_mpt_slope(m2, k, max_bias) for k in range(1, m2 + 1)], np.float32)
+    return np.concatenate([slopes[1::2], slopes[::2]])[:num_heads] if m2 != num_heads else slopes
 
 
 def alibi_scores(scores, slopes, mode, mask=None):

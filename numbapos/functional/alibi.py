@@ -13,23 +13,48 @@ from ._common import backend_for
 MODES = {"symmetric": AlibiMode.SYMMETRIC, "mpt": AlibiMode.MPT, "bloom": AlibiMode.BLOOM}
 
 
-def alibi_slopes(num_heads, max_bias=8.0, dtype=np.float32):
-    """The ALiBi paper's head slopes, for any number of heads (BLOOM's and MPT's).
+RECIPES = ("paper", "bloom", "mpt")
+
+
+def alibi_slopes(num_heads, max_bias=8.0, dtype=np.float32, *, recipe="paper"):
+    """ALiBi's head slopes, for any number of heads: the paper's, or BLOOM's / MPT's bits.
 
     For ``n`` heads, a power of two, the slopes are ``2 ** (-max_bias * k / n)``
     for ``k = 1 .. n``. Otherwise the ``m`` slopes of the largest power of two
     ``m < n`` come first, then every other slope of ``2 * m`` heads
-    (``2 ** (-max_bias * (2j - 1) / (2m))``) up to ``n``; BLOOM's
-    ``_get_alibi_slopes`` and MPT's ``build_mpt_alibi_tensor`` both give these
-    values (computed here in float64 and rounded once).
+    (``2 ** (-max_bias * (2j - 1) / (2m))``) up to ``n``. The recipes give these
+    values with different roundings:
+
+    - ``"paper"``: computed in float64 and rounded once to ``dtype`` (the exact
+      values, to the format's precision);
+    - ``"bloom"``: as transformers' BLOOM (``_get_alibi_slopes``, used by
+      ``build_alibi_tensor``): the base ``2 ** (-max_bias / m)`` rounded to
+      float32, then ``base ** k`` rounded to float32 (correctly, from the exact
+      power); from 11 heads on some slopes are 1 ulp from the paper's
+      (``0.49999997`` for ``0.5``);
+    - ``"mpt"``: as transformers' ``build_mpt_alibi_tensor``: in float32,
+      ``1 / 2 ** (k * (max_bias / m2))`` with ``m2`` the power of two ``>= n``,
+      each operation rounded to float32 (from 65 heads on, some 1 ulp from the
+      paper's).
+
+    The ``"bloom"`` and ``"mpt"`` slopes are float32 values (widened exactly
+    when ``dtype`` is float64). They are PyTorch's wherever its float32 ``pow``
+    is correctly rounded, which it is not always: measured on the CPU for 1 to
+    128 heads (PyTorch 2.13), MPT's (``max_bias=8``) are equal on every
+    dispatch; BLOOM's are equal with ``ATEN_CPU_CAPABILITY=default``, while
+    the vectorised ``pow`` (SLEEF, 1 ulp) rounds one slope the other way for 33
+    head counts with AVX-512 and 65 with AVX2. To reproduce those bits, pass
+    transformers' own slopes to the ops.
 
     Parameters
     ----------
     num_heads : int
         Number of heads (> 0).
     max_bias : float, default 8.0
-        The paper's 8 (MPT's ``alibi_bias_max``); > 0.
+        The paper's 8 (MPT's ``alibi_bias_max``; BLOOM's is always 8); > 0.
     dtype : float32 or float64, default float32
+    recipe : {"paper", "bloom", "mpt"}, default "paper"
+        Whose rounding (see above).
 
     Returns
     -------
@@ -40,23 +65,81 @@ def alibi_slopes(num_heads, max_bias=8.0, dtype=np.float32):
     TypeError
         A non-integer ``num_heads`` or non-real ``max_bias``.
     ValueError
-        ``num_heads < 1`` or ``max_bias <= 0``.
+        ``num_heads < 1``, ``max_bias <= 0`` or an unknown ``recipe``.
 
     Examples
     --------
     >>> import numbapos.functional as F
     >>> F.alibi_slopes(4)
     array([0.25      , 0.0625    , 0.015625  , 0.00390625], dtype=float32)
+    >>> float(F.alibi_slopes(16)[1]), float(F.alibi_slopes(16, recipe="bloom")[1])
+    (0.5, 0.4999999701976776)
     """
     num_heads = _checks.check_int(num_heads, "num_heads", minimum=1)
     max_bias = _checks.check_positive(max_bias, "max_bias")
     dtype = _checks.check_float_dtype(dtype)
+    if not isinstance(recipe, str) or recipe not in RECIPES:
+        raise ValueError(f"recipe: expected one of {list(RECIPES)}, got {_checks.quote(recipe)}")
+    if recipe == "bloom":
+        return _bloom_slopes(num_heads, max_bias).astype(dtype)
+    if recipe == "mpt":
+        return _mpt_slopes(num_heads, max_bias).astype(dtype)
     closest = 2 ** int(math.floor(math.log2(num_heads)))
     slopes = 2.0 ** (-max_bias * np.arange(1, closest + 1) / closest)
     if closest != num_heads:
         extra = 2.0 ** (-max_bias * np.arange(1, 2 * (num_heads - closest), 2) / (2 * closest))
         slopes = np.concatenate([slopes, extra])
     return slopes.astype(dtype)
+
+
+def _round_to_float32(numerator: int, exponent: int) -> float:
+    """The float32 nearest ``numerator * 2**exponent`` (``numerator >= 0``), ties to even."""
+    if numerator == 0:
+        return 0.0
+    top = numerator.bit_length() - 1 + exponent  # floor(log2(value))
+    quantum = max(top - 23, -149)  # float32's spacing there (subnormals below 2**-126)
+    shift = quantum - exponent
+    if shift <= 0:
+        return math.ldexp(numerator, exponent)
+    q = numerator >> shift
+    rest = numerator - (q << shift)
+    half = 1 << (shift - 1)
+    if rest > half or (rest == half and q & 1):
+        q += 1
+    return math.ldexp(q, quantum)
+
+
+def _float32_powers(base: float, powers) -> np.ndarray:
+    """``base ** k`` for each k, correctly rounded to float32 from the exact product of the
+    float32 ``base`` (PyTorch's float32 ``pow`` where it is correctly rounded)."""
+    mantissa, exponent = math.frexp(float(np.float32(base)))
+    mantissa, exponent = int(mantissa * 2 ** 24), exponent - 24  # base = mantissa * 2**exponent
+    return np.array([_round_to_float32(mantissa ** int(k), exponent * int(k)) for k in powers],
+                    np.float32)
+
+
+def _bloom_slopes(num_heads: int, max_bias: float) -> np.ndarray:
+    # transformers: base = float32(2 ** -(2 ** -(log2(m) - 3))), i.e. 2 ** (-8 / m) for
+    # the powers of two m; slopes = torch.pow(base, arange(1, m + 1)), all in float32.
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = _float32_powers(2.0 ** (-max_bias / closest), range(1, closest + 1))
+    if closest != num_heads:
+        extra = _float32_powers(2.0 ** (-max_bias / (2 * closest)),
+                                range(1, 2 * (num_heads - closest), 2))
+        slopes = np.concatenate([slopes, extra])
+    return slopes
+
+
+def _mpt_slopes(num_heads: int, max_bias: float) -> np.ndarray:
+    # transformers: base = arange(1, m2 + 1).float() * (alibi_bias_max / m2);
+    # slopes = 1.0 / torch.pow(2, base), then the odd k before the even ones.
+    m2 = 1 << (num_heads - 1).bit_length()
+    exponents = np.arange(1, m2 + 1, dtype=np.float32) * np.float32(max_bias / m2)
+    powers = np.array([2.0 ** float(e) for e in exponents]).astype(np.float32)
+    slopes = np.float32(1.0) / powers
+    if m2 != num_heads:
+        slopes = np.concatenate([slopes[1::2], slopes[::2]])[:num_heads]
+    return slopes
 
 
 def _check_mode(mode) -> AlibiMode:
@@ -123,7 +206,8 @@ def alibi_bias(slopes, query_length, key_length=None, *, mode="symmetric", atten
     Parameters
     ----------
     slopes : ndarray, shape (H,), float32 or float64
-        E.g. :func:`alibi_slopes`; the result is made on their device, in their dtype.
+        E.g. :func:`alibi_slopes` (``recipe="bloom"`` or ``"mpt"`` for
+        transformers' bits); the result is made on their device, in their dtype.
     query_length : int
         Lq (> 0).
     key_length : int, optional

@@ -227,9 +227,9 @@ def _broadcast_ids(K, values, name, shape, inline=False):
     kernels expand (no host round trip)."""
     arr = on_backend(K, values, name)
     length = shape[-1]
-    allowed = {tuple(shape), (length,)} | ({(1, length)} if len(shape) == 2 else set())
+    allowed = [tuple(shape)] + ([(1, length)] if len(shape) == 2 else []) + [(length,)]
     if tuple(arr.shape) not in allowed:
-        want = " or ".join(str(s) for s in sorted(allowed, key=len, reverse=True))
+        want = " or ".join(str(s) for s in dict.fromkeys(allowed))
         raise ValueError(f"{name}: expected shape {want} (matching input_ids), got "
                          f"{tuple(arr.shape)}")
     if tuple(arr.shape) == tuple(shape):
@@ -349,7 +349,8 @@ def _mask_to_positions(K, mask, length, pad_position, max_positions, size_name):
     return out
 
 
-def _mask_positions(K, attention_mask, shape, past_length, max_positions, size_name):
+def _checked_mask(attention_mask, shape, past_length):
+    """The mask, of exactly ``input_ids.shape`` with ``past_length + L`` columns."""
     mask = _checks.check_attention_mask(attention_mask)
     length = shape[-1]
     expected = shape[:-1] + (past_length + length,)
@@ -358,6 +359,12 @@ def _mask_positions(K, attention_mask, shape, past_length, max_positions, size_n
             f"attention_mask: expected shape {expected} (input_ids.shape with past_length + L "
             f"= {past_length} + {length} columns), got {tuple(mask.shape)}"
         )
+    return mask
+
+
+def _mask_positions(K, attention_mask, shape, past_length, max_positions, size_name):
+    mask = _checked_mask(attention_mask, shape, past_length)
+    length = shape[-1]
     if _device.device_of(mask) != K.DEVICE:
         mask = K.asarray(mask) if K.DEVICE == "cuda" else _device.to_host(mask)
     return _mask_to_positions(K, mask, length, 1, max_positions, size_name).reshape(-1)
@@ -399,6 +406,8 @@ def _gpt2_ids(K, input_ids, past_length, position_ids, attention_mask, vocab_siz
     past_length = _checks.check_int(past_length, "past_length", minimum=0)
     shape, flat = _flat_ids(K, input_ids, vocab_size, inline=inline)
     if position_ids is not None:
+        if attention_mask is not None:  # not read, but a mask of another shape is a mistake
+            _checked_mask(attention_mask, shape, past_length)
         pos = _explicit_positions(K, position_ids, shape, n_positions, "n_positions", inline)
     elif attention_mask is not None:
         pos = _mask_positions(K, attention_mask, shape, past_length, n_positions, "n_positions")
@@ -675,7 +684,7 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
         Number of tokens already in the key/value cache.
     position_ids : array_like of int, optional
         Shape of ``input_ids`` (or (L,) / (1, L)), each in ``[0, P)``. Takes
-        precedence over ``attention_mask``.
+        precedence over ``attention_mask`` (which must still have its shape).
     attention_mask : array_like of bool or int, optional
         Shape ``(N, past_length + L)`` (``(past_length + L,)`` for 1-D ids), 1 at
         real tokens and 0 at padding. Positions then follow it as in Hugging

@@ -197,6 +197,22 @@ def _widen(K, table, rows, used):
     return out
 
 
+def widened(K, x):
+    """A float32 copy of the 16-bit array ``x`` (any shape, last dimension > 0), exact, on
+    K's device: what an op that computes in float32 reads of a 16-bit activation."""
+    dim = x.shape[x.ndim - 1]  # (the simulator's shapes take no negative index)
+    return _widen(K, K.contiguous(x).reshape((x.size // dim, dim)), None, 0).reshape(x.shape)
+
+
+def store_nearest_(K, out, values):
+    """Store the float32 ``values`` into the C-contiguous 16-bit ``out`` of the same shape
+    (last dimension > 0), rounded to nearest even: ``ml_dtypes`` / NumPy's cast, bit for bit."""
+    dim = out.shape[out.ndim - 1]
+    shape = (out.size // dim, dim)
+    _store(K, out.reshape(shape), values.reshape(shape), None, None, 0, 0, False)
+    return out
+
+
 def _store(K, table, values, rows, used, seed, step, stochastic):
     """:func:`store_rounded_` on validated arrays (``rows[:used]`` only, when given)."""
     bits, wide = table.view(_UINT16), K.contiguous(values).view(_UINT32)

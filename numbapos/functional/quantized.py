@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import _checks, _device
 from ._common import backend_for, check_range, flatten, on_backend
+from .half import widen_table
 
 #: The table formats numbapos has: (name, bytes per row of D columns, use, error bound).
 #: ``python -m numbapos info`` prints them; the bounds are what tests/ops/test_quantized.py
@@ -73,8 +74,11 @@ def quantize_rowwise(table, bits=8):
 
     Parameters
     ----------
-    table : ndarray, shape (V, D), float32 or float64
-        The table (NumPy or CUDA). A float64 table is rounded to float32 first.
+    table : ndarray, shape (V, D), float32, float64, bfloat16 or float16
+        The table (NumPy, CUDA, a detached PyTorch tensor: a bfloat16 one read
+        through its bits). A float64 table is rounded to float32 first; a
+        16-bit one is widened to float32 (exactly), so its packed bytes are
+        those of ``table.astype(float32)``.
     bits : {8, 4}, default 8
         Bits per code.
 
@@ -104,8 +108,10 @@ def quantize_rowwise(table, bits=8):
     plus the float16 rounding of the minimum.
     """
     bits = _checks.check_bits(bits)
-    table = _checks.check_weight(table, "table")
+    table = _checks.check_table(table, "table")
     K = backend_for((table,), ("table",))
+    if _checks.is_half_dtype(table.dtype):
+        table = widen_table(table)
     table = K.contiguous(table, np.float32)
     num_rows, dim = table.shape
     out = K.empty((num_rows, _checks.rowwise_width(dim, bits)), _UINT8)

@@ -28,6 +28,21 @@ def rope_type_of(scaling) -> str:
     return kind
 
 
+def check_partial_factor(partial_rotary_factor) -> float:
+    """``partial_rotary_factor`` as a float in (0, 1]."""
+    factor = _checks.check_real(partial_rotary_factor, "partial_rotary_factor")
+    if not 0.0 < factor <= 1.0:
+        raise ValueError(f"partial_rotary_factor: expected a number in (0, 1], got {factor}")
+    return factor
+
+
+def factor_for(rotated: int, head_dim: int) -> float:
+    """The ``partial_rotary_factor`` that rotates exactly ``rotated`` of ``head_dim`` channels
+    (``rotated / head_dim``, one ulp up where the product would round below ``rotated``)."""
+    factor = rotated / head_dim
+    return factor if int(head_dim * factor) == rotated else math.nextafter(factor, 2.0)
+
+
 def _need(scaling, key, kind):
     if scaling.get(key) is None:
         raise ValueError(f"scaling: rope_type {kind!r} needs the key {key!r}, got keys "
@@ -118,9 +133,7 @@ def rope_frequencies(head_dim, base=10000.0, *, partial_rotary_factor=1.0, scali
     """
     head_dim = _checks.check_int(head_dim, "head_dim", minimum=1)
     base = _checks.check_positive(base, "base")
-    factor_p = _checks.check_real(partial_rotary_factor, "partial_rotary_factor")
-    if not 0.0 < factor_p <= 1.0:
-        raise ValueError(f"partial_rotary_factor: expected a number in (0, 1], got {factor_p}")
+    factor_p = check_partial_factor(partial_rotary_factor)
     dim = int(head_dim * factor_p)
     if dim < 2 or dim % 2:
         raise ValueError(f"partial_rotary_factor: int(head_dim * partial_rotary_factor) = "

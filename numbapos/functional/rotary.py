@@ -3,6 +3,8 @@
 The op builds a cos / sin table of one row per position (float64 angles and a
 float64 sine and cosine, the same code and bits on the CPU and the GPU), then
 rotates every head's pairs with it; q and k share one table (:func:`rotary_qk`).
+A bfloat16 / float16 ``x`` is widened to float32 (exactly), rotated with a
+float32 table and rounded back to its dtype, to nearest even.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import numpy as np
 from .. import _checks, _device
 from .._args import RotaryAngles
 from ._common import backend_for, on_backend
+from .half import store_nearest_, widened
+from .rope import check_partial_factor, factor_for
 
 LAYOUTS = ("half", "interleaved")
+_FLOAT32 = np.dtype(np.float32)
 
 
 def _check_x(x, name):
-    x = _checks.check_float_array(x, name, ndim=(3, 4))
-    return x
+    return _checks.check_float_or_half_array(x, name, ndim=(3, 4))
 
 
 def _as_4d(K, x, head_axis):
@@ -53,8 +57,8 @@ def _seq_len(x, head_axis):
     return x.shape[1] if x.ndim == 3 else x.shape[3 - head_axis]
 
 
-def _check_inv_freq(K, inv_freq, dim):
-    """``inv_freq`` as a float64 array on K's device, ``2 * len <= dim``."""
+def _check_inv_freq(K, inv_freq, dim, factor, x_name):
+    """``inv_freq`` as a float64 array on K's device, of ``int(dim * factor) / 2`` entries."""
     if _device.is_cuda_array(inv_freq):
         freq = _checks.check_float_array(inv_freq, "inv_freq", ndim=1)
         if K.DEVICE != "cuda":
@@ -62,15 +66,33 @@ def _check_inv_freq(K, inv_freq, dim):
                             "one device first (numbapos.to_device)")
     else:
         freq = _checks.check_float_array(inv_freq, "inv_freq", ndim=1)
-    if freq.shape[0] < 1 or 2 * freq.shape[0] > dim:
-        raise ValueError(f"inv_freq: {freq.shape[0]} frequencies rotate {2 * freq.shape[0]} "
-                         f"channels, but the last dimension of the data is {dim}; expected "
-                         f"1 <= len(inv_freq) <= {dim // 2}")
+    factor = check_partial_factor(factor)
+    rotated = int(dim * factor)
+    if freq.shape[0] < 1 or 2 * freq.shape[0] != rotated:
+        raise ValueError(_width_message(freq.shape[0], dim, factor, rotated, x_name))
     if K.DEVICE == "cpu":
         return np.ascontiguousarray(freq, dtype=np.float64)
     if _device.is_cuda_array(freq):
         return K.contiguous(freq, np.float64)
     return K.asarray(np.ascontiguousarray(freq, dtype=np.float64))
+
+
+def _width_message(count, dim, factor, rotated, x_name):
+    text = (f"inv_freq: {count} frequencies rotate {2 * count} channels, but {x_name} has "
+            f"last dimension {dim}")
+    if factor != 1.0:
+        text += f", of which partial_rotary_factor={factor} rotates int({dim} * {factor}) = " \
+                f"{rotated}"
+    if rotated >= 2 and rotated % 2 == 0:
+        text += f"; expected {rotated // 2} frequencies"
+    else:
+        text += "; rotary turns channel pairs, so it needs an even number >= 2 of them"
+    if 0 < 2 * count < dim:
+        text += (f". Rotating part of each head is a configuration, never a consequence of a "
+                 f"shape: pass partial_rotary_factor={factor_for(2 * count, dim)!r} to rotate "
+                 f"the first {2 * count} of {dim} channels and pass the rest through (Hugging "
+                 "Face's partial_rotary_factor)")
+    return text
 
 
 def _check_positions(K, position_ids, batch, seq_len):
@@ -100,7 +122,8 @@ def _rotated_out(K, x, out, others, name):
 
 
 def rotary_qk(q, k, position_ids, inv_freq, *, attention_scaling=1.0, layout="half",
-              head_axis=1, float32_angle=False, backward=False, out_q=None, out_k=None):
+              head_axis=1, float32_angle=False, partial_rotary_factor=1.0, backward=False,
+              out_q=None, out_k=None):
     """Rotate ``q`` and ``k`` (or their gradients) with one shared cos / sin table.
 
     What :class:`numbapos.nn.RotaryEmbedding` runs: :func:`apply_rotary` on
@@ -109,10 +132,13 @@ def rotary_qk(q, k, position_ids, inv_freq, *, attention_scaling=1.0, layout="ha
 
     Parameters
     ----------
-    q : ndarray, shape (B, Hq, L, D) or (B, L, Hq, D) (or (B, L, D)), float32 or float64
+    q : ndarray, shape (B, Hq, L, D) or (B, L, Hq, D) (or (B, L, D))
+        float32, float64, bfloat16 or float16.
     k : ndarray or None
         Same layout, batch, length, width and dtype as ``q``; any head count.
     position_ids, inv_freq, attention_scaling, layout, head_axis, float32_angle
+        As for :func:`apply_rotary`.
+    partial_rotary_factor : float, default 1.0
         As for :func:`apply_rotary`.
     backward : bool, default False
         Rotate by minus the angle (the gradient of the forward rotation).
@@ -130,11 +156,12 @@ def rotary_qk(q, k, position_ids, inv_freq, *, attention_scaling=1.0, layout="ha
         As for :func:`apply_rotary`, or ``k`` not matching ``q``.
     """
     return _rotary(q, k, position_ids, inv_freq, attention_scaling, layout, head_axis,
-                   float32_angle, backward, out_q, out_k, ("q", "k", "out_q", "out_k"))
+                   float32_angle, partial_rotary_factor, backward, out_q, out_k,
+                   ("q", "k", "out_q", "out_k"))
 
 
 def _rotary(q, k, position_ids, inv_freq, attention_scaling, layout, head_axis, float32_angle,
-            backward, out_q, out_k, names):
+            factor, backward, out_q, out_k, names):
     q_name, k_name, out_q_name, out_k_name = names
     q = _check_x(q, q_name)
     interleaved, head_axis, scale = _check_options(layout, head_axis, attention_scaling,
@@ -151,19 +178,27 @@ def _rotary(q, k, position_ids, inv_freq, attention_scaling, layout, head_axis, 
     K = backend_for((q, k, out_q, out_k), names)
     seq_len = _seq_len(q, head_axis)
     ids, offset = _check_positions(K, position_ids, q.shape[0], seq_len)
-    freq = _check_inv_freq(K, inv_freq, q.shape[q.ndim - 1])
+    freq = _check_inv_freq(K, inv_freq, q.shape[q.ndim - 1], factor, q_name)
     out_q = _rotated_out(K, q, out_q, (ids, k, out_k), out_q_name)
     if k is not None:
         out_k = _rotated_out(K, k, out_k, (ids, q, out_q), out_k_name)
     elif out_k is not None:
         raise ValueError("out_k: given without k")
+    half = _checks.is_half_dtype(q.dtype)
     rows = 1 if ids is None else ids.shape[0]
-    cos = K.empty((rows, seq_len, freq.shape[0]), q.dtype)
-    sin = K.empty((rows, seq_len, freq.shape[0]), q.dtype)
+    cos = K.empty((rows, seq_len, freq.shape[0]), _FLOAT32 if half else q.dtype)
+    sin = K.empty((rows, seq_len, freq.shape[0]), _FLOAT32 if half else q.dtype)
     angles = RotaryAngles(float(scale), -1.0 if backward else 1.0, bool(float32_angle))
     K.rotary_table(ids, offset, freq, angles, cos, sin)
     for x, out in ((q, out_q), (k, out_k)):
-        if x is not None:
+        if x is None:
+            continue
+        if half:  # rotated in float32, rounded once
+            wide = widened(K, x)
+            w4, axis = _as_4d(K, wide, head_axis)
+            K.rotary_apply(w4, cos, sin, interleaved, axis, w4)
+            store_nearest_(K, out, wide)
+        else:
             x4, axis = _as_4d(K, x, head_axis)
             o4, _ = _as_4d(K, out, head_axis)
             K.rotary_apply(x4, cos, sin, interleaved, axis, o4)
@@ -171,13 +206,16 @@ def _rotary(q, k, position_ids, inv_freq, attention_scaling, layout, head_axis, 
 
 
 def apply_rotary(x, position_ids, inv_freq, *, attention_scaling=1.0, layout="half",
-                 head_axis=1, float32_angle=False, out=None):
+                 head_axis=1, float32_angle=False, partial_rotary_factor=1.0, out=None):
     """Rotary position embedding: rotate channel pairs of ``x`` by ``position * inv_freq``.
 
     With ``R = 2 * len(inv_freq)`` and ``theta = pos * inv_freq[i]``, each pair
     ``(a, b)`` of the first R channels becomes ``s * (a cos theta - b sin theta,
-    b cos theta + a sin theta)`` (``s`` the attention scaling); the channels
-    from R on pass through unchanged (partial rotary: GPT-NeoX, Phi).
+    b cos theta + a sin theta)`` (``s`` the attention scaling). R is the whole
+    last dimension D unless ``partial_rotary_factor`` says otherwise: then
+    ``R = int(D * partial_rotary_factor)`` and the channels from R on pass
+    through unchanged (partial rotary: GPT-NeoX, Phi, GPT-J). A width that
+    does not match raises; it never rotates part of ``x`` silently.
 
     Angles are formed in float64 and reduced to about 2**-100 by a float64
     sine and cosine within one ulp (once per position and frequency, shared
@@ -187,9 +225,19 @@ def apply_rotary(x, position_ids, inv_freq, *, attention_scaling=1.0, layout="ha
     position 32768.
     ``float32_angle=True`` rounds the angle as transformers does instead.
 
+    A bfloat16 or float16 ``x`` (a PyTorch bfloat16 tensor is read through
+    its bits, without a copy) gives a result of its dtype: ``x`` widened
+    exactly to float32, rotated there with a float32 table, then rounded to
+    nearest even, so the result is bit for bit the float32 call on
+    ``x.astype(float32)`` cast back to ``x``'s dtype. transformers rotates a
+    16-bit ``x`` in its dtype (cos and sin, each product and the sum rounded
+    to it): its result differs from this one, rounded once, in about 40 % of
+    the elements, by up to two units in the last place of the larger input of
+    the pair, and is on average farther from the exact rotation.
+
     Parameters
     ----------
-    x : ndarray, float32 or float64
+    x : ndarray, float32, float64, bfloat16 or float16
         ``(B, H, L, D)`` as transformers' attention holds q and k
         (``head_axis=1``), ``(B, L, H, D)`` (``head_axis=2``), or ``(B, L, D)``
         (one head). CPU arrays of any strides (copied when not C-contiguous),
@@ -199,8 +247,8 @@ def apply_rotary(x, position_ids, inv_freq, *, attention_scaling=1.0, layout="ha
         a cache; None is 0), or positions of shape ``(L,)``, ``(1, L)`` or
         ``(B, L)`` (left-padded batches: any positions per row).
     inv_freq : array_like, shape (R/2,)
-        Frequencies, e.g. from :func:`rope_frequencies` (cast to float64);
-        ``R <= D``.
+        Frequencies, e.g. from :func:`rope_frequencies` (cast to float64), for
+        ``R = int(D * partial_rotary_factor)`` channels.
     attention_scaling : float, default 1.0
         Multiplies cos and sin (yarn, longrope: the second value of
         :func:`rope_frequencies`).
@@ -214,13 +262,17 @@ def apply_rotary(x, position_ids, inv_freq, *, attention_scaling=1.0, layout="ha
         Form the angle, cos and sin in float32 as transformers'
         ``LlamaRotaryEmbedding`` does (bit-for-bit agreement up to the last
         bit of float32 cos / sin, instead of accuracy at long range).
+    partial_rotary_factor : float, default 1.0
+        Fraction of each head's channels rotated, in (0, 1], as Hugging Face's
+        ``partial_rotary_factor``: the first ``int(D * factor)`` (even)
+        channels; the same value :func:`rope_frequencies` made ``inv_freq`` with.
     out : ndarray, optional
         C-contiguous result buffer of ``x``'s shape and dtype; ``out=x`` rotates
         in place.
 
     Returns
     -------
-    ndarray, shape of ``x``
+    ndarray, shape and dtype of ``x``
 
     Raises
     ------
@@ -228,10 +280,13 @@ def apply_rotary(x, position_ids, inv_freq, *, attention_scaling=1.0, layout="ha
         Non-float ``x`` or ``inv_freq``, non-integer ``position_ids``, arrays on
         different devices.
     ValueError
-        ``x`` not 3-D or 4-D, ``position_ids`` of the wrong shape, ``inv_freq``
-        empty or wider than ``D / 2``, an unknown ``layout``, ``head_axis`` not 1
-        or 2, a non-finite ``attention_scaling``, ``out`` of the wrong shape or
-        overlapping an input.
+        ``x`` not 3-D or 4-D, ``position_ids`` of the wrong shape,
+        ``2 * len(inv_freq)`` not ``int(D * partial_rotary_factor)`` (the message
+        names both and the factor that would rotate that many channels), a
+        factor outside (0, 1] or rotating an odd number of channels, an unknown
+        ``layout``, ``head_axis`` not 1 or 2, a non-finite
+        ``attention_scaling``, ``out`` of the wrong shape or overlapping an
+        input.
 
     Examples
     --------
@@ -243,12 +298,14 @@ def apply_rotary(x, position_ids, inv_freq, *, attention_scaling=1.0, layout="ha
     array([1., 1., 1., 1.], dtype=float32)
     """
     out_x, _ = _rotary(x, None, position_ids, inv_freq, attention_scaling, layout, head_axis,
-                       float32_angle, False, out, None, ("x", "k", "out", "out_k"))
+                       float32_angle, partial_rotary_factor, False, out, None,
+                       ("x", "k", "out", "out_k"))
     return out_x
 
 
 def apply_rotary_backward(grad, position_ids, inv_freq, *, attention_scaling=1.0,
-                          layout="half", head_axis=1, float32_angle=False, out=None):
+                          layout="half", head_axis=1, float32_angle=False,
+                          partial_rotary_factor=1.0, out=None):
     """Gradient of :func:`apply_rotary` with respect to ``x``: the rotation by minus the angle.
 
     A rotation is orthogonal, so its gradient is its transpose:
@@ -258,8 +315,12 @@ def apply_rotary_backward(grad, position_ids, inv_freq, *, attention_scaling=1.0
     Parameters
     ----------
     grad : ndarray
-        Gradient of the loss with respect to the rotated ``x`` (``x``'s shape).
+        Gradient of the loss with respect to the rotated ``x`` (``x``'s shape);
+        a bfloat16 / float16 one is rotated in float32 and rounded back, as
+        :func:`apply_rotary` does.
     position_ids, inv_freq, attention_scaling, layout, head_axis, float32_angle
+        As given to :func:`apply_rotary`.
+    partial_rotary_factor : float, default 1.0
         As given to :func:`apply_rotary`.
     out : ndarray, optional
         Result buffer (may be ``grad``).
@@ -274,5 +335,6 @@ def apply_rotary_backward(grad, position_ids, inv_freq, *, attention_scaling=1.0
         As for :func:`apply_rotary`.
     """
     out_g, _ = _rotary(grad, None, position_ids, inv_freq, attention_scaling, layout, head_axis,
-                       float32_angle, True, out, None, ("grad", "k", "out", "out_k"))
+                       float32_angle, partial_rotary_factor, True, out, None,
+                       ("grad", "k", "out", "out_k"))
     return out_g

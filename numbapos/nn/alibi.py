@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
-from ..functional.alibi import MODES
+from ..functional.alibi import MODES, RECIPES
 from ..functional.arrays import contiguous
 from .module import Module
 from .parameter import Parameter
@@ -33,6 +33,13 @@ class ALiBi(Module):
         Whether the slopes get gradients (``slopes.requires_grad``).
     dtype : float32 or float64, default float32
     device : {"cpu", "cuda"}, default "cpu"
+    slopes : {"paper", "bloom", "mpt"} or ndarray of shape (H,), optional
+        The initial slopes: a ``recipe`` of
+        :func:`~numbapos.functional.alibi_slopes`, or the values themselves
+        (e.g. a checkpoint's). By default the mode's own: ``"bloom"`` and
+        ``"mpt"`` take transformers' float32 slopes (the bits of
+        ``build_alibi_tensor`` / ``build_mpt_alibi_tensor``), ``"symmetric"``
+        the paper's; ``slopes="paper"`` gives the exact ones in any mode.
 
     Attributes
     ----------
@@ -53,14 +60,26 @@ class ALiBi(Module):
     """
 
     def __init__(self, num_heads, max_bias=8.0, mode="symmetric", trainable=False,
-                 dtype=np.float32, device="cpu"):
+                 dtype=np.float32, device="cpu", *, slopes=None):
         super().__init__()
         self.num_heads = _checks.check_int(num_heads, "num_heads", minimum=1)
         self.max_bias = _checks.check_positive(max_bias, "max_bias")
         if not isinstance(mode, str) or mode not in MODES:
             raise ValueError(f"mode: expected one of {list(MODES)}, got {_checks.quote(mode)}")
         self.mode = mode
-        self.slopes = Parameter(F.alibi_slopes(self.num_heads, self.max_bias, dtype))
+        dtype = _checks.check_float_dtype(dtype)
+        if slopes is None:
+            slopes = "paper" if mode == "symmetric" else mode
+        if isinstance(slopes, str):
+            if slopes not in RECIPES:
+                raise ValueError(f"slopes: expected one of {list(RECIPES)} or an array of "
+                                 f"{self.num_heads} slopes, got {_checks.quote(slopes)}")
+            self.recipe = slopes
+            values = F.alibi_slopes(self.num_heads, self.max_bias, dtype, recipe=slopes)
+        else:
+            self.recipe = None
+            values = _slopes_array(slopes, self.num_heads, dtype)
+        self.slopes = Parameter(values)
         self.slopes.requires_grad = bool(trainable)
         self._place(device)
 
@@ -76,9 +95,14 @@ class ALiBi(Module):
         Raises
         ------
         TypeError, ValueError
-            As for :func:`numbapos.functional.add_alibi_`.
+            As for :func:`numbapos.functional.add_alibi_`; ``H`` other than the
+            number of slopes.
         """
         scores = _checks.check_float_array(scores, "scores", ndim=4)
+        if scores.shape[1] != self.slopes.shape[0]:
+            raise ValueError(f"scores: expected {self.slopes.shape[0]} heads (the module's "
+                             f"slopes) along axis 1 of (B, H, Lq, Lk), got shape "
+                             f"{tuple(scores.shape)}")
         out = _device.copy(scores)
         F.add_alibi_(out, self.slopes.data, mode=self.mode, attention_mask=attention_mask)
         if self._recording():
@@ -112,4 +136,17 @@ class ALiBi(Module):
         return grad_output
 
     def extra_repr(self) -> str:
-        return f"{self.num_heads}, max_bias={self.max_bias}, mode={self.mode!r}"
+        recipe = "given" if self.recipe is None else self.recipe
+        return (f"{self.num_heads}, max_bias={self.max_bias}, mode={self.mode!r}, "
+                f"slopes={recipe!r}")
+
+
+def _slopes_array(slopes, num_heads, dtype):
+    """Given slopes as a host copy in ``dtype``: finite floats of shape ``(num_heads,)``."""
+    values = _device.to_host(_checks.check_float_array(slopes, "slopes", ndim=1))
+    if values.shape != (num_heads,):
+        raise ValueError(f"slopes: expected shape ({num_heads},) (one slope per head), got "
+                         f"{values.shape}")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("slopes: expected finite values, got a nan or an infinity")
+    return np.array(values, dtype=dtype)

@@ -619,7 +619,7 @@ class GPT2Embeddings(Module):
             ``past_length .. past_length + L - 1``.
         position_ids : array_like of int, optional
             Explicit positions (shape of ``input_ids``, or (L,) / (1, L)); take
-            precedence over ``attention_mask``.
+            precedence over ``attention_mask`` (which must still have its shape).
         attention_mask : array_like of bool or int, optional
             Shape ``(N, past_length + L)``, 1 at real tokens and 0 at padding;
             positions then follow Hugging Face's generation convention.

@@ -76,8 +76,10 @@ class QuantizedEmbedding(Module):
         embedding_or_table : Embedding or array_like
             A :class:`~numbapos.nn.Embedding` (or any module with a ``weight``
             table, such as PyTorch's ``nn.Embedding``: its weight is read
-            detached), or a 2-D float32 / float64 array (NumPy, CUDA, a
-            detached PyTorch tensor).
+            detached), or a 2-D float32 / float64 / bfloat16 / float16 array
+            (NumPy, CUDA, a detached PyTorch tensor). A 16-bit table is
+            widened to float32 (exactly) and quantised: the same bytes as
+            quantising ``table.astype(float32)``.
         bits : {8, 4}, default 8
             Bits per code.
         padding_idx : int or None, optional
@@ -102,7 +104,7 @@ class QuantizedEmbedding(Module):
             source = source.weight
             if getattr(source, "requires_grad", False) is True and hasattr(source, "detach"):
                 source = source.detach()  # a module's weight: read, never trained here
-        table = _checks.check_weight(source, "embedding_or_table")
+        table = _checks.check_table(source, "embedding_or_table")
         packed = F.quantize_rowwise(table, bits)
         num, dim = table.shape
         padding_idx = own_padding if padding_idx is _SAME else padding_idx

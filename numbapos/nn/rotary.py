@@ -11,7 +11,7 @@ from .. import _checks, _device
 from .. import functional as F
 from ..functional import rope as _rope
 from ..functional.capture import refuse_in_capture
-from ..functional.rope import rope_type_of
+from ..functional.rope import factor_for, rope_type_of
 from ..functional.rotary import check_rotary_options
 from ._outputs import OutputBuffer
 from .module import Module
@@ -53,14 +53,24 @@ class RotaryEmbedding(Module):
     position, shared by q, k and every head); the frequency vectors in use are
     kept on the device, at most :attr:`cache_size` of them.
 
+    q and k must have exactly ``head_dim`` channels: a head of another width
+    raises (a wider one is never rotated in part silently); rotating only the
+    first channels of each head is ``partial_rotary_factor``'s job.
+
+    Activations may be float32, float64, bfloat16 or float16 (NumPy, CUDA,
+    PyTorch tensors: a bfloat16 one read through its bits); a 16-bit q / k is
+    rotated in float32 and rounded back to its dtype (see
+    :func:`numbapos.functional.apply_rotary`).
+
     Parameters
     ----------
     head_dim : int
-        Channels per head D.
+        Channels per head D: the last dimension of q and k.
     base : float, default 10000.0
         ``rope_theta``.
     partial_rotary_factor : float, default 1.0
-        Fraction of the channels rotated (the rest pass through).
+        Fraction of the channels rotated, as Hugging Face's: the first
+        ``int(head_dim * partial_rotary_factor)`` (even), the rest passed through.
     scaling : dict, optional
         A Hugging Face ``rope_scaling`` / ``rope_parameters`` dict.
     max_position_embeddings : int, default 2048
@@ -222,14 +232,30 @@ class RotaryEmbedding(Module):
         value = scaling.get("original_max_position_embeddings", self.max_position_embeddings)
         return int(value)
 
+    def _check_width(self, q) -> None:
+        """ValueError unless ``q`` has ``head_dim`` channels, naming both and the fix."""
+        width = q.shape[q.ndim - 1]
+        if width == self.head_dim:
+            return
+        rotated = int(self.head_dim * self.partial_rotary_factor)
+        text = (f"q: last dimension {width} differs from head_dim={self.head_dim} of this "
+                f"RotaryEmbedding, which rotates heads of exactly head_dim channels")
+        if width > rotated:
+            text += (f"; to rotate only the first {rotated} of {width} channels and pass the "
+                     f"rest through, say so: RotaryEmbedding({width}, partial_rotary_factor="
+                     f"{factor_for(rotated, width)!r}) (Hugging Face's partial_rotary_factor)")
+        else:
+            text += f"; for heads of {width} channels build RotaryEmbedding({width})"
+        raise ValueError(text)
+
     def forward(self, q, k=None, position_ids=None, offset=0, seq_len=None):
         """Rotate ``q`` (and ``k``) by their positions.
 
         Parameters
         ----------
-        q : ndarray, float32 or float64
+        q : ndarray, float32, float64, bfloat16 or float16
             ``(B, Hq, L, D)`` (or ``(B, L, Hq, D)`` with ``head_axis=2``, or
-            ``(B, L, D)``).
+            ``(B, L, D)``), ``D == head_dim``.
         k : ndarray, optional
             Keys in the same layout; the head count may differ (GQA / MQA).
         position_ids : array_like of int, optional
@@ -252,12 +278,13 @@ class RotaryEmbedding(Module):
         ------
         TypeError, ValueError
             As for :func:`numbapos.functional.rotary_qk`; ``offset`` with
-            ``position_ids``.
+            ``position_ids``; a last dimension other than ``head_dim``.
         """
         offset = _checks.check_int64(offset, "offset")
         if position_ids is not None:
             _checks.check_offset_only(offset, position_ids)
-        q_checked = _checks.check_float_array(q, "q", ndim=(3, 4))
+        q_checked = _checks.check_float_or_half_array(q, "q", ndim=(3, 4))
+        self._check_width(q_checked)
         state = (self.inv_freq, self.attention_scaling, self.max_seq_len_cached)
         try:
             device = _device.device_of(q_checked)
@@ -280,8 +307,9 @@ class RotaryEmbedding(Module):
                 out_k = self._outputs_k.take(k.shape, k.dtype)
             q_rot, k_rot = F.rotary_qk(q_checked, k, positions, freq, attention_scaling=scale,
                                        layout=self.layout, head_axis=self.head_axis,
-                                       float32_angle=self.float32_angle, out_q=out_q,
-                                       out_k=out_k)
+                                       float32_angle=self.float32_angle,
+                                       partial_rotary_factor=self.partial_rotary_factor,
+                                       out_q=out_q, out_k=out_k)
         except Exception:  # bad input changes no state (the dynamic-NTK lengths)
             self.inv_freq, self.attention_scaling, self.max_seq_len_cached = state
             raise
@@ -309,18 +337,19 @@ class RotaryEmbedding(Module):
             or extra (the record is kept).
         """
         positions, freq, scale, q_shape, k_shape = self._saved_context()
-        grad_q = _checks.check_float_array(grad_q, "grad_q")
+        grad_q = _checks.check_float_or_half_array(grad_q, "grad_q")
         _checks.check_same_shape(grad_q, q_shape, "grad_q", "the shape of the forward's q")
         if (k_shape is None) != (grad_k is None):
             raise ValueError("grad_k: expected " + ("None (the forward had no k)"
                                                     if k_shape is None else
                                                     "the gradient of the forward's k, got None"))
         if grad_k is not None:
-            grad_k = _checks.check_float_array(grad_k, "grad_k")
+            grad_k = _checks.check_float_or_half_array(grad_k, "grad_k")
             _checks.check_same_shape(grad_k, k_shape, "grad_k", "the shape of the forward's k")
         gq, gk = F.rotary_qk(grad_q, grad_k, positions, freq, attention_scaling=scale,
                              layout=self.layout, head_axis=self.head_axis,
-                             float32_angle=self.float32_angle, backward=True)
+                             float32_angle=self.float32_angle,
+                             partial_rotary_factor=self.partial_rotary_factor, backward=True)
         self._release()
         return gq if gk is None else (gq, gk)
 
@@ -364,7 +393,7 @@ class RotaryEmbedding(Module):
                    or _config_get(config, "rotary_pct"))
         rotary_dim = _config_get(config, "rotary_dim")
         if partial is None and rotary_dim:
-            partial = rotary_dim / head_dim
+            partial = factor_for(int(rotary_dim), int(head_dim))  # int(head_dim * it) == rotary_dim
         max_len = (_config_get(config, "max_position_embeddings")
                    or _config_get(config, "n_positions") or 2048)
         original = _config_get(config, "original_max_position_embeddings")

@@ -61,7 +61,7 @@ def data():
         tids=np.array([[1, 0, 2], [2, 2, 0]]),
         frac=np.array([0.5, 3.0, 7.25]),
         past=np.array([1, 3]),
-        freq=np.array([1.0, 0.1]),
+        freq=np.array([1.0, 0.1, 0.01]),  # R = 6 = D: every channel rotated
         slopes=np.array([0.5, 0.25], f32),
         scores=rng.standard_normal((N, 2, L, L)).astype(f32),
     )

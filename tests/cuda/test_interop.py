@@ -142,8 +142,8 @@ def test_other_protocols_dlpack_and_array(rng):
 
 
 def test_foreign_objects_are_named_by_full_type():
-    with pytest.raises(TypeError, match=r"x: cannot view the torch\.Tensor .*BFloat16"):
-        F.layer_norm(torch.ones(2, 2, dtype=torch.bfloat16), None)
+    with pytest.raises(TypeError, match=r"x: cannot view the torch\.Tensor .*meta"):
+        F.layer_norm(torch.ones(2, 2, device="meta"), None)
     with pytest.raises(TypeError, match=r"weight: expected .*got collections\.OrderedDict"):
         F.embedding(np.array([0]), __import__("collections").OrderedDict())
     with pytest.raises(TypeError, match="state: expected a mapping|got list"):

@@ -27,18 +27,77 @@ def test_slopes_follow_the_paper(num_heads):
     np.testing.assert_allclose(slopes, want[:num_heads], rtol=1e-15)
 
 
-@pytest.mark.parametrize("num_heads", [4, 6, 12, 32, 40])
-def test_slopes_match_bloom_and_mpt(num_heads):
+@pytest.mark.parametrize("max_bias", [8.0, 5.0, 12.5])
+def test_bloom_and_mpt_recipes_round_each_float32_step_exactly(max_bias):
+    # The reference rounds rationals (Fraction, 40-digit Decimal) to float32 itself.
+    for num_heads in [*range(1, 41), 64, 100, 127, 128, 200]:
+        bloom = F.alibi_slopes(num_heads, max_bias, recipe="bloom")
+        mpt = F.alibi_slopes(num_heads, max_bias, recipe="mpt")
+        np.testing.assert_array_equal(bloom, ref.alibi_slopes_bloom(num_heads, max_bias))
+        np.testing.assert_array_equal(mpt, ref.alibi_slopes_mpt(num_heads, max_bias))
+        paper = F.alibi_slopes(num_heads, max_bias)
+        for slopes in (bloom, mpt):  # the paper's values, but for BLOOM's rounded base,
+            # whose relative error (<= 2**-24) the k-th power multiplies by k
+            np.testing.assert_allclose(slopes, paper, rtol=(num_heads + 2) * 2.0 ** -24)
+    wide = F.alibi_slopes(16, max_bias, np.float64, recipe="bloom")
+    np.testing.assert_array_equal(wide, F.alibi_slopes(16, max_bias, recipe="bloom"))
+    assert wide.dtype == np.float64
+
+
+def test_bloom_slopes_are_one_ulp_below_the_papers_where_transformers_rounds_the_base():
+    assert F.alibi_slopes(16)[1] == np.float32(0.5)
+    assert F.alibi_slopes(16, recipe="bloom")[1] == np.nextafter(np.float32(0.5), np.float32(0))
+    with pytest.raises(ValueError, match="recipe: expected one of .*got 'falcon'"):
+        F.alibi_slopes(16, recipe="falcon")
+
+
+LEFT_PADDED = np.array([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1],
+                        [0, 0, 0, 0, 0, 1, 1], [0, 1, 1, 1, 1, 1, 1]])
+
+
+def test_bloom_bias_is_transformers_bits_for_1_to_128_heads():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes, build_alibi_tensor
+
+    batch, length = LEFT_PADDED.shape
+    off_by_torch = 0
+    for heads in range(1, 129):
+        want = build_alibi_tensor(torch.from_numpy(LEFT_PADDED), heads, torch.float32).numpy()
+        want = want.reshape(batch, heads, 1, length)
+        theirs = _get_alibi_slopes(heads, torch.device("cpu")).numpy()
+        ours = F.alibi_slopes(heads, recipe="bloom")
+        got = F.alibi_bias(ours, length, mode="bloom", attention_mask=LEFT_PADDED)
+        same = ours == theirs
+        np.testing.assert_array_equal(got[:, same], want[:, same])
+        # Elsewhere PyTorch's vectorised float32 pow (SLEEF, 1 ulp; which elements it
+        # takes depends on the CPU's vector width) rounded base ** k the other way:
+        # one ulp, and its own slopes give its bits.
+        assert np.abs(ours.view(np.int32) - theirs.view(np.int32)).max() <= 1
+        np.testing.assert_array_equal(
+            F.alibi_bias(theirs, length, mode="bloom", attention_mask=LEFT_PADDED), want)
+        off_by_torch += int(np.count_nonzero(~same))
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":  # ATEN_CPU_CAPABILITY=default
+        assert off_by_torch == 0
+
+
+def test_mpt_bias_is_transformers_bits_for_1_to_128_heads():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
-    ours = F.alibi_slopes(num_heads)
-    np.testing.assert_allclose(ours, _get_alibi_slopes(num_heads, torch.device("cpu")).numpy(),
-                               rtol=1e-6)
-    mpt = build_mpt_alibi_tensor(num_heads, 2)[:, 0, 0].numpy()  # distance -1: -slope
-    np.testing.assert_allclose(-mpt, ours, rtol=1e-6)
+    for heads in range(1, 129):
+        want = build_mpt_alibi_tensor(heads, 7).numpy()
+        got = F.alibi_bias(F.alibi_slopes(heads, recipe="mpt"), 7, mode="mpt")
+        np.testing.assert_array_equal(got[0], want)
+
+
+@pytest.mark.parametrize("heads", [17, 128])
+def test_bloom_bias_has_the_same_bits_on_each_device(device, heads):
+    slopes = F.alibi_slopes(heads, recipe="bloom")
+    got = host(F.alibi_bias(on(device, slopes), 7, mode="bloom", attention_mask=LEFT_PADDED))
+    want = ref.alibi_scores(np.zeros((4, heads, 1, 7), np.float32), slopes, "bloom", LEFT_PADDED)
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -139,34 +198,6 @@ def test_a_bad_mask_value_raises_on_each_device(device):
                                                     attention_mask=host(good)))
 
 
-def test_bloom_parity_with_left_padding():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
-
-    mask = np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]])
-    for heads in (4, 6):
-        want = build_alibi_tensor(torch.from_numpy(mask), heads, torch.float32).numpy()
-        got = F.alibi_bias(F.alibi_slopes(heads), 6, mode="bloom", attention_mask=mask)
-        np.testing.assert_allclose(got.reshape(3 * heads, 1, 6), want, rtol=1e-6, atol=0)
-        slopes = torch.from_numpy(F.alibi_slopes(heads))
-        theirs_with_our_slopes = (slopes[None, :, None] * torch.from_numpy(
-            (np.cumsum(mask, 1) - 1) * mask)[:, None, :]).reshape(3 * heads, 1, 6)
-        np.testing.assert_array_equal(got.reshape(3 * heads, 1, 6),
-                                      theirs_with_our_slopes.numpy())
-
-
-def test_mpt_parity():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
-
-    for heads in (4, 6, 16):
-        want = build_mpt_alibi_tensor(heads, 7).numpy()
-        got = F.alibi_bias(F.alibi_slopes(heads), 7, mode="mpt")
-        np.testing.assert_allclose(got[0], want, rtol=1e-6, atol=0)
-
-
 # ---------------------------------------------------------------- the module
 
 
@@ -174,8 +205,8 @@ def test_module_forward_backward_trains_the_slopes(device, rng):
     alibi = nn.ALiBi(3, mode="bloom", trainable=True, device=device)
     scores = rng.standard_normal((3, 3, 2, 5)).astype(np.float32)
     y = alibi(on(device, scores), attention_mask=MASK)
-    np.testing.assert_array_equal(host(y), ref.alibi_scores(scores, F.alibi_slopes(3),
-                                                            "bloom", MASK))
+    np.testing.assert_array_equal(host(y), ref.alibi_scores(
+        scores, F.alibi_slopes(3, recipe="bloom"), "bloom", MASK))
     g = rng.standard_normal(scores.shape).astype(np.float32)
     assert host(alibi.backward(on(device, g))) is not None
     np.testing.assert_allclose(host(alibi.slopes.grad), ref.alibi_slopes_grad(g, "bloom", MASK),
@@ -195,3 +226,38 @@ def test_module_frozen_slopes_get_no_gradient(rng):
     assert alibi.slopes.grad is None
     with pytest.raises(ValueError, match="mode"):
         nn.ALiBi(2, mode="rightward")
+
+
+@pytest.mark.parametrize("mode, recipe", [("symmetric", "paper"), ("bloom", "bloom"),
+                                          ("mpt", "mpt")])
+def test_module_slopes_default_to_the_modes_recipe(mode, recipe):
+    alibi = nn.ALiBi(24, mode=mode)
+    np.testing.assert_array_equal(alibi.slopes.data, F.alibi_slopes(24, recipe=recipe))
+    assert f"slopes={recipe!r}" in repr(alibi)
+    exact = nn.ALiBi(24, mode=mode, slopes="paper", dtype=np.float64)
+    np.testing.assert_array_equal(exact.slopes.data, F.alibi_slopes(24, dtype=np.float64))
+
+
+def test_module_takes_given_slopes_and_refuses_bad_ones():
+    given = np.array([0.3, 0.7])
+    alibi = nn.ALiBi(2, mode="bloom", slopes=given)
+    np.testing.assert_array_equal(alibi.slopes.data, given.astype(np.float32))
+    assert alibi.slopes.data.dtype == np.float32 and "slopes='given'" in repr(alibi)
+    for bad, error, match in [("exact", ValueError, "slopes: expected one of"),
+                              (np.ones(3), ValueError, r"slopes: expected shape \(2,\)"),
+                              (np.array([0.5, np.inf]), ValueError, "slopes: expected finite"),
+                              (np.ones(2, np.int64), TypeError, "slopes: expected dtype")]:
+        with pytest.raises(error, match=match):
+            nn.ALiBi(2, slopes=bad)
+
+
+def test_module_bloom_forward_is_transformers_bits():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    batch, length = LEFT_PADDED.shape
+    want = build_alibi_tensor(torch.from_numpy(LEFT_PADDED), 16, torch.float32).numpy()
+    got = nn.ALiBi(16, mode="bloom")(np.zeros((batch, 16, 1, length), np.float32),
+                                     attention_mask=LEFT_PADDED)
+    np.testing.assert_array_equal(got.reshape(batch * 16, 1, length), want)

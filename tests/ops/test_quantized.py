@@ -198,6 +198,46 @@ def test_float64_tables_are_rounded_to_float32_first(rng):
                                       F.quantize_rowwise(table.astype(np.float32), bits))
 
 
+HALF_DTYPES = ["bfloat16", "float16"]
+
+
+def _half_on(device, table):
+    """A 16-bit host table on ``device`` (bfloat16 as Numba's own device array: numbapos
+    keeps bfloat16 tables on the CPU, but takes such arrays, as it takes PyTorch's)."""
+    if device == "cpu":
+        return table
+    from conftest import dev
+
+    return dev(table)
+
+
+@pytest.mark.parametrize("half", HALF_DTYPES)
+@pytest.mark.parametrize("bits", BITS)
+def test_16_bit_tables_quantise_their_float32_widening(device, bits, half, rng):
+    dtype = numbapos._checks.check_table_dtype(half)
+    table = rng.normal(size=(7, 5)).astype(np.float32).astype(dtype)
+    table[3] = table[3] * 1000  # float16's top range: a row far from 1
+    table[1, 2] = -0.0
+    want = ref.quantize_rowwise(table.astype(np.float32), bits)
+    packed = F.quantize_rowwise(_half_on(device, table), bits)
+    assert numbapos.device_of(packed) == device
+    assert host(packed).tobytes() == want.tobytes()
+    emb = nn.Embedding.from_pretrained(_half_on(device, table), padding_idx=2)
+    module = nn.QuantizedEmbedding.from_float(emb, bits=bits)
+    assert module.padding_idx == 2 and host(module.packed).tobytes() == want.tobytes()
+    empty = F.quantize_rowwise(_half_on(device, np.zeros((0, 4), dtype)), bits)
+    assert empty.shape == (0, F.rowwise_width(4, bits))
+    assert F.quantize_rowwise(_half_on(device, np.zeros((3, 0), dtype)), bits).shape == \
+        (3, F.rowwise_width(0, bits))
+
+
+def test_16_bit_non_finite_rows_are_named(device):
+    table = np.ones((3, 4), np.float16)
+    table[2, 1] = np.inf
+    with pytest.raises(ValueError, match="row 2 holds inf"):
+        F.quantize_rowwise(_half_on(device, table), 8)
+
+
 # ------------------------------------------------------------------ both devices
 
 
@@ -366,7 +406,8 @@ def test_bad_packed_tables_and_outputs():
         F.quantized_embedding([0], packed, 8, padding_idx=3)
     with pytest.raises(ValueError, match=r"out: expected shape \(1, 4\) and dtype float32"):
         F.quantized_embedding([0], packed, 8, out=np.empty((1, 4), np.float64))
-    with pytest.raises(TypeError, match="table: expected dtype float32 or float64, got uint8"):
+    with pytest.raises(TypeError, match="table: expected dtype float32, float64, bfloat16 or "
+                                        "float16, got uint8"):
         F.quantize_rowwise(packed, 8)
 
 

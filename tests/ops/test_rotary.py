@@ -134,17 +134,19 @@ def test_apply_matches_reference(device, shape, head_axis, half, layout, kind, d
     seq_len = _seq_len(shape, head_axis)
     ids, ref_ids = _positions(kind, shape[0], seq_len)
     inv_freq = ref.rope_inv_freq(2 * half, 50.0)
+    partial = dict(partial_rotary_factor=2 * half / shape[-1])
     got = F.apply_rotary(on(device, x), on(device, ids) if kind == "per_row" else ids,
-                         inv_freq, attention_scaling=1.25, layout=layout, head_axis=head_axis)
+                         inv_freq, attention_scaling=1.25, layout=layout, head_axis=head_axis,
+                         **partial)
     want = ref.rotary(_as_ref4(x, head_axis), ref_ids, inv_freq, 1.25,
                       layout == "interleaved", head_axis if x.ndim == 4 else 1)
     rtol, atol = (2e-6, 2e-6) if dtype == np.float32 else (1e-13, 1e-13)
     np.testing.assert_allclose(host(got), want.reshape(shape), rtol=rtol, atol=atol)
     back = F.apply_rotary_backward(got, ids, inv_freq, attention_scaling=1.25, layout=layout,
-                                   head_axis=head_axis)
+                                   head_axis=head_axis, **partial)
     if device == "cuda":  # the CPU's bits, table included (one sincos for both devices)
         cpu = F.apply_rotary(x, ids, inv_freq, attention_scaling=1.25, layout=layout,
-                             head_axis=head_axis)
+                             head_axis=head_axis, **partial)
         np.testing.assert_array_equal(host(got), cpu)
     twice = x.copy()
     twice[..., :2 * half] *= 1.25 ** 2  # the passed-through channels are not scaled
@@ -169,9 +171,10 @@ def test_in_place_and_out(device, rng):
 ])
 def test_streamed_output_has_the_same_bits(monkeypatch, shape, head_axis, layout, rng):
     x = rng.standard_normal(shape).astype(np.float32)
-    inv_freq = ref.rope_inv_freq(8 if shape[3] >= 10 else 6)
+    rotated = 8 if shape[3] >= 10 else 6
+    inv_freq = ref.rope_inv_freq(rotated)
     ids = rng.integers(0, 5000, (shape[0], shape[3 - head_axis]))
-    kwargs = dict(layout=layout, head_axis=head_axis)
+    kwargs = dict(layout=layout, head_axis=head_axis, partial_rotary_factor=rotated / shape[3])
     in_place = F.apply_rotary(x.copy(), ids, inv_freq, out=None, **kwargs)
     monkeypatch.setattr(cpu_rotary, "MIN_STREAM_TILE", 2)
     with numbapos.config.override(stream_min_bytes=0):  # non-temporal stores, tiles
@@ -206,8 +209,9 @@ def test_gradient_is_the_adjoint_and_matches_finite_differences(device, rng):
     g = rng.standard_normal(shape)
     ids = np.array([[4, 0, 9]])
     inv_freq = ref.rope_inv_freq(4)
-    y = host(F.apply_rotary(on(device, x), ids, inv_freq, attention_scaling=0.7))
-    gx = host(F.apply_rotary_backward(on(device, g), ids, inv_freq, attention_scaling=0.7))
+    opts = dict(attention_scaling=0.7, partial_rotary_factor=4 / 6)
+    y = host(F.apply_rotary(on(device, x), ids, inv_freq, **opts))
+    gx = host(F.apply_rotary_backward(on(device, g), ids, inv_freq, **opts))
     assert np.sum(y * g) == pytest.approx(np.sum(x * gx), rel=1e-12)
     eps = 1e-6
     numeric = np.zeros(shape)
@@ -215,8 +219,8 @@ def test_gradient_is_the_adjoint_and_matches_finite_differences(device, rng):
         xp, xm = x.copy(), x.copy()
         xp[i] += eps
         xm[i] -= eps
-        fp = np.sum(F.apply_rotary(xp, ids, inv_freq, attention_scaling=0.7) * g)
-        fm = np.sum(F.apply_rotary(xm, ids, inv_freq, attention_scaling=0.7) * g)
+        fp = np.sum(F.apply_rotary(xp, ids, inv_freq, **opts) * g)
+        fm = np.sum(F.apply_rotary(xm, ids, inv_freq, **opts) * g)
         numeric[i] = (fp - fm) / (2 * eps)
     np.testing.assert_allclose(gx, numeric, rtol=1e-7, atol=1e-8)
 
@@ -284,6 +288,182 @@ def test_strided_cpu_input_is_copied(rng):
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(F.apply_rotary(x, 0, inv_freq, head_axis=2),
                                   want.transpose(0, 2, 1, 3))
+
+
+# ---------------------------------------------------------------- widths: partial is configured
+
+
+def test_a_width_other_than_the_frequencies_raises_and_names_the_factor(rng):
+    x = rng.standard_normal((1, 2, 3, 128)).astype(np.float32)
+    before = x.copy()
+    inv_freq, _ = F.rope_frequencies(64)
+    with pytest.raises(ValueError, match=r"inv_freq: 32 frequencies rotate 64 channels, but x "
+                                         r"has last dimension 128; expected 64 frequencies\. "
+                                         r".*partial_rotary_factor=0\.5 to rotate the first 64"):
+        F.apply_rotary(x, 0, inv_freq)
+    with pytest.raises(ValueError, match=r"q has last dimension 32; expected 16 frequencies$"):
+        F.rotary_qk(x[..., :32], x[..., :32], 0, inv_freq)
+    with pytest.raises(ValueError, match=r"of which partial_rotary_factor=0\.25 rotates "
+                                         r"int\(128 \* 0\.25\) = 32; expected 16"):
+        F.apply_rotary(x, 0, inv_freq, partial_rotary_factor=0.25)
+    with pytest.raises(ValueError, match="grad has last dimension 128"):
+        F.apply_rotary_backward(x, 0, inv_freq)
+    with pytest.raises(ValueError, match=r"partial_rotary_factor: expected a number in \(0, 1\]"):
+        F.apply_rotary(x, 0, inv_freq, partial_rotary_factor=1.5)
+    with pytest.raises(ValueError, match="needs an even number >= 2"):
+        F.apply_rotary(x[..., :7], 0, inv_freq[:3])
+    np.testing.assert_array_equal(x, before)
+
+
+@pytest.mark.parametrize("rotated, dim", [(64, 128), (4, 6), (30, 44), (2, 49)])
+def test_partial_rotary_rotates_the_first_channels_and_passes_the_rest(device, rotated, dim,
+                                                                         rng):
+    x = rng.standard_normal((1, 2, 3, dim)).astype(np.float32)
+    inv_freq, _ = F.rope_frequencies(rotated)
+    with pytest.raises(ValueError) as raised:
+        F.apply_rotary(x, 0, inv_freq)
+    factor = float(str(raised.value).split("partial_rotary_factor=")[1].split(" ")[0])
+    assert int(dim * factor) == rotated  # the factor the message suggests is the one
+    got = host(F.apply_rotary(on(device, x), 4, inv_freq, partial_rotary_factor=factor))
+    want = ref.rotary(x, np.arange(4, 7)[None], inv_freq)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(got[..., rotated:], x[..., rotated:])
+    rope = nn.RotaryEmbedding(dim, partial_rotary_factor=factor, device=device)
+    np.testing.assert_array_equal(host(rope(on(device, x), offset=4)), got)
+    assert len(nn.RotaryEmbedding.from_hf_config(
+        {"model_type": "gptj", "n_embd": 2 * dim, "n_head": 2, "rotary_dim": rotated}
+    ).inv_freq) == rotated // 2
+
+
+def test_module_refuses_a_head_of_another_width(rng):
+    rope = nn.RotaryEmbedding(64, scaling={"rope_type": "dynamic", "factor": 2.0},
+                              max_position_embeddings=16)
+    wide = rng.standard_normal((1, 2, 40, 128)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"q: last dimension 128 differs from head_dim=64 .*"
+                                         r"RotaryEmbedding\(128, partial_rotary_factor=0\.5\)"):
+        rope(wide, wide)
+    with pytest.raises(ValueError, match=r"q: last dimension 32 differs from head_dim=64 .*"
+                                         r"build RotaryEmbedding\(32\)$"):
+        rope(wide[..., :32])
+    with pytest.raises(ValueError, match="k: shape"):
+        rope(wide[..., :64], wide)
+    assert rope.max_seq_len_cached == 16 and rope.pending_backwards() == 0
+    partial = nn.RotaryEmbedding(128, partial_rotary_factor=0.25)
+    with pytest.raises(ValueError, match=r"q: last dimension 64 differs from head_dim=128 .*"
+                                         r"RotaryEmbedding\(64, partial_rotary_factor=0\.5\)"):
+        partial(wide[..., :64])
+
+
+# ---------------------------------------------------------------- 16-bit activations
+
+HALF_DTYPES = ["bfloat16", "float16"]
+
+
+def _half(name):
+    return numbapos._checks.check_table_dtype(name)
+
+
+def _half_on(device, x):
+    """A 16-bit host array on ``device`` (bfloat16 as a Numba device array, as a PyTorch
+    CUDA tensor is adopted: numbapos.to_device keeps bfloat16 on the CPU)."""
+    if device == "cpu":
+        return x
+    from conftest import dev
+
+    return dev(x)
+
+
+def _bits(x):
+    return host(x).view(np.uint16)
+
+
+@pytest.mark.parametrize("half", HALF_DTYPES)
+@pytest.mark.parametrize("shape, head_axis, rotated, layout", [
+    ((2, 3, 5, 8), 1, 8, "half"), ((2, 4, 3, 12), 2, 6, "interleaved"), ((2, 5, 6), 1, 4, "half"),
+])
+def test_16_bit_rotation_is_the_float32_rotation_rounded_once(device, half, shape, head_axis,
+                                                              rotated, layout, rng):
+    dtype = _half(half)
+    x = (4 * rng.standard_normal(shape)).astype(dtype)
+    ids = np.stack([np.arange(shape[3 - head_axis if len(shape) == 4 else 1]) + 7 * b + 300
+                    for b in range(shape[0])])
+    inv_freq = ref.rope_inv_freq(rotated, 50.0)
+    opts = dict(attention_scaling=1.25, layout=layout, head_axis=head_axis,
+                partial_rotary_factor=rotated / shape[-1])
+    wide = x.astype(np.float32)
+    for op in (F.apply_rotary, F.apply_rotary_backward):
+        got = op(_half_on(device, x), ids, inv_freq, **opts)
+        assert got.dtype == dtype and numbapos.device_of(got) == device
+        want = op(wide, ids, inv_freq, **opts).astype(dtype)
+        np.testing.assert_array_equal(_bits(got), want.view(np.uint16))
+        np.testing.assert_array_equal(host(got)[..., rotated:].view(np.uint16),
+                                      x[..., rotated:].view(np.uint16))
+    want = F.apply_rotary(wide, ids, inv_freq, **opts).astype(dtype)
+    k = x[:, :1].copy() if head_axis == 1 and x.ndim == 4 else x.copy()
+    q_rot, k_rot = F.rotary_qk(_half_on(device, x), _half_on(device, k), ids, inv_freq,
+                               **opts)
+    np.testing.assert_array_equal(_bits(q_rot), want.view(np.uint16))
+    np.testing.assert_array_equal(
+        _bits(k_rot), F.apply_rotary(k.astype(np.float32), ids, inv_freq,
+                                     **opts).astype(dtype).view(np.uint16))
+    in_place = _half_on(device, x.copy())
+    assert F.apply_rotary(in_place, ids, inv_freq, out=in_place, **opts) is in_place
+    np.testing.assert_array_equal(_bits(in_place), want.view(np.uint16))
+    out = _half_on(device, np.zeros_like(x))
+    assert F.apply_rotary(_half_on(device, x), ids, inv_freq, out=out, **opts) is out
+    np.testing.assert_array_equal(_bits(out), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("half", HALF_DTYPES)
+def test_16_bit_module_forward_backward_and_empty_inputs(device, half, rng):
+    dtype = _half(half)
+    q = rng.standard_normal((2, 4, 3, 8)).astype(dtype)
+    k = rng.standard_normal((2, 2, 3, 8)).astype(dtype)
+    rope = nn.RotaryEmbedding(8, base=100.0, device=device)
+    q_rot, k_rot = rope(_half_on(device, q), _half_on(device, k), offset=5)
+    wide = nn.RotaryEmbedding(8, base=100.0)
+    want_q, want_k = wide(q.astype(np.float32), k.astype(np.float32), offset=5)
+    np.testing.assert_array_equal(_bits(q_rot), want_q.astype(dtype).view(np.uint16))
+    np.testing.assert_array_equal(_bits(k_rot), want_k.astype(dtype).view(np.uint16))
+    gq, gk = rope.backward(q_rot, k_rot)
+    assert gq.dtype == dtype and gk.dtype == dtype
+    want_gq, _ = wide.backward(host(q_rot).astype(np.float32), host(k_rot).astype(np.float32))
+    np.testing.assert_array_equal(_bits(gq), want_gq.astype(dtype).view(np.uint16))
+    empty = rope(_half_on(device, np.zeros((0, 4, 3, 8), dtype)))
+    assert empty.shape == (0, 4, 3, 8) and empty.dtype == dtype
+    assert F.apply_rotary(_half_on(device, np.zeros((2, 0, 8), dtype)), 0,
+                          rope.inv_freq).shape == (2, 0, 8)
+
+
+@pytest.mark.parametrize("half", HALF_DTYPES)
+def test_strided_16_bit_input_is_copied(half, rng):
+    x = rng.standard_normal((2, 5, 3, 8)).astype(_half(half))
+    inv_freq = ref.rope_inv_freq(8)
+    got = F.apply_rotary(x.transpose(0, 2, 1, 3), 0, inv_freq)
+    want = F.apply_rotary(np.ascontiguousarray(x.transpose(0, 2, 1, 3)), 0, inv_freq)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    np.testing.assert_array_equal(F.apply_rotary(x, 0, inv_freq, head_axis=2).view(np.uint16),
+                                  want.transpose(0, 2, 1, 3).view(np.uint16))
+
+
+def test_16_bit_bad_input_raises_and_changes_nothing():
+    x = np.arange(2 * 2 * 3 * 8).reshape(2, 2, 3, 8).astype(np.float16)
+    before = x.copy()
+    inv_freq = ref.rope_inv_freq(8)
+    with pytest.raises(TypeError, match=r"k: dtype float16 differs from q's dtype bfloat16"):
+        F.rotary_qk(x.astype(_half("bfloat16")), x, 0, inv_freq)
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 2, 3, 8\) and dtype float16"):
+        F.apply_rotary(x, 0, inv_freq, out=np.empty(x.shape, np.float32))
+    with pytest.raises(ValueError, match="out: expected a C-contiguous"):
+        F.apply_rotary(x, 0, inv_freq, out=x[..., ::-1])
+    with pytest.raises(TypeError, match="x: expected dtype float32, float64, bfloat16 or "
+                                        "float16, got int16"):
+        F.apply_rotary(x.view(np.int16), 0, inv_freq)
+    with pytest.raises(ValueError, match="x: expected a 3-D or 4-D array"):
+        F.apply_rotary(x[0, 0], 0, inv_freq)
+    with pytest.raises(ValueError, match="inv_freq: 2 frequencies rotate 4 channels"):
+        F.apply_rotary(x, 0, inv_freq[:2])
+    np.testing.assert_array_equal(x, before)
 
 
 # ---------------------------------------------------------------- the module
