@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 
-from .. import _checks, _device
+from .. import _checks
 from .._args import AlibiMode
 from ._common import backend_for
+from .blocks import _mask_to_positions
 
 MODES = {"symmetric": AlibiMode.SYMMETRIC, "mpt": AlibiMode.MPT, "bloom": AlibiMode.BLOOM}
 
@@ -142,16 +143,12 @@ def _mpt_slopes(num_heads: int, max_bias: float) -> np.ndarray:
     return slopes
 
 
-def _check_mode(mode) -> AlibiMode:
+def _check_mode(mode) -> int:
+    """The launchers' mode: the :class:`AlibiMode`'s int (the CPU kernels are compiled for an
+    int64 mode; an IntEnum argument would be typed, and compiled, apart)."""
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode: expected one of {list(MODES)}, got {_checks.quote(mode)}")
-    return MODES[mode]
-
-
-def _launcher_mode(mode: AlibiMode) -> int:
-    """The launchers' mode: the enum's int (the CPU kernels are compiled for an int64
-    mode; an IntEnum argument would be typed, and compiled, apart)."""
-    return int(mode)
+    return int(MODES[mode])
 
 
 def _mask_positions(K, mode, attention_mask, batch, key_length):
@@ -170,20 +167,15 @@ def _mask_positions(K, mode, attention_mask, batch, key_length):
         raise ValueError(f"attention_mask: expected shape ({key_length},), (1, {key_length})"
                          f" or ({rows}, {key_length}) (batch, key length), got "
                          f"{tuple(mask.shape)}")
-    if _device.device_of(mask) != K.DEVICE:
-        mask = K.asarray(mask) if K.DEVICE == "cuda" else _device.to_host(mask)
-    # (cumsum(mask) - 1) * mask: padding at position 0, on the mask's device
-    positions = K.empty((mask.shape[0], key_length), np.int64)
-    K.positions_from_mask(mask, 0, -1, positions)
-    return positions
+    return _mask_to_positions(K, mask, key_length, 0)  # (cumsum(mask) - 1) * mask
 
 
 def _shift(mode, query_length, key_length):
     return key_length - query_length if mode == AlibiMode.SYMMETRIC else key_length - 1
 
 
-def _check_slopes(slopes, name="slopes"):
-    return _checks.check_float_array(slopes, name, ndim=1)
+def _check_slopes(slopes):
+    return _checks.check_float_array(slopes, "slopes", ndim=1)
 
 
 def alibi_bias(slopes, query_length, key_length=None, *, mode="symmetric", attention_mask=None):
@@ -246,14 +238,9 @@ def alibi_bias(slopes, query_length, key_length=None, *, mode="symmetric", atten
     rows = 1 if positions is None else positions.shape[0]
     queries = query_length if code == AlibiMode.SYMMETRIC else 1
     out = K.empty((rows, slopes.shape[0], queries, key_length), slopes.dtype)
-    K.alibi_fill(K.contiguous(slopes), positions, _launcher_mode(code),
-                 _shift(code, query_length, key_length), out)
+    K.alibi_fill(K.contiguous(slopes), positions, code, _shift(code, query_length, key_length),
+                 out)
     return out
-
-
-def _check_scores(scores, name):
-    scores = _checks.check_float_array(scores, name, ndim=4)
-    return scores
 
 
 def add_alibi_(scores, slopes, *, mode="symmetric", attention_mask=None):
@@ -279,7 +266,7 @@ def add_alibi_(scores, slopes, *, mode="symmetric", attention_mask=None):
         As for :func:`alibi_bias`; ``scores`` not 4-D, strided or read-only,
         ``slopes`` not of length H.
     """
-    scores = _check_scores(scores, "scores")
+    scores = _checks.check_float_array(scores, "scores", ndim=4)
     scores = _checks.check_out(scores, tuple(scores.shape), scores.dtype, "scores")
     slopes = _check_slopes(slopes)
     K = backend_for((scores, slopes), ("scores", "slopes"))
@@ -289,7 +276,7 @@ def add_alibi_(scores, slopes, *, mode="symmetric", attention_mask=None):
                          f"(scores.shape={tuple(scores.shape)})")
     code = _check_mode(mode)
     positions = _mask_positions(K, code, attention_mask, batch, key_length)
-    K.alibi_add_(scores, K.contiguous(slopes, scores.dtype), positions, _launcher_mode(code),
+    K.alibi_add_(scores, K.contiguous(slopes, scores.dtype), positions, code,
                  _shift(code, query_length, key_length))
     return scores
 
@@ -318,7 +305,7 @@ def alibi_slopes_grad(grad_scores, *, mode="symmetric", attention_mask=None):
     TypeError, ValueError
         As for :func:`add_alibi_`.
     """
-    grad = _check_scores(grad_scores, "grad_scores")
+    grad = _checks.check_float_array(grad_scores, "grad_scores", ndim=4)
     K = backend_for((grad,), ("grad_scores",))
     grad = K.contiguous(grad)
     batch, heads, query_length, key_length = (int(n) for n in grad.shape)
@@ -328,6 +315,6 @@ def alibi_slopes_grad(grad_scores, *, mode="symmetric", attention_mask=None):
         return K.zeros((heads,), grad.dtype)
     partial = K.empty((heads, key_length), np.float64)
     out = K.empty((heads,), grad.dtype)
-    K.alibi_slope_grad(grad, positions, _launcher_mode(code),
-                       _shift(code, query_length, key_length), partial, out)
+    K.alibi_slope_grad(grad, positions, code, _shift(code, query_length, key_length), partial,
+                       out)
     return out

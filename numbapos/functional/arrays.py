@@ -10,10 +10,12 @@ reaching a backend itself.
 from __future__ import annotations
 
 from .. import _device
+from .._docs import OPS, fill_doc
 
 __all__ = ["add_", "contiguous"]
 
 
+@fill_doc(OPS)
 def add_(out, x):
     """``out += x`` elementwise, in place, on ``out``'s device.
 
@@ -35,13 +37,13 @@ def add_(out, x):
     ------
     RuntimeError
         ``out`` is a CUDA array and CUDA cannot be used.
-    IndexError
-        An index error deferred by an earlier GPU call.
+    {deferred_error}
     """
     _device.backend(out).add_(out, x)
     return out
 
 
+@fill_doc(OPS)
 def contiguous(x, dtype=None):
     """``x`` as a C-contiguous array of ``dtype`` on its device (``x`` itself when it is one).
 
@@ -64,7 +66,6 @@ def contiguous(x, dtype=None):
     ------
     RuntimeError
         ``x`` is a CUDA array and CUDA cannot be used.
-    IndexError
-        An index error deferred by an earlier GPU call.
+    {deferred_error}
     """
     return _device.backend(x).contiguous(x, dtype)

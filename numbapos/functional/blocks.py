@@ -29,17 +29,9 @@ import numpy as np
 
 from .. import _checks, _device
 from .._args import BertIds, BertTables, DropoutArgs, TableFormat, TiledIds
-from ._common import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    SMALL_WORK,
-    backend_for,
-    check_range,
-    cpu_kernels,
-    flatten,
-    on_backend,
-)
-from .embedding import _scatter
+from . import _common
+from ._common import backend_for, check_range, flatten, on_backend
+from .embedding import _check_clippable, _scatter
 from .half import half_format
 
 _UINT16 = np.dtype(np.uint16)
@@ -255,12 +247,11 @@ def _default_positions(K, shape, past_length, max_positions, size_name):
     batch = shape[0] if len(shape) == 2 else 1
     key = (past_length, length, batch)
     cached = _last_default_positions
-    if K.DEVICE == "cpu" and cached is not None and cached[0] == key:
+    if cached is not None and cached[0] == key:
         return cached[1]
     positions = K.asarray(np.tile(np.arange(past_length, past_length + length, dtype=np.int64),
                                   batch))
-    if K.DEVICE == "cpu":
-        _last_default_positions = (key, positions)
+    _last_default_positions = (key, positions)
     return positions
 
 
@@ -336,12 +327,15 @@ def positions_from_attention_mask(attention_mask, length=None, pad_position=1):
             f"attention_mask: has {total} columns, fewer than the {length} current tokens"
         )
     K = _device.kernels_for(_device.device_of(mask))
-    out = _mask_to_positions(K, mask, length, pad_position, -1, "")
+    out = _mask_to_positions(K, mask, length, pad_position)
     return out.reshape(out.shape[1:]) if mask.ndim == 1 else out
 
 
-def _mask_to_positions(K, mask, length, pad_position, max_positions, size_name):
-    """``K.positions_from_mask`` of a checked 1-D / 2-D mask: ``(rows, length)`` int64."""
+def _mask_to_positions(K, mask, length, pad_position, max_positions=-1, size_name=""):
+    """``K.positions_from_mask`` of a checked 1-D / 2-D mask (moved to K's device first):
+    ``(rows, length)`` int64, the last ``length`` columns."""
+    if _device.device_of(mask) != K.DEVICE:
+        mask = K.asarray(mask) if K.DEVICE == "cuda" else _device.to_host(mask)
     rows = 1 if mask.ndim == 1 else mask.shape[0]
     out = K.empty((rows, length), np.int64)
     K.positions_from_mask(mask.reshape(rows, mask.shape[mask.ndim - 1]), pad_position,
@@ -364,10 +358,7 @@ def _checked_mask(attention_mask, shape, past_length):
 
 def _mask_positions(K, attention_mask, shape, past_length, max_positions, size_name):
     mask = _checked_mask(attention_mask, shape, past_length)
-    length = shape[-1]
-    if _device.device_of(mask) != K.DEVICE:
-        mask = K.asarray(mask) if K.DEVICE == "cuda" else _device.to_host(mask)
-    return _mask_to_positions(K, mask, length, 1, max_positions, size_name).reshape(-1)
+    return _mask_to_positions(K, mask, shape[-1], 1, max_positions, size_name).reshape(-1)
 
 
 def _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables, inline=False):
@@ -430,16 +421,21 @@ def _clip_tables(K, tables, flats, options, names, num_tokens):
     :func:`numbapos.functional.embedding` does."""
     for table, opts, name in zip(tables, options, names, strict=True):
         if opts.max_norm is not None:
-            _checks.check_writeable(table, name, "its max_norm clips looked-up rows in place")
-            if _checks.is_half_dtype(table.dtype) and not _device.is_c_contiguous(table):
-                raise ValueError(f"{name}: max_norm clips rows in place and needs a "
-                                 f"C-contiguous 16-bit table")
+            _check_clippable(table, name, "its max_norm clips looked-up rows in place")
     for table, flat, opts in zip(tables, flats, options, strict=True):
         if opts.max_norm is not None and num_tokens:
             half = _checks.is_half_dtype(table.dtype)
             K.renorm_used_rows_(table.view(_UINT16) if half else table,
                                 _full(K, flat, num_tokens), opts.max_norm, opts.norm_type,
                                 half_format(table.dtype) if half else TableFormat.FLOAT)
+
+
+def _table_grads(K, grad, flats, row_counts, options, wanted, num_tokens):
+    """The tables' gradients from the per-token gradient ``grad`` (``(T, D)``, flat ids of
+    each table in ``flats``); None for those not ``wanted``."""
+    return [_scatter(K, grad, _full(K, flat, num_tokens), rows, opts.padding_idx,
+                     opts.scale_grad_by_freq, opts.sparse) if want else None
+            for flat, rows, opts, want in zip(flats, row_counts, options, wanted, strict=True)]
 
 
 def _inline_checks(options):
@@ -637,9 +633,8 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
     rstd = _check_grad(rstd, shape, dtype, "rstd", what)
     want_w = mask[3] and tables.gamma is not None
     want_b = mask[4] and (tables.gamma is not None or tables.beta is not None)
-    type_opts = options[2]
     fuse_type = (mask[2] and tables.token_type.shape[0] <= FUSED_TYPE_GRAD_MAX_ROWS
-                 and type_opts[:3] == PLAIN[:3])
+                 and options[2][:3] == PLAIN[:3])
     num_tokens = ids.word.size
     grad_sum = K.empty((num_tokens, dim), dtype)
     grad_w = K.empty((dim,), dtype) if want_w else None
@@ -650,16 +645,11 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
                     BertTables(*kernel_tables), K.contiguous(mean).reshape(num_tokens),
                     K.contiguous(rstd).reshape(num_tokens), drop, grad_sum, grad_w, grad_b,
                     grad_type, fmt)
-
-    def scatter(flat, table, opts):
-        return _scatter(K, grad_sum, _full(K, flat, num_tokens), table.shape[0],
-                        opts.padding_idx, opts.scale_grad_by_freq, opts.sparse)
-
-    grad_word = scatter(ids.word, tables.word, options[0]) if mask[0] else None
-    grad_pos = scatter(ids.position, tables.position, options[1]) if mask[1] else None
-    if mask[2] and not fuse_type:
-        grad_type = scatter(ids.token_type, tables.token_type, type_opts)
-    return BertEmbeddingsGrads(grad_word, grad_pos, grad_type, grad_w, grad_b)
+    grad_word, grad_pos, scattered = _table_grads(
+        K, grad_sum, ids, [t.shape[0] for t in tables[:3]], options,
+        (mask[0], mask[1], mask[2] and not fuse_type), num_tokens)
+    return BertEmbeddingsGrads(grad_word, grad_pos, grad_type if fuse_type else scattered,
+                               grad_w, grad_b)
 
 
 # ------------------------------------------------------------------ GPT-2
@@ -748,23 +738,23 @@ def _small_gpt2(input_ids, wte, wpe, past_length):
     """
     if (type(input_ids) is not np.ndarray or type(wte) is not np.ndarray
             or type(wpe) is not np.ndarray or type(past_length) is not int
-            or input_ids.dtype not in INDEX_DTYPES or wpe.dtype != wte.dtype
+            or input_ids.dtype not in _common.INDEX_DTYPES or wpe.dtype != wte.dtype
             or wte.ndim != 2 or wpe.ndim != 2
             or wte.shape[1] != wpe.shape[1] or input_ids.ndim not in (1, 2)
             or not input_ids.flags.c_contiguous or past_length < 0):
         return None
     dtype, fmt = wte.dtype, TableFormat.FLOAT
-    if dtype not in FLOAT_DTYPES:
+    if dtype not in _common.FLOAT_DTYPES:
         if not _checks.is_half_dtype(dtype):
             return None
         dtype, fmt = np.dtype(np.float32), half_format(dtype)
         wte, wpe = wte.view(_UINT16), wpe.view(_UINT16)
     length = input_ids.shape[-1]
     dim = wte.shape[1]
-    if past_length + length > wpe.shape[0] or input_ids.size * dim > SMALL_WORK:
+    if past_length + length > wpe.shape[0] or input_ids.size * dim > _common.SMALL_WORK:
         return None
     y = np.empty(input_ids.shape + (dim,), dtype)
-    K = cpu_kernels()
+    K = _common.cpu_kernels()
     bad = K.gpt2_forward_checked(input_ids.reshape(input_ids.size), past_length, max(length, 1),
                                  wte, wpe, y.reshape(input_ids.size, dim), fmt)
     return y if bad < 0 else None
@@ -825,8 +815,5 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
         masked = K.empty((ids.size, dim), grad.dtype)
         K.dropout_apply(grad.reshape(grad.size), drop, masked.reshape(grad.size))
         grad = masked
-    grads = [_scatter(K, grad, _full(K, flat, ids.size), rows, opts.padding_idx,
-                      opts.scale_grad_by_freq, opts.sparse) if want else None
-             for flat, rows, opts, want in zip((ids, pos), (vocab_size, n_positions), options,
-                                               mask, strict=True)]
-    return GPT2EmbeddingsGrads(*grads)
+    return GPT2EmbeddingsGrads(*_table_grads(K, grad, (ids, pos), (vocab_size, n_positions),
+                                             options, mask, ids.size))

@@ -15,17 +15,19 @@ from .._args import DropoutArgs
 from ._common import backend_for
 
 
-def _check_out(x, out):
-    """``out`` may be ``x`` itself (each element reads and writes only itself), but no
-    other array that overlaps ``x``."""
+def _check_out(x, out, others=()):
+    """``out`` checked, or None: it may be ``x`` itself (each element reads and writes only
+    itself), but no other array that overlaps ``x``, nor any of ``others``."""
     if out is None:
         return None
     same = out is x or (_device.is_cuda_array(out) and _device.adopt(out) is x)
-    return _checks.check_out(out, x.shape, x.dtype, avoid=() if same else (x,))
+    return _checks.check_out(out, x.shape, x.dtype, avoid=tuple(others) + (() if same else (x,)))
 
 
-def _apply(x, p, seed, counter, training, out):
-    """Mask and scale ``x`` (checked), or pass it through when dropout is off."""
+def _apply(x, name, p, seed, counter, training, out):
+    """Mask and scale ``x`` (checked as ``name``), or pass it through when dropout is off."""
+    x = _checks.check_float_array(x, name)
+    p, seed, counter = _checks.check_dropout_args(p, seed, counter)
     K = backend_for((x, out), ("x", "out"))
     _checks.check_counter_device(counter, K.DEVICE)
     out = _check_out(x, out)
@@ -104,9 +106,7 @@ def dropout(x, p, seed, training=True, counter=0, out=None):
     --------
     dropout_backward, dropout_mask, numbapos.nn.Dropout
     """
-    x = _checks.check_float_array(x, "x")
-    p, seed, counter = _checks.check_dropout_args(p, seed, counter)
-    return _apply(x, p, seed, counter, training, out)
+    return _apply(x, "x", p, seed, counter, training, out)
 
 
 def dropout_backward(grad_output, p, seed, training=True, counter=0, out=None):
@@ -133,9 +133,7 @@ def dropout_backward(grad_output, p, seed, training=True, counter=0, out=None):
     TypeError, ValueError
         As for :func:`dropout`, naming ``grad_output``.
     """
-    grad_output = _checks.check_float_array(grad_output, "grad_output")
-    p, seed, counter = _checks.check_dropout_args(p, seed, counter)
-    return _apply(grad_output, p, seed, counter, training, out)
+    return _apply(grad_output, "grad_output", p, seed, counter, training, out)
 
 
 def dropout_mask(shape, p, seed, counter=0, device="cpu"):

@@ -150,10 +150,7 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
     _checks.check_padding_idx(padding_idx, num_rows)
     max_norm, norm_type = _checks.check_max_norm(max_norm, norm_type)
     if max_norm is not None:
-        _checks.check_writeable(weight, "weight", _RENORM_WRITES)
-        if half and not _device.is_c_contiguous(weight):
-            raise ValueError("weight: max_norm clips rows in place and needs a C-contiguous "
-                             "16-bit table")
+        _check_clippable(weight, "weight")
     shape = tuple(indices.shape) + (dim,)
     if out is not None:
         out = _checks.check_out(out, shape, out_dtype, avoid=(weight, indices))
@@ -173,6 +170,14 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
         rows = rows.view(_UINT32 if out_dtype == _FLOAT32 else _UINT16)
     K.gather_rows(flat, table, rows, fmt)
     return out
+
+
+def _check_clippable(table, name, why=_RENORM_WRITES):
+    """A table that ``max_norm`` may clip in place: writeable, and C-contiguous in 16 bits."""
+    _checks.check_writeable(table, name, why)
+    if _checks.is_half_dtype(table.dtype) and not _device.is_c_contiguous(table):
+        raise ValueError(f"{name}: max_norm clips rows in place and needs a C-contiguous "
+                         f"16-bit table")
 
 
 def _lookup_dtype(table, out_dtype, half):

@@ -77,10 +77,8 @@ def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, out=None):
     bias = _check_affine(bias, "bias", x)
     K = backend_for((x, weight, bias, out), ("x", "weight", "bias", "out"))
     eps = _checks.check_eps(eps)
-    if out is not None:
-        out = _checks.check_out(out, x.shape, x.dtype, avoid=(x, weight, bias))
-    else:
-        out = K.empty(x.shape, x.dtype)
+    out = (K.empty(x.shape, x.dtype) if out is None
+           else _checks.check_out(out, x.shape, x.dtype, avoid=(x, weight, bias)))
     mean = K.empty(x.shape[:-1], x.dtype)
     rstd = K.empty(x.shape[:-1], x.dtype)
     rows = x.size // x.shape[x.ndim - 1]
@@ -177,10 +175,8 @@ def layer_norm_backward(grad_y, x, mean, rstd, weight=None, bias=None, out=None,
                         f"{_checks.quote(output_mask)}")
     want_w = weight is not None and bool(output_mask[0])
     want_b = (weight is not None or bias is not None) and bool(output_mask[1])
-    if out is not None:
-        out = _checks.check_out(out, x.shape, x.dtype, avoid=(x, grad_y, mean, rstd, weight))
-    else:
-        out = K.empty(x.shape, x.dtype)
+    out = (K.empty(x.shape, x.dtype) if out is None
+           else _checks.check_out(out, x.shape, x.dtype, avoid=(x, grad_y, mean, rstd, weight)))
     dim = x.shape[x.ndim - 1]
     rows = x.size // dim
     grad_w = K.empty((dim,), x.dtype) if want_w else None

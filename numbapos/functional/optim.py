@@ -23,11 +23,67 @@ from .._args import (
     RowWiseAdagradHyper,
     SGDHyper,
 )
+from .._docs import fill_doc
 from ..sparse import SparseRows
 from ._common import backend_for
 from .half import half_format
 
 _FLOAT32 = np.dtype(np.float32)
+
+# ---------------------------------------------------------------- shared docstring text
+
+# Written once: each ``{name}`` line of an op's docstring becomes ``_DOC[name]``
+# (``@fill_doc(_DOC)``, numbapos/_docs.py).
+_SPARSE_GRAD = """\
+grad : SparseRows
+    Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
+    (float32 for a 16-bit ``param``)."""
+_DOC = {
+    "dense_target": """\
+param : ndarray or CUDA array, float32 or float64
+    Updated in place.
+grad : ndarray or CUDA array
+    Of ``param``'s shape (cast to its dtype).""",
+    "sparse_half": """\
+A bfloat16 / float16 ``param`` (C-contiguous) is updated in float32: each
+listed element is widened, updated with float32 gradient and state, and
+stored back rounded, in one pass, with no float32 copy of the table.""",
+    "sparse_grad": _SPARSE_GRAD,
+    "sparse_target": """\
+param : ndarray or CUDA array, shape (V, D), float32, float64, bfloat16 or float16
+    Updated in place.
+""" + _SPARSE_GRAD,
+    "clock": """\
+clock : optional
+    CUDA only, what the optimisers pass: a device clock
+    (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
+    and whose step and learning rate the kernels read on the device (so a
+    captured step, ``numbapos.cuda.capture``, replays correctly). The
+    values are those the host would compute: same bits.""",
+    "rounding": """\
+stochastic_rounding : bool, default True
+    For a bfloat16 / float16 ``param``: each updated element, computed in
+    float32, is stored stochastically rounded with the keyed hash of
+    ``(seed, rounding_step, row, column)``; False rounds to nearest
+    even. Ignored for float32 / float64.
+seed, rounding_step : int, default 0
+    The stochastic rounding's key, each in ``[0, 2**64)`` (a new
+    ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
+    For a CUDA ``param`` ``rounding_step`` may be a device counter, a CUDA
+    array of one uint64 that the kernels read when they run (what the
+    optimisers pass there, so that a captured step's replays round with
+    their own steps).""",
+    "returns": """\
+Returns
+-------
+ndarray
+    ``param``.""",
+    "raises": """\
+Raises
+------
+TypeError, ValueError
+    A non-float, read-only or mismatched array, a bad option.""",
+}
 
 # ---------------------------------------------------------------- shared checks
 
@@ -56,16 +112,27 @@ def _dense_args(param, grad, states, names):
     return K, param, grad, _same_as_param(states, names, param, avoid=(grad,))
 
 
-def _run_flat(K, param, grad, states, launch):
-    """``launch(param, grad, *states)`` on flat views (a strided NumPy param copied in, out)."""
+def _flat(x):
+    """``x`` as one dimension."""
+    return x.reshape(x.size)
+
+
+def _rows_view(x):
+    """``x`` as ``(rows, D)``: rows = ``shape[0]`` (1 for a 0-d array), D the rest."""
+    rows = x.shape[0] if x.ndim else 1
+    return x.reshape((rows, x.size // rows if rows else 0))
+
+
+def _run_flat(K, param, grad, states, launch, view=_flat):
+    """``launch(param, grad, *states)`` on ``view``s of param and grad (flat, or
+    :func:`_rows_view`) and flat states; a strided NumPy param is copied in and out."""
     if param.size == 0:
         return param
     contiguous = _device.is_c_contiguous(param)
-    flat = K.contiguous(param).reshape(param.size)  # a copy only for a strided NumPy param
-    launch(flat, K.contiguous(grad, param.dtype).reshape(param.size),
-           *[s.reshape(s.size) for s in states])
+    table = view(K.contiguous(param))  # a copy only for a strided NumPy param
+    launch(table, view(K.contiguous(grad, param.dtype)), *[_flat(s) for s in states])
     if not contiguous:
-        np.copyto(param, flat.reshape(param.shape))
+        np.copyto(param, table.reshape(param.shape))
     return param
 
 
@@ -246,6 +313,7 @@ def _momentum_buffer(buf, momentum):
     return [buf]
 
 
+@fill_doc(_DOC)
 def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
          weight_decay=0.0, nesterov=False, maximize=False, first_step=True, clock=None):
     """One SGD step on ``param`` in place, ``torch.optim.SGD``'s rule for a dense gradient.
@@ -265,22 +333,11 @@ def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
     first_step : bool, default True
         The buffer starts as the gradient on the first step (PyTorch's
         ``momentum_buffer is None``).
-    clock : optional
-        CUDA only, what the optimisers pass: a device clock
-        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
-        and whose step and learning rate the kernels read on the device (so a
-        captured step, ``numbapos.cuda.capture``, replays correctly). The
-        values are those the host would compute: same bits.
+    {clock}
 
-    Returns
-    -------
-    ndarray
-        ``param``.
+    {returns}
 
-    Raises
-    ------
-    TypeError, ValueError
-        A non-float, read-only or mismatched array, a bad option.
+    {raises}
     """
     hyper = _sgd_hyper(_checks.check_update_target(param).dtype, lr, momentum, dampening,
                        weight_decay, nesterov, maximize)
@@ -292,6 +349,7 @@ def sgd_(param, grad, momentum_buffer=None, *, lr, momentum=0.0, dampening=0.0,
         p, g, b, bool(first_step), hyper))
 
 
+@fill_doc(_DOC)
 def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, momentum=0.0,
                 dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False, clock=None,
                 stochastic_rounding=True, seed=0, rounding_step=0):
@@ -301,17 +359,13 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
     gradient) the first time a step touches it, recorded in ``row_started``;
     rows not listed keep their values and momentum (no decay, no drift).
 
-    A bfloat16 / float16 ``param`` (C-contiguous) is updated in float32: each
-    listed element is widened, updated with float32 gradient and state, and
-    stored back rounded, in one pass, with no float32 copy of the table.
+    {sparse_half}
 
     Parameters
     ----------
     param : ndarray, shape (V, D), float32, float64, bfloat16 or float16
         Updated in place.
-    grad : SparseRows
-        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
-        (float32 for a 16-bit ``param``).
+    {sparse_grad}
     momentum_buffer : ndarray, shape (V, D), optional
         Needed when ``momentum != 0``; C-contiguous, ``param``'s dtype
         (float32 for a 16-bit ``param``, or bfloat16: widened, updated in
@@ -320,29 +374,10 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
         Needed when ``momentum != 0``; updated in place.
     lr, momentum, dampening, weight_decay, nesterov, maximize
         As for :func:`sgd_`.
-    clock : optional
-        CUDA only, what the optimisers pass: a device clock
-        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
-        and whose step and learning rate the kernels read on the device (so a
-        captured step, ``numbapos.cuda.capture``, replays correctly). The
-        values are those the host would compute: same bits.
-    stochastic_rounding : bool, default True
-        For a bfloat16 / float16 ``param``: each updated element, computed in
-        float32, is stored stochastically rounded with the keyed hash of
-        ``(seed, rounding_step, row, column)``; False rounds to nearest
-        even. Ignored for float32 / float64.
-    seed, rounding_step : int, default 0
-        The stochastic rounding's key, each in ``[0, 2**64)`` (a new
-        ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
-        For a CUDA ``param`` ``rounding_step`` may be a device counter, a CUDA
-        array of one uint64 that the kernels read when they run (what the
-        optimisers pass there, so that a captured step's replays round with
-        their own steps).
+    {clock}
+    {rounding}
 
-    Returns
-    -------
-    ndarray
-        ``param``.
+    {returns}
     """
     param, dtype = _sparse_target(param)
     hyper = _sgd_hyper(dtype, lr, momentum, dampening, weight_decay, nesterov, maximize)
@@ -402,6 +437,7 @@ def _adam_hyper(dtype, step, lr, betas, eps, weight_decay, maximize, decoupled_w
                      bool(decoupled_weight_decay), bool(amsgrad), bool(maximize))
 
 
+@fill_doc(_DOC)
 def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-3,
           betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
           decoupled_weight_decay=False, clock=None):
@@ -419,10 +455,7 @@ def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-
 
     Parameters
     ----------
-    param : ndarray or CUDA array, float32 or float64
-        Updated in place.
-    grad : ndarray or CUDA array
-        Of ``param``'s shape (cast to its dtype).
+    {dense_target}
     exp_avg, exp_avg_sq : ndarray or CUDA array
         The moments: ``param``'s shape and dtype, C-contiguous, updated in
         place (zeros before the first step).
@@ -435,22 +468,11 @@ def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-
     betas : (float, float)
         Each in ``[0, 1)``.
     amsgrad, maximize, decoupled_weight_decay : bool
-    clock : optional
-        CUDA only, what the optimisers pass: a device clock
-        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
-        and whose step and learning rate the kernels read on the device (so a
-        captured step, ``numbapos.cuda.capture``, replays correctly). The
-        values are those the host would compute: same bits.
+    {clock}
 
-    Returns
-    -------
-    ndarray
-        ``param``.
+    {returns}
 
-    Raises
-    ------
-    TypeError, ValueError
-        A non-float, read-only or mismatched array, a bad option.
+    {raises}
     """
     hyper = _adam_hyper(_checks.check_update_target(param).dtype, step, lr, betas, eps,
                         weight_decay, maximize, decoupled_weight_decay, amsgrad=amsgrad)
@@ -469,6 +491,7 @@ def adam_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, step, lr=1e-
         p, g, m, v, vmax, hyper))
 
 
+@fill_doc(_DOC)
 def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9, 0.999),
                  eps=1e-8, weight_decay=0.0, maximize=False, decoupled_weight_decay=False,
                  clock=None, stochastic_rounding=True, seed=0, rounding_step=0):
@@ -488,46 +511,21 @@ def sparse_adam_(param, grad, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9,
     listed rows as in :func:`adam_` (L2, or AdamW's decay with
     ``decoupled_weight_decay``) before the update.
 
-    A bfloat16 / float16 ``param`` (C-contiguous) is updated in float32: each
-    listed element is widened, updated with float32 gradient and state, and
-    stored back rounded, in one pass, with no float32 copy of the table.
+    {sparse_half}
 
     Parameters
     ----------
-    param : ndarray or CUDA array, shape (V, D), float32, float64, bfloat16 or float16
-        Updated in place.
-    grad : SparseRows
-        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
-        (float32 for a 16-bit ``param``).
+    {sparse_target}
     exp_avg, exp_avg_sq : ndarray or CUDA array, shape (V, D)
         The moments, ``param``'s dtype (float32 for a 16-bit ``param``;
         ``exp_avg`` may then be bfloat16: widened, updated in float32 and
         stored back rounded to nearest even), C-contiguous, updated in place.
     step, lr, betas, eps, weight_decay, maximize, decoupled_weight_decay
         As for :func:`adam_`.
-    clock : optional
-        CUDA only, what the optimisers pass: a device clock
-        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
-        and whose step and learning rate the kernels read on the device (so a
-        captured step, ``numbapos.cuda.capture``, replays correctly). The
-        values are those the host would compute: same bits.
-    stochastic_rounding : bool, default True
-        For a bfloat16 / float16 ``param``: each updated element, computed in
-        float32, is stored stochastically rounded with the keyed hash of
-        ``(seed, rounding_step, row, column)``; False rounds to nearest
-        even. Ignored for float32 / float64.
-    seed, rounding_step : int, default 0
-        The stochastic rounding's key, each in ``[0, 2**64)`` (a new
-        ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
-        For a CUDA ``param`` ``rounding_step`` may be a device counter, a CUDA
-        array of one uint64 that the kernels read when they run (what the
-        optimisers pass there, so that a captured step's replays round with
-        their own steps).
+    {clock}
+    {rounding}
 
-    Returns
-    -------
-    ndarray
-        ``param``.
+    {returns}
     """
     param, dtype = _sparse_target(param)
     hyper = _adam_hyper(dtype, step, lr, betas, eps, weight_decay, maximize,
@@ -565,6 +563,7 @@ def _adagrad_hyper(dtype, step, lr, lr_decay, weight_decay, eps, maximize) -> Ad
     return AdagradHyper(cast(neg_clr), cast(v["weight_decay"]), cast(v["eps"]), bool(maximize))
 
 
+@fill_doc(_DOC)
 def adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
              eps=1e-10, maximize=False, clock=None):
     """One Adagrad step on ``param`` in place, ``torch.optim.Adagrad``'s rule.
@@ -578,10 +577,7 @@ def adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, weight_deca
 
     Parameters
     ----------
-    param : ndarray or CUDA array, float32 or float64
-        Updated in place.
-    grad : ndarray or CUDA array
-        Of ``param``'s shape (cast to its dtype).
+    {dense_target}
     state_sum : ndarray or CUDA array
         The sum of squared gradients: ``param``'s shape and dtype,
         C-contiguous, updated in place.
@@ -590,17 +586,9 @@ def adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, weight_deca
     lr, lr_decay, weight_decay, eps : float
         Finite and >= 0.
     maximize : bool
-    clock : optional
-        CUDA only, what the optimisers pass: a device clock
-        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
-        and whose step and learning rate the kernels read on the device (so a
-        captured step, ``numbapos.cuda.capture``, replays correctly). The
-        values are those the host would compute: same bits.
+    {clock}
 
-    Returns
-    -------
-    ndarray
-        ``param``.
+    {returns}
     """
     hyper = _adagrad_hyper(_checks.check_update_target(param).dtype, step, lr, lr_decay,
                            weight_decay, eps, maximize)
@@ -609,6 +597,7 @@ def adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, weight_deca
     return _run_flat(K, param, grad, states, lambda p, g, s: K.adagrad_dense_(p, g, s, hyper))
 
 
+@fill_doc(_DOC)
 def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=1e-10,
                     maximize=False, clock=None, stochastic_rounding=True, seed=0,
                     rounding_step=0):
@@ -619,45 +608,20 @@ def sparse_adagrad_(param, grad, state_sum, *, step, lr=1e-2, lr_decay=0.0, eps=
     touched. PyTorch refuses weight decay with sparse gradients, and so does
     this op (it has no ``weight_decay``).
 
-    A bfloat16 / float16 ``param`` (C-contiguous) is updated in float32: each
-    listed element is widened, updated with float32 gradient and state, and
-    stored back rounded, in one pass, with no float32 copy of the table.
+    {sparse_half}
 
     Parameters
     ----------
-    param : ndarray or CUDA array, shape (V, D), float32, float64, bfloat16 or float16
-        Updated in place.
-    grad : SparseRows
-        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
-        (float32 for a 16-bit ``param``).
+    {sparse_target}
     state_sum : ndarray or CUDA array, shape (V, D)
         ``param``'s dtype (float32 for a 16-bit ``param``), C-contiguous,
         updated in place.
     step, lr, lr_decay, eps, maximize
         As for :func:`adagrad_`.
-    clock : optional
-        CUDA only, what the optimisers pass: a device clock
-        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
-        and whose step and learning rate the kernels read on the device (so a
-        captured step, ``numbapos.cuda.capture``, replays correctly). The
-        values are those the host would compute: same bits.
-    stochastic_rounding : bool, default True
-        For a bfloat16 / float16 ``param``: each updated element, computed in
-        float32, is stored stochastically rounded with the keyed hash of
-        ``(seed, rounding_step, row, column)``; False rounds to nearest
-        even. Ignored for float32 / float64.
-    seed, rounding_step : int, default 0
-        The stochastic rounding's key, each in ``[0, 2**64)`` (a new
-        ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
-        For a CUDA ``param`` ``rounding_step`` may be a device counter, a CUDA
-        array of one uint64 that the kernels read when they run (what the
-        optimisers pass there, so that a captured step's replays round with
-        their own steps).
+    {clock}
+    {rounding}
 
-    Returns
-    -------
-    ndarray
-        ``param``.
+    {returns}
     """
     param, dtype = _sparse_target(param)
     hyper = _adagrad_hyper(dtype, step, lr, lr_decay, 0.0, eps, maximize)
@@ -698,12 +662,7 @@ def _rowwise_hyper(dtype, lr, eps, weight_decay, weight_decay_mode) -> RowWiseAd
                                int(WEIGHT_DECAY_MODES[v["weight_decay_mode"]]))
 
 
-def _rows_view(x):
-    """``x`` as ``(rows, D)``: rows = ``shape[0]`` (1 for a 0-d array), D the rest."""
-    rows = x.shape[0] if x.ndim else 1
-    return x.reshape((rows, x.size // rows if rows else 0))
-
-
+@fill_doc(_DOC)
 def rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=0.0,
                      weight_decay_mode="none", clock=None):
     """One step of FBGEMM's exact row-wise Adagrad on every row of ``param``, in place.
@@ -722,27 +681,16 @@ def rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=
 
     Parameters
     ----------
-    param : ndarray or CUDA array, float32 or float64
-        Updated in place.
-    grad : ndarray or CUDA array
-        Of ``param``'s shape (cast to its dtype).
+    {dense_target}
     state_sum : ndarray or CUDA array, shape (rows,)
         One accumulator per row, ``param``'s dtype, C-contiguous, updated in
         place (zeros before the first step).
     lr, eps, weight_decay : float
         Finite and >= 0.
     weight_decay_mode : {"none", "l2", "decoupled"}
-    clock : optional
-        CUDA only, what the optimisers pass: a device clock
-        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
-        and whose step and learning rate the kernels read on the device (so a
-        captured step, ``numbapos.cuda.capture``, replays correctly). The
-        values are those the host would compute: same bits.
+    {clock}
 
-    Returns
-    -------
-    ndarray
-        ``param``.
+    {returns}
     """
     hyper = _rowwise_hyper(_checks.check_update_target(param).dtype, lr, eps, weight_decay,
                            weight_decay_mode)
@@ -752,17 +700,11 @@ def rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=
     hyper = _live(K, hyper, clock, param, "SGD")  # the learning rate alone
     state_sum = _checks.check_out(state_sum, (rows,), param.dtype, "state_sum",
                                   avoid=(param, grad))
-    if param.size == 0:
-        return param
-    contiguous = _device.is_c_contiguous(param)
-    table = _rows_view(K.contiguous(param))  # a copy only for a strided NumPy param
-    K.rowwise_adagrad_dense_(table, _rows_view(K.contiguous(grad, param.dtype)), state_sum,
-                             hyper)
-    if not contiguous:
-        np.copyto(param, table.reshape(param.shape))
-    return param
+    return _run_flat(K, param, grad, [state_sum],
+                     lambda p, g, s: K.rowwise_adagrad_dense_(p, g, s, hyper), view=_rows_view)
 
 
+@fill_doc(_DOC)
 def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight_decay=0.0,
                             weight_decay_mode="none", clock=None, stochastic_rounding=True,
                             seed=0, rounding_step=0):
@@ -772,45 +714,20 @@ def sparse_rowwise_adagrad_(param, grad, state_sum, *, lr=1e-2, eps=1e-8, weight
     accumulator are left alone (FBGEMM's sparse update). The work is
     O(rows listed * D).
 
-    A bfloat16 / float16 ``param`` (C-contiguous) is updated in float32: each
-    listed element is widened, updated with float32 gradient and state, and
-    stored back rounded, in one pass, with no float32 copy of the table.
+    {sparse_half}
 
     Parameters
     ----------
-    param : ndarray or CUDA array, shape (V, D), float32, float64, bfloat16 or float16
-        Updated in place.
-    grad : SparseRows
-        Rows unique, sorted, in ``[0, V)``; values cast to ``param``'s dtype
-        (float32 for a 16-bit ``param``).
+    {sparse_target}
     state_sum : ndarray or CUDA array, shape (V,)
         One accumulator per row, ``param``'s dtype (float32 for a 16-bit
         ``param``), updated in place.
     lr, eps, weight_decay, weight_decay_mode
         As for :func:`rowwise_adagrad_`.
-    clock : optional
-        CUDA only, what the optimisers pass: a device clock
-        (``numbapos.kernels.cuda.clock.Clock``) whose step this call advances
-        and whose step and learning rate the kernels read on the device (so a
-        captured step, ``numbapos.cuda.capture``, replays correctly). The
-        values are those the host would compute: same bits.
-    stochastic_rounding : bool, default True
-        For a bfloat16 / float16 ``param``: each updated element, computed in
-        float32, is stored stochastically rounded with the keyed hash of
-        ``(seed, rounding_step, row, column)``; False rounds to nearest
-        even. Ignored for float32 / float64.
-    seed, rounding_step : int, default 0
-        The stochastic rounding's key, each in ``[0, 2**64)`` (a new
-        ``rounding_step`` for each step: :mod:`numbapos.optim` counts them).
-        For a CUDA ``param`` ``rounding_step`` may be a device counter, a CUDA
-        array of one uint64 that the kernels read when they run (what the
-        optimisers pass there, so that a captured step's replays round with
-        their own steps).
+    {clock}
+    {rounding}
 
-    Returns
-    -------
-    ndarray
-        ``param``.
+    {returns}
     """
     param, dtype = _sparse_target(param)
     hyper = _rowwise_hyper(dtype, lr, eps, weight_decay, weight_decay_mode)

@@ -7,9 +7,22 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks, _device
+from .._docs import fill_doc
 from . import fractional
 from ._common import backend_for, check_range, flatten, on_backend
+from .dropout import _check_out
 from .embedding import _scatter
+
+# Docstring text of x + P and A * x + B, written once (see numbapos/_docs.py).
+_doc = fill_doc({
+    "out": """\
+out : ndarray, optional
+    C-contiguous buffer of ``x``'s shape and dtype (it may be ``x`` itself).""",
+    "returns": """\
+Returns
+-------
+ndarray, shape of ``x``""",
+})
 
 
 def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=10000.0,
@@ -145,6 +158,7 @@ def _check_position_ids(K, position_ids, x_shape: tuple, num_positions: int, inl
 # ---------------------------------------------------------------- x + P
 
 
+@_doc
 def add_positional(x, table, offset=0, position_ids=None, out=None):
     """Add rows of a position table to every sequence of a batch.
 
@@ -168,12 +182,9 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
         table[floor(p) + 1]``, ``w = p - floor(p)`` (position interpolation of
         an absolute table, on the fly; the blend is formed in float64; on
         CUDA they are checked on the device, deferred as index ids are).
-    out : ndarray, optional
-        C-contiguous buffer of ``x``'s shape and dtype (it may be ``x`` itself).
+    {out}
 
-    Returns
-    -------
-    ndarray, shape of ``x``
+    {returns}
 
     Raises
     ------
@@ -217,12 +228,9 @@ def add_positional(x, table, offset=0, position_ids=None, out=None):
 
 
 def _inplace_out(K, x, out, others):
-    """A result buffer of x's shape: ``out`` may be ``x`` itself (each element reads and
-    writes only itself) but must not overlap x otherwise, nor any of ``others``."""
-    if out is None:
-        return K.empty(x.shape, x.dtype)
-    same = out is x or (_device.is_cuda_array(out) and _device.adopt(out) is x)
-    return _checks.check_out(out, x.shape, x.dtype, avoid=tuple(others) + (() if same else (x,)))
+    """A result buffer of x's shape: ``out`` checked (it may be ``x`` itself), or a new one."""
+    out = _check_out(x, out, others)
+    return K.empty(x.shape, x.dtype) if out is None else out
 
 
 def add_positional_backward(grad_output, num_positions, offset=0, position_ids=None):
@@ -283,6 +291,7 @@ def add_positional_backward(grad_output, num_positions, offset=0, position_ids=N
 # ---------------------------------------------------------------- A * X + B
 
 
+@_doc
 def positional_mult_add(x, a, b, out=None):
     """NeoML's learnable multiply-add: ``Y = a[:L] * x + b[:L]``, elementwise.
 
@@ -293,12 +302,9 @@ def positional_mult_add(x, a, b, out=None):
     a, b : ndarray, shape (M, D) with M >= L, same dtype as ``x``
         Per-position multipliers and addends; their first L rows are used,
         broadcast over the batch.
-    out : ndarray, optional
-        C-contiguous buffer of ``x``'s shape and dtype (it may be ``x`` itself).
+    {out}
 
-    Returns
-    -------
-    ndarray, shape of ``x``
+    {returns}
 
     Raises
     ------

@@ -6,7 +6,8 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
-from ..functional.alibi import MODES, RECIPES
+from .._docs import MODULE, fill_doc
+from ..functional.alibi import RECIPES, _check_mode
 from ..functional.arrays import contiguous
 from .module import Module
 from .parameter import Parameter
@@ -64,8 +65,7 @@ class ALiBi(Module):
         super().__init__()
         self.num_heads = _checks.check_int(num_heads, "num_heads", minimum=1)
         self.max_bias = _checks.check_positive(max_bias, "max_bias")
-        if not isinstance(mode, str) or mode not in MODES:
-            raise ValueError(f"mode: expected one of {list(MODES)}, got {_checks.quote(mode)}")
+        _check_mode(mode)
         self.mode = mode
         dtype = _checks.check_float_dtype(dtype)
         if slopes is None:
@@ -111,13 +111,13 @@ class ALiBi(Module):
             self._save_for_backward((tuple(scores.shape), mask))
         return out
 
+    @fill_doc(MODULE)
     def backward(self, grad_output):
         """Accumulate the slopes' gradient (when trained); return ``grad_output``.
 
         Raises
         ------
-        RuntimeError
-            No recorded forward is left.
+        {no_forward}
         TypeError, ValueError
             ``grad_output`` not a float array of the forward's shape (the record is kept).
         """

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from .._docs import MODULE, fill_doc
 from . import _resize
 from . import init as initializers
 from .dropout import Dropout
@@ -19,41 +20,37 @@ from .parameter import Parameter
 # BERT and GPT-2 initialise their tables from N(0, initializer_range**2).
 INITIALIZER_RANGE = 0.02
 
-_RESIZE_DOC = """Resize the position table to ``new_len`` rows, in place (longer contexts).
+# Docstring text of both blocks, written once (see numbapos/_docs.py).
+_doc = fill_doc(MODULE, {
+    "input_ids": """\
+input_ids : array_like of int, shape (N, L) or (L,)
+    Token ids in ``[0, vocab_size)``.""",
+    "bad_grad_output": """\
+TypeError, ValueError
+    ``grad_output`` not of the output's shape and dtype (the record is kept).""",
+})
 
-        The rows come from :func:`numbapos.functional.resize_pos_table`; with
-        ``mode="init"`` new rows are drawn from N(0, 0.02^2) as the block
-        initialises its tables. The table's :class:`Parameter` stays (optimisers
-        keep it), with the new table as ``data``, no gradient, a new version.
 
-        Parameters
-        ----------
-        new_len : int
-        mode : {"linear", "copy", "repeat_last", "init"}, default "linear"
-            ``"copy"`` with ``num_prefix_rows=2`` is Longformer's conversion of
-            RoBERTa's table.
-        num_prefix_rows : int, default 0
-        optimizer : numbapos.optim.Optimizer, optional
-            Optimiser of the table: its per-row state keeps the rows whose values
-            are kept (all old rows, but only the prefix for ``"linear"``) and
-            starts the others as a fresh parameter's state starts; step counts
-            are kept. Without it, an optimiser that has state for the table
-            refuses its next step (the shape changed).
-        seed : int or numpy.random.Generator, optional
-            Seeds the new rows of ``"init"``.
+def _table_maker(dim, dtype, rng, weights):
+    """``table(rows, key, padding_idx=None)``: a child Embedding of width ``dim``, drawn from
+    N(0, 0.02^2) with ``rng`` in ``dtype``, or over ``weights[key]`` when weights are given."""
+    init = initializers.normal(0.0, INITIALIZER_RANGE)
 
-        Returns
-        -------
-        self
+    def table(rows, key, padding_idx=None):
+        if weights is not None:
+            return Embedding(rows, dim, padding_idx=padding_idx, _weight=weights[key])
+        return Embedding(rows, dim, padding_idx=padding_idx, dtype=dtype, init=init, seed=rng)
 
-        Raises
-        ------
-        TypeError, ValueError
-            As for :func:`~numbapos.functional.resize_pos_table`; an optimiser
-            that does not hold the table.
-        RuntimeError
-            Forwards recorded that no backward has consumed yet.
-        """
+    return table
+
+
+def _output(block, input_ids, word: Embedding, out):
+    """``out``, or the block's reused output buffer (the word table's width and gradient dtype)."""
+    if out is not None:
+        return out
+    weight = word.weight
+    return block._output_buffer(input_ids, np.shape(input_ids) + (weight.shape[1],),
+                                _checks.grad_dtype(weight.dtype))
 
 
 def _resize_table(block, table: Embedding, new_len, mode, num_prefix_rows, optimizer, seed):
@@ -86,6 +83,12 @@ def _snapshot(ids, name):
     return np.array(ids if view is None else view, copy=True)
 
 
+def _snapshots(past_length, **ids):
+    """The id arguments of a forward, each :func:`_snapshot`, and its ``past_length``."""
+    return {name: _snapshot(value, name) for name, value in ids.items()} | {
+        "past_length": past_length}
+
+
 def _bump_clipped(embeddings) -> None:
     """Mark the tables that ``max_norm`` may have clipped in place as changed."""
     for embedding in embeddings:
@@ -93,9 +96,16 @@ def _bump_clipped(embeddings) -> None:
             embedding.weight.bump_version()
 
 
-def _accumulate(param: Parameter | None, grad) -> None:
-    if param is not None and grad is not None:
-        param.accumulate_grad(grad, fresh=True)
+def _wanted(params) -> tuple:
+    """Which of ``params`` (None where the block has none) get a gradient."""
+    return tuple(p is not None and p.requires_grad for p in params)
+
+
+def _accumulate(params, grads) -> None:
+    """Hand each computed gradient to its parameter (``grads`` None when none was wanted)."""
+    for param, grad in zip(params, grads or (None,) * len(params), strict=True):
+        if param is not None and grad is not None:
+            param.accumulate_grad(grad, fresh=True)
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -176,8 +186,14 @@ def _check_shape(arrays, suffix, expected):
     return value
 
 
-def _owned(value):
-    return np.array(value, order="C", copy=True)
+def _owned_weights(arrays, prefix, shapes):
+    """The arrays of ``shapes`` (suffix: expected shape), checked in order, then refused
+    when empty, as owning C-contiguous copies."""
+    weights = {suffix: _check_shape(arrays, suffix, shape) for suffix, shape in shapes.items()}
+    for name, value in weights.items():
+        if value.size == 0:
+            raise ValueError(f"state_dict[{prefix + name!r}]: is empty (shape {value.shape})")
+    return {name: np.array(value, order="C", copy=True) for name, value in weights.items()}
 
 
 def _block_dtypes(dtype):
@@ -190,6 +206,7 @@ def _block_dtypes(dtype):
 # ------------------------------------------------------------------ BERT
 
 
+@_doc
 class BertEmbeddings(Module):
     """BERT's embedding block: ``Dropout(LayerNorm(word + position + token_type))``.
 
@@ -230,8 +247,7 @@ class BertEmbeddings(Module):
         in float32 and store them back with stochastic rounding (see
         :mod:`numbapos.functional.half`). bfloat16 tables stay on the CPU;
         float16 ones work on either device.
-    device : {"cpu", "cuda"}, default "cpu"
-        Where the parameters live and the module computes (see :meth:`Module.to`).
+    {device}
 
     Attributes
     ----------
@@ -274,14 +290,7 @@ class BertEmbeddings(Module):
         hidden_dropout_prob = _checks.check_unit_interval(hidden_dropout_prob,
                                                           "hidden_dropout_prob")
         rng = _checks.as_rng(seed)
-        init = initializers.normal(0.0, INITIALIZER_RANGE)
-
-        def table(rows, key, padding_idx=None):
-            if _weights is not None:
-                return Embedding(rows, hidden_size, padding_idx=padding_idx, _weight=_weights[key])
-            return Embedding(rows, hidden_size, padding_idx=padding_idx, dtype=dtype, init=init,
-                             seed=rng)
-
+        table = _table_maker(hidden_size, dtype, rng, _weights)
         self.word_embeddings = table(vocab_size, "word_embeddings.weight", pad_token_id)
         self.position_embeddings = table(max_position_embeddings, "position_embeddings.weight")
         self.token_type_embeddings = table(type_vocab_size, "token_type_embeddings.weight")
@@ -294,23 +303,11 @@ class BertEmbeddings(Module):
         self.pad_token_id = pad_token_id
         self._place(device)
 
-    # -------------------------------------------------------------- sizes
-
-    @property
-    def vocab_size(self) -> int:
-        return self.word_embeddings.num_embeddings
-
-    @property
-    def hidden_size(self) -> int:
-        return self.word_embeddings.embedding_dim
-
-    @property
-    def max_position_embeddings(self) -> int:
-        return self.position_embeddings.num_embeddings
-
-    @property
-    def type_vocab_size(self) -> int:
-        return self.token_type_embeddings.num_embeddings
+    # The sizes are the tables' (a resize changes them).
+    vocab_size = property(lambda self: self.word_embeddings.num_embeddings)
+    hidden_size = property(lambda self: self.word_embeddings.embedding_dim)
+    max_position_embeddings = property(lambda self: self.position_embeddings.num_embeddings)
+    type_vocab_size = property(lambda self: self.token_type_embeddings.num_embeddings)
 
     # -------------------------------------------------------------- contract
 
@@ -325,14 +322,14 @@ class BertEmbeddings(Module):
         return (_options(self.word_embeddings), _options(self.position_embeddings),
                 _options(self.token_type_embeddings))
 
+    @_doc
     def forward(self, input_ids, token_type_ids=None, position_ids=None, past_length=0,
                 out=None):
         """Embed ``input_ids``; returns ``input_ids.shape + (hidden_size,)``.
 
         Parameters
         ----------
-        input_ids : array_like of int, shape (N, L) or (L,)
-            Token ids in ``[0, vocab_size)``.
+        {input_ids}
         token_type_ids : array_like of int, optional
             Segment ids in ``[0, type_vocab_size)``, shape of ``input_ids`` (or
             (L,) / (1, L), broadcast over the batch). Default: 0 everywhere.
@@ -358,22 +355,16 @@ class BertEmbeddings(Module):
         """
         options = self._table_options()
         drop = self.dropout._draw(self.device)
-        if out is None:
-            word = self.word_embeddings.weight
-            out = self._output_buffer(input_ids, np.shape(input_ids) + (word.shape[1],),
-                                      _checks.grad_dtype(word.dtype))
         y, mean, rstd = F.bert_embeddings_forward(
             input_ids, *self._arrays(), token_type_ids=token_type_ids, position_ids=position_ids,
-            past_length=past_length, eps=self.LayerNorm.eps, out=out,
-            table_options=options, **drop)
+            past_length=past_length, eps=self.LayerNorm.eps,
+            out=_output(self, input_ids, self.word_embeddings, out), table_options=options, **drop)
         self.dropout._advance(drop)
         tables = (self.word_embeddings, self.position_embeddings, self.token_type_embeddings)
         _bump_clipped(tables)
         if self._recording():
-            ids = {"input_ids": _snapshot(input_ids, "input_ids"),
-                   "token_type_ids": _snapshot(token_type_ids, "token_type_ids"),
-                   "position_ids": _snapshot(position_ids, "position_ids"),
-                   "past_length": past_length}
+            ids = _snapshots(past_length, input_ids=input_ids, token_type_ids=token_type_ids,
+                             position_ids=position_ids)
             # The backward recomputes each token's row sum from the tables and reads
             # the LayerNorm weight: they are watched, not copied.
             watched = self._watch(
@@ -382,6 +373,7 @@ class BertEmbeddings(Module):
             self._save_for_backward((ids, mean, rstd, drop, options, watched))
         return y
 
+    @_doc
     def backward(self, grad_output):
         """Accumulate the gradients of the matching :meth:`forward`; returns None (ids have none).
 
@@ -395,14 +387,13 @@ class BertEmbeddings(Module):
         RuntimeError
             No recorded forward is left, or a table or the LayerNorm weight
             changed since it (the gradient would be computed from new values).
-        TypeError, ValueError
-            ``grad_output`` not of the output's shape and dtype (the record is kept).
+        {bad_grad_output}
         """
         ids, mean, rstd, drop, options, watched = self._saved_context()
         ln = self.LayerNorm
         params = (self.word_embeddings.weight, self.position_embeddings.weight,
                   self.token_type_embeddings.weight, ln.weight, ln.bias)
-        want = tuple(p is not None and p.requires_grad for p in params)
+        want = _wanted(params)
         word, position, token_type, gamma, beta = self._arrays()
         _checks.check_float_like(grad_output, "grad_output", tuple(mean.shape) + (word.shape[1],),
                                  mean.dtype, "the shape of the matching forward's output",
@@ -416,9 +407,7 @@ class BertEmbeddings(Module):
                 past_length=ids["past_length"], table_options=options, output_mask=want,
                 **drop)
         self._release()
-        if grads is not None:
-            for param, grad in zip(params, grads, strict=True):
-                _accumulate(param, grad)
+        _accumulate(params, grads)
         return None
 
     # -------------------------------------------------------------- checkpoints
@@ -492,32 +481,50 @@ class BertEmbeddings(Module):
             state_dict, prefix, tables + ("LayerNorm.weight", "LayerNorm.bias"),
             aliases={"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"},
             tables=tables, keep_dtype=keep_dtype)
-        word = _check_shape(arrays, "word_embeddings.weight", (None, None))
-        dim = word.shape[1]
-        weights = {
-            "word_embeddings.weight": word,
-            "position_embeddings.weight": _check_shape(arrays, "position_embeddings.weight",
-                                                       (None, dim)),
-            "token_type_embeddings.weight": _check_shape(arrays, "token_type_embeddings.weight",
-                                                         (None, dim)),
-            "LayerNorm.weight": _check_shape(arrays, "LayerNorm.weight", (dim,)),
-            "LayerNorm.bias": _check_shape(arrays, "LayerNorm.bias", (dim,)),
-        }
-        for name, value in weights.items():
-            if value.size == 0:
-                raise ValueError(f"state_dict[{prefix + name!r}]: is empty (shape {value.shape})")
-        weights = {name: _owned(value) for name, value in weights.items()}
-        return cls(word.shape[0], dim, weights["position_embeddings.weight"].shape[0],
+        dim = _check_shape(arrays, "word_embeddings.weight", (None, None)).shape[1]
+        shapes = dict.fromkeys(tables, (None, dim))
+        shapes |= {"LayerNorm.weight": (dim,), "LayerNorm.bias": (dim,)}
+        weights = _owned_weights(arrays, prefix, shapes)
+        return cls(weights["word_embeddings.weight"].shape[0], dim,
+                   weights["position_embeddings.weight"].shape[0],
                    weights["token_type_embeddings.weight"].shape[0], pad_token_id=pad_token_id,
                    layer_norm_eps=layer_norm_eps, hidden_dropout_prob=hidden_dropout_prob,
                    seed=seed, dtype=dtype, _weights=weights)
 
+    @_doc
     def resize_position_embeddings(self, new_len, mode="linear", *, num_prefix_rows=0,
                                    optimizer=None, seed=None):
+        """Resize the position table to ``new_len`` rows, in place (longer contexts).
+
+        The rows come from :func:`numbapos.functional.resize_pos_table`; with
+        ``mode="init"`` new rows are drawn from N(0, 0.02^2) as the block
+        initialises its tables. The table's :class:`Parameter` stays (optimisers
+        keep it), with the new table as ``data``, no gradient, a new version.
+
+        Parameters
+        ----------
+        new_len : int
+        mode : {"linear", "copy", "repeat_last", "init"}, default "linear"
+            ``"copy"`` with ``num_prefix_rows=2`` is Longformer's conversion of
+            RoBERTa's table.
+        num_prefix_rows : int, default 0
+        optimizer : numbapos.optim.Optimizer, optional
+            Optimiser of the table: its per-row state keeps the rows whose values
+            are kept (all old rows, but only the prefix for ``"linear"``) and
+            starts the others as a fresh parameter's state starts; step counts
+            are kept. Without it, an optimiser that has state for the table
+            refuses its next step (the shape changed).
+        {resize_seed}
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for :func:`~numbapos.functional.resize_pos_table`; an optimiser
+            that does not hold the table.
+        {pending_forwards}
+        """
         return _resize_table(self, self.position_embeddings, new_len, mode, num_prefix_rows,
                              optimizer, seed)
-
-    resize_position_embeddings.__doc__ = _RESIZE_DOC
 
     def extra_repr(self) -> str:
         return (f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, "
@@ -528,6 +535,7 @@ class BertEmbeddings(Module):
 # ------------------------------------------------------------------ GPT-2
 
 
+@_doc
 class GPT2Embeddings(Module):
     """GPT-2's input embeddings: ``Dropout(wte[input_ids] + wpe[positions])``.
 
@@ -554,8 +562,7 @@ class GPT2Embeddings(Module):
         tables, and is float32 for bfloat16 / float16 ones (half the table
         memory; rows widened exactly in the fused kernel, float32 gradients,
         as for :class:`BertEmbeddings`).
-    device : {"cpu", "cuda"}, default "cpu"
-        Where the parameters live and the module computes (see :meth:`Module.to`).
+    {device}
 
     Attributes
     ----------
@@ -582,38 +589,24 @@ class GPT2Embeddings(Module):
         dtype = _checks.check_table_dtype(dtype)
         embd_pdrop = _checks.check_unit_interval(embd_pdrop, "embd_pdrop")
         rng = _checks.as_rng(seed)
-        init = initializers.normal(0.0, INITIALIZER_RANGE)
-
-        def table(rows, key):
-            if _weights is not None:
-                return Embedding(rows, n_embd, _weight=_weights[key])
-            return Embedding(rows, n_embd, dtype=dtype, init=init, seed=rng)
-
+        table = _table_maker(n_embd, dtype, rng, _weights)
         self.wte = table(vocab_size, "wte.weight")
         self.wpe = table(n_positions, "wpe.weight")
         self.drop = Dropout(embd_pdrop, seed=rng)
         self._place(device)
 
-    @property
-    def vocab_size(self) -> int:
-        return self.wte.num_embeddings
+    vocab_size = property(lambda self: self.wte.num_embeddings)
+    n_positions = property(lambda self: self.wpe.num_embeddings)
+    n_embd = property(lambda self: self.wte.embedding_dim)
 
-    @property
-    def n_positions(self) -> int:
-        return self.wpe.num_embeddings
-
-    @property
-    def n_embd(self) -> int:
-        return self.wte.embedding_dim
-
+    @_doc
     def forward(self, input_ids, past_length=0, position_ids=None, attention_mask=None,
                 out=None):
         """Embed ``input_ids``; returns ``input_ids.shape + (n_embd,)``.
 
         Parameters
         ----------
-        input_ids : array_like of int, shape (N, L) or (L,)
-            Token ids in ``[0, vocab_size)``.
+        {input_ids}
         past_length : int, default 0
             Tokens already in the key/value cache: default positions are
             ``past_length .. past_length + L - 1``.
@@ -639,26 +632,22 @@ class GPT2Embeddings(Module):
         """
         forward_options = _forward_options(self.wte, self.wpe)
         drop = self.drop._draw(self.device)
-        if out is None:
-            wte = self.wte.weight
-            out = self._output_buffer(input_ids, np.shape(input_ids) + (wte.shape[1],),
-                                      _checks.grad_dtype(wte.dtype))
         y = F.gpt2_embeddings(input_ids, self.wte.weight.data, self.wpe.weight.data,
                               past_length=past_length, position_ids=position_ids,
-                              attention_mask=attention_mask, out=out,
+                              attention_mask=attention_mask,
+                              out=_output(self, input_ids, self.wte, out),
                               table_options=forward_options, **drop)
         self.drop._advance(drop)
         if forward_options is not None:
             _bump_clipped((self.wte, self.wpe))
         if self._recording():
-            ids = {"input_ids": _snapshot(input_ids, "input_ids"),
-                   "position_ids": _snapshot(position_ids, "position_ids"),
-                   "attention_mask": _snapshot(attention_mask, "attention_mask"),
-                   "past_length": past_length}
+            ids = _snapshots(past_length, input_ids=input_ids, position_ids=position_ids,
+                             attention_mask=attention_mask)
             options = forward_options or (_options(self.wte), _options(self.wpe))
             self._save_for_backward((ids, tuple(y.shape), drop, options))
         return y
 
+    @_doc
     def backward(self, grad_output):
         """Accumulate ``wte`` / ``wpe`` gradients of the matching :meth:`forward`; returns None.
 
@@ -668,14 +657,12 @@ class GPT2Embeddings(Module):
 
         Raises
         ------
-        RuntimeError
-            No recorded forward is left.
-        TypeError, ValueError
-            ``grad_output`` not of the output's shape and dtype (the record is kept).
+        {no_forward}
+        {bad_grad_output}
         """
         ids, shape, drop, options = self._saved_context()
         params = (self.wte.weight, self.wpe.weight)
-        want = tuple(p.requires_grad for p in params)
+        want = _wanted(params)
         wte, wpe = self.wte.weight.data, self.wpe.weight.data
         grad_output = _checks.check_float_like(
             grad_output, "grad_output", shape, _checks.grad_dtype(wte.dtype), "the shape of the "
@@ -688,9 +675,7 @@ class GPT2Embeddings(Module):
                 attention_mask=ids["attention_mask"], table_options=options, output_mask=want,
                 **drop)
         self._release()
-        if grads is not None:
-            for param, grad in zip(params, grads, strict=True):
-                _accumulate(param, grad)
+        _accumulate(params, grads)
         return None
 
     @classmethod
@@ -738,20 +723,17 @@ class GPT2Embeddings(Module):
         names = ("wte.weight", "wpe.weight")
         arrays, dtype = _load_arrays(state_dict, prefix, names, tables=names,
                                      keep_dtype=keep_dtype)
-        wte = _check_shape(arrays, "wte.weight", (None, None))
-        wpe = _check_shape(arrays, "wpe.weight", (None, wte.shape[1]))
-        for name, value in (("wte.weight", wte), ("wpe.weight", wpe)):
-            if value.size == 0:
-                raise ValueError(f"state_dict[{prefix + name!r}]: is empty (shape {value.shape})")
-        weights = {"wte.weight": _owned(wte), "wpe.weight": _owned(wpe)}
-        return cls(wte.shape[0], wpe.shape[0], wte.shape[1], embd_pdrop=embd_pdrop, seed=seed,
+        dim = _check_shape(arrays, "wte.weight", (None, None)).shape[1]
+        weights = _owned_weights(arrays, prefix, dict.fromkeys(names, (None, dim)))
+        wte, wpe = weights["wte.weight"], weights["wpe.weight"]
+        return cls(wte.shape[0], wpe.shape[0], dim, embd_pdrop=embd_pdrop, seed=seed,
                    dtype=dtype, _weights=weights)
 
     def resize_position_embeddings(self, new_len, mode="linear", *, num_prefix_rows=0,
                                    optimizer=None, seed=None):
         return _resize_table(self, self.wpe, new_len, mode, num_prefix_rows, optimizer, seed)
 
-    resize_position_embeddings.__doc__ = _RESIZE_DOC
+    resize_position_embeddings.__doc__ = BertEmbeddings.resize_position_embeddings.__doc__
 
     def extra_repr(self) -> str:
         return f"vocab_size={self.vocab_size}, n_positions={self.n_positions}, n_embd={self.n_embd}"

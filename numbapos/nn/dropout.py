@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from .._docs import MODULE, fill_doc
 from ..functional.capture import device_counter
 from .module import Module
 
@@ -164,6 +165,7 @@ class Dropout(Module):
             self._save_for_backward((tuple(x.shape), drop))
         return y
 
+    @fill_doc(MODULE)
     def backward(self, grad_output, out=None):
         """Gradient wrt the input of the matching :meth:`forward`: ``grad_output`` times its mask.
 
@@ -171,8 +173,7 @@ class Dropout(Module):
 
         Raises
         ------
-        RuntimeError
-            No recorded forward is left.
+        {no_forward}
         ValueError
             ``grad_output``'s shape differs from that forward's input (the
             record is kept).

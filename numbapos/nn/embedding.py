@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from ..functional.embedding import _lookup_dtype
 from ..functional.half import to_table_dtype
 from . import init as initializers
 from ._outputs import OutputBuffer
@@ -106,20 +107,10 @@ class Embedding(Module):
                     f"got {table.shape}"
                 )
         self.weight = Parameter(table)
-        self.out_dtype = self._check_out_dtype(out_dtype)
+        # The lookups' dtype; None is the default (float32 for 16-bit tables, else the table's).
+        self.out_dtype = None if out_dtype is None else _lookup_dtype(
+            self.weight.dtype, out_dtype, _checks.is_half_dtype(self.weight.dtype))
         self._place(device)
-
-    def _check_out_dtype(self, out_dtype):
-        """The lookups' dtype: None (the default: float32 for 16-bit tables, else the table's)."""
-        if out_dtype is None:
-            return None
-        out_dtype = _checks.check_table_dtype(out_dtype, "out_dtype")
-        table = self.weight.dtype
-        if out_dtype != table and not (_checks.is_half_dtype(table) and out_dtype == np.float32):
-            raise TypeError(f"out_dtype: a {table} table looks up into "
-                            f"{'float32 or ' if _checks.is_half_dtype(table) else ''}{table}, "
-                            f"got {out_dtype}")
-        return out_dtype
 
     def _lookup_dtype(self):
         if self.out_dtype is not None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import _checks
 from .. import functional as F
+from .._docs import MODULE, fill_doc
 from .module import Module
 from .parameter import Parameter
 
@@ -30,6 +31,7 @@ def _normalized_dim(normalized_shape) -> int:
     return _checks.check_int(normalized_shape, "normalized_shape", minimum=1)
 
 
+@fill_doc(MODULE)
 class LayerNorm(Module):
     """Normalise each vector along the last dimension, then scale and shift it.
 
@@ -51,8 +53,7 @@ class LayerNorm(Module):
         ``bias=`` argument).
     dtype : float32 or float64, default float32
         Dtype of the parameters; inputs must have the same dtype.
-    device : {"cpu", "cuda"}, default "cpu"
-        Where the parameters live and the module computes (see :meth:`Module.to`).
+    {device}
 
     Attributes
     ----------

@@ -8,12 +8,21 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from .._docs import MODULE, fill_doc
 from ..functional import fractional
 from . import _resize
 from . import init as initializers
 from .dropout import Dropout
 from .module import Module
 from .parameter import Parameter
+
+# Docstring text of the layers, written once (see numbapos/_docs.py).
+_doc = fill_doc(MODULE, {
+    "bad_grad_output": """\
+TypeError, ValueError
+    ``grad_output`` not a float array of the forward input's shape
+    (the record is kept).""",
+})
 
 
 def _check_optional_size(value, name):
@@ -24,6 +33,14 @@ def _frozen(table):
     if isinstance(table, np.ndarray):
         table.flags.writeable = False  # shared by every call that hits the cache
     return table
+
+
+def _check_grad(grad_output, shape):
+    """``grad_output``: a float array of the matching forward input's ``shape``."""
+    grad_output = _checks.check_float_array(grad_output, "grad_output")
+    _checks.check_same_shape(grad_output, shape, "grad_output",
+                             "the shape of the matching forward's input")
+    return grad_output
 
 
 class SinusoidalPosEmbedding(Module):
@@ -137,20 +154,18 @@ class SinusoidalPosEmbedding(Module):
             self._save_for_backward(tuple(x.shape))
         return y
 
+    @_doc
     def backward(self, grad_output):
         """The gradient wrt ``x`` of the matching forward: ``grad_output`` itself.
 
         Raises
         ------
-        RuntimeError
-            No recorded forward is left.
+        {no_forward}
         ValueError
             ``grad_output`` not of that forward input's shape (the record is kept).
         """
         shape = self._saved_context()
-        grad_output = _checks.check_float_array(grad_output, "grad_output")
-        _checks.check_same_shape(grad_output, shape, "grad_output",
-                                 "the shape of the matching forward's input")
+        grad_output = _check_grad(grad_output, shape)
         self._release()
         return grad_output
 
@@ -167,6 +182,7 @@ _LEARNED_INITS = {
 }
 
 
+@_doc
 class LearnedPosEmbedding(Module):
     """A learned table of absolute positions added to its input, then dropout (BERT, GPT-2).
 
@@ -189,8 +205,7 @@ class LearnedPosEmbedding(Module):
         Seeds the initialiser and then the dropout mask.
     dtype : float32 or float64, default float32
         Dtype of the table (inputs must match).
-    device : {"cpu", "cuda"}, default "cpu"
-        Where the parameters live and the module computes (see :meth:`Module.to`).
+    {device}
 
     Attributes
     ----------
@@ -275,6 +290,7 @@ class LearnedPosEmbedding(Module):
             self._save_for_backward((tuple(x.shape), offset, position_ids, drop))
         return y
 
+    @_doc
     def backward(self, grad_output):
         """Accumulate the table gradient; return the gradient wrt ``x``.
 
@@ -284,16 +300,11 @@ class LearnedPosEmbedding(Module):
 
         Raises
         ------
-        RuntimeError
-            No recorded forward is left.
-        TypeError, ValueError
-            ``grad_output`` not a float array of the forward input's shape
-            (the record is kept).
+        {no_forward}
+        {bad_grad_output}
         """
         shape, offset, position_ids, drop = self._saved_context()
-        grad_output = _checks.check_float_array(grad_output, "grad_output")
-        _checks.check_same_shape(grad_output, shape, "grad_output",
-                                 "the shape of the matching forward's input")
+        grad_output = _check_grad(grad_output, shape)
         grad = F.dropout_backward(grad_output, **drop)
         table_grad = None
         if self.weight.requires_grad:
@@ -304,6 +315,7 @@ class LearnedPosEmbedding(Module):
             self.weight.accumulate_grad(table_grad, fresh=True)
         return grad
 
+    @_doc
     def extend_(self, new_len, mode="linear", *, num_prefix_rows=0, optimizer=None, seed=None):
         """Resize the position table to ``new_len`` rows, in place (longer contexts).
 
@@ -326,20 +338,14 @@ class LearnedPosEmbedding(Module):
             fresh parameter's state starts; step counts are kept. Without it an
             optimiser that has state for ``weight`` refuses the next step (the
             shape changed): pass it, or make a new optimiser.
-        seed : int or numpy.random.Generator, optional
-            Seeds the new rows of ``"init"``.
-
-        Returns
-        -------
-        self
+        {resize_seed}
 
         Raises
         ------
         TypeError, ValueError
             As for :func:`~numbapos.functional.resize_pos_table`; an optimiser
             that does not hold ``weight``.
-        RuntimeError
-            Forwards recorded that no backward has consumed yet.
+        {pending_forwards}
         """
         self.max_len = _resize.resize_param_(self, self.weight, new_len, mode, num_prefix_rows,
                                              self._init, seed, optimizer, "extend_")
@@ -352,6 +358,7 @@ class LearnedPosEmbedding(Module):
 POSITIONAL_TYPES = ("learnable_addition", "learnable_mult_addition", "transformers")
 
 
+@_doc
 class PositionalEmbedding(Module):
     """NeoML's positional layer (``CPositionalEmbeddingLayer``).
 
@@ -380,8 +387,7 @@ class PositionalEmbedding(Module):
         Seeds the initialisation of B.
     dtype : float32 or float64, default float32
         Dtype of the parameters (inputs must match).
-    device : {"cpu", "cuda"}, default "cpu"
-        Where the parameters live and the module computes (see :meth:`Module.to`).
+    {device}
 
     Attributes
     ----------
@@ -477,6 +483,7 @@ class PositionalEmbedding(Module):
                                      watched))
         return y.reshape(x.shape)
 
+    @_doc
     def backward(self, grad_output):
         """Accumulate the parameter gradients; return the gradient wrt ``x``.
 
@@ -488,14 +495,10 @@ class PositionalEmbedding(Module):
         RuntimeError
             No recorded forward is left, or (``"learnable_mult_addition"``) the
             multipliers changed since it.
-        TypeError, ValueError
-            ``grad_output`` not a float array of the forward input's shape
-            (the record is kept).
+        {bad_grad_output}
         """
         x3, shape, watched = self._saved_context()
-        grad_output = _checks.check_float_array(grad_output, "grad_output")
-        _checks.check_same_shape(grad_output, shape, "grad_output",
-                                 "the shape of the matching forward's input")
+        grad_output = _check_grad(grad_output, shape)
         self._check_unchanged(watched)
         if self.type == "transformers":
             self._release()
@@ -514,6 +517,7 @@ class PositionalEmbedding(Module):
         self.addends.accumulate_grad(grad_b, fresh=True)
         return grad_x.reshape(shape)
 
+    @_doc
     def extend_(self, new_len, mode="linear", *, num_prefix_rows=0, optimizer=None, seed=None):
         """Resize ``addends`` (and ``multipliers``) to ``new_len`` rows, in place.
 
@@ -541,8 +545,7 @@ class PositionalEmbedding(Module):
         ValueError
             The parameters are not made yet (``max_len=None`` before the first
             forward), or as for :meth:`LearnedPosEmbedding.extend_`.
-        RuntimeError
-            Forwards recorded that no backward has consumed yet.
+        {pending_forwards}
         """
         if self.max_len is None:
             raise ValueError("extend_: the parameters are made by the first forward "

@@ -27,6 +27,29 @@ DUPLICATE_WARNING = ("optimizer contains a parameter group with duplicate parame
 # a PyTorch checkpoint loads when they are off (False or None).
 TORCH_ONLY_FLAGS = ("foreach", "capturable", "differentiable", "fused")
 
+# The optimisers' shared parameters, for their docstrings' ``{name}`` lines
+# (:func:`numbapos._docs.fill_doc`).
+DOC = {
+    "rounding": """\
+stochastic_rounding : bool, default True
+    How a bfloat16 / float16 table (updated in float32, with float32
+    state) is written back: stochastically rounded (random bits from
+    numbapos's keyed hash of ``(seed, rounding step, row, column)``), or,
+    when False, to nearest even.
+seed : int, default 0
+    The stochastic rounding's seed.""",
+}
+
+
+def momentum_dtype_doc(state: str) -> str:
+    """The docstring entry of ``momentum_dtype``, for an optimiser whose momentum is ``state``."""
+    return f"""\
+momentum_dtype : None, "float32" or "bfloat16", default None
+    The dtype of {state} of bfloat16 / float16 tables: float32,
+    or bfloat16 to halve it (widened to float32 for each update and
+    stored back rounded to nearest even; FBGEMM's bfloat16 momentum).
+    Float32 / float64 parameters keep their state in their own dtype."""
+
 
 class StateArray(NamedTuple):
     """One array of a parameter's state: its shape, dtype and the value it starts at."""
@@ -325,8 +348,13 @@ class Optimizer:
         IndexError
             A SparseRows row outside the parameter.
         """
-        todo = [(param, group) for group in self.param_groups for param in group["params"]
-                if param.grad is not None and param.requires_grad]
+        self._check_then_apply([(param, group) for group in self.param_groups
+                                for param in group["params"]
+                                if param.grad is not None and param.requires_grad])
+
+    def _check_then_apply(self, todo) -> None:
+        """Check every ``(param, group)`` of ``todo``, then update each: a failed check
+        changes nothing (the float32 copies checked so far are dropped)."""
         try:
             for param, group in todo:
                 self._check(param, group)
@@ -369,13 +397,7 @@ class Optimizer:
         """One parameter's update from its fresh gradient, which is then dropped."""
         if param.grad is None or not param.requires_grad:
             return
-        try:
-            self._check(param, group)
-        except BaseException:
-            self._shadows.clear()
-            raise
-        self._apply(param, group)
-        param.bump_version()
+        self._check_then_apply([(param, group)])
         param.grad = None
 
     # 16-bit tables (bfloat16 / float16) are updated in float32 with float32 state and

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from .._docs import fill_doc
 from ..functional import optim as F
 from ..nn.parameter import Parameter
 from ..sparse import SparseRows
-from ._base import Optimizer, StateArray, num_rows
+from ._base import DOC, Optimizer, StateArray, num_rows
 
 
+@fill_doc(DOC)
 class Adagrad(Optimizer):
     """Adagrad, ``torch.optim.Adagrad``'s rule on dense and sparse gradients.
 
@@ -41,13 +43,7 @@ class Adagrad(Optimizer):
     eps : float, default 1e-10
     maximize : bool, default False
         All options are finite and >= 0.
-    stochastic_rounding : bool, default True
-        How a bfloat16 / float16 table (updated in float32, with float32
-        state) is written back: stochastically rounded (random bits from
-        numbapos's keyed hash of ``(seed, rounding step, row, column)``), or,
-        when False, to nearest even.
-    seed : int, default 0
-        The stochastic rounding's seed.
+    {rounding}
     """
 
     _OPTIONS = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps",
@@ -86,6 +82,7 @@ class Adagrad(Optimizer):
                        weight_decay=group["weight_decay"], clock=clock, **options)
 
 
+@fill_doc(DOC)
 class RowWiseAdagrad(Optimizer):
     """FBGEMM's exact row-wise Adagrad: one accumulator per row of an embedding table.
 
@@ -125,13 +122,7 @@ class RowWiseAdagrad(Optimizer):
     weight_decay_mode : {"none", "l2", "decoupled"}, default "none"
         How ``weight_decay`` acts (a nonzero ``weight_decay`` needs "l2" or
         "decoupled").
-    stochastic_rounding : bool, default True
-        How a bfloat16 / float16 table (updated in float32, with float32
-        state) is written back: stochastically rounded (random bits from
-        numbapos's keyed hash of ``(seed, rounding step, row, column)``), or,
-        when False, to nearest even.
-    seed : int, default 0
-        The stochastic rounding's seed.
+    {rounding}
     """
 
     _OPTIONS = ("lr", "eps", "weight_decay", "weight_decay_mode")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from .._docs import fill_doc
 from ..functional import optim as F
 from ..nn.parameter import Parameter
 from ..sparse import SparseRows
-from ._base import Optimizer, StateArray
+from ._base import DOC, Optimizer, StateArray, momentum_dtype_doc
+
+_doc = fill_doc(DOC, momentum_dtype=momentum_dtype_doc("the first moment ``exp_avg``"))
 
 
+@_doc
 class Adam(Optimizer):
     """Adam, ``torch.optim.Adam`` on dense gradients and ``torch.optim.SparseAdam`` on sparse ones.
 
@@ -57,18 +61,8 @@ class Adam(Optimizer):
         Ascend the objective.
     decoupled_weight_decay : bool, default False
         AdamW's decoupled decay: ``p *= 1 - lr * weight_decay`` before the step.
-    stochastic_rounding : bool, default True
-        How a bfloat16 / float16 table (updated in float32, with float32
-        state) is written back: stochastically rounded (random bits from
-        numbapos's keyed hash of ``(seed, rounding step, row, column)``), or,
-        when False, to nearest even.
-    seed : int, default 0
-        The stochastic rounding's seed.
-    momentum_dtype : None, "float32" or "bfloat16", default None
-        The dtype of the first moment ``exp_avg`` of bfloat16 / float16 tables: float32,
-        or bfloat16 to halve it (widened to float32 for each update and
-        stored back rounded to nearest even; FBGEMM's bfloat16 momentum).
-        Float32 / float64 parameters keep their state in their own dtype.
+    {rounding}
+    {momentum_dtype}
 
     Examples
     --------
@@ -122,6 +116,7 @@ class Adam(Optimizer):
                     step=state["step"], amsgrad=group["amsgrad"], clock=clock, **options)
 
 
+@_doc
 class AdamW(Adam):
     """AdamW: :class:`Adam` with decoupled weight decay, ``torch.optim.AdamW``'s defaults.
 
@@ -141,18 +136,8 @@ class AdamW(Adam):
         Decoupled decay rate.
     amsgrad : bool, default False
     maximize : bool, default False
-    stochastic_rounding : bool, default True
-        How a bfloat16 / float16 table (updated in float32, with float32
-        state) is written back: stochastically rounded (random bits from
-        numbapos's keyed hash of ``(seed, rounding step, row, column)``), or,
-        when False, to nearest even.
-    seed : int, default 0
-        The stochastic rounding's seed.
-    momentum_dtype : None, "float32" or "bfloat16", default None
-        The dtype of the first moment ``exp_avg`` of bfloat16 / float16 tables: float32,
-        or bfloat16 to halve it (widened to float32 for each update and
-        stored back rounded to nearest even; FBGEMM's bfloat16 momentum).
-        Float32 / float64 parameters keep their state in their own dtype.
+    {rounding}
+    {momentum_dtype}
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,

@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _device
+from .._docs import fill_doc
 from ..functional import optim as F
 from ..nn.parameter import Parameter
 from ..sparse import SparseRows
-from ._base import Optimizer, StateArray, num_rows
+from ._base import DOC, Optimizer, StateArray, momentum_dtype_doc, num_rows
 
 
+@fill_doc(DOC, momentum_dtype=momentum_dtype_doc("the momentum buffer"))
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum, PyTorch's update rule.
 
@@ -68,18 +70,8 @@ class SGD(Optimizer):
         Nesterov momentum; needs ``momentum > 0`` and ``dampening == 0``.
     maximize : bool, default False
         Ascend the objective instead of descending it.
-    stochastic_rounding : bool, default True
-        How a bfloat16 / float16 table (updated in float32, with float32
-        state) is written back: stochastically rounded (random bits from
-        numbapos's keyed hash of ``(seed, rounding step, row, column)``), or,
-        when False, to nearest even.
-    seed : int, default 0
-        The stochastic rounding's seed.
-    momentum_dtype : None, "float32" or "bfloat16", default None
-        The dtype of the momentum buffer of bfloat16 / float16 tables: float32,
-        or bfloat16 to halve it (widened to float32 for each update and
-        stored back rounded to nearest even; FBGEMM's bfloat16 momentum).
-        Float32 / float64 parameters keep their state in their own dtype.
+    {rounding}
+    {momentum_dtype}
 
     Examples
     --------
