@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+import threading
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
@@ -62,6 +66,247 @@ def _warn_unregistered(module, name: str, value) -> None:
         UserWarning, stacklevel=3)
 
 
+# ---------------------------------------------------------------- what ties a record to its call
+#
+# A recorded call (a forward, or a method with a ``<name>_backward`` twin such as
+# ``attend``) gets a _Graph. Its outputs keep it alive through _OUTPUTS (a weak
+# reference to each returned array, a strong one to the graph); so do the graph of
+# the call it ran inside (a container's, a model's) and the graphs of later recorded
+# calls that took one of its outputs as input. A record holds its graph weakly: once
+# nothing holds the graph, its output is gone (PyTorch would have freed such a graph),
+# and a later call of the channel whose output is held makes it a leftover
+# (Module._leftover).
+
+
+class _Graph:
+    """The liveness of one recorded call (see above): ``held``, the graphs it keeps alive;
+    ``pending``, how many of its records modules still hold."""
+
+    __slots__ = ("held", "pending", "__weakref__")
+
+    def __init__(self):
+        self.held = []
+        self.pending = 0
+
+
+def _leads_to_records(graph, memo: dict) -> bool:
+    """Whether a pending record is reachable from ``graph``; drops the graphs that lead to
+    none from the ``held`` lists on the way (so that ``h = layer(h)`` in a loop keeps a
+    bounded chain). Graphs form a DAG: a call holds only graphs of calls that returned
+    before it."""
+    todo = [(graph, False)]
+    while todo:
+        node, done = todo.pop()
+        if done:
+            node.held[:] = [held for held in node.held if memo[held]]
+            memo[node] = node.pending > 0 or bool(node.held)
+        elif node not in memo:
+            memo[node] = None
+            todo.append((node, True))
+            todo.extend((held, False) for held in node.held if held not in memo)
+    return memo[graph]
+
+
+class _OutputRef(weakref.ref):
+    __slots__ = ("key",)
+
+
+# id(array) -> (weak reference to the array, the graph of the call that returned it)
+_OUTPUTS: dict = {}
+
+
+def _forget_output(ref) -> None:
+    entry = _OUTPUTS.get(ref.key)
+    if entry is not None and entry[0] is ref:
+        del _OUTPUTS[ref.key]
+
+
+def _graph_of(value):
+    """The graph of the recorded call that returned ``value`` (or the NumPy array it views)."""
+    while value is not None:
+        entry = _OUTPUTS.get(id(value))
+        if entry is not None and entry[0]() is value:
+            return entry[1]
+        value = value.base if isinstance(value, np.ndarray) else None
+    return None
+
+
+def _register_outputs(result, graph) -> bool:
+    """Tie the arrays of ``result`` (an array, or a tuple, list or dict of them) to ``graph``;
+    whether there was one."""
+    if type(result) is np.ndarray:
+        items = (result,)
+    else:
+        items = result.values() if isinstance(result, dict) else (
+            result if isinstance(result, (tuple, list)) else (result,))
+    tied = False
+    for item in items:
+        if not isinstance(getattr(item, "shape", None), tuple):
+            continue
+        try:
+            ref = _OutputRef(item, _forget_output)
+        except TypeError:  # not weakly referenceable: cannot say when it is gone
+            continue
+        ref.key = id(item)
+        _OUTPUTS[ref.key] = (ref, graph)
+        tied = True
+    return tied
+
+
+class _Calls(threading.local):
+    def __init__(self):
+        # The recorded calls running on this thread, innermost last, each a frame
+        # (module, graph, the records pushed inside it, its positional args).
+        self.frames: list[tuple] = []
+        self.scopes: list[_Graph] = []   # graphs named by backward(..., output=y), innermost last
+
+
+_CALLS = _Calls()
+
+
+def _hold_inputs(graph, values) -> None:
+    """Make ``graph`` hold the graphs of the recorded calls whose outputs ``values`` are."""
+    memo = None
+    for value in values:
+        if id(value) not in _OUTPUTS and getattr(value, "base", None) is None:
+            continue  # the usual input: nobody's output, no view
+        upstream = _graph_of(value)
+        if upstream is not None:
+            memo = {} if memo is None else memo
+            if upstream not in memo and _leads_to_records(upstream, memo):
+                graph.held.append(upstream)
+
+
+def _run_recorded(method, module, args, kwargs):
+    """Run a recorded call: records pushed inside it are tied to its outputs."""
+    graph = _Graph()
+    _hold_inputs(graph, args)
+    if kwargs:
+        _hold_inputs(graph, [v for k, v in kwargs.items() if k != "out" and k[:4] != "out_"])
+    records = []
+    frames = _CALLS.frames
+    frames.append((module, graph, records, args))
+    try:
+        result = method(module, *args, **kwargs)
+    finally:
+        frames.pop()
+    if records or graph.held:
+        if frames:
+            _, outer, outer_records, _ = frames[-1]
+            outer.held.append(graph)
+            outer_records.extend(records)
+        if not _register_outputs(result, graph) and not frames:
+            for record in records:  # no array to follow: kept until consumed or dropped
+                record.graph = None
+    return result
+
+
+def _recorded(method):
+    """Wrap a subclass's ``forward`` (or ``attend``-like method) as a recorded call."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if not _STATE.enabled:
+            return method(self, *args, **kwargs)
+        return _run_recorded(method, self, args, kwargs)
+
+    call._numbapos_wrapped = True
+    return call
+
+
+def _output_graph(output, where: str):
+    """The graph that ``backward(..., output=output)`` names."""
+    items = output if isinstance(output, (tuple, list)) else (output,)
+    if not all(isinstance(getattr(item, "shape", None), tuple) for item in items) or not items:
+        raise TypeError(f"{where}: output: expected the array a forward returned, got "
+                        f"{_checks.type_name(output)}")
+    for item in items:
+        graph = _graph_of(item)
+        if graph is not None:
+            return graph
+    raise RuntimeError(
+        f"{where}: output: this array is not the output of a recorded forward (a forward "
+        "under numbapos.no_grad() records nothing; pass the array the forward returned, a "
+        "NumPy view of it, or the output of a numbapos forward computed from it)")
+
+
+def _paired(method):
+    """Wrap a subclass's ``backward`` (or ``<name>_backward``) to take ``output=``."""
+    @functools.wraps(method)
+    def backward(self, *args, output=None, **kwargs):
+        if output is None:
+            return method(self, *args, **kwargs)
+        scopes = _CALLS.scopes
+        scopes.append(_output_graph(output, f"{type(self).__name__}.{method.__name__}"))
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            scopes.pop()
+
+    signature = inspect.signature(method)
+    params = list(signature.parameters.values())
+    at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
+    params.insert(at, inspect.Parameter("output", inspect.Parameter.KEYWORD_ONLY, default=None))
+    backward.__signature__ = signature.replace(parameters=params)
+    backward._numbapos_wrapped = True
+    return backward
+
+
+def _reachable(graph) -> set:
+    seen, todo = {graph}, [graph]
+    while todo:
+        for held in todo.pop().held:
+            if held not in seen:
+                seen.add(held)
+                todo.append(held)
+    return seen
+
+
+class _Record:
+    """One recorded call's context for its backward, and what names it in messages.
+
+    ``dead_since``: the number of the first later call on the channel that
+    found the record's outputs gone (None while they are held).
+    """
+
+    __slots__ = ("context", "graph", "number", "training", "shapes", "dead_since")
+
+    def __init__(self, context, graph, number, training, shapes):
+        self.context, self.graph, self.number = context, graph, number
+        self.training, self.shapes, self.dead_since = training, shapes, None
+
+    @property
+    def alive(self) -> bool:
+        """Whether something still holds its call's graph (a record without one: always)."""
+        return self.graph is None or self.graph() is not None
+
+    @property
+    def held(self) -> bool:
+        """Whether its call's outputs are known to be held (tied to a live graph)."""
+        return self.graph is not None and self.graph() is not None
+
+    def let_go(self) -> None:
+        """Its module no longer holds it (consumed, dropped or discarded)."""
+        graph = None if self.graph is None else self.graph()
+        if graph is not None:
+            graph.pending -= 1
+
+    def describe(self, channel: str) -> str:
+        mode = {True: "training mode", False: "eval mode"}.get(self.training)
+        parts = [mode] if mode else []
+        if self.shapes:
+            shapes = ", ".join(str(s) for s in self.shapes)
+            parts.append(f"input shape{'s' if len(self.shapes) > 1 else ''} {shapes}")
+        return f"{channel} call #{self.number}" + (f" ({', '.join(parts)})" if parts else "")
+
+    def __reduce__(self):  # a copy has no outputs to follow: kept until consumed or dropped
+        return (_Record, (self.context, None, self.number, self.training, self.shapes))
+
+
+# Records a module let go of (dropped by the bound, leftovers) are remembered for the message
+# of a backward that finds nothing left, and consumed calls for telling leftovers: this many.
+_MAX_GONE = 64
+
+
 class IncompatibleKeys(NamedTuple):
     """What :meth:`Module.load_state_dict` did not match (non-strict loads)."""
 
@@ -83,10 +328,32 @@ class Module:
     backward reads are copied), in training and in eval mode alike, and every
     :meth:`backward` consumes the most recent unconsumed record, last in first
     out as reverse mode runs:
-    ``m(a); m(b); m.backward(gb); m.backward(ga)`` accumulates both gradients,
-    as a shared or tied layer needs. A backward with nothing recorded raises
-    ``RuntimeError``; a gradient of another shape than that forward's output
-    raises ``ValueError`` and keeps the record. Parameters the backward reads
+    ``ya = m(a); yb = m(b); m.backward(gb); m.backward(ga)`` accumulates both
+    gradients, as a shared or tied layer needs. ``m.backward(g, output=y)``
+    consumes the record of the forward that returned ``y`` instead, wherever
+    it is (or, for a container or a module whose forward calls others, the
+    latest record of this module within the call that returned ``y``).
+
+    A record is tied to its forward's output, as PyTorch's graph is to the
+    tensors computed from it: the array returned (or a NumPy view of it), the
+    output of a later numbapos forward that took it as input, or the output
+    of the module call it ran inside (a container's, a model subclass's)
+    hold it. A record whose output is gone stays consumable (an intermediate
+    result, ``x = m(ids) * s``, need not be kept) until it is a leftover: a
+    forward whose output was gone when the module ran another forward on the
+    same channel whose output is still held. No backward can be meant for a
+    leftover (PyTorch would have freed its graph: an evaluation call whose
+    output was dropped, under a training forward whose gradient was already
+    taken), so the backward that reaches one discards it and pairs with the
+    record below, or raises ``RuntimeError`` naming the leftover's call when
+    none is left. Code that calls one module several times before the
+    backwards keeps each output it will backward through (or none of them),
+    or calls the module inside a module whose output it keeps.
+
+    A backward with nothing recorded raises ``RuntimeError``, naming the
+    leftover or dropped record it would have consumed, if any; a gradient of
+    another shape than that forward's output raises ``ValueError`` and keeps
+    the record. Parameters the backward reads
     (a LayerNorm's weight, a block's tables) must not change in between: a
     change made through :meth:`load_state_dict`, ``max_norm`` clipping,
     ``to(dtype)``, replacing ``.data`` or anything that calls
@@ -103,16 +370,36 @@ class Module:
 
     Subclasses implement :meth:`forward` and :meth:`backward`, using
     :meth:`_recording`, :meth:`_save_for_backward`, :meth:`_saved_context` and
-    :meth:`_release` (one mechanism for every layer).
+    :meth:`_release` (one mechanism for every layer). A subclass's
+    ``forward`` and ``backward`` are wrapped when the class is defined (the
+    call ties records to its outputs; the backward takes ``output=``), and
+    so is any public method ``name`` with a ``name_backward`` twin, whose
+    records go to channel ``"name"`` (:meth:`Embedding.attend` and
+    ``attend_backward``).
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, value in list(vars(cls).items()):
+            if (not inspect.isfunction(value) or getattr(value, "_numbapos_wrapped", False)
+                    or name.startswith("_")):
+                continue
+            if name == "backward" or name.endswith("_backward"):
+                if "output" not in inspect.signature(value).parameters:
+                    setattr(cls, name, _paired(value))
+            elif name == "forward" or callable(getattr(cls, f"{name}_backward", None)):
+                setattr(cls, name, _recorded(value))
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
-        object.__setattr__(self, "_saved", {})
-        object.__setattr__(self, "_dropped", {})
+        object.__setattr__(self, "_saved", {})      # channel -> [_Record], oldest first
+        object.__setattr__(self, "_gone", {})       # channel -> notes on records let go
+        object.__setattr__(self, "_current", {})    # channel -> the record a backward reads
+        object.__setattr__(self, "_numbered", {})   # channel -> records pushed so far
+        object.__setattr__(self, "_consumed", {})   # channel -> the latest consumed records
         object.__setattr__(self, "_warned_pending", False)
         object.__setattr__(self, "_outputs", OutputBuffer())
         object.__setattr__(self, "_copies", OutputBuffer())
@@ -178,8 +465,17 @@ class Module:
         """Compute the output; outside :class:`numbapos.no_grad` record what backward needs."""
         raise NotImplementedError(f"{type(self).__name__} does not implement forward")
 
-    def backward(self, grad_output):
-        """Consume the latest recorded forward; accumulate parameter grads, return input grad."""
+    def backward(self, grad_output, *, output=None):
+        """Consume the latest recorded forward; accumulate parameter grads, return input grad.
+
+        Parameters
+        ----------
+        grad_output : array
+            The gradient with respect to that forward's output.
+        output : array, optional
+            Pair with the forward that returned this array (wherever its
+            record is) instead of the latest one; see :class:`Module`.
+        """
         raise NotImplementedError(f"{type(self).__name__} does not implement backward")
 
     def __call__(self, *args, **kwargs):
@@ -195,18 +491,35 @@ class Module:
     def _save_for_backward(self, context, channel: str = "forward") -> None:
         """Push ``context`` (owned values only: copies, scalars) for the next backward.
 
-        Beyond ``max_pending_records`` unconsumed records the oldest is
-        dropped (and counted, so that the backward that would have consumed it
-        raises); in training mode that warns once, as a training forward whose
-        backward never runs is usually a bug.
+        The record is tied to the outputs of the recorded call running (see
+        :class:`Module`); records of the channel whose outputs are gone are
+        marked with this call's number (a leftover once this call's output is
+        held). Beyond ``max_pending_records`` unconsumed records the oldest is
+        dropped (and noted, so that the backward that would have consumed it
+        raises); in training mode that warns once, as a training forward
+        whose backward never runs is usually a bug.
         """
-        stack = self._saved.get(channel)
-        if stack is None:
-            stack = self._saved[channel] = []
-        stack.append(context)
+        stack = self._saved.setdefault(channel, [])
+        number = self._numbered.get(channel, 0) + 1
+        self._numbered[channel] = number
+        for record in stack:
+            if record.dead_since is None and not record.alive:
+                record.dead_since = number
+        frames = _CALLS.frames
+        graph = shapes = None
+        if frames:
+            module, graph, records, args = frames[-1]
+            if module is self:
+                shapes = tuple(a.shape for a in args
+                               if isinstance(getattr(a, "shape", None), tuple))
+        record = _Record(context, None if graph is None else weakref.ref(graph), number,
+                         self.__dict__.get("training"), shapes)
+        if graph is not None:
+            records.append(record)
+            graph.pending += 1
+        stack.append(record)
         if len(stack) > max_pending():
-            del stack[0]
-            self._dropped[channel] = self._dropped.get(channel, 0) + 1
+            self._note_gone(channel, stack.pop(0), "dropped")
             if self.__dict__.get("training", False) and not self._warned_pending:
                 object.__setattr__(self, "_warned_pending", True)
                 warnings.warn(
@@ -217,35 +530,105 @@ class Module:
                     "numbapos.config's max_pending_records)",
                     UserWarning, stacklevel=3)
 
+    def _note_gone(self, channel: str, record: _Record, why: str) -> None:
+        record.let_go()
+        notes = self._gone.setdefault(channel, [])
+        notes.append((record.describe(channel), why))
+        del notes[:-_MAX_GONE]
+
+    def _newest_held(self, channel: str):
+        """The latest call of ``channel`` (pending or consumed) whose output is still held."""
+        calls = [*self._saved.get(channel, ()), *self._consumed.get(channel, ())]
+        return max((r for r in calls if r.held), key=lambda r: r.number, default=None)
+
+    @staticmethod
+    def _leftover(record: _Record, newest) -> bool:
+        """Whether ``record``'s output was gone when a call ran whose output is still held
+        (``newest``, from :meth:`_newest_held`)."""
+        return (newest is not None and record.dead_since is not None
+                and record.dead_since <= newest.number and not record.alive)
+
     def _saved_context(self, channel: str = "forward", call: str = "backward"):
-        """The latest unconsumed record (not removed); RuntimeError if there is none."""
-        stack = self._saved.get(channel)
-        if not stack:
-            dropped = self._dropped.get(channel, 0)
-            if dropped:
-                self._dropped[channel] = dropped - 1
+        """The record this backward consumes (not removed); RuntimeError if there is none.
+
+        The latest unconsumed record that is not a leftover (leftovers on top
+        are discarded), or within ``backward(..., output=y)`` the latest one
+        of the call that returned ``y``.
+        """
+        name = type(self).__name__
+        stack = self._saved.get(channel) or []
+        scope = _CALLS.scopes[-1] if _CALLS.scopes else None
+        if scope is not None:
+            within = _reachable(scope)
+            record = next((r for r in reversed(stack)
+                           if r.graph is not None and r.graph() in within), None)
+            if record is None:
                 raise RuntimeError(
-                    f"{type(self).__name__}.{call}: the {channel} this {call} belongs to was "
-                    f"dropped: a module keeps at most {max_pending()} unconsumed {channel} "
-                    f"records (numbapos.config's max_pending_records, "
-                    f"NUMBAPOS_MAX_PENDING_RECORDS) and drops the oldest. Run each {call} "
-                    f"sooner, raise the limit, or run forwards that need no gradient under "
-                    "numbapos.no_grad()"
-                )
+                    f"{name}.{call}: output: no pending {channel} of this {name} returned "
+                    f"that array or went into it: its record was consumed by an earlier "
+                    f"{call} (PyTorch also refuses a second backward through the same "
+                    f"graph) or dropped (max_pending_records), or the array comes from "
+                    f"another module's {channel}")
+            self._current[channel] = record
+            return record.context
+        newest, leftovers = None, []
+        while stack and not stack[-1].alive and stack[-1].dead_since is not None:
+            newest = newest or self._newest_held(channel)
+            if not self._leftover(stack[-1], newest):
+                break
+            leftovers.append(stack.pop())
+        for leftover in reversed(leftovers):  # the top one is named first
+            self._note_gone(channel, leftover,
+                            f"a leftover: its output was gone when {channel} call "
+                            f"#{leftover.dead_since} ran, and the output of "
+                            f"{newest.describe(channel)} was still held")
+        if stack:
+            record = stack[-1]
+            self._current[channel] = record
+            return record.context
+        notes = self._gone.get(channel)
+        if not notes:
             raise RuntimeError(
-                f"{type(self).__name__}.{call} called before {channel}, or more often than "
+                f"{name}.{call} called before {channel}, or more often than "
                 f"{channel} was recorded: each {call} consumes one recorded {channel} "
                 f"(last in, first out), and a {channel} under numbapos.no_grad() records "
                 "nothing"
             )
-        return stack[-1]
+        what, why = notes.pop()
+        if why == "dropped":
+            raise RuntimeError(
+                f"{name}.{call}: the {channel} this {call} belongs to, {what}, was "
+                f"dropped: a module keeps at most {max_pending()} unconsumed {channel} "
+                f"records (numbapos.config's max_pending_records, "
+                f"NUMBAPOS_MAX_PENDING_RECORDS) and drops the oldest. Run each {call} "
+                f"sooner, raise the limit, or run forwards that need no gradient under "
+                "numbapos.no_grad()")
+        raise RuntimeError(
+            f"{name}.{call}: no recorded {channel} is left for this {call}. The one it "
+            f"would have consumed, {what}, is {why}: a {channel} whose output nobody "
+            f"holds gets no gradient (as in PyTorch), so it was discarded. If this {call} "
+            f"is for it, keep its output until the {call} (or a view of it, or the output "
+            f"of a numbapos forward computed from it, or call the module inside a Module "
+            f"whose output you keep) or pass output=; otherwise this is one {call} too "
+            f"many, or its {channel} ran under numbapos.no_grad()")
 
     def _release(self, channel: str = "forward") -> None:
-        """Consume the latest record (after the gradient has been validated)."""
-        self._saved[channel].pop()
+        """Consume the record :meth:`_saved_context` gave (after the gradient was validated)."""
+        stack = self._saved[channel]
+        record = self._current.pop(channel, None)
+        at = next((i for i in range(len(stack) - 1, -1, -1) if stack[i] is record),
+                  len(stack) - 1)
+        consumed = self._consumed.setdefault(channel, [])
+        consumed.append(stack.pop(at))
+        consumed[-1].let_go()
+        consumed[-1].context = None
+        del consumed[:-_MAX_GONE]
 
     def pending_backwards(self, channel: str = "forward") -> int:
-        """How many recorded forwards of this module no backward has consumed yet.
+        """How many recorded forwards of this module a backward can still consume.
+
+        Leftovers (records whose output was gone when a later forward ran
+        whose output is still held) are not counted.
 
         Parameters
         ----------
@@ -256,7 +639,8 @@ class Module:
         -------
         int
         """
-        return len(self._saved.get(channel, ()))
+        newest = self._newest_held(channel)
+        return sum(not self._leftover(r, newest) for r in self._saved.get(channel, ()))
 
     @staticmethod
     def _watch(named_params) -> tuple:
@@ -582,8 +966,13 @@ class Module:
 
     def _on_device_change(self) -> None:
         """Drop recorded forwards; subclasses with device-dependent caches extend this."""
+        for stack in self._saved.values():
+            for record in stack:
+                record.let_go()
         self._saved.clear()
-        self._dropped.clear()
+        self._gone.clear()
+        self._current.clear()
+        self._consumed.clear()
         self._outputs.clear()
         self._copies.clear()
 
