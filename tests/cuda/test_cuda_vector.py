@@ -1,11 +1,12 @@
 """The CUDA kernels' 16-byte vector paths (kernels/cuda/vector.py) and block reductions
 (kernels/cuda/reduce.py).
 
-Each launcher with a vector twin runs here on both of its paths, chosen on the
+Each launcher with a vector kernel runs here on both of its paths, chosen on the
 host by :func:`numbapos.kernels.cuda.vector.aligned`: aligned rows of whole
-vectors take the vector kernel, anything else (a pointer 4 bytes off, a view
-such as ``table[:, 1:]``, D % 4 != 0) the scalar one. Which kernel ran is read
-from the launch counter, and both give the CPU's bits. On the simulator the
+vectors take the kernel its factory compiles for 16-byte vectors, anything else
+(a pointer 4 bytes off, a view such as ``table[:, 1:]``, D % 4 != 0) the one
+for single elements. Which kernel ran is read from the launches the launchers
+make, and both give the CPU's bits. On the simulator the
 vector loads are Python that asserts the 16-byte alignment the hardware needs.
 The PTX test compiles the vector kernels for sm_90 and checks that NVVM emits
 16-byte accesses (skipped where NVVM is not installed).
@@ -16,14 +17,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 from conftest import dev
-from cuda_counts import count_cuda_traffic
 from numba import cuda, float32
 
-from numbapos._args import BertIds, BertTables, DropoutArgs
+from numbapos._args import BertIds, BertTables, DropoutArgs, TableFormat
 from numbapos.kernels.cpu import blocks as cpu_blocks
 from numbapos.kernels.cpu import embedding as cpu
 from numbapos.kernels.cuda import blocks as gpu_blocks
@@ -61,15 +62,34 @@ def simulated() -> bool:
 
 
 def launches(run, kernel, alone=True):
-    """Run ``run()``; on the simulator, check that its last launch was ``kernel`` (its only
-    one when ``alone``). A GPU run (NUMBA_ENABLE_CUDASIM=0) checks the results only."""
-    if not simulated():
+    """Run ``run()`` and check that the last kernel the block and embedding launchers
+    launched was ``kernel`` (the dispatcher; their only one when ``alone``)."""
+    seen = []
+
+    def spy(module):
+        real = module.launch
+
+        def launch(launched, *args):
+            seen.append(launched)
+            real(launched, *args)
+        return launch
+
+    with (mock.patch.object(gpu, "launch", spy(gpu)),
+          mock.patch.object(gpu_blocks, "launch", spy(gpu_blocks))):
         run()
-        return
-    with count_cuda_traffic() as counts:
-        run()
-    assert counts.kernels[-1:] == [kernel], counts.kernels
-    assert not alone or counts.launches == 1, counts.kernels
+    assert seen[-1:] == [kernel], [k.py_func.__qualname__ for k in seen]
+    assert not alone or len(seen) == 1, seen
+
+
+FLOAT = int(TableFormat.FLOAT)
+
+
+def gather(lanes, fmt=FLOAT):
+    """The lookup's kernel moving ``lanes`` columns at a time: copying rows (two groups in
+    flight by vectors, four by elements) or widening 16-bit ones (``fmt`` BF16)."""
+    if fmt != FLOAT:
+        return gpu._gather_kernel(fmt, lanes, 1)
+    return gpu._gather_kernel(FLOAT, lanes, 2 if lanes > 1 else 4)
 
 
 # ---------------------------------------------------------------- the host decision
@@ -98,28 +118,28 @@ def test_aligned_needs_aligned_pointer_row_stride_and_whole_vectors():
 
 
 GATHER_CASES = [
-    # (dtype, backing table shape, column slice, pointer offset, kernel expected)
-    (np.float32, (5, 8), slice(None), 0, "_gather_rows_vec"),
-    (np.float32, (5, 12), slice(4, None), 0, "_gather_rows_vec"),
-    (np.float32, (5, 4), slice(None), 0, "_gather_rows_vec"),
-    (np.float32, (5, 9), slice(1, None), 0, "_gather_rows"),  # table[:, 1:]
-    (np.float32, (5, 8), slice(None), 4, "_gather_rows"),  # pointer 4 bytes off
-    (np.float32, (5, 6), slice(None), 0, "_gather_rows"),  # D % 4 != 0
-    (np.float64, (5, 6), slice(None), 0, "_gather_rows_vec"),
-    (np.float64, (5, 3), slice(None), 0, "_gather_rows"),
+    # (dtype, backing table shape, column slice, pointer offset, lanes expected)
+    (np.float32, (5, 8), slice(None), 0, 4),
+    (np.float32, (5, 12), slice(4, None), 0, 4),
+    (np.float32, (5, 4), slice(None), 0, 4),
+    (np.float32, (5, 9), slice(1, None), 0, 1),  # table[:, 1:]
+    (np.float32, (5, 8), slice(None), 4, 1),  # pointer 4 bytes off
+    (np.float32, (5, 6), slice(None), 0, 1),  # D % 4 != 0
+    (np.float64, (5, 6), slice(None), 0, 2),
+    (np.float64, (5, 3), slice(None), 0, 1),
 ]
 
 
-@pytest.mark.parametrize("dtype, shape, cols, offset, kernel", GATHER_CASES)
+@pytest.mark.parametrize("dtype, shape, cols, offset, lanes", GATHER_CASES)
 def test_gather_takes_the_vector_kernel_only_where_aligned(rng, dtype, shape, cols, offset,
-                                                           kernel):
+                                                           lanes):
     backing = rng.normal(size=shape).astype(dtype)
     weight = placed(backing, offset)[:, cols]
     expect = backing[:, cols]
     # 11 rows: more than one vector pair per thread in some rows of the wider cases
     flat = rng.integers(0, shape[0], size=11)
     out = placed(np.full((flat.size, expect.shape[1]), np.nan, dtype))
-    launches(lambda: gpu.gather_rows(dev(flat), weight, out), kernel)
+    launches(lambda: gpu.gather_rows(dev(flat), weight, out), gather(lanes))
     np.testing.assert_array_equal(bits(out), bits(expect[flat]))
 
 
@@ -127,7 +147,7 @@ def test_gather_takes_the_scalar_kernel_for_a_misaligned_output(rng):
     weight = placed(rng.normal(size=(5, 8)).astype(np.float32))
     flat = np.array([4, 0, 2])
     out = placed(np.full((3, 8), np.nan, np.float32), 4)
-    launches(lambda: gpu.gather_rows(dev(flat), weight, out), "_gather_rows")
+    launches(lambda: gpu.gather_rows(dev(flat), weight, out), gather(1))
     np.testing.assert_array_equal(bits(out), bits(weight.copy_to_host()[flat]))
 
 
@@ -140,8 +160,7 @@ def test_the_simulated_vector_load_refuses_a_misaligned_row(rng):
     out = placed(np.zeros((2, 8), np.float32))
     word, host = errors.words()
     with pytest.raises(AssertionError, match="misaligned"):
-        gpu._gather_rows_vec[1, 32](dev(np.array([0, 1])), weight, out, 4, word, host,
-                                    errors.tag())
+        gather(4)[1, 32](dev(np.array([0, 1])), weight, out, word, host, errors.tag())
 
 
 def test_vector_gather_zero_fills_a_bad_row_and_defers_the_error(rng):
@@ -150,7 +169,7 @@ def test_vector_gather_zero_fills_a_bad_row_and_defers_the_error(rng):
     host = rng.normal(size=(4, 8)).astype(np.float32)
     out = placed(np.full((3, 8), np.nan, np.float32))
     flat = np.array([1, 7, 3])
-    launches(lambda: gpu.gather_rows(dev(flat), placed(host), out), "_gather_rows_vec")
+    launches(lambda: gpu.gather_rows(dev(flat), placed(host), out), gather(4))
     with pytest.raises(IndexError, match=r"index 7 \(at flat position 1\)"):
         numbapos.synchronize()
     np.testing.assert_array_equal(out.copy_to_host(), np.stack([host[1], 0 * host[0], host[3]]))
@@ -160,21 +179,21 @@ def test_vector_gather_zero_fills_a_bad_row_and_defers_the_error(rng):
 
 
 @pytest.mark.parametrize("scale", [False, True])
-@pytest.mark.parametrize("dim, offset, kernel", [
-    (8, 0, "_sum_row_segments_vec"),
-    (4, 0, "_sum_row_segments_vec"),
-    (8, 4, "_sum_row_segments"),  # gradient 4 bytes past a boundary
-    (6, 0, "_sum_row_segments"),  # D % 4 != 0
+@pytest.mark.parametrize("dim, offset, lanes", [
+    (8, 0, 4),
+    (4, 0, 4),
+    (8, 4, 1),  # gradient 4 bytes past a boundary
+    (6, 0, 1),  # D % 4 != 0
 ])
-def test_scatter_rows_is_the_cpus_bits_on_both_paths(rng, scale, dim, offset, kernel):
+def test_scatter_rows_is_the_cpus_bits_on_both_paths(rng, scale, dim, offset, lanes):
     # Row 2 occurs 7 times (the 4-row step and the remainder), row 0 twice, row 4 once.
     flat = np.array([2, 0, 2, 2, 4, 2, 2, 0, 2, 2, 3])
     grad = rng.normal(size=(flat.size, dim)).astype(np.float32)
     want = np.zeros((5, dim), np.float32)
     cpu.scatter_rows(grad, flat, 3, scale, want)
     out = placed(np.zeros((5, dim), np.float32))
-    launches(lambda: gpu.scatter_rows(placed(grad, offset), dev(flat), 3, scale, out), kernel,
-             alone=False)  # after the grouping's launches
+    launches(lambda: gpu.scatter_rows(placed(grad, offset), dev(flat), 3, scale, out),
+             gpu._sum_kernel(lanes), alone=False)  # after the grouping's launches
     np.testing.assert_array_equal(bits(out), bits(want))
     assert not want[3].any() and want[2].any()  # padding left out, the hot row summed
 
@@ -188,7 +207,7 @@ def test_sum_row_groups_by_vectors_is_the_cpus_bits(rng):
     gpu_groups = gpu.group_rows(dev(flat), None, 4)
     out = placed(np.full((flat.size, 8), np.nan, np.float32))
     launches(lambda: gpu.sum_row_groups(placed(grad), gpu_groups, True, out),
-             "_sum_row_segments_vec")
+             gpu._sum_kernel(4))
     used = int(gpu_groups.used.copy_to_host()[0])
     np.testing.assert_array_equal(bits(out)[:used], bits(want))
 
@@ -197,8 +216,8 @@ def test_sum_row_groups_by_vectors_is_the_cpus_bits(rng):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.5])
-@pytest.mark.parametrize("dim, kernel", [(8, "_gpt2_forward_vec"), (6, "_gpt2_forward")])
-def test_gpt2_forward_is_the_cpus_bits_on_both_paths(rng, p, dim, kernel):
+@pytest.mark.parametrize("dim, lanes", [(8, 4), (6, 1)])
+def test_gpt2_forward_is_the_cpus_bits_on_both_paths(rng, p, dim, lanes):
     wte = rng.normal(size=(6, dim)).astype(np.float32)
     wpe = rng.normal(size=(5, dim)).astype(np.float32)
     ids = np.array([5, 0, 3, 3, 1])
@@ -208,7 +227,7 @@ def test_gpt2_forward_is_the_cpus_bits_on_both_paths(rng, p, dim, kernel):
     cpu_blocks.gpt2_forward(ids, pos, wte, wpe, drop, want)
     y = placed(np.full((ids.size, dim), np.nan, np.float32))
     launches(lambda: gpu_blocks.gpt2_forward(dev(ids), dev(pos), placed(wte), placed(wpe), drop,
-                                             y), kernel)
+                                             y), gpu_blocks._gpt2_forward_kernel(FLOAT, lanes))
     np.testing.assert_array_equal(bits(y), bits(want))
     if p:
         assert (want == 0).any()  # dropout did drop something
@@ -231,7 +250,7 @@ def _bert(rng, tokens, dim, affine, bad=None):
     return ids, tables
 
 
-def _gpu_bert(ids, tables, drop, kernel, offset=0):
+def _gpu_bert(ids, tables, drop, lanes, offset=0):
     tokens, dim = ids.word.size, tables.word.shape[1]
     y = placed(np.full((tokens, dim), np.nan, np.float32))
     mean, rstd = dev(np.full(tokens, np.nan, np.float32)), dev(np.full(tokens, np.nan,
@@ -240,21 +259,21 @@ def _gpu_bert(ids, tables, drop, kernel, offset=0):
     d_tables = BertTables(*(None if t is None else placed(t, offset if t.ndim == 2 else 0)
                             for t in tables))
     launches(lambda: gpu_blocks.bert_forward(d_ids, d_tables, 1e-12, drop, y, mean, rstd),
-             kernel)
+             gpu_blocks._bert_forward_kernel(np.dtype(np.float32), FLOAT, lanes))
     return y.copy_to_host(), mean.copy_to_host(), rstd.copy_to_host()
 
 
 @pytest.mark.parametrize("affine, p", [(True, 0.0), (True, 0.5), (False, 0.5)])
-@pytest.mark.parametrize("dim, offset, kernel", [
-    (8, 0, "_bert_forward_vec"),
-    (520, 0, "_bert_forward_vec"),  # more vectors than threads: two rounds for some
-    (8, 4, "bert_forward_tokens"),  # tables 4 bytes past a boundary
-    (6, 0, "bert_forward_tokens"),  # D % 4 != 0
+@pytest.mark.parametrize("dim, offset, lanes", [
+    (8, 0, 4),
+    (520, 0, 4),  # more vectors than threads: two rounds for some
+    (8, 4, 1),  # tables 4 bytes past a boundary
+    (6, 0, 1),  # D % 4 != 0
 ])
-def test_bert_forward_matches_the_cpu_on_both_paths(rng, affine, p, dim, offset, kernel):
+def test_bert_forward_matches_the_cpu_on_both_paths(rng, affine, p, dim, offset, lanes):
     ids, tables = _bert(rng, 3, dim, affine)
     drop = DropoutArgs.make(p, seed=5, counter=2)
-    y, mean, rstd = _gpu_bert(ids, tables, drop, kernel, offset)
+    y, mean, rstd = _gpu_bert(ids, tables, drop, lanes, offset)
     want = [np.empty((3, dim), np.float32), np.empty(3, np.float32), np.empty(3, np.float32)]
     cpu_blocks.bert_forward(ids, tables, 1e-12, drop, *want)
     for got, expect in zip((y, mean, rstd), want, strict=True):
@@ -267,7 +286,7 @@ def test_vector_bert_forward_zero_fills_a_bad_token_and_defers_the_error(rng):
     import numbapos
 
     ids, tables = _bert(rng, 3, 8, True, bad=9)
-    y, mean, rstd = _gpu_bert(ids, tables, DropoutArgs.make(0.0, 0, 0), "_bert_forward_vec")
+    y, mean, rstd = _gpu_bert(ids, tables, DropoutArgs.make(0.0, 0, 0), 4)
     with pytest.raises(IndexError, match=r"input_ids: index 9 \(at flat position 1\)"):
         numbapos.synchronize()
     assert not y[1].any() and mean[1] == 0 and rstd[1] == 0
@@ -277,23 +296,24 @@ def test_vector_bert_forward_zero_fills_a_bad_token_and_defers_the_error(rng):
 # ---------------------------------------------------------------- 16-bit lookups
 
 
-@pytest.mark.parametrize("dim, offset, widen, copy", [
-    (16, 0, "_widen_rows_vec", "_gather_rows_vec"),
-    (8, 0, "_widen_rows_vec", "_gather_rows_vec"),
-    (8, 2, "_widen_rows", "_gather_rows"),  # table 2 bytes past a boundary
-    (4, 0, "_widen_rows", "_gather_rows"),  # D % 8 != 0
+@pytest.mark.parametrize("dim, offset, lanes", [
+    (16, 0, 8),
+    (8, 0, 8),
+    (8, 2, 1),  # table 2 bytes past a boundary
+    (4, 0, 1),  # D % 8 != 0
 ])
-def test_half_lookups_are_the_cpus_bits_on_both_paths(rng, dim, offset, widen, copy):
+def test_half_lookups_are_the_cpus_bits_on_both_paths(rng, dim, offset, lanes):
     table = rng.integers(0, 2 ** 16, size=(5, dim), dtype=np.uint16)
     flat = np.array([4, 1, 1, 0, 3])
     want = np.zeros((flat.size, dim), np.uint32)
     cpu.gather_rows(flat, table, want, BF16)
     out = placed(np.zeros((flat.size, dim), np.uint32))
     launches(lambda: gpu.gather_rows(dev(flat), placed(table, offset), out, BF16),
-             widen)
+             gather(lanes, BF16))
     np.testing.assert_array_equal(out.copy_to_host(), want)
     out16 = placed(np.zeros((flat.size, dim), np.uint16))
-    launches(lambda: gpu.gather_rows(dev(flat), placed(table, offset), out16, BF16), copy)
+    launches(lambda: gpu.gather_rows(dev(flat), placed(table, offset), out16, BF16),
+             gather(lanes))
     np.testing.assert_array_equal(out16.copy_to_host(), table[flat])
 
 
@@ -373,21 +393,22 @@ PTX = textwrap.dedent("""
                                     True, np.zeros(1, np.uint64)))
     groups = numba.typeof(RowGroups(*[np.zeros(3, np.int64)] * 5))
     err = (i64, i64, n)
+    gather = embedding._gather_kernel
     signatures = {
-        "gather_vec": (embedding._gather_rows_vec, (i64, f32, f32, n, *err)),
-        "gather_view_vec": (embedding._gather_rows_vec,
-                            (i64, numba.typeof(np.zeros((2, 8), np.float32)[:, 4:]), f32, n,
+        "gather_vec": (gather(-1, 4, 2), (i64, f32, f32, *err)),
+        "gather_view_vec": (gather(-1, 4, 2),
+                            (i64, numba.typeof(np.zeros((2, 8), np.float32)[:, 4:]), f32,
                              *err)),
-        "gather": (embedding._gather_rows, (i64, f32, f32, *err)),
-        "sum_vec": (embedding._sum_row_segments_vec, (f32, groups, b, b, f32, i64)),
-        "gpt2_vec": (blocks._gpt2_forward_vec,
+        "gather": (gather(-1, 1, 4), (i64, f32, f32, *err)),
+        "sum_vec": (embedding._sum_kernel(4), (f32, groups, b, b, f32, i64)),
+        "gpt2_vec": (blocks._gpt2_forward_kernel(-1, 4),
                      (i64, tiled, f32, f32, drop, f32, i64, i64, numba.types.UniTuple(n, 2))),
-        "bert_vec": (blocks._bert_forward_vec,
+        "bert_vec": (blocks._bert_forward_kernel(np.dtype(np.float32), -1, 4),
                      (numba.types.NamedTuple((i64, tiled, tiled), BertIds),
                       numba.types.NamedTuple((f32, f32, f32, f1, f1), BertTables),
                       numba.float32, drop, f32, f1, f1, i64, i64, numba.types.UniTuple(n, 3))),
-        "copy16_vec": (embedding._gather_rows_vec, (i64, u16, u16, n, *err)),
-        "widen_vec": (embedding._widen_rows_vec, (i64, u16, n, u32, *err)),
+        "copy16_vec": (gather(-1, 8, 2), (i64, u16, u16, *err)),
+        "widen_vec": (gather(0, 8, 1), (i64, u16, u32, *err)),
     }
     for name, (kernel, argtypes) in signatures.items():
         ptx, _ = cuda.compile_ptx(kernel.py_func, argtypes, cc=(9, 0))

@@ -16,8 +16,10 @@ normalises, applies gamma / beta and the dropout mask to its own elements in
 place.
 
 For float32 tables and output whose rows are whole, 16-byte aligned vectors
-(:func:`.vector.aligned`, D % 4 == 0) the forward runs by 16-byte loads and
-stores (``_bert_forward_vec``); otherwise by elements.
+(:func:`.vector.aligned`, D % 4 == 0) each thread moves 4 adjacent columns at a
+time by 16-byte loads and stores; otherwise one. Both kernels are compiled from
+one body (:func:`_bert_forward_kernel`, the lane count a compile-time
+argument, :mod:`.vector`).
 
 BERT backward: one block per token writes ``grad_sum[t]`` (``s`` recomputed from
 the tables, ``grad_y`` masked by dropout, then the LayerNorm row backward).
@@ -32,17 +34,15 @@ token-type gradient is an ordered sum of ``grad_sum``, which itself agrees with
 the CPU to a few ulp.
 
 GPT-2 forward: one block per token, ``y[t, d] = (wte[ids[t], d] + wpe[pos[t], d]) *
-mask``, bit-identical to the CPU. For float32 tables whose rows are whole,
-16-byte aligned vectors (:func:`.vector.aligned`, D % 4 == 0) it runs by
-16-byte loads and stores (``_gpt2_forward_vec``: each thread adds 4 adjacent
-columns, the same operations per element, the same bits); otherwise by
-elements.
+mask``, bit-identical to the CPU; by 16-byte vectors under the same condition
+(:func:`_gpt2_forward_kernel`: each thread adds 4 adjacent columns, the same
+operations per element, the same bits).
 
 Tables may also be bfloat16 / float16 ``uint16`` bits (``fmt``, a
-:class:`~numbapos._args.TableFormat`):
-every element is read through :func:`numbapos.kernels.widen.widen`, exactly as
-on the CPU (the per-dtype kernels are compiled per format too; the vector paths
-stay float32-only, so 16-bit tables run by elements).
+:class:`~numbapos._args.TableFormat`, a compile-time argument of every kernel
+factory): every element is read through :func:`numbapos.kernels.widen.widen`,
+exactly as on the CPU (the vector kernels stay float32-only, so 16-bit tables
+run by elements).
 
 The kernels take the launchers' records (:mod:`numbapos._args`: BertIds,
 BertTables, DropoutArgs, TiledIds), an absent array among them as an empty one
@@ -64,7 +64,7 @@ import math
 from functools import cache
 
 import numpy as np
-from numba import cuda, float32, int64
+from numba import cuda, int64
 
 from ..._args import NO_DROPOUT, BertIds, TiledIds, chunk_rows, num_chunks
 from ..hash import keeps
@@ -76,7 +76,7 @@ from .fpmath import mul_for, numba_float
 from .launch import launch
 from .normalization import add_partials, fill_zero, moments, partials, row_blocks
 from .reduce import block_sum, block_sum2, tree_threads
-from .vector import load16, store16
+from .vector import fold_lanes, load_lanes, per_lane, row_threads, store_lanes
 
 __all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked", "tile_ids"]
 
@@ -148,13 +148,11 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
         return
     dtype = y.dtype
     word, host = errors.words()
-    if _vector_rows(y, tables.word, tables.position, tables.token_type):
-        kernel, threads = _bert_forward_vec, tree_threads(y.shape[1] // 4)
-    else:
-        kernel, threads = _bert_forward_kernel(dtype, int(fmt)), tree_threads(y.shape[1])
-    launch(kernel, row_blocks(num_tokens), threads, _kernel_bert_ids(ids, num_tokens),
+    lanes = _lanes(y, tables.word, tables.position, tables.token_type)
+    launch(_bert_forward_kernel(dtype, int(fmt), lanes), row_blocks(num_tokens),
+           tree_threads(y.shape[1] // lanes), _kernel_bert_ids(ids, num_tokens),
            _kernel_tables(tables, dtype), dtype.type(eps), kernel_drop(drop, dtype), y, mean,
-           rstd, word, host, _tags(_WORD_TAG, _BERT_POSITION_TAG, _TYPE_TAG))
+           rstd, word, host, _tags(_WORD_TAG, _TYPE_TAG, _BERT_POSITION_TAG))
     errors.after_launch()
 
 
@@ -222,13 +220,10 @@ def gpt2_forward(ids, pos, wte, wpe, drop, y, fmt=FLOAT_TABLES):
         return
     word, host = errors.words()
     pos, drop = _kernel_ids(pos, num_tokens), kernel_drop(drop, y.dtype)
-    tags = _tags(_WORD_TAG, _GPT2_POSITION_TAG)
-    if _vector_rows(y, wte, wpe):
-        launch(_gpt2_forward_vec, row_blocks(num_tokens), _row_threads(dim // 4), ids, pos, wte,
-               wpe, drop, y, word, host, tags)
-    else:
-        launch(_gpt2_forward, row_blocks(num_tokens), _row_threads(dim), ids, pos, wte, wpe,
-               drop, y, int64(fmt), word, host, tags)
+    lanes = _lanes(y, wte, wpe)
+    launch(_gpt2_forward_kernel(int(fmt), lanes), row_blocks(num_tokens),
+           row_threads(dim, lanes), ids, pos, wte, wpe, drop, y, word, host,
+           _tags(_WORD_TAG, _GPT2_POSITION_TAG))
     errors.after_launch()
 
 
@@ -244,14 +239,10 @@ def tile_ids(values, start, length, out):
         launch(_tile_ids, grid(out.size), THREADS, ids, out)
 
 
-def _vector_rows(*arrays) -> bool:
-    """Whether float32 rows can be moved by 16-byte vectors (:func:`.vector.aligned`)."""
-    return all(a.dtype == np.float32 for a in arrays) and vector.aligned(*arrays)
-
-
-def _row_threads(dim: int) -> int:
-    """Whole warps covering ``dim``, at most THREADS."""
-    return min(THREADS, -(-dim // 32) * 32)
+def _lanes(*arrays) -> int:
+    """Columns a thread moves at once: 4 (a 16-byte vector) where every array is float32
+    and :func:`.vector.aligned`, else 1."""
+    return 4 if all(a.dtype == np.float32 for a in arrays) and vector.aligned(*arrays) else 1
 
 
 # ---------------------------------------------------------------- kernels
@@ -273,166 +264,9 @@ def _outside(value, size):
 
 
 @cuda.jit(device=True)
-def _bert_bad_token(t, w, k, p, tables, y, mean, rstd, zero, err, err_host, tags):
-    """Whether token ``t``'s ids ``w`` / ``k`` / ``p`` are out of range; if so, thread 0
-    records them (word, token type, then position: the CPU's order; ``tags`` those of
-    the word, position and token-type ids) and zeroes its mean and rstd, and the block
-    zero-fills ``y[t]``."""
-    bad_w = _outside(w, tables.word.shape[0])
-    bad_k = _outside(k, tables.token_type.shape[0])
-    bad_p = _outside(p, tables.position.shape[0])
-    if not (bad_w or bad_k or bad_p):
-        return False
-    if cuda.threadIdx.x == 0:
-        if bad_w:
-            errors.record(err, err_host, int64(t), w, int64(tables.word.shape[0]), tags[0])
-        if bad_k:
-            errors.record(err, err_host, int64(t), k, int64(tables.token_type.shape[0]),
-                          tags[2])
-        if bad_p:
-            errors.record(err, err_host, int64(t), p, int64(tables.position.shape[0]), tags[1])
-        mean[t] = zero
-        rstd[t] = zero
-    for d in range(cuda.threadIdx.x, y.shape[1], cuda.blockDim.x):
-        y[t, d] = zero
-    return True
-
-
-@cuda.jit(device=True)
-def _bert_output(s, m, r, tables, d, key, index, drop, one, zero):
-    """Element ``d`` of a BERT output from its row sum ``s``: normalised, gamma / beta
-    (or the ones / zeros the CPU uses when they are empty), then the dropout mask of
-    element ``index``."""
-    v = (s - m) * r
-    if tables.gamma.size:
-        v = v * tables.gamma[d]
-    else:
-        v = v * one
-    if tables.beta.size:
-        v = v + tables.beta[d]
-    else:
-        v = v + zero
-    if drop.active:
-        v = v * (drop.scale if keeps(key, index, drop.threshold) else zero)
-    return v
-
-
-@cuda.jit(device=True)
-def _row_sum(tables, w, k, p, d, fmt):
-    """``(word[w, d] + token_type[k, d]) + position[p, d]``, each widened (the CPU's order)."""
-    return (widen(tables.word[w, d], fmt) + widen(tables.token_type[k, d], fmt)) \
-        + widen(tables.position[p, d], fmt)
-
-
-@cache
-def _bert_forward_kernel(dtype, fmt=FLOAT_TABLES):
-    """The scalar BERT forward for ``dtype`` outputs and tables of format ``fmt`` (an int)."""
-    nbt = numba_float(dtype)
-
-    @cuda.jit
-    def bert_forward_tokens(ids, tables, eps, drop, y, mean, rstd, err, err_host, tags):
-        """One block per token: check its ids, ``s`` into ``y[t]``, moments, then normalise
-        (+ dropout). A token with a bad id records it (thread 0: word, token type, then
-        position, the CPU's order) and gets zeros."""
-        sh = cuda.shared.array((2, THREADS), nbt)
-        tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x  # a power of two, tree_threads(...)
-        num_tokens, dim = y.shape
-        zero = nbt(0)
-        one = nbt(1)
-        inf = nbt(math.inf)
-        n = nbt(dim)
-        key = drop_key(drop)
-        for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-            w = int64(ids.word[t])
-            k = _id_at(ids.token_type, t)
-            p = _id_at(ids.position, t)
-            if _bert_bad_token(t, w, k, p, tables, y, mean, rstd, zero, err, err_host, tags):
-                continue  # the same for every thread of the block
-            acc = zero
-            for d in range(tid, dim, nt):
-                s = _row_sum(tables, w, k, p, d, fmt)
-                y[t, d] = s
-                acc += s
-            first = block_sum(sh, acc, tid, nt) / n
-            c = zero
-            q = zero
-            for d in range(tid, dim, nt):  # each thread reads back its own writes
-                dev = y[t, d] - first
-                c += dev
-                q += dev * dev
-            c, q = block_sum2(sh, c, q, tid, nt)
-            m, r = moments(first, c, q, n, eps, zero, one, inf)
-            base = t * dim
-            for d in range(tid, dim, nt):
-                y[t, d] = _bert_output(y[t, d], m, r, tables, d, key, base + d, drop, one, zero)
-            if tid == 0:
-                mean[t] = m
-                rstd[t] = r
-
-    return bert_forward_tokens
-
-
-@cuda.jit
-def _bert_forward_vec(ids, tables, eps, drop, y, mean, rstd, err, err_host, tags):
-    """The float32 BERT forward by 16-byte vectors (the launcher checked
-    :func:`.vector.aligned` for the three tables and ``y``): each thread owns 4 adjacent
-    columns at a time, with the three table loads of a vector in flight together. The
-    per-element arithmetic is the scalar kernel's; only which thread adds which elements
-    into the moments differs (the moments agree with the CPU to a few ulp, as there)."""
-    sh = cuda.shared.array((2, THREADS), float32)
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x  # a power of two, tree_threads(...)
-    num_tokens, dim = y.shape
-    vectors = dim // 4
-    zero = float32(0)
-    one = float32(1)
-    n = float32(dim)
-    key = drop_key(drop)
-    for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-        w = int64(ids.word[t])
-        k = _id_at(ids.token_type, t)
-        p = _id_at(ids.position, t)
-        if _bert_bad_token(t, w, k, p, tables, y, mean, rstd, zero, err, err_host, tags):
-            continue  # the same for every thread of the block
-        acc = zero
-        for v in range(tid, vectors, nt):
-            wv = load16(tables.word, w, 4 * v)
-            kv = load16(tables.token_type, k, 4 * v)
-            pv = load16(tables.position, p, 4 * v)
-            s = ((wv[0] + kv[0]) + pv[0], (wv[1] + kv[1]) + pv[1], (wv[2] + kv[2]) + pv[2],
-                 (wv[3] + kv[3]) + pv[3])
-            store16(y, t, 4 * v, s)
-            for x in s:
-                acc += x
-        first = block_sum(sh, acc, tid, nt) / n
-        c = zero
-        q = zero
-        for v in range(tid, vectors, nt):  # each thread reads back its own writes
-            for x in load16(y, t, 4 * v):
-                dev = x - first
-                c += dev
-                q += dev * dev
-        c, q = block_sum2(sh, c, q, tid, nt)
-        m, r = moments(first, c, q, n, eps, zero, one, float32(math.inf))
-        base = t * dim
-        for v in range(tid, vectors, nt):
-            d = 4 * v
-            s = load16(y, t, d)
-            store16(y, t, d, (
-                _bert_output(s[0], m, r, tables, d, key, base + d, drop, one, zero),
-                _bert_output(s[1], m, r, tables, d + 1, key, base + d + 1, drop, one, zero),
-                _bert_output(s[2], m, r, tables, d + 2, key, base + d + 2, drop, one, zero),
-                _bert_output(s[3], m, r, tables, d + 3, key, base + d + 3, drop, one, zero)))
-        if tid == 0:
-            mean[t] = m
-            rstd[t] = r
-
-
-@cuda.jit(device=True)
 def _bert_token_ids(ids, tables, t):
     """``(w, k, p, ok)``: token ``t``'s word, token-type and position ids, and whether all
-    three are in range (a token with a bad one, recorded by the forward, is skipped)."""
+    three are in range."""
     w = int64(ids.word[t])
     k = _id_at(ids.token_type, t)
     p = _id_at(ids.position, t)
@@ -441,8 +275,140 @@ def _bert_token_ids(ids, tables, t):
     return w, k, p, ok
 
 
+@cuda.jit(device=True)
+def _record_bad(j, t, ids, bad, sizes, tags, err, err_host):
+    if bad[j]:
+        errors.record(err, err_host, int64(t), ids[j], int64(sizes[j]), tags[j])
+    return j
+
+
+@cuda.jit(device=True)
+def _reject(t, ids, bad, sizes, tags, y, zero, err, err_host):
+    """Token ``t`` has a bad id: thread 0 records each id of the tuple ``ids`` that ``bad``
+    flags (``sizes`` and ``tags``: its table's rows, its error tag), in the order given
+    (the CPU's), and the block zero-fills ``y[t]``."""
+    if cuda.threadIdx.x == 0:
+        per_lane(_record_bad, ids, t, ids, bad, sizes, tags, err, err_host)
+    for d in range(cuda.threadIdx.x, y.shape[1], cuda.blockDim.x):
+        y[t, d] = zero
+
+
+@cuda.jit(device=True)
+def _dropped(v, key, index, drop, zero):
+    """``v`` times element ``index``'s dropout factor (``scale`` or ``zero``) when active."""
+    if drop.active:
+        return v * (drop.scale if keeps(key, index, drop.threshold) else zero)
+    return v
+
+
+@cuda.jit(device=True)
+def _row_sum(lane, word, token_type, position, fmt):
+    """Lane ``lane`` of ``(word + token_type) + position`` (loaded lanes, each widened: the
+    CPU's order)."""
+    return (widen(word[lane], fmt) + widen(token_type[lane], fmt)) + widen(position[lane], fmt)
+
+
+@cuda.jit(device=True)
+def _bert_output(lane, s, m, r, tables, d, key, index, drop, one, zero):
+    """Column ``d + lane`` of a BERT output from its row sum ``s[lane]``: normalised,
+    gamma / beta (or the ones / zeros the CPU uses when they are empty), then the dropout
+    mask of element ``index + lane``."""
+    d += lane
+    v = (s[lane] - m) * r
+    v = v * (tables.gamma[d] if tables.gamma.size else one)
+    v = v + (tables.beta[d] if tables.beta.size else zero)
+    return _dropped(v, key, index + lane, drop, zero)
+
+
+@cuda.jit(device=True)
+def _plus(acc, x):
+    return acc + x
+
+
+@cuda.jit(device=True)
+def _plus_deviation(acc, x, first):
+    return acc + (x - first)
+
+
+@cuda.jit(device=True)
+def _plus_square(acc, x, first):
+    dev = x - first
+    return acc + dev * dev
+
+
 @cache
-def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
+def _bert_forward_kernel(dtype, fmt, lanes):
+    """The BERT forward for ``dtype`` outputs and tables of format ``fmt`` (an int), each
+    thread moving ``lanes`` adjacent columns at a time (1, or 4 by 16-byte vectors:
+    float32 rows the launcher found :func:`.vector.aligned`)."""
+    nbt = numba_float(dtype)
+
+    @cuda.jit
+    def bert_forward_tokens(ids, tables, eps, drop, y, mean, rstd, err, err_host, tags):
+        """One block per token: check its ids, ``s`` into ``y[t]``, moments, then normalise
+        (+ dropout). A token with a bad id records it (thread 0) and gets zeros.
+
+        The per-element arithmetic does not depend on ``lanes``; only which thread adds
+        which elements into the moments does (they agree with the CPU to a few ulp)."""
+        sh = cuda.shared.array((2, THREADS), nbt)
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x  # a power of two, tree_threads(...)
+        num_tokens, dim = y.shape
+        zero = nbt(0)
+        one = nbt(1)
+        n = nbt(dim)
+        key = drop_key(drop)
+        for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
+            w = int64(ids.word[t])
+            k = _id_at(ids.token_type, t)
+            p = _id_at(ids.position, t)
+            sizes = (tables.word.shape[0], tables.token_type.shape[0], tables.position.shape[0])
+            bad = (_outside(w, sizes[0]), _outside(k, sizes[1]), _outside(p, sizes[2]))
+            if bad[0] or bad[1] or bad[2]:  # the same for every thread of the block
+                if tid == 0:
+                    mean[t] = zero
+                    rstd[t] = zero
+                _reject(t, (w, k, p), bad, sizes, tags, y, zero, err, err_host)
+                continue
+            acc = zero
+            for v in range(tid, dim // lanes, nt):
+                d = lanes * v
+                s = per_lane(_row_sum, lanes, load_lanes(tables.word, w, d, lanes),
+                             load_lanes(tables.token_type, k, d, lanes),
+                             load_lanes(tables.position, p, d, lanes), fmt)
+                store_lanes(y, t, d, s)
+                acc = fold_lanes(_plus, acc, s)
+            first = block_sum(sh, acc, tid, nt) / n
+            c = zero
+            q = zero
+            for v in range(tid, dim // lanes, nt):  # each thread reads back its own writes
+                s = load_lanes(y, t, lanes * v, lanes)
+                c = fold_lanes(_plus_deviation, c, s, first)
+                q = fold_lanes(_plus_square, q, s, first)
+            c, q = block_sum2(sh, c, q, tid, nt)
+            m, r = moments(first, c, q, n, eps, zero, one, nbt(math.inf))
+            for v in range(tid, dim // lanes, nt):
+                d = lanes * v
+                store_lanes(y, t, d, per_lane(_bert_output, lanes, load_lanes(y, t, d, lanes),
+                                              m, r, tables, d, key, t * dim + d, drop, one,
+                                              zero))
+            if tid == 0:
+                mean[t] = m
+                rstd[t] = r
+
+    return bert_forward_tokens
+
+
+@cuda.jit(device=True)
+def _table_sum(tables, w, k, p, d, fmt):
+    """:func:`_row_sum` of column ``d`` read from the tables (each element read as it is
+    added, the order NVVM schedules the loads in)."""
+    return (widen(tables.word[w, d], fmt) + widen(tables.token_type[k, d], fmt)) \
+        + widen(tables.position[p, d], fmt)
+
+
+@cache
+def _bert_backward_kernel(dtype, fmt):
     nbt = numba_float(dtype)
 
     @cuda.jit
@@ -475,11 +441,9 @@ def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
             sg = zero
             sgx = zero
             for d in range(tid, dim, nt):
-                s = _row_sum(tables, w, k, p, d, fmt)
-                gy = grad_y[t, d]
-                if drop.active:
-                    gy = gy * (drop.scale if keeps(key, base + d, drop.threshold) else zero)
-                g = gy * (tables.gamma[d] if has_gamma else one)
+                s = _table_sum(tables, w, k, p, d, fmt)
+                g = _dropped(grad_y[t, d], key, base + d, drop, zero) \
+                    * (tables.gamma[d] if has_gamma else one)
                 grad_sum[t, d] = g
                 sg += g
                 sgx += g * ((s - m) * r)
@@ -487,14 +451,14 @@ def _bert_backward_kernel(dtype, fmt=FLOAT_TABLES):
             a = sg / n
             b = sgx / n
             for d in range(tid, dim, nt):
-                xhat = (_row_sum(tables, w, k, p, d, fmt) - m) * r
+                xhat = (_table_sum(tables, w, k, p, d, fmt) - m) * r
                 grad_sum[t, d] = r * (grad_sum[t, d] - a - xhat * b)
 
     return bert_backward_tokens
 
 
 @cache
-def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
+def _bert_partials_kernel(dtype, fmt):
     nbt = numba_float(dtype)
     mul = mul_for(dtype)
 
@@ -536,7 +500,7 @@ def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
                         gy = mul(gy, drop.scale if keeps(key, t * dim + d, drop.threshold)
                                  else zero)
                     if want_w:
-                        s = _row_sum(tables, w, k, p, d, fmt)
+                        s = _table_sum(tables, w, k, p, d, fmt)
                         pw += mul(gy, (s - mean[t]) * rstd[t])
                     if want_b:
                         pb += gy
@@ -551,79 +515,46 @@ def _bert_partials_kernel(dtype, fmt=FLOAT_TABLES):
 
 
 @cuda.jit(device=True)
-def _gpt2_bad_token(t, w, p, wte, wpe, y, zero, err, err_host, tags):
-    """Whether token ``t``'s id ``w`` or position ``p`` is out of range; if so, thread 0
-    records them (``tags``: those of the ids and of the positions) and the block
-    zero-fills ``y[t]``."""
-    bad_w = _outside(w, wte.shape[0])
-    bad_p = _outside(p, wpe.shape[0])
-    if not (bad_w or bad_p):
-        return False
-    if cuda.threadIdx.x == 0:
-        if bad_w:
-            errors.record(err, err_host, int64(t), w, int64(wte.shape[0]), tags[0])
-        if bad_p:
-            errors.record(err, err_host, int64(t), p, int64(wpe.shape[0]), tags[1])
-    for d in range(cuda.threadIdx.x, y.shape[1], cuda.blockDim.x):
-        y[t, d] = zero
-    return True
+def _gpt2_sum(lane, wte, wpe, fmt, key, index, drop, zero):
+    """Lane ``lane`` of ``(wte + wpe) * mask`` (loaded lanes, widened), element
+    ``index + lane`` of the output."""
+    return _dropped(widen(wte[lane], fmt) + widen(wpe[lane], fmt), key, index + lane, drop,
+                    zero)
 
 
-@cuda.jit(device=True)
-def _dropped(v, key, index, drop, zero):
-    """``v`` times element ``index``'s dropout factor (``scale`` or ``zero``) when active."""
-    if drop.active:
-        return v * (drop.scale if keeps(key, index, drop.threshold) else zero)
-    return v
+@cache
+def _gpt2_forward_kernel(fmt, lanes):
+    """The GPT-2 forward for tables of format ``fmt`` (an int), each thread moving
+    ``lanes`` adjacent columns at a time (1, or 4 by 16-byte vectors: float32 rows the
+    launcher found :func:`.vector.aligned`; the same operations per element, the same
+    bits)."""
 
+    @cuda.jit
+    def gpt2_forward_tokens(ids, pos, wte, wpe, drop, y, err, err_host, tags):
+        """One block per token, threads along D: ``y[t, d] = wte[ids[t], d] + wpe[pos[t], d]``
+        (times the mask; ``pos`` a :class:`~numbapos._args.TiledIds`). The id and
+        position are read and checked once per token; a bad one is recorded (thread 0)
+        and the row is zeros. ``drop.scale`` is of ``y``'s dtype."""
+        num_tokens, dim = y.shape
+        zero = y.dtype.type(0)
+        key = drop_key(drop)
+        tid = cuda.threadIdx.x
+        for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
+            w = int64(ids[t])
+            p = _id_at(pos, t)
+            bad = (_outside(w, wte.shape[0]), _outside(p, wpe.shape[0]))
+            if bad[0] or bad[1]:  # the same for every thread of the block
+                _reject(t, (w, p), bad, (wte.shape[0], wpe.shape[0]), tags, y, zero, err,
+                        err_host)
+                continue
+            base = t * dim
+            for v in range(tid, dim // lanes, cuda.blockDim.x):
+                d = lanes * v
+                store_lanes(y, t, d, per_lane(_gpt2_sum, lanes, load_lanes(wte, w, d, lanes),
+                                              load_lanes(wpe, p, d, lanes), fmt, key, base + d,
+                                              drop, zero))
 
-@cuda.jit
-def _gpt2_forward(ids, pos, wte, wpe, drop, y, fmt, err, err_host, tags):
-    """One block per token, threads along D: ``y[t, d] = wte[ids[t], d] + wpe[pos[t], d]``
-    (times the mask; ``pos`` a :class:`~numbapos._args.TiledIds`). The id and position
-    are read and checked once per token; a bad one is recorded (thread 0) and the row is
-    zeros. ``drop.scale`` is of ``y``'s dtype; 16-bit tables (``uint16`` bits of format
-    ``fmt``) are widened."""
-    num_tokens, dim = y.shape
-    zero = y.dtype.type(0)
-    key = drop_key(drop)
-    tid = cuda.threadIdx.x
-    for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-        w = int64(ids[t])
-        p = _id_at(pos, t)
-        if _gpt2_bad_token(t, w, p, wte, wpe, y, zero, err, err_host, tags):
-            continue  # the same for every thread of the block
-        base = t * dim
-        for d in range(tid, dim, cuda.blockDim.x):
-            y[t, d] = _dropped(widen(wte[w, d], fmt) + widen(wpe[p, d], fmt), key, base + d,
-                               drop, zero)
-
-
-@cuda.jit
-def _gpt2_forward_vec(ids, pos, wte, wpe, drop, y, err, err_host, tags):
-    """:func:`_gpt2_forward` by float32 vectors (the launcher checked
-    :func:`.vector.aligned`): each thread loads 4 adjacent columns of both rows (two
-    16-byte loads in flight), adds and masks them element by element as there, and
-    stores them at once."""
-    num_tokens, dim = y.shape
-    zero = y.dtype.type(0)
-    key = drop_key(drop)
-    tid = cuda.threadIdx.x
-    for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
-        w = int64(ids[t])
-        p = _id_at(pos, t)
-        if _gpt2_bad_token(t, w, p, wte, wpe, y, zero, err, err_host, tags):
-            continue  # the same for every thread of the block
-        base = t * dim
-        for v in range(tid, dim // 4, cuda.blockDim.x):
-            d = 4 * v
-            a = load16(wte, w, d)
-            b = load16(wpe, p, d)
-            i = base + d
-            store16(y, t, d, (_dropped(a[0] + b[0], key, i, drop, zero),
-                              _dropped(a[1] + b[1], key, i + 1, drop, zero),
-                              _dropped(a[2] + b[2], key, i + 2, drop, zero),
-                              _dropped(a[3] + b[3], key, i + 3, drop, zero)))
+    return gpt2_forward_tokens
 
 
 @cuda.jit

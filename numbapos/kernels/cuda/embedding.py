@@ -15,26 +15,27 @@ distinct rows stays there, and the kernels that consume the groups read it
 and exit early: each row is then summed in input order, exactly as the CPU
 does, so gradients are bit-identical to the CPU's, with no float atomics.
 
-The gather and the segment sums have a vector twin (``_gather_rows_vec``,
-``_sum_row_segments_vec``) that moves rows by 16-byte loads and stores
-(:mod:`.vector`: ``ld.global.v4.f32``, several vectors in flight per thread).
-The launcher takes it when :func:`.vector.aligned` holds for the arrays it
-reads and writes (16-byte aligned pointers and row strides, whole vectors per
-row: D % 4 == 0 for float32) and falls back to the scalar kernel otherwise;
-both give the same bits (the segment sums add the same terms in the same
-order, lane by lane). The vector segment sum is float32 only.
+The gather and the segment sums move rows by 16-byte loads and stores
+(:mod:`.vector`: ``ld.global.v4.f32``, several vectors in flight per thread)
+where :func:`.vector.aligned` holds for the arrays they read and write
+(16-byte aligned pointers and row strides, whole vectors per row: D % 4 == 0
+for float32), and by elements otherwise: each kernel factory compiles both
+from one body, the lane count a compile-time argument. Both give the same
+bits (the segment sums add the same terms in the same order, lane by lane).
+The vector segment sum is float32 only.
 
 A bfloat16 / float16 table (``fmt`` :class:`~numbapos._args.TableFormat` ``BF16`` /
-``F16``) arrives as its ``uint16`` bits, a float32 output as ``uint32`` bits; the
-conversions are the exact ones of :mod:`numbapos.kernels.halfbits`. A lookup copies
-16-bit rows (by the vector gather, 8 values a vector) or widens them
-(``_widen_rows_vec``: one 16-byte load of 8 values, two 16-byte stores of their
-float32 bits; by elements when not aligned or D % 8 != 0). Its max-norm sums each
-row in column order in every thread (the CPU's bits) and stores the clipped float32
-values rounded to nearest even.
+``F16``, a compile-time argument of the gather) arrives as its ``uint16`` bits, a
+float32 output as ``uint32`` bits; the conversions are the exact ones of
+:mod:`numbapos.kernels.halfbits`. A lookup copies 16-bit rows (by the vector gather,
+8 values a vector) or widens them (8 columns a thread where aligned: one 16-byte
+load, two 16-byte stores of their float32 bits). Its max-norm sums each row in
+column order in every thread (the CPU's bits) and stores the clipped float32 values
+rounded to nearest even.
 """
 
 import math
+from functools import cache
 
 import numpy as np
 from numba import cuda, float64, int64
@@ -46,7 +47,7 @@ from .arrays import MAX_BLOCKS, THREADS, grid
 from .fpmath import cast_like, mul_rn
 from .launch import launch
 from .reduce import block_max, block_sum, tree_threads
-from .vector import load16, store16
+from .vector import load_lanes, per_lane, row_threads, store_lanes
 
 __all__ = ["check_indices", "gather_rows", "gather_rows_checked", "group_rows",
            "not_equal_mask", "renorm_used_rows_", "scatter_rows", "sum_row_groups"]
@@ -56,10 +57,6 @@ _NORM_INF = int(NormKind.INF)
 _NORM_2 = int(NormKind.L2)
 _NORM_1 = int(NormKind.L1)
 _NORM_P = int(NormKind.P)
-
-# How many columns each thread of a row copy keeps in flight (loads before stores).
-_UNROLL = 4
-
 
 # ---------------------------------------------------------------- launchers
 
@@ -90,20 +87,15 @@ def gather_rows(flat, weight, out, fmt=TableFormat.FLOAT):
     if flat.size == 0 or weight.shape[1] == 0:
         return
     word, host = errors.words()
-    blocks, dim = min(flat.size, MAX_BLOCKS), weight.shape[1]
-    if weight.dtype == out.dtype and vector.aligned(weight, out):
-        width = vector.lanes(weight.dtype)
-        launch(_gather_rows_vec, blocks, _row_threads(dim // width, 2), flat, weight, out,
-               width, word, host, errors.tag())
-    elif fmt == TableFormat.FLOAT or out.dtype == weight.dtype:  # (16-bit rows copied)
-        launch(_gather_rows, blocks, _row_threads(dim, _UNROLL), flat, weight, out, word, host,
-               errors.tag())
-    elif vector.aligned(weight, out):
-        launch(_widen_rows_vec, blocks, _row_threads(dim // 8), flat, weight, int64(fmt), out,
-               word, host, errors.tag())
-    else:
-        launch(_widen_rows, blocks, _row_threads(dim), flat, weight, int64(fmt), out, word,
-               host, errors.tag())
+    if fmt != TableFormat.FLOAT and out.dtype != weight.dtype:  # 16-bit rows widened
+        lanes, unroll = (8 if vector.aligned(weight, out) else 1), 1  # 8: 1 load, 2 stores
+    else:  # rows copied (16-bit ones too)
+        fmt = TableFormat.FLOAT
+        vectors = out.dtype == weight.dtype and vector.aligned(weight, out)
+        lanes, unroll = (vector.lanes(weight.dtype), 2) if vectors else (1, 4)
+    launch(_gather_kernel(int(fmt), lanes, unroll), min(flat.size, MAX_BLOCKS),
+           row_threads(weight.shape[1] // lanes, unroll), flat, weight, out, word, host,
+           errors.tag())
     errors.after_launch()
 
 
@@ -139,7 +131,7 @@ def renorm_used_rows_(weight, flat, max_norm, norm_type, fmt=TableFormat.FLOAT):
     if fmt == TableFormat.FLOAT:
         launch(_renorm_rows_, blocks, tree_threads(dim), weight, *args, errors.device_word())
     else:
-        launch(_renorm_half_rows, blocks, _row_threads(dim), weight, *args, int64(fmt),
+        launch(_renorm_half_rows, blocks, row_threads(dim), weight, *args, int64(fmt),
                errors.device_word())
 
 
@@ -201,27 +193,16 @@ def norm_kind(norm_type: float) -> np.int64:
     return np.int64(kind)
 
 
-def _row_threads(dim: int, per_thread: int = 1) -> int:
-    """Threads of a per-row block without reductions: whole warps covering ``dim`` with
-    ``per_thread`` columns each, at most THREADS."""
-    return min(THREADS, -(-dim // (32 * per_thread)) * 32)
-
-
 def _launch_sum(grad, groups, dense, scale_grad_by_freq, out):
-    """One block per group sums its positions into ``out`` (row ``rows[j]`` when ``dense``)."""
-    n = groups.order.size
-    if n and grad.shape[1] and _vector_sum(grad, out):
-        launch(_sum_row_segments_vec, min(n, MAX_BLOCKS), _row_threads(grad.shape[1] // 4),
-               grad, groups, bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
-    elif n and grad.shape[1]:
-        launch(_sum_row_segments, min(n, MAX_BLOCKS), _row_threads(grad.shape[1]), grad, groups,
+    """One block per group sums its positions into ``out`` (row ``rows[j]`` when ``dense``),
+    by float32 vectors (4 columns a thread) where :func:`.vector.aligned` allows."""
+    n, dim = groups.order.size, grad.shape[1]
+    if n and dim:
+        vectors = (grad.dtype == np.float32 and out.dtype == np.float32
+                   and vector.aligned(grad, out))
+        lanes = 4 if vectors else 1
+        launch(_sum_kernel(lanes), min(n, MAX_BLOCKS), row_threads(dim // lanes), grad, groups,
                bool(dense), bool(scale_grad_by_freq), out, errors.device_word())
-
-
-def _vector_sum(grad, out) -> bool:
-    """Whether the segment sums can run by float32 vectors (:func:`.vector.aligned`)."""
-    return (grad.dtype == np.float32 and out.dtype == np.float32
-            and vector.aligned(grad, out))
 
 
 # ---------------------------------------------------------------- kernels
@@ -234,95 +215,72 @@ def _check_indices(flat_idx, size, word, host, which):
         errors.checked(word, host, flat_idx[i], i, size, which)
 
 
-@cuda.jit
-def _gather_rows(flat_idx, weight, out, word, host, which):
-    """``out[i, :] = weight[flat_idx[i], :]``: one block per output row, threads along D.
-
-    The id is read once per row and checked (a bad one is recorded and its
-    row zero-filled). Each thread loads up to ``_UNROLL`` columns before it
-    stores them, so several loads are in flight (Numba must assume ``out``
-    may alias ``weight``, and would otherwise wait for each load's store).
-    """
-    dim = weight.shape[1]
-    step = cuda.blockDim.x
-    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
-        row = errors.checked(word, host, flat_idx[i], i, weight.shape[0], which)
-        if row < 0:
-            for d in range(cuda.threadIdx.x, dim, step):
-                out[i, d] = 0
-            continue
-        d = cuda.threadIdx.x
-        while d + 3 * step < dim:
-            a = weight[row, d]
-            b = weight[row, d + step]
-            c = weight[row, d + 2 * step]
-            e = weight[row, d + 3 * step]
-            out[i, d] = a
-            out[i, d + step] = b
-            out[i, d + 2 * step] = c
-            out[i, d + 3 * step] = e
-            d += 4 * step
-        while d < dim:
-            out[i, d] = weight[row, d]
-            d += step
+@cuda.jit(device=True)
+def _copied(lane, values, fmt):
+    return values[lane]
 
 
-@cuda.jit
-def _gather_rows_vec(flat_idx, weight, out, width, word, host, which):
-    """:func:`_gather_rows` by 16-byte vectors of ``width`` elements (the launcher checked
-    :func:`.vector.aligned`): each thread loads two vectors (32 bytes) before it stores
-    them. The id is read and checked once per row, as there."""
-    dim = weight.shape[1]
-    vectors = dim // width
-    step = cuda.blockDim.x
-    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
-        row = errors.checked(word, host, flat_idx[i], i, weight.shape[0], which)
-        if row < 0:
-            for d in range(cuda.threadIdx.x, dim, step):
-                out[i, d] = 0
-            continue
-        v = cuda.threadIdx.x
-        while v + step < vectors:
-            a = load16(weight, row, v * width)
-            b = load16(weight, row, (v + step) * width)
-            store16(out, i, v * width, a)
-            store16(out, i, (v + step) * width, b)
-            v += 2 * step
-        if v < vectors:
-            store16(out, i, v * width, load16(weight, row, v * width))
+@cuda.jit(device=True)
+def _widened(lane, values, fmt):
+    return half_to_f32_bits(values[lane], fmt)
 
 
-@cuda.jit
-def _widen_rows(flat_idx, table, fmt, out, word, host, which):
-    """``out[i, :] = f32 bits of table[flat_idx[i], :]``: a block per output row."""
-    dim = out.shape[1]
-    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
-        row = errors.checked(word, host, flat_idx[i], i, table.shape[0], which)
-        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+@cache
+def _gather_kernel(fmt, lanes, unroll):
+    """``out[i, :] = weight[flat_idx[i], :]``, each thread moving ``lanes`` adjacent columns
+    at a time (1, or one 16-byte vector: the launcher checked :func:`.vector.aligned`) and
+    loading ``unroll`` such groups, ``blockDim`` groups apart, before it stores them
+    (Numba must assume ``out`` may alias ``weight``, and would otherwise wait for each
+    load's store). ``fmt`` FLOAT copies the rows; BF16 / F16 widens a 16-bit table's
+    bits into a ``uint32`` ``out`` (their float32 bits)."""
+    convert = _copied if fmt == int(TableFormat.FLOAT) else _widened
+
+    @cuda.jit(device=True)
+    def load(g, weight, row, v, step):
+        return load_lanes(weight, row, (v + g * step) * lanes, lanes)
+
+    @cuda.jit(device=True)
+    def store(g, out, i, v, step, groups):
+        store_lanes(out, i, (v + g * step) * lanes, per_lane(convert, lanes, groups[g], fmt))
+        return g
+
+    @cuda.jit
+    def _gather_rows(flat_idx, weight, out, word, host, which):
+        """One block per output row, threads along D. The id is read once per row and
+        checked (a bad one is recorded and its row zero-filled)."""
+        dim = weight.shape[1]
+        vectors = dim // lanes
+        step = cuda.blockDim.x
+        for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+            row = errors.checked(word, host, flat_idx[i], i, weight.shape[0], which)
             if row < 0:
-                out[i, d] = 0
-            else:
-                out[i, d] = half_to_f32_bits(table[row, d], fmt)
+                for d in range(cuda.threadIdx.x, dim, step):
+                    out[i, d] = 0
+                continue
+            if unroll == 1:  # a counted loop, which NVVM unrolls as it sees fit
+                for v in range(cuda.threadIdx.x, vectors, step):
+                    store(0, out, i, v, step, (load(0, weight, row, v, step),))
+                continue
+            v = cuda.threadIdx.x
+            while v + (unroll - 1) * step < vectors:
+                groups = per_lane(load, unroll, weight, row, v, step)
+                per_lane(store, unroll, out, i, v, step, groups)
+                v += unroll * step
+            while v < vectors:  # the last (fewer than unroll) groups
+                store(0, out, i, v, step, (load(0, weight, row, v, step),))
+                v += step
+
+    return _gather_rows
 
 
-@cuda.jit
-def _widen_rows_vec(flat_idx, table, fmt, out, word, host, which):
-    """:func:`_widen_rows` by vectors (the launcher checked :func:`.vector.aligned`):
-    8 columns a thread, one 16-byte load and two 16-byte stores."""
-    dim = out.shape[1]
-    for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
-        row = errors.checked(word, host, flat_idx[i], i, table.shape[0], which)
-        if row < 0:
-            for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-                out[i, d] = 0
-            continue
-        for v in range(cuda.threadIdx.x, dim // 8, cuda.blockDim.x):
-            d = 8 * v
-            h = load16(table, row, d)
-            store16(out, i, d, (half_to_f32_bits(h[0], fmt), half_to_f32_bits(h[1], fmt),
-                                half_to_f32_bits(h[2], fmt), half_to_f32_bits(h[3], fmt)))
-            store16(out, i, d + 4, (half_to_f32_bits(h[4], fmt), half_to_f32_bits(h[5], fmt),
-                                    half_to_f32_bits(h[6], fmt), half_to_f32_bits(h[7], fmt)))
+@cuda.jit(device=True)
+def _norm(total, kind, norm_type):
+    """The ``norm_type``-norm from its row total (the sum of powers, or the maximum)."""
+    if kind == _NORM_2:
+        return math.sqrt(total)
+    if kind == _NORM_P:
+        return total ** (1.0 / norm_type)
+    return total
 
 
 @cuda.jit
@@ -361,12 +319,7 @@ def _renorm_rows_(weight, rows, used, max_norm, kind, norm_type, word):
             total = block_max(acc_s, acc, tid, threads)
         else:
             total = block_sum(acc_s, acc, tid, threads)
-        if kind == _NORM_2:
-            norm = math.sqrt(total)
-        elif kind == _NORM_P:
-            norm = total ** (1.0 / norm_type)
-        else:
-            norm = total
+        norm = _norm(total, kind, norm_type)
         if norm > max_norm:
             scale = cast_like(max_norm / (norm + 1e-7), weight[row, 0])
             for d in range(tid, dim, threads):
@@ -393,12 +346,7 @@ def _renorm_half_rows(table, rows, used, max_norm, kind, norm_type, fmt, word):
                 acc += a
             else:
                 acc += a ** norm_type
-        if kind == _NORM_2:
-            norm = math.sqrt(acc)
-        elif kind == _NORM_P:
-            norm = acc ** (1.0 / norm_type)
-        else:
-            norm = acc
+        norm = _norm(acc, kind, norm_type)
         cuda.syncthreads()  # every thread has read the row before any writes it
         if norm > max_norm:
             scale = np.float32(max_norm / (norm + 1e-7))
@@ -408,134 +356,82 @@ def _renorm_half_rows(table, rows, used, max_norm, kind, norm_type, fmt, word):
         cuda.syncthreads()
 
 
-@cuda.jit
-def _sum_row_segments(grad, groups, dense, scale_by_freq, out, word):
-    """Deterministic scatter-add, the CPU's ``_sum_row_segments`` by blocks, over the
-    :class:`~numbapos._args.RowGroups` ``groups``.
+@cache
+def _sum_kernel(lanes):
+    """:func:`_sum_row_segments` with each thread owning ``lanes`` adjacent columns (1, or 4
+    by 16-byte float32 vectors: the launcher checked :func:`.vector.aligned`)."""
 
-    Present row ``j`` (output row ``rows[j]`` when ``dense``, else ``j``) is
-    owned by one block; each thread owns some columns and sums
-    ``grad[order[k], d]`` for ``k`` in the row's segment, in input order, in
-    the gradient's dtype: the same additions in the same order as the CPU,
-    hence the same bits. With ``scale_by_freq`` every term is multiplied by
-    ``1 / count`` computed in the dtype (the product never fused into the add).
-    ``used[0]`` groups are real; nothing is written while an index error is
-    pending.
-    """
-    if errors.is_pending(word):
-        return
-    dim = grad.shape[1]
-    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
-        target = groups.rows[j] if dense else j
-        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            out[target, d] = segment_sum(grad, groups.order, groups.starts[j], groups.counts[j],
-                                         scale_by_freq, d)
+    @cuda.jit
+    def _sum_row_segments(grad, groups, dense, scale_by_freq, out, word):
+        """Deterministic scatter-add, the CPU's ``_sum_row_segments`` by blocks, over the
+        :class:`~numbapos._args.RowGroups` ``groups``.
+
+        Present row ``j`` (output row ``rows[j]`` when ``dense``, else ``j``) is owned by
+        one block; each thread owns some columns and sums them over the row's segment
+        with :func:`segment_sums`: the same additions in the same order as the CPU,
+        hence the same bits. ``used[0]`` groups are real; nothing is written while an
+        index error is pending.
+        """
+        if errors.is_pending(word):
+            return
+        for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
+            target = groups.rows[j] if dense else j
+            for v in range(cuda.threadIdx.x, grad.shape[1] // lanes, cuda.blockDim.x):
+                store_lanes(out, target, v * lanes, segment_sums(
+                    grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq,
+                    v * lanes, lanes))
+
+    return _sum_row_segments
 
 
 @cuda.jit(device=True)
 def segment_sum(grad, order, start, count, scale_by_freq, d):
-    """Column ``d`` of the sum of ``grad[order[k]]`` over ``k`` in ``start .. start + count``.
+    """Column ``d`` of the sum of ``grad[order[k]]`` over ``k`` in ``start .. start + count``
+    (:func:`segment_sums` of one lane): the fused optimiser updates' gradient rows."""
+    return segment_sums(grad, order, start, count, scale_by_freq, d, 1)[0]
 
-    The CPU's ``sum_segment`` for one column: input order, the gradient's
-    dtype, each term times ``1 / count`` (never fused into the add) with
-    ``scale_by_freq``. Shared by the scatter and the fused optimiser updates.
-    Four terms are loaded before they are added (in order), so a row that
-    occurs hundreds of times keeps several loads in flight.
+
+@cuda.jit(device=True)
+def _term(lane, g, scale, scaled):
+    """One term of a segment sum: ``g[lane] * scale`` rounded once when ``scaled``, else
+    ``g[lane]``."""
+    return mul_rn(g[lane], scale) if scaled else g[lane]
+
+
+@cuda.jit(device=True)
+def _plus_term(lane, acc, g, scale, scaled):
+    return acc[lane] + _term(lane, g, scale, scaled)
+
+
+@cuda.jit(device=True)
+def segment_sums(grad, order, start, count, scale_by_freq, d, lanes):
+    """Columns ``d .. d + lanes`` of the sum of ``grad[order[k]]`` over ``k`` in
+    ``start .. start + count`` (``lanes`` 1, or 4 by 16-byte loads), as a tuple.
+
+    The CPU's ``sum_segment`` for those columns: input order, the gradient's dtype,
+    each term times ``1 / count`` (never fused into the add) with ``scale_by_freq``.
+    Four rows are loaded before they are added (in order), so a row that occurs
+    hundreds of times keeps several loads in flight.
     """
-    first = order[start]
-    end = start + count
-    k = start + 1
-    if scale_by_freq:
-        one = cast_like(1, grad[first, 0])
-        scale = one / cast_like(count, one)
-        acc = mul_rn(grad[first, d], scale)
-        while k + 3 < end:
-            g0 = grad[order[k], d]
-            g1 = grad[order[k + 1], d]
-            g2 = grad[order[k + 2], d]
-            g3 = grad[order[k + 3], d]
-            acc = acc + mul_rn(g0, scale)
-            acc = acc + mul_rn(g1, scale)
-            acc = acc + mul_rn(g2, scale)
-            acc = acc + mul_rn(g3, scale)
-            k += 4
-        while k < end:
-            acc = acc + mul_rn(grad[order[k], d], scale)
-            k += 1
-        return acc
-    acc = grad[first, d]
-    while k + 3 < end:
-        g0 = grad[order[k], d]
-        g1 = grad[order[k + 1], d]
-        g2 = grad[order[k + 2], d]
-        g3 = grad[order[k + 3], d]
-        acc = acc + g0
-        acc = acc + g1
-        acc = acc + g2
-        acc = acc + g3
-        k += 4
-    while k < end:
-        acc = acc + grad[order[k], d]
-        k += 1
-    return acc
-
-
-@cuda.jit
-def _sum_row_segments_vec(grad, groups, dense, scale_by_freq, out, word):
-    """:func:`_sum_row_segments` by float32 vectors: each thread owns 4 adjacent columns
-    and sums them lane by lane (:func:`segment_sum4`), so the bits are the scalar ones."""
-    if errors.is_pending(word):
-        return
-    vectors = grad.shape[1] // 4
-    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
-        target = groups.rows[j] if dense else j
-        for v in range(cuda.threadIdx.x, vectors, cuda.blockDim.x):
-            store16(out, target, 4 * v, segment_sum4(grad, groups.order, groups.starts[j],
-                                                     groups.counts[j], scale_by_freq, 4 * v))
-
-
-@cuda.jit(device=True)
-def _term(g, scale, scaled):
-    """One term of a segment sum: ``g * scale`` rounded once when ``scaled``, else ``g``."""
-    return mul_rn(g, scale) if scaled else g
-
-
-@cuda.jit(device=True)
-def _add4(acc, g, scale, scaled):
-    """``acc + term(g)`` lane by lane (4-tuples)."""
-    return (acc[0] + _term(g[0], scale, scaled), acc[1] + _term(g[1], scale, scaled),
-            acc[2] + _term(g[2], scale, scaled), acc[3] + _term(g[3], scale, scaled))
-
-
-@cuda.jit(device=True)
-def segment_sum4(grad, order, start, count, scale_by_freq, d):
-    """Columns ``d .. d + 3`` of :func:`segment_sum` at once, by 16-byte loads.
-
-    The same terms added in the same order in each lane as :func:`segment_sum`
-    (hence the same bits); four rows' vectors (64 bytes) are loaded before
-    they are added, so a row that occurs hundreds of times keeps several loads
-    in flight.
-    """
-    first = order[start]
-    end = start + count
-    g = load16(grad, first, d)
-    one = cast_like(1, g[0])
+    first = load_lanes(grad, order[start], d, lanes)
+    one = cast_like(1, first[0])
     scale = one / cast_like(count, one)
-    acc = (_term(g[0], scale, scale_by_freq), _term(g[1], scale, scale_by_freq),
-           _term(g[2], scale, scale_by_freq), _term(g[3], scale, scale_by_freq))
+    acc = per_lane(_term, lanes, first, scale, scale_by_freq)
+    end = start + count
     k = start + 1
     while k + 3 < end:
-        g0 = load16(grad, order[k], d)
-        g1 = load16(grad, order[k + 1], d)
-        g2 = load16(grad, order[k + 2], d)
-        g3 = load16(grad, order[k + 3], d)
-        acc = _add4(acc, g0, scale, scale_by_freq)
-        acc = _add4(acc, g1, scale, scale_by_freq)
-        acc = _add4(acc, g2, scale, scale_by_freq)
-        acc = _add4(acc, g3, scale, scale_by_freq)
+        g0 = load_lanes(grad, order[k], d, lanes)
+        g1 = load_lanes(grad, order[k + 1], d, lanes)
+        g2 = load_lanes(grad, order[k + 2], d, lanes)
+        g3 = load_lanes(grad, order[k + 3], d, lanes)
+        acc = per_lane(_plus_term, lanes, acc, g0, scale, scale_by_freq)
+        acc = per_lane(_plus_term, lanes, acc, g1, scale, scale_by_freq)
+        acc = per_lane(_plus_term, lanes, acc, g2, scale, scale_by_freq)
+        acc = per_lane(_plus_term, lanes, acc, g3, scale, scale_by_freq)
         k += 4
     while k < end:
-        acc = _add4(acc, load16(grad, order[k], d), scale, scale_by_freq)
+        acc = per_lane(_plus_term, lanes, acc, load_lanes(grad, order[k], d, lanes), scale,
+                       scale_by_freq)
         k += 1
     return acc
 

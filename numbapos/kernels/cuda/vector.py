@@ -3,7 +3,7 @@
 Why: a row copy written element by element compiles to alternating
 ``ld.global.f32`` / ``st.global.f32`` (Numba must assume the output may
 alias the input, so each store waits for its load): 4 bytes in flight per
-thread, a few per cent of HBM bandwidth. :func:`load16` / :func:`store16`
+thread, a few per cent of HBM bandwidth. :func:`load_lanes` / :func:`store_lanes`
 move 16 bytes at once through a ``<N x T>*`` with ``align 16`` (N = 16 /
 itemsize: 4 float32, 2 float64, 8 uint16), which NVVM emits as one
 ``ld.global.v4.f32`` / ``st.global.v4.f32`` (``.v2.f64``, ``.v4.b32``); a
@@ -18,14 +18,22 @@ is a whole number of vectors; anything else (a table view such as
 ``table[:, 1:]``, D % 4 != 0 for float32) takes the scalar kernel, with the
 same results.
 
+One kernel body serves both: it moves ``lanes`` adjacent columns at a time
+(one element, or one 16-byte vector) and computes them with :func:`per_lane`,
+``lanes`` being a compile-time constant (an argument of the kernel's
+factory), so the scalar and the vector kernel are each compiled to the code a
+hand-written twin gives.
+
 On Numba's CUDA simulator, which runs kernels as Python and cannot run an
-LLVM intrinsic, :func:`load16` / :func:`store16` are the plain Python
-functions below (element by element, so the bits are those of the scalar
-kernels); they also assert the alignment the hardware would demand, so a
-wrong host decision fails the simulated tests instead of faulting on a GPU.
+LLVM intrinsic, the helpers are the plain Python functions below (element by
+element, so the bits are those of the scalar kernels); they also assert the
+alignment the hardware would demand, so a wrong host decision fails the
+simulated tests instead of faulting on a GPU.
 """
 
 from numba import config
+
+from .arrays import THREADS
 
 __all__ = []  # device helpers, not launchers
 
@@ -71,30 +79,60 @@ def aligned(*arrays) -> bool:
     return True
 
 
-def _check_aligned(arr, i, j):
+def row_threads(dim: int, per_thread: int = 1) -> int:
+    """Threads of a per-row block without reductions: whole warps covering ``dim`` with
+    ``per_thread`` columns (or vectors) each, at most THREADS."""
+    return min(THREADS, -(-dim // (32 * per_thread)) * 32)
+
+
+def _check_aligned(arr, i, j, count):
+    assert count * arr.dtype.itemsize in (VECTOR_BYTES, 2 * VECTOR_BYTES), "not whole vectors"
     row = arr[i]
     offset = row.__array_interface__["data"][0] + j * row.strides[0]
     assert offset % VECTOR_BYTES == 0, "a 16-byte vector access at a misaligned address"
     assert row.strides[0] == arr.dtype.itemsize, "a 16-byte vector access along a strided row"
 
 
-def load16(arr, i, j):
-    """``arr[i, j : j + n]`` as an ``n``-tuple (n = 16 / itemsize), by one 16-byte load.
+def load_lanes(arr, i, j, lanes):
+    """``arr[i, j : j + lanes]`` as a ``lanes``-tuple: one element (``lanes`` 1), or one
+    16-byte load (``lanes * itemsize == 16``: ``&arr[i, j]`` 16-byte aligned, see
+    :func:`aligned`). ``lanes`` must be a compile-time constant."""
+    if lanes == 1:
+        return (arr[i, j],)
+    _check_aligned(arr, i, j, lanes)
+    return tuple([arr[i, j + k] for k in range(lanes)])
 
-    ``&arr[i, j]`` must be 16-byte aligned (:func:`aligned` on the host, and
-    ``j`` a multiple of ``n``).
+
+def store_lanes(arr, i, j, values):
+    """``arr[i, j : j + len(values)] = values`` (cast to ``arr``'s dtype): one element, or
+    whole 16-byte vectors (one or two), aligned as for :func:`load_lanes`."""
+    if len(values) > 1:
+        _check_aligned(arr, i, j, len(values))
+    for k, value in enumerate(values):
+        arr[i, j + k] = value
+
+
+def per_lane(f, lanes, *args):
+    """``(f(0, *args), f(1, *args), ..., f(n - 1, *args))``: the device function ``f`` of
+    each of ``n`` lanes, ``lanes`` being ``n`` (1, 2, 4 or 8, a compile-time constant) or
+    a tuple of ``n`` items; each call gets its lane index as a constant, as in a
+    hand-unrolled kernel. (An int passed on in ``args`` is no constant in ``f``: a
+    helper that needs the lane count as one is defined in its kernel's factory.)"""
+    n = len(lanes) if isinstance(lanes, tuple) else lanes
+    return tuple([f(k, *args) for k in range(n)])
+
+
+def fold_lanes(f, state, values, *args):
+    """``state`` through ``f(state, x, *args)`` for each ``x`` of the tuple ``values`` in
+    turn (a sum over the lanes in their order, say).
+
+    One lane is a plain call. Several are a loop, which NVVM unrolls but which keeps
+    it from unrolling the row loop around it: what the hand-written vector kernels
+    compiled to (one lane leaves the scalar kernels' row loops to NVVM's unroller).
     """
-    _check_aligned(arr, i, j)
-    n = VECTOR_BYTES // arr.dtype.itemsize
-    return tuple([arr[i, j + k] for k in range(n)])
-
-
-def store16(arr, i, j, values):
-    """``arr[i, j : j + n] = values`` (an ``n``-tuple, cast to ``arr``'s dtype) by one
-    16-byte store; the alignment of :func:`load16`."""
-    _check_aligned(arr, i, j)
-    for k in range(VECTOR_BYTES // arr.dtype.itemsize):
-        arr[i, j + k] = values[k]
+    for x in values:
+        state = f(state, x, *args)
+    return state
 
 
 if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
@@ -207,14 +245,58 @@ if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
 
         return types.void(array, i, j, values), codegen
 
-    @overload(load16, target="cuda", inline="always")
-    def _load16_cuda(arr, i, j):
-        if _vector_args(arr, i, j) is None:
-            return None
-        return lambda arr, i, j: _load16(arr, i, j)
+    def _literal(lanes):
+        """A lane count: the value of an int literal, or the length of a tuple."""
+        if isinstance(lanes, types.BaseTuple):
+            return len(lanes)
+        return lanes.literal_value if isinstance(lanes, types.IntegerLiteral) else None
 
-    @overload(store16, target="cuda", inline="always")
-    def _store16_cuda(arr, i, j, values):
-        if _vector_args(arr, i, j) is None:
+    @overload(load_lanes, target="cuda", inline="always")
+    def _load_lanes_cuda(arr, i, j, lanes):
+        tuple_type = _vector_args(arr, i, j)
+        if tuple_type is None or _literal(lanes) not in (1, tuple_type.count):
+            return None  # (a non-literal lanes is retried as its literal)
+        if _literal(lanes) == 1:
+            return lambda arr, i, j, lanes: (arr[i, j],)
+        return lambda arr, i, j, lanes: _load16(arr, i, j)
+
+    @overload(store_lanes, target="cuda", inline="always")
+    def _store_lanes_cuda(arr, i, j, values):
+        tuple_type = _vector_args(arr, i, j)
+        if tuple_type is None or not isinstance(values, types.UniTuple):
             return None
-        return lambda arr, i, j, values: _store16(arr, i, j, values)
+        n = tuple_type.count
+        if values.count == 1:
+            def store_one(arr, i, j, values):
+                arr[i, j] = values[0]
+            return store_one
+        if values.count == n:
+            return lambda arr, i, j, values: _store16(arr, i, j, values)
+        if values.count == 2 * n:
+            def store_two(arr, i, j, values):
+                _store16(arr, i, j, values[:n])
+                _store16(arr, i, j + n, values[n:])
+            return store_two
+        return None
+
+    # One implementation per lane count: each lane's call gets its index as a constant.
+    _PER_LANE = {
+        1: lambda f, lanes, *args: (f(0, *args),),
+        2: lambda f, lanes, *args: (f(0, *args), f(1, *args)),
+        3: lambda f, lanes, *args: (f(0, *args), f(1, *args), f(2, *args)),
+        4: lambda f, lanes, *args: (f(0, *args), f(1, *args), f(2, *args), f(3, *args)),
+        8: lambda f, lanes, *args: (f(0, *args), f(1, *args), f(2, *args), f(3, *args),
+                                    f(4, *args), f(5, *args), f(6, *args), f(7, *args)),
+    }
+
+    @overload(per_lane, target="cuda")  # (the inliner takes no *args; NVVM inlines it)
+    def _per_lane_cuda(f, lanes, *args):
+        return _PER_LANE.get(_literal(lanes))
+
+    def _fold_one(f, state, values, *args):
+        return f(state, values[0], *args)
+
+    @overload(fold_lanes, target="cuda")
+    def _fold_lanes_cuda(f, state, values, *args):
+        return _fold_one if len(values) == 1 else fold_lanes  # (the loop above)
+
