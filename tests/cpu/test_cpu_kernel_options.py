@@ -18,7 +18,7 @@ from numbapos._args import RowGroups, SGDHyper
 from numbapos.kernels import cpu
 from numbapos.kernels.cpu import arrays, jit, optim
 from numbapos.kernels.cpu.embedding import sum_row_groups
-from numbapos.kernels.cpu.optim import _sgd_rows, _sgd_variant, sgd_rows_
+from numbapos.kernels.cpu.optim import _sgd, _sgd_state, sgd_rows_
 
 
 def _dispatchers():
@@ -68,7 +68,9 @@ def _hyper(momentum=0.0, weight_decay=0.0, nesterov=False, maximize=False):
 ])
 def test_sgd_variant_follows_the_options(hyper, has_buffer, general):
     buf = np.zeros((3, 2), np.float32)
-    got_buf, got_general = _sgd_variant(buf, hyper)
+    started = np.zeros(3, bool)
+    got_buf, got_started, got_general, got_hyper = _sgd_state(buf, started, hyper)
+    assert got_started is started and got_hyper is hyper
     assert (got_buf is buf) == has_buffer and (got_buf is None) != has_buffer
     assert got_general is general
 
@@ -87,8 +89,10 @@ def test_the_variant_is_part_of_the_compiled_signature():
         sgd_rows_(param, rows, np.ones((2, 3)), 2, np.zeros_like(param), np.zeros(6, bool),
                   hyper)
         np.testing.assert_allclose(param[[1, 4]], 0.9 if hyper is not nesterov else 1 - 0.1 * 1.9)
-        assert any(str(sig[1]).startswith("array(int32") and str(sig[3]).startswith(buf_kind)
-                   and str(sig[4]) == general_kind for sig in _sgd_rows.serial.signatures)
+        # _sgd(table, rows, values, grad, groups, scale, scratch, seed, step, stochastic,
+        #      f16, buf, started, general, hyper)
+        assert any(str(sig[1]).startswith("array(int32") and str(sig[11]).startswith(buf_kind)
+                   and str(sig[13]) == general_kind for sig in _sgd.serial.signatures)
 
 
 def test_scale_flag_sums_match_numpy():

@@ -38,7 +38,8 @@ from .rowaddress import row_address
 __all__ = ["AHEAD", "HALF_PREFETCH_LINES", "MAX_LINES", "PREFETCH_LINES",
            "half_prefetch_listed", "half_prefetch_listed_for_write", "prefetch_listed",
            "prefetch_listed_for_write", "prefetch_output_ahead", "prefetch_row",
-           "prefetch_row_for_write", "read_once_prefetch_listed"]
+           "prefetch_row_for_write", "read_once_prefetch_listed",
+           "table_prefetch_listed_for_write"]
 
 AHEAD = 8
 """Iterations of lookahead: rows in flight per thread (measured best of 2, 4, 8)."""
@@ -173,6 +174,21 @@ _read_once_prefetch_row = intrinsic(_make_prefetch(_READ, "_read_once_prefetch_r
 _output_prefetch_row = intrinsic(_make_prefetch(_WRITE, "_output_prefetch_row", "output"))
 
 
+@intrinsic
+def _table_prefetch_row_for_write(typingctx, like, table, row):
+    # prefetch_row_for_write with the lines of like's kind: "half" for a 16-bit table's
+    # bits (uint16), "rows" for a float table.
+    if not (isinstance(like, types.Array) and isinstance(table, types.Array)
+            and table.ndim == 2 and isinstance(row, types.Integer)):
+        return None
+    kind = "half" if isinstance(like.dtype, types.Integer) else "rows"
+    row_codegen = _codegen(_WRITE, kind, _KEEP_IN_ALL_CACHES)
+
+    def codegen(context, builder, signature, args):
+        return row_codegen(context, builder, types.void(table, row), args[1:])
+    return types.void(like, table, row), codegen
+
+
 @kernel(inline="always")
 def prefetch_listed(table, rows, j):
     """Prefetch ``table[rows[j]]`` (to read) when ``j`` is within ``rows``."""
@@ -199,6 +215,16 @@ def half_prefetch_listed_for_write(table, rows, j):
     """:func:`prefetch_listed_for_write` with :data:`HALF_PREFETCH_LINES`."""
     if j < rows.size:
         _half_prefetch_row_for_write(table, rows[j])
+
+
+@kernel(inline="always")
+def table_prefetch_listed_for_write(like, table, rows, j):
+    """Prefetch ``table[rows[j]]`` (to write) when ``j`` is within ``rows``, as many lines as
+    the kernels of table ``like`` ask for: :data:`HALF_PREFETCH_LINES` when ``like`` holds a
+    16-bit table's bits, :data:`PREFETCH_LINES` when it is a float table (the sparse
+    optimisers, one kernel for both, prefetch a table and its state alike)."""
+    if j < rows.size:
+        _table_prefetch_row_for_write(like, table, rows[j])
 
 
 @kernel(inline="always")
