@@ -18,15 +18,24 @@ updates read how many rows are real from the device (``used``, see
 :mod:`.grouping`): the grid is sized by the upper bound and nothing is read
 back.
 
-Given a ``rounding`` (:class:`~numbapos._args.HalfRounding`), the sparse
-launchers update a bfloat16 / float16 table given as its ``uint16`` bits, in the
-same one pass: each thread widens its element to a float32 register, updates it
-with the float32 state and hyper-parameters by the same element updates, and
-stores it back rounded (:mod:`.convert`: stochastically with the keyed hash of
-``(seed, step, row, column)``, or to nearest even), the CPU's bits. SGD's
-momentum and Adam's ``exp_avg`` may then be bfloat16 (``uint16`` bits: widened,
-updated in float32, stored rounded to nearest even), as on the CPU.
+Each optimiser has one sparse kernel; where its rows' gradient comes from and
+the table's format are compile-time parameters. The gradient of a listed row
+is a summed ``values[j]`` (:class:`_Summed`: the ``*_rows_`` launchers) or is
+summed on the spot from the row's positions (:class:`_Grouped`: the fused
+``*_row_groups_`` launchers, the scatter's ``segment_sum``), so a lookup's
+``(rows, D)`` gradient is never stored. A float table is read and written as
+it is (its kernels get ``()`` for ``rounding``: numba-cuda cannot launch a
+None argument). Given a ``rounding`` (:class:`~numbapos._args.HalfRounding`)
+the table is a bfloat16 / float16 one as its ``uint16`` bits: each element is
+widened to float32, updated with float32 state and hyper-parameters by the
+same element updates, and stored back rounded (:mod:`.convert`:
+stochastically with the keyed hash of ``(seed, step, row, column)``, or to
+nearest even), the CPU's bits. SGD's momentum and Adam's ``exp_avg`` may then
+be bfloat16 (``uint16`` bits: widened, updated in float32, stored rounded to
+nearest even), as on the CPU.
 """
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, types
@@ -34,8 +43,9 @@ from numba.extending import overload
 
 from ..._args import AdagradHyper, AdamHyper, RowWiseAdagradHyper, SGDHyper, WeightDecayMode
 from .. import updates
-from ..halfbits import bf16_to_f32_bits, f32_bits_to_bf16, half_to_f32_bits
-from ..scalar import f32_bits, f32_from_bits
+from ..halfbits import BF16, f32_bits_to_bf16
+from ..scalar import f32_bits
+from ..widen import widen
 from . import arrays, clock, errors
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .convert import _rounded, kernel_rounding, rounding_key
@@ -49,6 +59,29 @@ __all__ = ["adagrad_dense_", "adagrad_row_groups_", "adagrad_rows_", "adam_dense
            "sgd_row_groups_", "sgd_rows_"]
 
 _L2 = int(WeightDecayMode.L2)
+
+
+class _Summed(NamedTuple):
+    """The gradient of a sparse kernel's rows: ``values[j]`` is row ``rows[j]``'s, for
+    ``j < used[0]``."""
+
+    rows: object
+    used: object
+    values: object
+
+
+class _Grouped(NamedTuple):
+    """The gradient of a sparse kernel's rows summed on the spot: row ``rows[j]``'s is the
+    sum of ``grad[order[k]]`` over the row's positions (the fields of a
+    :class:`~numbapos._args.RowGroups`), each term over its count with ``scale_by_freq``."""
+
+    grad: object
+    rows: object
+    starts: object
+    counts: object
+    order: object
+    used: object
+    scale_by_freq: bool
 
 
 # ---------------------------------------------------------------- launchers
@@ -76,18 +109,9 @@ def sgd_rows_(param, rows, values, used, buf, row_started, hyper, rounding=None)
     table's ``uint16`` bits, stored back rounded by it (see the module), here
     and in every sparse launcher.
     """
-    hyper, dyn = _split(hyper, param, rounding)
-    if rows.size == 0:
-        return
-    used, word = _on_device(used), errors.device_word()
-    if param.shape[1]:
-        kernel, half = _pick(_sgd_rows, _sgd_half_rows, rounding)
-        launch(kernel, _row_blocks(rows), _row_threads(param.shape[1]), param, rows, used,
-               values, buf, row_started, hyper, dyn, *half, word)
-    if hyper.momentum != 0:
-        # A second launch, so no block can see a flag that another set this step
-        # (rows are unique, but the flags are read above and set only here).
-        launch(_mark_started, grid(rows.size), THREADS, rows, used, row_started, word)
+    if rows.size:
+        _sgd_sparse(param, _Summed(rows, _on_device(used), values), buf, row_started, hyper,
+                    rounding)
 
 
 def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, hyper,
@@ -100,17 +124,19 @@ def sgd_row_groups_(param, grad, groups, scale_grad_by_freq, buf, row_started, h
     gradient is never stored. Same bits as ``sum_row_groups`` then
     :func:`sgd_rows_`, and as the CPU.
     """
-    hyper, dyn = _split(hyper, param, rounding)
-    if groups.rows.size == 0:
-        return
-    word = errors.device_word()
-    if param.shape[1]:
-        kernel, half = _pick(_sgd_row_groups, _sgd_half_row_groups, rounding)
-        launch(kernel, _row_blocks(groups.rows), _row_threads(param.shape[1]), param, grad,
-               groups, bool(scale_grad_by_freq), buf, row_started, hyper, dyn, *half, word)
+    if groups.rows.size:
+        _sgd_sparse(param, _grouped(grad, groups, scale_grad_by_freq), buf, row_started, hyper,
+                    rounding)
+
+
+def _sgd_sparse(param, source, buf, row_started, hyper, rounding):
+    """:func:`sgd_rows_` / :func:`sgd_row_groups_` of a :class:`_Summed` / :class:`_Grouped`."""
+    hyper = _update_rows(_sgd_rows, param, source, (buf, row_started), hyper, rounding)
     if hyper.momentum != 0:
-        launch(_mark_started, grid(groups.rows.size), THREADS, groups.rows, groups.used,
-               row_started, word)
+        # A second launch, so no block can see a flag that another set this step
+        # (rows are unique, but the flags are read above and set only here).
+        launch(_mark_started, grid(source.rows.size), THREADS, source.rows, source.used,
+               row_started, errors.device_word())
 
 
 def adam_dense_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper):
@@ -132,23 +158,17 @@ def adam_rows_(param, rows, values, used, exp_avg, exp_avg_sq, hyper, rounding=N
     and of the moments are read and written. ``hyper`` carries the sparse
     step size. ``used`` rows are real (see :func:`sgd_rows_`).
     """
-    hyper, dyn = _split(hyper, param, rounding)
-    if rows.size and param.shape[1]:
-        kernel, half = _pick(_adam_rows, _adam_half_rows, rounding)
-        launch(kernel, _row_blocks(rows), _row_threads(param.shape[1]), param, rows,
-               _on_device(used), values, exp_avg, exp_avg_sq, hyper, dyn, *half,
-               errors.device_word())
+    if rows.size:
+        _update_rows(_adam_rows, param, _Summed(rows, _on_device(used), values),
+                     (exp_avg, exp_avg_sq), hyper, rounding)
 
 
 def adam_row_groups_(param, grad, groups, scale_grad_by_freq, exp_avg, exp_avg_sq, hyper,
                      rounding=None):
     """:func:`adam_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
-    hyper, dyn = _split(hyper, param, rounding)
-    if groups.rows.size and param.shape[1]:
-        kernel, half = _pick(_adam_row_groups, _adam_half_row_groups, rounding)
-        launch(kernel, _row_blocks(groups.rows), _row_threads(param.shape[1]), param, grad,
-               groups, bool(scale_grad_by_freq), exp_avg, exp_avg_sq, hyper, dyn, *half,
-               errors.device_word())
+    if groups.rows.size:
+        _update_rows(_adam_rows, param, _grouped(grad, groups, scale_grad_by_freq),
+                     (exp_avg, exp_avg_sq), hyper, rounding)
 
 
 def adagrad_dense_(param, grad, state_sum, hyper):
@@ -162,22 +182,17 @@ def adagrad_dense_(param, grad, state_sum, hyper):
 def adagrad_rows_(param, rows, values, used, state_sum, hyper, rounding=None):
     """``torch.optim.Adagrad``'s sparse update of the listed (unique) rows of a 2-D ``param``
     (``used`` rows are real, see :func:`sgd_rows_`)."""
-    hyper, dyn = _split(hyper, param, rounding)
-    if rows.size and param.shape[1]:
-        kernel, half = _pick(_adagrad_rows, _adagrad_half_rows, rounding)
-        launch(kernel, _row_blocks(rows), _row_threads(param.shape[1]), param, rows,
-               _on_device(used), values, state_sum, hyper, dyn, *half, errors.device_word())
+    if rows.size:
+        _update_rows(_adagrad_rows, param, _Summed(rows, _on_device(used), values),
+                     (state_sum,), hyper, rounding)
 
 
 def adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper,
                         rounding=None):
     """:func:`adagrad_rows_` fused with the gradient of a lookup (as :func:`sgd_row_groups_`)."""
-    hyper, dyn = _split(hyper, param, rounding)
-    if groups.rows.size and param.shape[1]:
-        kernel, half = _pick(_adagrad_row_groups, _adagrad_half_row_groups, rounding)
-        launch(kernel, _row_blocks(groups.rows), _row_threads(param.shape[1]), param, grad,
-               groups, bool(scale_grad_by_freq), state_sum, hyper, dyn, *half,
-               errors.device_word())
+    if groups.rows.size:
+        _update_rows(_adagrad_rows, param, _grouped(grad, groups, scale_grad_by_freq),
+                     (state_sum,), hyper, rounding)
 
 
 def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
@@ -195,34 +210,41 @@ def rowwise_adagrad_dense_(param, grad, state_sum, hyper):
 def rowwise_adagrad_rows_(param, rows, values, used, state_sum, hyper, rounding=None):
     """Row-wise Adagrad on the listed (unique) rows of a 2-D ``param`` only (``used`` rows are
     real, see :func:`sgd_rows_`)."""
-    hyper, dyn = _split(hyper, param, rounding)
-    if rows.size and param.shape[1]:
-        kernel, half = _pick(_rowwise_rows, _rowwise_half_rows, rounding)
-        launch(kernel, grid(rows.size), THREADS, param, rows, _on_device(used), values,
-               state_sum, hyper, dyn, *half, errors.device_word())
+    if rows.size:
+        _update_rows(_rowwise_rows, param, _Summed(rows, _on_device(used), values),
+                     (state_sum,), hyper, rounding)
 
 
 def rowwise_adagrad_row_groups_(param, grad, groups, scale_grad_by_freq, state_sum, hyper,
                                 rounding=None):
     """:func:`rowwise_adagrad_rows_` fused with the gradient of a lookup (see sgd_row_groups_)."""
-    hyper, dyn = _split(hyper, param, rounding)
-    if groups.rows.size and param.shape[1]:
-        kernel, half = _pick(_rowwise_row_groups, _rowwise_half_row_groups, rounding)
-        launch(kernel, grid(groups.rows.size), THREADS, param, grad, groups,
-               bool(scale_grad_by_freq), state_sum, hyper, dyn, *half, errors.device_word())
+    if groups.rows.size:
+        _update_rows(_rowwise_rows, param, _grouped(grad, groups, scale_grad_by_freq),
+                     (state_sum,), hyper, rounding)
 
 
-def _split(hyper, param, rounding):
-    """:func:`.clock.split` for ``param``'s arithmetic: float32 for a 16-bit table."""
-    return clock.split(hyper, param.dtype if rounding is None else np.float32)
+def _update_rows(kernel, param, source, states, hyper, rounding):
+    """Launch the sparse ``kernel`` on the rows of ``source`` (:class:`_Summed` or
+    :class:`_Grouped`) and return ``hyper`` (its host values).
+
+    ``hyper`` is in ``param``'s dtype, float32 for a 16-bit table. Row-wise Adagrad runs
+    one thread per row, the other optimisers a block per row with threads along D.
+    """
+    hyper, dyn = clock.split(hyper, param.dtype if rounding is None else np.float32)
+    if param.shape[1]:
+        if kernel is _rowwise_rows:
+            blocks, threads = grid(source.rows.size), THREADS
+        else:
+            blocks = max(1, min(int(source.rows.size), MAX_BLOCKS))
+            threads = min(THREADS, -(-param.shape[1] // 32) * 32)  # whole warps covering D
+        launch(kernel, blocks, threads, param, source, *states, hyper, dyn,
+               () if rounding is None else kernel_rounding(rounding), errors.device_word())
+    return hyper
 
 
-def _pick(kernel, half_kernel, rounding):
-    """``(kernel, args)`` of a sparse launcher: the float kernel and no more arguments, or
-    with a ``rounding`` the 16-bit table's kernel and its :func:`.convert.kernel_rounding`."""
-    if rounding is None:
-        return kernel, ()
-    return half_kernel, (kernel_rounding(rounding),)
+def _grouped(grad, groups, scale_by_freq):
+    """A :class:`_Grouped` of a lookup's gradient and its :class:`~numbapos._args.RowGroups`."""
+    return _Grouped(grad, *groups, bool(scale_by_freq))
 
 
 def _on_device(used):
@@ -232,14 +254,151 @@ def _on_device(used):
     return used
 
 
-def _row_blocks(rows) -> int:
-    """Blocks of a one-block-per-row kernel over at most ``rows.size`` rows."""
-    return max(1, min(int(rows.size), MAX_BLOCKS))
+# ---------------------------------------------------------------- compile-time choices
 
 
-def _row_threads(dim: int) -> int:
-    """Threads of a per-row block: a whole number of warps covering ``dim``, at most THREADS."""
-    return min(THREADS, -(-dim // 32) * 32)
+def _specialised(pick):
+    """A device function ``f(*args)`` that runs ``pick(*args)(*args)``.
+
+    ``pick`` chooses one version of a helper from its arguments: their values
+    on the simulator, their Numba types when a kernel is compiled, so the
+    choice is made once per kernel signature and costs nothing on the GPU. It
+    reads only what values and types share (:func:`_holds_bits`,
+    :func:`_record`).
+    """
+    def specialised(*args):
+        return pick(*args)(*args)
+
+    @overload(specialised, target="generic")
+    def _compiled(*args):
+        version = pick(*args)
+        return lambda *args: version(*args)
+
+    return specialised
+
+
+def _holds_bits(array) -> bool:
+    """Whether ``array`` (a device array, or its Numba type) holds 16-bit ``uint16`` bits."""
+    return str(array.dtype) == "uint16"
+
+
+def _record(value):
+    """The class of ``value``, or the named tuple class of a Numba record type."""
+    return value.instance_class if isinstance(value, types.BaseNamedTuple) else type(value)
+
+
+# ---------------------------------------------------------------- table formats
+# A kernel's table is a float one (``rounding`` is ``()``) or a 16-bit one's ``uint16``
+# bits (``rounding`` a kernel_rounding record); ``at`` is an element's index, ``i`` of a
+# flat array or ``(row, d)``.
+
+
+@cuda.jit(device=True)
+def _key_of_float(table, rounding):
+    return 0
+
+
+@cuda.jit(device=True)
+def _key_of_half(table, rounding):
+    return rounding_key(rounding)
+
+
+@cuda.jit(device=True)
+def _load_float(table, at, rounding):
+    return table[at]
+
+
+@cuda.jit(device=True)
+def _load_half(table, at, rounding):
+    return widen(table[at], rounding.fmt)
+
+
+@cuda.jit(device=True)
+def _store_float(table, at, value, key, rounding):
+    table[at] = value
+
+
+@cuda.jit(device=True)
+def _store_half(table, at, value, key, rounding):
+    table[at] = _rounded(f32_bits(value), key, at[0], at[1], rounding)
+
+
+@cuda.jit(device=True)
+def _store_state_float(state, at, value):
+    state[at] = value
+
+
+@cuda.jit(device=True)
+def _store_state_bf16(state, at, value):
+    state[at] = f32_bits_to_bf16(f32_bits(value))
+
+
+# The hash key of a table's stochastic rounding (none for a float table).
+_key = _specialised(lambda table, rounding: _key_of_half if _holds_bits(table) else _key_of_float)
+# Element ``at`` of a table as a number: as it is, or widened from the 16-bit format's bits.
+_load = _specialised(lambda table, at, rounding: _load_half if _holds_bits(table)
+                     else _load_float)
+# A number into element ``at`` of a table: as it is, or rounded to the 16-bit format.
+_store = _specialised(lambda table, at, value, key, rounding: _store_half if _holds_bits(table)
+                      else _store_float)
+# The float32 ``value`` into a bfloat16 state rounded to nearest, or a number into a float one.
+_store_state = _specialised(lambda state, at, value: _store_state_bf16 if _holds_bits(state)
+                            else _store_state_float)
+
+
+@cuda.jit(device=True)
+def _load_state(state, at):
+    # Element ``at`` of a float state as it is, of a bfloat16 one (its bits) as float32.
+    return widen(state[at], BF16)
+
+
+# ---------------------------------------------------------------- gradient sources
+# A sparse kernel reads the gradient of its ``j``-th row from its ``source`` (a
+# :class:`_Summed` or a :class:`_Grouped`): ``_gradient(source, j, d)`` is its column d.
+# Row-wise Adagrad reads each column twice: it locates the row once,
+# ``_segment(source, j)``, then reads ``_column(source, segment, d)`` (its dense kernel's
+# source is the 2-D gradient itself).
+
+
+@cuda.jit(device=True)
+def _summed_gradient(source, j, d):
+    return source.values[j, d]
+
+
+@cuda.jit(device=True)
+def _grouped_gradient(source, j, d):
+    return segment_sum(source.grad, source.order, source.starts[j], source.counts[j],
+                       source.scale_by_freq, d)
+
+
+@cuda.jit(device=True)
+def _row_segment(source, j):
+    return j
+
+
+@cuda.jit(device=True)
+def _grouped_segment(source, j):
+    return source.starts[j], source.counts[j]
+
+
+@cuda.jit(device=True)
+def _grouped_column(source, segment, d):
+    return segment_sum(source.grad, source.order, segment[0], segment[1], source.scale_by_freq,
+                       d)
+
+
+@cuda.jit(device=True)
+def _dense_column(grad, j, d):
+    return grad[j, d]
+
+
+_gradient = _specialised(
+    lambda source, j, d: _grouped_gradient if _record(source) is _Grouped else _summed_gradient)
+_segment = _specialised(
+    lambda source, j: _grouped_segment if _record(source) is _Grouped else _row_segment)
+_column = _specialised(
+    lambda source, segment, d: {_Summed: _summed_gradient, _Grouped: _grouped_column}.get(
+        _record(source), _dense_column))
 
 
 # ---------------------------------------------------------------- step-dependent scalars
@@ -282,23 +441,16 @@ def _live_rowwise(h, dyn):
 
 
 @cuda.jit(device=True)
-def _sgd_flat(param, buf, i, g, first, h, decay):
-    # Element i of flat param (and of the momentum buffer) with gradient g.
+def _sgd_element(table, buf, at, g, first, h, decay, key, rounding):
+    # Element ``at`` of the table (and of the momentum buffer) with gradient g.
+    p = _load(table, at, rounding)
     if h.momentum != 0:
-        param[i], buf[i] = updates.sgd_momentum_update(param[i], g, buf[i], h, first,
-                                                       h.nesterov, h.maximize, decay)
+        p, b = updates.sgd_momentum_update(p, g, _load_state(buf, at), h, first, h.nesterov,
+                                           h.maximize, decay)
+        _store(table, at, p, key, rounding)
+        _store_state(buf, at, b)
     else:
-        param[i] = updates.sgd_plain_update(param[i], g, h, h.maximize, decay)
-
-
-@cuda.jit(device=True)
-def _sgd_cell(param, buf, row, d, g, first, h, decay):
-    # Element (row, d) of a 2-D param (and of the momentum buffer) with gradient g.
-    if h.momentum != 0:
-        param[row, d], buf[row, d] = updates.sgd_momentum_update(
-            param[row, d], g, buf[row, d], h, first, h.nesterov, h.maximize, decay)
-    else:
-        param[row, d] = updates.sgd_plain_update(param[row, d], g, h, h.maximize, decay)
+        _store(table, at, updates.sgd_plain_update(p, g, h, h.maximize, decay), key, rounding)
 
 
 @cuda.jit
@@ -309,37 +461,23 @@ def _sgd_dense(param, grad, buf, first, h, dyn, word):
     h = _live_sgd(h, dyn)
     decay = h.weight_decay != 0
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
-        _sgd_flat(param, buf, i, grad[i], first, h, decay)
+        _sgd_element(param, buf, i, grad[i], first, h, decay, 0, ())
 
 
 @cuda.jit
-def _sgd_rows(param, rows, used, values, buf, row_started, h, dyn, word):
-    """SGD on rows ``rows[j]`` of a 2-D ``param``: one block per listed row, threads along D."""
+def _sgd_rows(table, source, buf, row_started, h, dyn, rounding, word):
+    """SGD on rows ``source.rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
+    key = _key(table, rounding)
     h = _live_sgd(h, dyn)
     decay = h.weight_decay != 0
-    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
-        row = rows[j]
+    for j in range(cuda.blockIdx.x, source.used[0], cuda.gridDim.x):
+        row = source.rows[j]
         first = h.momentum != 0 and not row_started[row]
-        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
-            _sgd_cell(param, buf, row, d, values[j, d], first, h, decay)
-
-
-@cuda.jit
-def _sgd_row_groups(param, grad, groups, scale_by_freq, buf, row_started, h, dyn, word):
-    """:func:`_sgd_rows` with each gradient element summed on the spot from its positions."""
-    if errors.is_pending(word):
-        return
-    h = _live_sgd(h, dyn)
-    decay = h.weight_decay != 0
-    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
-        row = groups.rows[j]
-        first = h.momentum != 0 and not row_started[row]
-        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
-            g = segment_sum(grad, groups.order, groups.starts[j], groups.counts[j],
-                            scale_by_freq, d)
-            _sgd_cell(param, buf, row, d, g, first, h, decay)
+        for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
+            g = _gradient(source, j, d)
+            _sgd_element(table, buf, (row, d), g, first, h, decay, key, rounding)
 
 
 @cuda.jit
@@ -375,42 +513,35 @@ def _adam_dense(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, dyn, word):
         param[i] = updates.adam_dense_param(p, m, v, h)
 
 
-@cuda.jit(device=True)
-def _sparse_adam_element(param, exp_avg, exp_avg_sq, row, d, g, h, l2, decoupled):
-    param[row, d], exp_avg[row, d], exp_avg_sq[row, d] = updates.sparse_adam_update(
-        param[row, d], g, exp_avg[row, d], exp_avg_sq[row, d], h, l2, decoupled)
-
-
 @cuda.jit
-def _adam_rows(param, rows, used, values, exp_avg, exp_avg_sq, h, dyn, word):
-    """SparseAdam on rows ``rows[j]``: one block per listed row, threads along D."""
+def _adam_rows(table, source, exp_avg, exp_avg_sq, h, dyn, rounding, word):
+    """SparseAdam on rows ``source.rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
+    key = _key(table, rounding)
     h = _live_adam(h, dyn)
     l2, decoupled = updates.adam_decay_flags(h)
-    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
-        row = rows[j]
-        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
-            _sparse_adam_element(param, exp_avg, exp_avg_sq, row, d, values[j, d], h, l2,
-                                 decoupled)
-
-
-@cuda.jit
-def _adam_row_groups(param, grad, groups, scale_by_freq, exp_avg, exp_avg_sq, h, dyn, word):
-    """:func:`_adam_rows` with each gradient element summed on the spot from its positions."""
-    if errors.is_pending(word):
-        return
-    h = _live_adam(h, dyn)
-    l2, decoupled = updates.adam_decay_flags(h)
-    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
-        row = groups.rows[j]
-        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
-            g = segment_sum(grad, groups.order, groups.starts[j], groups.counts[j],
-                            scale_by_freq, d)
-            _sparse_adam_element(param, exp_avg, exp_avg_sq, row, d, g, h, l2, decoupled)
+    for j in range(cuda.blockIdx.x, source.used[0], cuda.gridDim.x):
+        row = source.rows[j]
+        for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
+            g = _gradient(source, j, d)
+            p, m, v = updates.sparse_adam_update(
+                _load(table, (row, d), rounding), g, _load_state(exp_avg, (row, d)),
+                exp_avg_sq[row, d], h, l2, decoupled)
+            _store(table, (row, d), p, key, rounding)
+            _store_state(exp_avg, (row, d), m)
+            exp_avg_sq[row, d] = v
 
 
 # ---------------------------------------------------------------- Adagrad kernels
+
+
+@cuda.jit(device=True)
+def _adagrad_element(table, state_sum, at, g, h, decay, key, rounding):
+    # Element ``at`` of the table (and of its sum of squares) with gradient g.
+    p, s = updates.adagrad_update(_load(table, at, rounding), g, state_sum[at], h, decay)
+    _store(table, at, p, key, rounding)
+    state_sum[at] = s
 
 
 @cuda.jit
@@ -421,56 +552,45 @@ def _adagrad_dense(param, grad, state_sum, h, dyn, word):
     h = _live_adagrad(h, dyn)
     decay = h.weight_decay != 0
     for i in range(cuda.grid(1), param.size, cuda.gridsize(1)):
-        param[i], state_sum[i] = updates.adagrad_update(param[i], grad[i], state_sum[i], h,
-                                                        decay)
+        _adagrad_element(param, state_sum, i, grad[i], h, decay, 0, ())
 
 
 @cuda.jit
-def _adagrad_rows(param, rows, used, values, state_sum, h, dyn, word):
-    """Adagrad on rows ``rows[j]``: one block per listed row, threads along D."""
+def _adagrad_rows(table, source, state_sum, h, dyn, rounding, word):
+    """Adagrad on rows ``source.rows[j]``: one block per listed row, threads along D."""
     if errors.is_pending(word):
         return
+    key = _key(table, rounding)
     h = _live_adagrad(h, dyn)
     decay = h.weight_decay != 0
-    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
-        row = rows[j]
-        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
-            param[row, d], state_sum[row, d] = updates.adagrad_update(
-                param[row, d], values[j, d], state_sum[row, d], h, decay)
-
-
-@cuda.jit
-def _adagrad_row_groups(param, grad, groups, scale_by_freq, state_sum, h, dyn, word):
-    """:func:`_adagrad_rows` with each gradient element summed on the spot from its positions."""
-    if errors.is_pending(word):
-        return
-    h = _live_adagrad(h, dyn)
-    decay = h.weight_decay != 0
-    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
-        row = groups.rows[j]
-        for d in range(cuda.threadIdx.x, param.shape[1], cuda.blockDim.x):
-            g = segment_sum(grad, groups.order, groups.starts[j], groups.counts[j],
-                            scale_by_freq, d)
-            param[row, d], state_sum[row, d] = updates.adagrad_update(
-                param[row, d], g, state_sum[row, d], h, decay)
+    for j in range(cuda.blockIdx.x, source.used[0], cuda.gridDim.x):
+        row = source.rows[j]
+        for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
+            g = _gradient(source, j, d)
+            _adagrad_element(table, state_sum, (row, d), g, h, decay, key, rounding)
 
 
 # ---------------------------------------------------------------- row-wise Adagrad kernels
 
 
 @cuda.jit(device=True)
-def _rowwise_row(row, j, param, values, state_sum, h):
-    # One row, sequentially in one thread (the CPU's order, so the same sum).
+def _rowwise_row(table, row, source, j, state_sum, h, key, rounding):
+    # Row ``row`` with the gradient of ``source``'s row j, sequentially in one thread (the
+    # CPU's order, so the same sum): the squares, the row's factors, then the update.
     l2 = h.mode == _L2
+    dim = table.shape[1]
+    segment = _segment(source, j)
     square_sum = cast_like(0, h.lr)
-    for d in range(param.shape[1]):
-        square_sum += updates.rowwise_term(values[j, d], param[row, d], h, l2)
+    for d in range(dim):
+        square_sum += updates.rowwise_term(_column(source, segment, d),
+                                           _load(table, (row, d), rounding), h, l2)
     acc, correction, multiplier = updates.rowwise_factors(
-        state_sum[row], square_sum, cast_like(param.shape[1], h.lr), cast_like(1, h.lr), h)
+        state_sum[row], square_sum, cast_like(dim, h.lr), cast_like(1, h.lr), h)
     state_sum[row] = acc
-    for d in range(param.shape[1]):
-        param[row, d] = updates.rowwise_apply(param[row, d], values[j, d], correction,
-                                              multiplier)
+    for d in range(dim):
+        g = _column(source, segment, d)
+        p = updates.rowwise_apply(_load(table, (row, d), rounding), g, correction, multiplier)
+        _store(table, (row, d), p, key, rounding)
 
 
 @cuda.jit
@@ -480,253 +600,15 @@ def _rowwise_dense(param, grad, state_sum, h, dyn, word):
         return
     h = _live_rowwise(h, dyn)
     for r in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        _rowwise_row(r, r, param, grad, state_sum, h)
+        _rowwise_row(param, r, grad, r, state_sum, h, 0, ())
 
 
 @cuda.jit
-def _rowwise_rows(param, rows, used, values, state_sum, h, dyn, word):
-    """Row-wise Adagrad on rows ``rows[j]``: one thread per listed row (grid-stride)."""
+def _rowwise_rows(table, source, state_sum, h, dyn, rounding, word):
+    """Row-wise Adagrad on rows ``source.rows[j]``: one thread per listed row (grid-stride)."""
     if errors.is_pending(word):
         return
+    key = _key(table, rounding)
     h = _live_rowwise(h, dyn)
-    for j in range(cuda.grid(1), used[0], cuda.gridsize(1)):
-        _rowwise_row(rows[j], j, param, values, state_sum, h)
-
-
-@cuda.jit
-def _rowwise_row_groups(param, grad, groups, scale_by_freq, state_sum, h, dyn, word):
-    """:func:`_rowwise_rows` with the gradient summed on the spot (squares, then update)."""
-    if errors.is_pending(word):
-        return
-    h = _live_rowwise(h, dyn)
-    l2 = h.mode == _L2
-    for j in range(cuda.grid(1), groups.used[0], cuda.gridsize(1)):
-        row = groups.rows[j]
-        start, count = groups.starts[j], groups.counts[j]
-        square_sum = cast_like(0, h.lr)
-        for d in range(param.shape[1]):
-            g = segment_sum(grad, groups.order, start, count, scale_by_freq, d)
-            square_sum += updates.rowwise_term(g, param[row, d], h, l2)
-        acc, correction, multiplier = updates.rowwise_factors(
-            state_sum[row], square_sum, cast_like(param.shape[1], h.lr), cast_like(1, h.lr), h)
-        state_sum[row] = acc
-        for d in range(param.shape[1]):
-            g = segment_sum(grad, groups.order, start, count, scale_by_freq, d)
-            param[row, d] = updates.rowwise_apply(param[row, d], g, correction, multiplier)
-
-
-# ---------------------------------------------------------------- 16-bit tables
-
-
-@cuda.jit(device=True)
-def _load(table, row, d, fmt):
-    return f32_from_bits(half_to_f32_bits(table[row, d], fmt))
-
-
-@cuda.jit(device=True)
-def _store(table, row, d, value, key, rounding):
-    table[row, d] = _rounded(f32_bits(value), key, row, d, rounding)
-
-
-def _is_bf16(state):
-    """Whether a state holds bfloat16 bits (``uint16``) rather than float32 values: read
-    here on the simulator, a constant of the state's type when a kernel is compiled."""
-    return state.dtype == np.uint16
-
-
-@overload(_is_bf16, target="generic", inline="always")
-def _is_bf16_typed(state):
-    bf16 = state.dtype == types.uint16
-    return lambda state: bf16
-
-
-@cuda.jit(device=True)
-def _load_state(state, row, d):
-    # Element (row, d) of a float32 state, or of a bfloat16 one (its bits), as float32.
-    x = state[row, d]
-    if _is_bf16(state):
-        return f32_from_bits(bf16_to_f32_bits(x))
-    return np.float32(x)
-
-
-@cuda.jit(device=True)
-def _store_state(state, row, d, value):
-    # The float32 ``value`` into a float32 state, or into a bfloat16 one rounded to nearest.
-    if _is_bf16(state):
-        state[row, d] = f32_bits_to_bf16(f32_bits(value))
-    else:
-        state[row, d] = value
-
-
-@cuda.jit(device=True)
-def _group_gradient(grad, groups, scale_by_freq, j, d):
-    return segment_sum(grad, groups.order, groups.starts[j], groups.counts[j], scale_by_freq, d)
-
-
-@cuda.jit(device=True)
-def _sgd_element(table, buf, row, d, g, first, h, decay, key, rounding):
-    p = _load(table, row, d, rounding.fmt)
-    if h.momentum != 0:
-        p, b = updates.sgd_momentum_update(p, g, _load_state(buf, row, d), h, first,
-                                           h.nesterov, h.maximize, decay)
-        _store_state(buf, row, d, b)
-    else:
-        p = updates.sgd_plain_update(p, g, h, h.maximize, decay)
-    _store(table, row, d, p, key, rounding)
-
-
-@cuda.jit
-def _sgd_half_rows(table, rows, used, values, buf, row_started, h, dyn, rounding, word):
-    """SGD on rows ``rows[j]``: one block per listed row, threads along D."""
-    if errors.is_pending(word):
-        return
-    key = rounding_key(rounding)
-    h = _live_sgd(h, dyn)
-    decay = h.weight_decay != 0
-    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
-        row = rows[j]
-        first = h.momentum != 0 and not row_started[row]
-        for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
-            _sgd_element(table, buf, row, d, values[j, d], first, h, decay, key, rounding)
-
-
-@cuda.jit
-def _sgd_half_row_groups(table, grad, groups, scale_by_freq, buf, row_started, h, dyn,
-                         rounding, word):
-    """:func:`_sgd_half_rows` with each gradient element summed on the spot from its
-    positions."""
-    if errors.is_pending(word):
-        return
-    key = rounding_key(rounding)
-    h = _live_sgd(h, dyn)
-    decay = h.weight_decay != 0
-    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
-        row = groups.rows[j]
-        first = h.momentum != 0 and not row_started[row]
-        for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
-            g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            _sgd_element(table, buf, row, d, g, first, h, decay, key, rounding)
-
-
-@cuda.jit(device=True)
-def _adam_element(table, exp_avg, exp_avg_sq, row, d, g, h, key, rounding):
-    l2, decoupled = updates.adam_decay_flags(h)
-    p, m, exp_avg_sq[row, d] = updates.sparse_adam_update(
-        _load(table, row, d, rounding.fmt), g, _load_state(exp_avg, row, d),
-        exp_avg_sq[row, d], h, l2, decoupled)
-    _store_state(exp_avg, row, d, m)
-    _store(table, row, d, p, key, rounding)
-
-
-@cuda.jit
-def _adam_half_rows(table, rows, used, values, exp_avg, exp_avg_sq, h, dyn, rounding, word):
-    """SparseAdam on rows ``rows[j]``: one block per listed row, threads along D."""
-    if errors.is_pending(word):
-        return
-    key = rounding_key(rounding)
-    h = _live_adam(h, dyn)
-    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
-        for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
-            _adam_element(table, exp_avg, exp_avg_sq, rows[j], d, values[j, d], h, key,
-                          rounding)
-
-
-@cuda.jit
-def _adam_half_row_groups(table, grad, groups, scale_by_freq, exp_avg, exp_avg_sq, h, dyn,
-                          rounding, word):
-    """:func:`_adam_half_rows` with each gradient element summed on the spot from its
-    positions."""
-    if errors.is_pending(word):
-        return
-    key = rounding_key(rounding)
-    h = _live_adam(h, dyn)
-    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
-        for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
-            g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            _adam_element(table, exp_avg, exp_avg_sq, groups.rows[j], d, g, h, key, rounding)
-
-
-@cuda.jit(device=True)
-def _adagrad_element(table, state_sum, row, d, g, h, key, rounding):
-    p, state_sum[row, d] = updates.adagrad_update(_load(table, row, d, rounding.fmt), g,
-                                                  state_sum[row, d], h, h.weight_decay != 0)
-    _store(table, row, d, p, key, rounding)
-
-
-@cuda.jit
-def _adagrad_half_rows(table, rows, used, values, state_sum, h, dyn, rounding, word):
-    """Adagrad on rows ``rows[j]``: one block per listed row, threads along D."""
-    if errors.is_pending(word):
-        return
-    key = rounding_key(rounding)
-    h = _live_adagrad(h, dyn)
-    for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
-        for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
-            _adagrad_element(table, state_sum, rows[j], d, values[j, d], h, key, rounding)
-
-
-@cuda.jit
-def _adagrad_half_row_groups(table, grad, groups, scale_by_freq, state_sum, h, dyn, rounding,
-                             word):
-    """:func:`_adagrad_half_rows` with each gradient element summed on the spot from its
-    positions."""
-    if errors.is_pending(word):
-        return
-    key = rounding_key(rounding)
-    h = _live_adagrad(h, dyn)
-    for j in range(cuda.blockIdx.x, groups.used[0], cuda.gridDim.x):
-        for d in range(cuda.threadIdx.x, table.shape[1], cuda.blockDim.x):
-            g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            _adagrad_element(table, state_sum, groups.rows[j], d, g, h, key, rounding)
-
-
-@cuda.jit(device=True)
-def _rowwise_factors(table, row, square_sum, state_sum, h):
-    acc, correction, multiplier = updates.rowwise_factors(
-        state_sum[row], square_sum, np.float32(table.shape[1]), np.float32(1), h)
-    state_sum[row] = acc
-    return correction, multiplier
-
-
-@cuda.jit
-def _rowwise_half_rows(table, rows, used, values, state_sum, h, dyn, rounding, word):
-    """Row-wise Adagrad on rows ``rows[j]``: one thread per listed row (the CPU's order)."""
-    if errors.is_pending(word):
-        return
-    key = rounding_key(rounding)
-    h = _live_rowwise(h, dyn)
-    l2 = h.mode == _L2
-    for j in range(cuda.grid(1), used[0], cuda.gridsize(1)):
-        row = rows[j]
-        square_sum = np.float32(0)
-        for d in range(table.shape[1]):
-            square_sum += updates.rowwise_term(values[j, d], _load(table, row, d, rounding.fmt),
-                                               h, l2)
-        correction, multiplier = _rowwise_factors(table, row, square_sum, state_sum, h)
-        for d in range(table.shape[1]):
-            p = updates.rowwise_apply(_load(table, row, d, rounding.fmt), values[j, d],
-                                      correction, multiplier)
-            _store(table, row, d, p, key, rounding)
-
-
-@cuda.jit
-def _rowwise_half_row_groups(table, grad, groups, scale_by_freq, state_sum, h, dyn, rounding,
-                             word):
-    """:func:`_rowwise_half_rows` with the gradient summed on the spot (squares, then update)."""
-    if errors.is_pending(word):
-        return
-    key = rounding_key(rounding)
-    h = _live_rowwise(h, dyn)
-    l2 = h.mode == _L2
-    for j in range(cuda.grid(1), groups.used[0], cuda.gridsize(1)):
-        row = groups.rows[j]
-        square_sum = np.float32(0)
-        for d in range(table.shape[1]):
-            g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            square_sum += updates.rowwise_term(g, _load(table, row, d, rounding.fmt), h, l2)
-        correction, multiplier = _rowwise_factors(table, row, square_sum, state_sum, h)
-        for d in range(table.shape[1]):
-            g = _group_gradient(grad, groups, scale_by_freq, j, d)
-            p = updates.rowwise_apply(_load(table, row, d, rounding.fmt), g, correction,
-                                      multiplier)
-            _store(table, row, d, p, key, rounding)
+    for j in range(cuda.grid(1), source.used[0], cuda.gridsize(1)):
+        _rowwise_row(table, source.rows[j], source, j, state_sum, h, key, rounding)
