@@ -114,12 +114,13 @@ def _rotary(dtype, index_dtype) -> None:
     rope = nn.RotaryEmbedding(_DIM, layout="interleaved", head_axis=2, float32_angle=True)
     _train_pair(rope, q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3))  # (B, L, H, D)
     inv_freq, _ = F.rope_frequencies(_DIM, partial_rotary_factor=0.5)
-    F.apply_rotary(q, 0, inv_freq, out=q.copy())
+    F.apply_rotary(q, 0, inv_freq, out=q.copy(), partial_rotary_factor=0.5)
     x = q.copy()
-    F.apply_rotary(x, 0, inv_freq, out=x)  # in place
+    F.apply_rotary(x, 0, inv_freq, out=x, partial_rotary_factor=0.5)  # in place
     # Outputs larger than the cache are written with non-temporal stores: that variant too.
     with config.override(stream_min_bytes=0):
-        F.apply_rotary(_activation(dtype, (1, 1, 16, _DIM)), 0, inv_freq)  # 16-row tiles
+        F.apply_rotary(_activation(dtype, (1, 1, 16, _DIM)), 0, inv_freq,  # 16-row tiles
+                       partial_rotary_factor=0.5)
 
 
 def _train_pair(module, q, k, **kwargs) -> None:

@@ -200,6 +200,10 @@ def _paired(method):
     at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
     params.insert(at, inspect.Parameter("output", inspect.Parameter.KEYWORD_ONLY, default=None))
     backward.__signature__ = signature.replace(parameters=params)
+    # No __wrapped__: tools that read the wrapped method's source for its defaults
+    # (Sphinx's autodoc_preserve_defaults) would match them against this signature, which
+    # has one keyword more; they fall back to the signature's own defaults.
+    backward.__wrapped__ = None
     backward._numbapos_wrapped = True
     return backward
 
