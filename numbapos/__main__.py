@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "sparse training step, LayerNorm, the BERT and GPT-2 blocks, rotary q and k) "
                     "next to NumPy and PyTorch (optional), and how the cost grows with D and "
                     "the batch; print median ms, GB/s and the ratios. Sides are warmed up, then "
-                    "timed in interleaved rounds.")
+                    "timed in interleaved rounds. On a GPU (--device cuda) also print each op's "
+                    "host cost: microseconds, launches, allocations and Python calls per call.")
     bench.add_argument("--quick", action="store_true",
                        help="fewer rounds and scaling points (well under a minute)")
     bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

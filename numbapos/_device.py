@@ -175,6 +175,11 @@ def simulator_enabled() -> bool:
 _NAMESPACES: dict = {}
 
 
+def backend_loaded(device: str) -> bool:
+    """Whether ``device``'s kernel namespace has been started (see :func:`kernels_for`)."""
+    return device in _NAMESPACES
+
+
 def kernels_for(device: str):
     """The kernel namespace of ``device`` (``"cpu"`` or ``"cuda"``), imported and
     started (its ``start()``: the CUDA allocator) on first use.

@@ -10,7 +10,8 @@ so the ratios come from one run on the same machine state.
 
 Modules: :mod:`.data` (sizes and inputs), :mod:`.cases` (the cases and
 numbapos's side), :mod:`.peers` (NumPy, PyTorch, CuPy), :mod:`.timing`
-(interleaved medians), :mod:`.report` (table and plot).
+(interleaved medians), :mod:`.report` (table and plot), :mod:`.hostcost` (on a
+GPU, the host's cost per op: microseconds, launches, allocations, Python calls).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import numba
 
 from .. import __version__, _device
-from . import cases, peers, report
+from . import cases, hostcost, peers, report
 from .data import FULL, QUICK, TINY, inputs
 from .timing import Plan, interleaved_medians
 
@@ -87,6 +88,23 @@ def time_case(case, device: str, plan: Plan, errors: list) -> report.Row:
                       case.note)
 
 
+def _host_cost(sizes, quick: bool, only, errors: list, say) -> None:
+    """The host-cost table of :mod:`.hostcost` (a real GPU only)."""
+    if _device.simulator_enabled():
+        say("Host cost per op: not measured on Numba's CUDA simulator (its kernels run as "
+            "Python on the host); numbapos's tests measure it against a stub CUDA driver.")
+        return
+    calls = 50 if quick else hostcost.CALLS
+    say(f"Host cost per op call (batch {sizes.batch}x{sizes.seq}, D={sizes.dim}, "
+        f"V={sizes.vocab}):")
+    say(report.host_header())
+    failed = []
+    for cost in hostcost.run(sizes, calls, only, errors=failed):
+        say(report.format_host(cost))
+    errors.extend((name, "numbapos", message) for name, message in failed)
+    say(report.host_legend(calls))
+
+
 def run(quick=False, device="cpu", plot=None, repeat=None, size=None, only=None,
         file=None) -> int:
     """Time the bench cases and print the table; 1 when a numbapos side failed.
@@ -140,6 +158,9 @@ def run(quick=False, device="cpu", plot=None, repeat=None, size=None, only=None,
         say(report.format_row(row, columns))
     say()
     say(report.legend(columns))
+    if device == "cuda":
+        say()
+        _host_cost(sizes, quick, only, errors, say)
     for name, side, message in errors:
         say(f"error: {name}, {report.NAMES[side]}: {message}")
     if plot is not None:

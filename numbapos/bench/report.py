@@ -53,6 +53,35 @@ def legend(peers) -> str:
             "Medians of interleaved rounds after a warm-up; JIT compilation excluded.")
 
 
+HOST_COLUMNS = (("host us", 9), ("launches", 9), ("allocations", 12), ("Python calls", 13))
+
+
+def host_header() -> str:
+    """The column titles of the host-cost table (:mod:`.hostcost`)."""
+    return " ".join([f"{'op':<{NAME_WIDTH}}"] + [f"{t:>{w}}" for t, w in HOST_COLUMNS])
+
+
+def _count(value) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def format_host(cost) -> str:
+    """One line of the host-cost table for a :class:`.hostcost.Cost`."""
+    cells = [f"{cost.host_us:.3g}", _count(cost.launches), _count(cost.allocations),
+             str(cost.python_calls)]
+    return " ".join([f"{cost.name:<{NAME_WIDTH}}"]
+                    + [f"{c:>{w}}" for c, (_, w) in zip(cells, HOST_COLUMNS, strict=True)])
+
+
+def host_legend(calls: int) -> str:
+    """What the host-cost columns mean."""
+    return (f"host us: minimum over {calls} calls of the time the call takes on the host (no "
+            "synchronisation); launches: kernels numbapos launched;\n"
+            "allocations: device arrays requested from the memory manager (numbapos's pool "
+            "serves them from its cache after warm-up);\n"
+            "Python calls: Python function calls made by one call. Per call, after a warm-up.")
+
+
 def plot(points, path: str, title: str) -> None:
     """Draw the scaling curves: median ms against D and against the batch, per op and side.
 

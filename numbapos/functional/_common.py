@@ -15,6 +15,32 @@ INDEX_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+class Planned:
+    """An op's plans for the GPU host path (:mod:`numbapos.kernels.cuda.plans`).
+
+    ``call(full, arrays, options, outputs, avoid)`` runs ``full()`` (the op's
+    ordinary path) until the CUDA backend is in use, then goes through the
+    op's plan cache, which replays the launches ``full`` made for the same
+    call signature (see that module for what an op may plan).
+    """
+
+    __slots__ = ("op", "cache")
+
+    def __init__(self, op: str):
+        self.op = op
+        self.cache = None
+
+    def call(self, full, arrays, options, outputs=(), avoid=()):
+        cache = self.cache
+        if cache is None:
+            if not _device.backend_loaded("cuda"):
+                return full()
+            from ..kernels.cuda import plans
+
+            cache = self.cache = plans.PlanCache(self.op)
+        return cache.call(full, arrays, options, outputs, avoid)
+
+
 def cpu_kernels():
     """The CPU kernel namespace (imported on first use)."""
     return _device.kernels_for("cpu")

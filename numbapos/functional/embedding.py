@@ -10,6 +10,7 @@ from ..sparse import SparseRows
 from ._common import (
     INDEX_DTYPES,
     SMALL_WORK,
+    Planned,
     backend_for,
     check_range,
     cpu_kernels,
@@ -31,6 +32,7 @@ _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 _UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
 _ndarray, _empty = np.ndarray, np.empty
 _gather_checked = None  # kernels.cpu.gather_rows_checked, once loaded
+_LOOKUPS = Planned("embedding")
 
 
 def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
@@ -141,6 +143,18 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
                 result = _empty(indices.shape + (dim,), dtype)
                 if (_gather_checked or _load_gather_checked())(indices, weight, result) < 0:
                     return result
+    if max_norm is None and type(weight) is not _ndarray:  # a GPU table: its plan if any
+
+        def full():
+            return _lookup(indices, weight, padding_idx, None, norm_type, out, out_dtype)
+
+        return _LOOKUPS.call(full, (indices, weight, out), (padding_idx, norm_type, out_dtype),
+                             outputs=(2,), avoid=((2, 0), (2, 1)))
+    return _lookup(indices, weight, padding_idx, max_norm, norm_type, out, out_dtype)
+
+
+def _lookup(indices, weight, padding_idx, max_norm, norm_type, out, out_dtype):
+    """:func:`embedding`'s ordinary path: every check, then the kernels."""
     weight = _checks.check_table(weight)
     K = backend_for((weight, out), ("weight", "out"))
     half = _checks.is_half_dtype(weight.dtype)

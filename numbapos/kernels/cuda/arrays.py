@@ -151,6 +151,7 @@ def absent(dtype, ndim: int = 1):
     found = _ABSENT.get(key)
     if found is None:
         found = _ABSENT[key] = empty((0,) * ndim, key[0])
+        found._numbapos_persistent = True  # a plan may keep it (see .plans)
     return found
 
 

@@ -111,6 +111,7 @@ def _current_state() -> tuple:
                 host = cuda.mapped_array(5, np.int64)
                 _host_view(host)[:] = (NONE, 0, 0, 0, 0)
                 device = cuda.to_device(np.array([NONE, 0, 0, 0, 0], np.int64))
+                host._numbapos_persistent = device._numbapos_persistent = True  # see .plans
                 state = _state[id(context)] = (context, device, host, {})
     if not _SIMULATED:
         _last.state = (int(context.handle), *state)
@@ -133,6 +134,16 @@ def context_objects() -> dict:
     """A dict kept with the current context, for small device arrays made once per
     context (they go when the context does)."""
     return _current_state()[3]
+
+
+def state_made() -> bool:
+    """Whether the current context's error word exists (plans keep it)."""
+    return bool(_state)
+
+
+def host_word_view() -> np.ndarray:
+    """The current context's mapped host word as a NumPy array (a plain memory read)."""
+    return _host_view(words()[1])
 
 
 def device_word():

@@ -239,19 +239,22 @@ def _array_fields(array) -> tuple:
     return fields
 
 
-def _flatten(spec, args, out: list) -> None:
-    """Append the kernel parameters of ``args`` (laid out by ``spec``) to ``out``."""
+def _flatten(spec, args, out: list, marks: list | None = None) -> None:
+    """Append the kernel parameters of ``args`` (laid out by ``spec``) to ``out``; with
+    ``marks``, note where each array's data pointer went (see :func:`flatten_marked`)."""
     if len(spec) != len(args):
         raise _NotPacked(len(args))
     for kind, value in zip(spec, args, strict=False):  # lengths checked above
         if kind is _ARRAY:
+            if marks is not None:
+                marks.append((len(out) + 4, value))
             out.extend(_array_fields(value))
         elif kind is _VALUE:
             out.append(value)
         elif kind is _HALF:
             out.append(int(np.float16(value).view(np.uint16)))
         else:
-            _flatten(kind, value, out)
+            _flatten(kind, value, out, marks)
 
 
 def _cuda_driver():
@@ -267,20 +270,19 @@ class _Direct:
     packing and launching is all that sharing the buffer between threads needs.
     """
 
-    __slots__ = ("compiled", "spec", "format", "buffer", "pointers", "lock", "functions",
-                 "driver", "success")
+    __slots__ = ("compiled", "spec", "format", "buffer", "pointers", "offsets", "address",
+                 "lock", "functions")
 
     def __init__(self, compiled, spec, codes):
-        driver = _cuda_driver()
-        self.driver = driver
-        self.success = driver.CUresult.CUDA_SUCCESS
         self.compiled = compiled
         self.spec = spec
         self.format = "@" + "".join(codes)
         self.buffer = ctypes.create_string_buffer(max(struct.calcsize(self.format), 1))
         base = ctypes.addressof(self.buffer)
+        self.offsets = _offsets(codes)
         self.pointers = (ctypes.c_void_p * max(len(codes), 1))(
-            *(base + offset for offset in _offsets(codes)))
+            *(base + offset for offset in self.offsets))
+        self.address = ctypes.addressof(self.pointers)
         self.lock = threading.Lock()
         self.functions: dict = {}  # CUDA context handle -> the kernel's function handle
 
@@ -297,35 +299,71 @@ class _Direct:
             return None
         return cls(compiled, spec, codes)
 
+    def function(self, context: int):
+        """The kernel's function handle in CUDA context ``context`` (loaded once)."""
+        function = self.functions.get(context)
+        if function is None:
+            function = self.functions[context] = self.compiled._codelibrary.get_cufunc().handle
+        return function
+
     def launch(self, args, blocks, threads, stream) -> bool:
         """Launch on ``stream``; False (nothing launched) for arguments it does not pack."""
-        driver = self.driver
         values: list = []
         try:
             _flatten(self.spec, args, values)
         except _NotPacked:
             return False
-        err, context = driver.cuCtxGetCurrent()
-        context = int(context)
-        if err != self.success or not context:
+        context = current_context_handle()
+        if not context:
             return False  # no context in this thread yet: Numba's launch makes it current
-        function = self.functions.get(context)
-        if function is None:
-            function = self.functions[context] = self.compiled._codelibrary.get_cufunc().handle
-        grid, block = _dim3(blocks), _dim3(threads)
-        handle = _stream_handle(stream)
+        function = self.function(context)
+        grid, block, handle = _dim3(blocks), _dim3(threads), _stream_handle(stream)
         with self.lock:
             try:
                 struct.pack_into(self.format, self.buffer, 0, *values)
             except struct.error:
                 return False  # a value out of its type's range: Numba's launch decides
-            err, = driver.cuLaunchKernel(function, *grid, *block, 0, handle,
-                                         ctypes.addressof(self.pointers), 0)
-        if err != self.success:
-            from numba.cuda.cudadrv.driver import CudaAPIError
-
-            raise CudaAPIError(err, f"cuLaunchKernel of {self.compiled!r} failed")
+            launch_kernel(self, function, grid, block, handle)
         return True
+
+
+def launch_kernel(packed, function, grid, block, stream: int) -> None:
+    """``cuLaunchKernel`` of ``function`` with the parameters of ``packed`` (a
+    :class:`_Direct` or a plan's step: ``format`` and ``buffer`` hold the packed values,
+    ``address`` their pointer array) on the raw ``stream`` handle. Every packed launch
+    goes through here (the host-cost tests read the parameters it is given)."""
+    driver = _cuda_driver()
+    err, = driver.cuLaunchKernel(function, *grid, *block, 0, stream, packed.address, 0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        from numba.cuda.cudadrv.driver import CudaAPIError
+
+        raise CudaAPIError(err, "cuLaunchKernel failed")
+
+
+def current_context_handle() -> int:
+    """The raw handle of this thread's current CUDA context (0: none)."""
+    driver = _cuda_driver()
+    err, context = driver.cuCtxGetCurrent()
+    return int(context) if err == driver.CUresult.CUDA_SUCCESS else 0
+
+
+def direct_for(kernel, args):
+    """The packed launcher a launch of ``kernel`` with ``args`` went through, or None."""
+    try:
+        argtypes = tuple(map(_type_of, args))
+    except Exception:
+        return None
+    entry = _compiled.get((kernel, tuple(map(id, argtypes))))
+    return entry if type(entry) is _Direct else None
+
+
+def flatten_marked(spec, args) -> tuple[list, list]:
+    """``(values, marks)``: the kernel parameters of ``args`` and, for each array among
+    them, ``(index of its data pointer in values, the array)``."""
+    values: list = []
+    marks: list = []
+    _flatten(spec, args, values, marks)
+    return values, marks
 
 
 def _dim3(extent) -> tuple:
@@ -333,3 +371,49 @@ def _dim3(extent) -> tuple:
     if isinstance(extent, tuple):
         return tuple(int(e) for e in extent) + (1,) * (3 - len(extent))
     return (int(extent), 1, 1)
+
+
+# ---------------------------------------------------------------- outputs
+
+
+class ArrayFactory:
+    """New device arrays like ``example`` (same shape, dtype, stream), without Numba's
+    constructor.
+
+    ``DeviceNDArray(...)`` normalises its shape, builds a descriptor and looks up
+    the context on every call (about 10 us); a plan's outputs always have the same
+    metadata. The factory keeps the example's attributes but its memory
+    (``described``: its plan description, see :mod:`.plans`), and gives each new
+    array those attributes, a fresh block from the context's memory manager
+    (numbapos's caching pool), and the launch fields and plan description that
+    launches and plans would otherwise work out on first use. Returns
+    ``(array, data pointer)``.
+    """
+
+    __slots__ = ("state", "nbytes", "head", "tail", "signature", "low", "high", "cls",
+                 "context")
+
+    def __init__(self, example, described, context):
+        self.cls = type(example)
+        self.state = {name: value for name, value in example.__dict__.items()
+                      if name != "gpu_data" and not name.startswith("_numbapos")}
+        self.nbytes = example.alloc_size
+        fields = _array_fields(example)
+        self.head, self.tail = fields[:4], fields[5:]
+        # The pool's blocks are 512-byte aligned, as the example's was (its signature's).
+        self.signature, self.low, self.high = (described[0], described[2] - described[1],
+                                               described[3] - described[1])
+        self.context = context
+
+    def __call__(self):
+        memory = self.context.memalloc(self.nbytes)
+        pointer = memory.device_pointer_value
+        array = self.cls.__new__(self.cls)
+        state = array.__dict__
+        state.update(self.state)
+        state["gpu_data"] = memory
+        state["_numbapos_launch_fields"] = (*self.head, pointer, *self.tail)
+        state["_numbapos_plan"] = (self.signature, pointer, pointer + self.low,
+                                   pointer + self.high)
+        return array, pointer
+

@@ -10,7 +10,7 @@ in one place (:mod:`.fastlaunch` on a real GPU).
 from __future__ import annotations
 
 from ... import config as settings
-from . import fastlaunch, streams
+from . import fastlaunch, plans, streams
 
 __all__ = []  # not launchers
 
@@ -30,6 +30,8 @@ def launch(kernel, blocks, threads, *args) -> None:
     stream = streams.current()
     if streams.SIMULATED:
         streams.record(kernel, blocks, threads, args)
+    else:
+        plans.note_launch(kernel, blocks, threads, stream, args)
     if (fastlaunch.ENABLED and settings.get("cuda_fast_launch")
             and fastlaunch.launch(kernel, blocks, threads, stream, args)):
         return

@@ -1,0 +1,297 @@
+"""Plans: an op's launches resolved once per call signature, then replayed with new pointers.
+
+An eager op spends most of its host time deciding things that only depend on
+its arguments' metadata: which checks pass, which kernel variant and launch
+geometry to use, how to pack each kernel's parameters. A :class:`PlanCache`
+(one per op) does that once per **call signature** — the op's static options,
+each array's Numba type (dtype, rank, layout), shape, strides and pointer
+alignment, the CUDA context and numbapos's current stream — by running the op's
+ordinary path once while recording its launches (:func:`recording`). The
+recorded launches become a :class:`Plan`: for each kernel its function handle,
+grid, block and a parameter block packed with every value, and the places
+(slots) where a parameter is the data pointer of one of the op's arrays (or a
+fixed offset into it). A later call with the same signature looks the plan up,
+checks what depends on pointers (an ``out=`` that overlaps an input, the
+deferred error word), allocates its outputs, patches the slots and launches.
+
+What may be planned is decided by each op (its cache's ``call``): only a path
+whose launches depend on nothing but the signature — every scalar it passes to
+a kernel derives from metadata and options, every array it passes is one of
+the op's arrays, a view at a fixed offset of one, or an array made once per
+context (the error word, :func:`.arrays.absent`, marked :func:`persistent`).
+A recording that saw anything else (a scratch array, a launch the fast path
+does not pack, a launch through the ordinary path while a signature compiles)
+builds no plan, and the op keeps its ordinary path for that signature until a
+later recording succeeds.
+
+Bounds and safety. Each op's cache holds at most :data:`MAX_PLANS` plans and
+is emptied when full (signatures rarely change in a training loop; a fresh
+one costs one ordinary call). The key holds the context and stream handles,
+so a new context, device or stream never meets another's plan. Two threads may
+call one plan: packing and launching happen under the plan's lock
+(``cuLaunchKernel`` copies the parameters before it returns). Plans are used
+only where :mod:`.fastlaunch` is (a real GPU, or the stub driver of the
+host-cost tests, with ``cuda_fast_launch`` on), never while a step is
+captured or with ``cuda_sync_checks``, and never while an error is pending
+(the ordinary path raises it). :func:`clear` drops every plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import struct
+import threading
+
+from ... import config as settings
+from . import errors, fastlaunch, streams
+
+__all__ = []  # not launchers
+
+MAX_PLANS = 256  # per op
+
+_local = threading.local()
+_caches: list = []  # every PlanCache, for clear()
+_POINTER = struct.Struct("@Q")
+
+
+def persistent(array):
+    """Mark ``array`` (made once per context) as one a plan may keep; returns it."""
+    array._numbapos_persistent = True
+    return array
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect ``(kernel, blocks, threads, stream, args)`` of every launch in this thread."""
+    launches: list = []
+    outer = getattr(_local, "launches", None)
+    _local.launches = launches
+    try:
+        yield launches
+    finally:
+        _local.launches = outer
+
+
+def note_launch(kernel, blocks, threads, stream, args) -> None:
+    """Called by :func:`.launch.launch` for every launch: kept while recording."""
+    launches = getattr(_local, "launches", None)
+    if launches is not None:
+        launches.append((kernel, blocks, threads, stream, args))
+
+
+def clear() -> None:
+    """Forget every plan of every op."""
+    for cache in _caches:
+        cache.plans.clear()
+
+
+def _described(x):
+    """``(signature, pointer, first byte, end byte)`` of a Numba device array, worked out
+    once per array object (its metadata never changes); None for anything else."""
+    if type(x) is not _device_array_type():
+        return None
+    try:
+        return x._numbapos_plan
+    except AttributeError:
+        pass
+    fields = fastlaunch._array_fields(x)
+    pointer = fields[4]
+    span = _span(x.shape, x.strides, x.dtype.itemsize)
+    # A DeviceNDArray's Numba type follows from these (its layout from shape and strides).
+    signature = (x.dtype, x.shape, x.strides, pointer & 15)
+    found = x._numbapos_plan = (signature, pointer, pointer + span[0], pointer + span[1])
+    return found
+
+
+def _device_array_type():
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    global _device_array_type
+    _device_array_type = lambda: DeviceNDArray  # noqa: E731 (imported once, on a real GPU)
+    return DeviceNDArray
+
+
+def _span(shape, strides, itemsize) -> tuple:
+    low = high = 0
+    for extent, stride in zip(shape, strides, strict=True):
+        if extent == 0:
+            return 0, 0
+        reach = (extent - 1) * stride
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low, high + itemsize
+
+
+class _Step:
+    """One kernel of a plan: its parameters packed, with slots for the op's pointers."""
+
+    __slots__ = ("function", "grid", "block", "buffer", "address", "slots", "format", "_keep")
+
+    def __init__(self, direct, function, blocks, threads, values, slots):
+        self.function = function
+        self.grid, self.block = fastlaunch._dim3(blocks), fastlaunch._dim3(threads)
+        self.format = direct.format
+        self.buffer = ctypes.create_string_buffer(len(direct.buffer))
+        struct.pack_into(direct.format, self.buffer, 0, *values)
+        base = ctypes.addressof(self.buffer)
+        pointers = (ctypes.c_void_p * len(direct.pointers))(
+            *(base + offset for offset in direct.offsets))
+        self.address = ctypes.addressof(pointers)
+        self.slots = slots  # ((byte offset, which array, byte delta), ...)
+        self._keep = pointers  # the pointer array must live as long as the step
+
+
+class Plan:
+    """An op's launches for one call signature (see the module notes)."""
+
+    __slots__ = ("steps", "host_word", "outputs", "avoid", "lock", "keep")
+
+    def __init__(self, steps, host_word, outputs, avoid, keep):
+        self.steps = steps
+        self.host_word = host_word
+        self.outputs = outputs  # ((position among the op's arrays, its ArrayFactory), ...)
+        self.avoid = avoid  # ((given output, input), ...) that must not overlap
+        self.lock = threading.Lock()
+        self.keep = keep  # persistent arrays and values the parameters point into
+
+    def run(self, arrays: list, stream: int):
+        """Launch on new arrays of the plan's signature; False where the ordinary path must
+        run instead (an overlap it reports, an error now pending)."""
+        if self.host_word[0] != errors.NONE:
+            return False
+        for output, source in self.avoid:
+            a, b = arrays[output]._numbapos_plan, arrays[source]._numbapos_plan
+            if a[2] < b[3] and b[2] < a[3]:
+                return False
+        for position, factory in self.outputs:
+            arrays[position] = factory()[0]
+        pointers = [x._numbapos_plan[1] for x in arrays]
+        launch_kernel = fastlaunch.launch_kernel
+        pack = _POINTER.pack_into
+        with self.lock:
+            for step in self.steps:
+                buffer = step.buffer
+                for offset, which, delta in step.slots:
+                    pack(buffer, offset, pointers[which] + delta)
+                launch_kernel(step, step.function, step.grid, step.block, stream)
+        return True
+
+
+class PlanCache:
+    """The plans of one op, keyed by call signature."""
+
+    def __init__(self, op: str):
+        self.op = op
+        self.plans: dict = {}
+        _caches.append(self)
+
+    def call(self, full, arrays: tuple, options: tuple, outputs=(), avoid=()):
+        """``full()`` (the op's ordinary path) or its plan for this call signature.
+
+        ``arrays`` are the op's arrays in a fixed order (None for an output the op
+        allocates); ``outputs`` the positions of those it returns (one: the result,
+        several: a tuple of them, in that order); ``avoid`` pairs of positions (a
+        caller's output, an input) that must not overlap. ``full`` returns the
+        op's result.
+        """
+        key = self._key(arrays, options)
+        if key is None:
+            return full()
+        plan = self.plans.get(key)
+        if plan is not None:
+            found = list(arrays)
+            if plan.run(found, key[-1]):
+                if len(outputs) == 1:
+                    return found[outputs[0]]
+                return tuple(found[i] for i in outputs)
+            return full()
+        with recording() as launches:
+            result = full()
+        produced = (result,) if len(outputs) == 1 else result
+        done = list(arrays)
+        for position, array in zip(outputs, produced, strict=True):
+            done[position] = array
+        plan = _build(launches, done, [i for i in outputs if arrays[i] is None],
+                      [pair for pair in avoid if arrays[pair[0]] is not None], key[-1])
+        if plan is not None:
+            if len(self.plans) >= MAX_PLANS:
+                self.plans.clear()
+            self.plans[key] = plan
+        return result
+
+    @staticmethod
+    def _key(arrays, options):
+        if not (fastlaunch.ENABLED and settings.get("cuda_fast_launch")) \
+                or settings.get("cuda_sync_checks") or streams.capturing() is not None:
+            return None
+        signatures = []
+        for x in arrays:
+            if x is None:
+                signatures.append(None)
+                continue
+            found = _described(x)
+            if found is None:
+                return None
+            signatures.append(found[0])
+        context = fastlaunch.current_context_handle()
+        if not context:
+            return None
+        stream = fastlaunch._stream_handle(streams.current())
+        try:
+            hash(options)
+        except TypeError:
+            return None  # an option the ordinary path will reject
+        return (options, tuple(signatures), context, stream)
+
+
+def _build(launches, arrays, allocated, avoid, stream):
+    """A :class:`Plan` from the launches one ordinary call made, or None."""
+    if not launches or not errors.state_made():
+        return None
+    described = [_described(x) if x is not None else None for x in arrays]
+    if any(d is None for x, d in zip(arrays, described, strict=True) if x is not None):
+        return None
+    steps, keep = [], []
+    context = fastlaunch.current_context_handle()
+    for kernel, blocks, threads, launch_stream, args in launches:
+        if fastlaunch._stream_handle(launch_stream) != stream:
+            return None
+        direct = fastlaunch.direct_for(kernel, args)
+        if direct is None:
+            return None
+        try:
+            values, marks = fastlaunch.flatten_marked(direct.spec, args)
+        except fastlaunch._NotPacked:
+            return None
+        slots = []
+        for index, array in marks:
+            where = _alias(array, values[index], arrays, described)
+            if where is None:
+                if not getattr(array, "_numbapos_persistent", False):
+                    return None  # scratch or another array the signature does not fix
+                keep.append(array)
+                continue
+            slots.append((direct.offsets[index], *where))
+        steps.append(_Step(direct, direct.function(context), blocks, threads, values,
+                           tuple(slots)))
+    host = errors.host_word_view()
+    memory = errors.current_context()
+    outputs = tuple((i, fastlaunch.ArrayFactory(arrays[i], described[i], memory))
+                    for i in allocated)
+    return Plan(tuple(steps), host, outputs, tuple(avoid), keep)
+
+
+def _alias(array, pointer, arrays, described):
+    """``(which op array, byte delta)`` when ``array`` is one of ``arrays`` or lies inside
+    one at a fixed offset, else None."""
+    for which, (x, d) in enumerate(zip(arrays, described, strict=True)):
+        if d is None:
+            continue
+        if array is x:
+            return which, 0
+        if d[2] <= pointer < max(d[3], d[2] + 1):
+            return which, pointer - d[1]
+    return None
