@@ -33,6 +33,7 @@ _UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
 _ndarray, _empty = np.ndarray, np.empty
 _gather_checked = None  # kernels.cpu.gather_rows_checked, once loaded
 _LOOKUPS = Planned("embedding")
+_DENSE_BACKWARDS = Planned("embedding_backward")
 
 
 def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
@@ -264,6 +265,22 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         As for :func:`embedding`; ValueError when ``grad_output``'s shape is not
         ``indices.shape + (D,)``.
     """
+    if not sparse and values_out is None and type(grad_output) is not _ndarray:
+
+        def full():
+            return _backward(grad_output, indices, num_embeddings, padding_idx,
+                             scale_grad_by_freq, False, False, None)
+
+        return _DENSE_BACKWARDS.call(
+            full, (grad_output, indices, None),
+            (num_embeddings, padding_idx, scale_grad_by_freq, lazy), outputs=(2,))
+    return _backward(grad_output, indices, num_embeddings, padding_idx, scale_grad_by_freq,
+                     sparse, lazy, values_out)
+
+
+def _backward(grad_output, indices, num_embeddings, padding_idx, scale_grad_by_freq, sparse,
+              lazy, values_out):
+    """:func:`embedding_backward`'s ordinary path."""
     num_rows = _checks.check_int(num_embeddings, "num_embeddings", minimum=0)
     grad_output = _checks.check_float_array(grad_output, "grad_output")
     K = backend_for((grad_output,), ("grad_output",))

@@ -11,7 +11,7 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
-from . import errors, streams
+from . import errors, plans, streams
 from .launch import launch
 
 __all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "concat_rows",
@@ -131,8 +131,11 @@ def empty(shape, dtype):
         for extent in shape:
             nbytes *= extent
         if nbytes:  # an empty array gets Numba's own null pointer below
-            return DeviceNDArray(shape, strides, dtype, stream=stream,
+            made = DeviceNDArray(shape, strides, dtype, stream=stream,
                                  gpu_data=errors.current_context().memalloc(nbytes))
+            plans.note_allocation(made)
+            return made
+        plans.note_allocation(None)  # a null pointer: no plan can place it
     return cuda.device_array(shape, dtype=dtype, stream=stream)
 
 
@@ -186,6 +189,7 @@ def _standard_strides(x: np.ndarray) -> bool:
 def asarray(host):
     """A host array copied to the GPU, with standard C strides (0-d arrays stay 0-d)."""
     streams.refuse_in_capture("a copy from the host to the device")
+    plans.note_allocation(None)  # host data, which a plan's replay would not copy again
     host = np.asarray(host)
     if not _standard_strides(host):
         host = np.array(host, order="C", copy=True)

@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import struct
 import threading
+import weakref
 
 from ... import config as settings
 from . import errors, fastlaunch, streams
@@ -53,6 +54,7 @@ MAX_PLANS = 256  # per op
 _local = threading.local()
 _caches: list = []  # every PlanCache, for clear()
 _POINTER = struct.Struct("@Q")
+LAUNCHES = [0]  # kernels launched in this process, planned or not (see .launch.launches)
 
 
 def persistent(array):
@@ -61,23 +63,45 @@ def persistent(array):
     return array
 
 
+class _Recording:
+    """What one ordinary call did: its launches and the device arrays it allocated."""
+
+    __slots__ = ("launches", "allocations", "unplaceable")
+
+    def __init__(self):
+        self.launches: list = []  # (kernel, blocks, threads, stream, args)
+        self.allocations: list = []  # arrays made by .arrays.empty, in order
+        self.unplaceable = False  # an allocation a plan cannot place (an empty one)
+
+
 @contextlib.contextmanager
 def recording():
-    """Collect ``(kernel, blocks, threads, stream, args)`` of every launch in this thread."""
-    launches: list = []
-    outer = getattr(_local, "launches", None)
-    _local.launches = launches
+    """Record every launch and allocation in this thread (see :class:`_Recording`)."""
+    record = _Recording()
+    outer = getattr(_local, "record", None)
+    _local.record = record
     try:
-        yield launches
+        yield record
     finally:
-        _local.launches = outer
+        _local.record = outer
 
 
 def note_launch(kernel, blocks, threads, stream, args) -> None:
     """Called by :func:`.launch.launch` for every launch: kept while recording."""
-    launches = getattr(_local, "launches", None)
-    if launches is not None:
-        launches.append((kernel, blocks, threads, stream, args))
+    record = getattr(_local, "record", None)
+    if record is not None:
+        record.launches.append((kernel, blocks, threads, stream, args))
+
+
+def note_allocation(array) -> None:
+    """Called by :func:`.arrays.empty` for every array it makes; None for one no plan can
+    place (an empty array's null pointer, a copy of host data)."""
+    record = getattr(_local, "record", None)
+    if record is not None:
+        if array is None:
+            record.unplaceable = True
+        else:
+            record.allocations.append(array)
 
 
 def clear() -> None:
@@ -150,12 +174,14 @@ class Plan:
     __slots__ = ("steps", "host_word", "outputs", "avoid", "lock", "keep")
 
     def __init__(self, steps, host_word, outputs, avoid, keep):
+        # ``keep`` holds what the packed parameters point into for the plan's life: the
+        # persistent arrays and the workspace that replaces the recorded call's scratch.
         self.steps = steps
         self.host_word = host_word
         self.outputs = outputs  # ((position among the op's arrays, its ArrayFactory), ...)
         self.avoid = avoid  # ((given output, input), ...) that must not overlap
         self.lock = threading.Lock()
-        self.keep = keep  # persistent arrays and values the parameters point into
+        self.keep = keep
 
     def run(self, arrays: list, stream: int):
         """Launch on new arrays of the plan's signature; False where the ordinary path must
@@ -171,6 +197,7 @@ class Plan:
         pointers = [x._numbapos_plan[1] for x in arrays]
         launch_kernel = fastlaunch.launch_kernel
         pack = _POINTER.pack_into
+        LAUNCHES[0] += len(self.steps)
         with self.lock:
             for step in self.steps:
                 buffer = step.buffer
@@ -208,13 +235,13 @@ class PlanCache:
                     return found[outputs[0]]
                 return tuple(found[i] for i in outputs)
             return full()
-        with recording() as launches:
+        with recording() as record:
             result = full()
         produced = (result,) if len(outputs) == 1 else result
         done = list(arrays)
         for position, array in zip(outputs, produced, strict=True):
             done[position] = array
-        plan = _build(launches, done, [i for i in outputs if arrays[i] is None],
+        plan = _build(record, done, [i for i in outputs if arrays[i] is None],
                       [pair for pair in avoid if arrays[pair[0]] is not None], key[-1])
         if plan is not None:
             if len(self.plans) >= MAX_PLANS:
@@ -247,14 +274,50 @@ class PlanCache:
         return (options, tuple(signatures), context, stream)
 
 
-def _build(launches, arrays, allocated, avoid, stream):
-    """A :class:`Plan` from the launches one ordinary call made, or None."""
-    if not launches or not errors.state_made():
+def _build(record, arrays, allocated, avoid, stream):
+    """A :class:`Plan` from what one ordinary call did (``record``), or None.
+
+    Arrays the call allocated that are not among its outputs are its scratch:
+    the plan lays them out in one workspace block of its own, allocated here
+    and reused by every replay (on the plan's stream, so a replay's kernels
+    run after the previous one's), and bakes their pointers into the
+    parameters. Scratch that outlives the call (kept by the result or
+    elsewhere) is not scratch: no plan is built.
+    """
+    launches = record.launches
+    if not launches or record.unplaceable or not errors.state_made():
         return None
     described = [_described(x) if x is not None else None for x in arrays]
     if any(d is None for x, d in zip(arrays, described, strict=True) if x is not None):
         return None
-    steps, keep = [], []
+    outputs = [arrays[i] for i in allocated]
+    scratch = [x for x in record.allocations if not any(x is y for y in outputs)]
+    placed, size = [], 0  # (first byte, end byte, offset in the workspace) of each scratch
+    for pointer, nbytes in [(_described(x)[1], x.alloc_size) for x in scratch]:
+        placed.append((pointer, pointer + nbytes, size))
+        size += -(-nbytes // 256) * 256
+    workspace = errors.current_context().memalloc(size) if size else None
+    keep = [workspace]
+    steps = _steps(launches, arrays, described, placed,
+                   workspace.device_pointer_value if size else 0, stream, keep)
+    escaped = [weakref.ref(x) for x in scratch]
+    del scratch, launches
+    record.launches.clear()
+    record.allocations.clear()
+    if steps is None or any(ref() is not None for ref in escaped):
+        return None  # or "scratch" still referenced after the call: the plan cannot own it
+    host = errors.host_word_view()
+    memory = errors.current_context()
+    factories = tuple((i, fastlaunch.ArrayFactory(arrays[i], described[i], memory))
+                      for i in allocated)
+    return Plan(steps, host, factories, tuple(avoid), keep)
+
+
+def _steps(launches, arrays, described, placed, base, stream, keep):
+    """The plan's :class:`_Step` of each recorded launch, or None where one cannot be
+    planned. Scratch pointers are moved into the workspace at ``base``; persistent
+    arrays are added to ``keep``."""
+    steps = []
     context = fastlaunch.current_context_handle()
     for kernel, blocks, threads, launch_stream, args in launches:
         if fastlaunch._stream_handle(launch_stream) != stream:
@@ -268,20 +331,21 @@ def _build(launches, arrays, allocated, avoid, stream):
             return None
         slots = []
         for index, array in marks:
-            where = _alias(array, values[index], arrays, described)
-            if where is None:
-                if not getattr(array, "_numbapos_persistent", False):
-                    return None  # scratch or another array the signature does not fix
-                keep.append(array)
+            pointer = values[index]
+            where = _alias(array, pointer, arrays, described)
+            if where is not None:
+                slots.append((direct.offsets[index], *where))
                 continue
-            slots.append((direct.offsets[index], *where))
+            inside = [(low, start) for low, high, start in placed if low <= pointer < high]
+            if inside:
+                values[index] = base + inside[0][1] + pointer - inside[0][0]
+            elif getattr(array, "_numbapos_persistent", False):
+                keep.append(array)
+            else:
+                return None  # an array the signature does not fix
         steps.append(_Step(direct, direct.function(context), blocks, threads, values,
                            tuple(slots)))
-    host = errors.host_word_view()
-    memory = errors.current_context()
-    outputs = tuple((i, fastlaunch.ArrayFactory(arrays[i], described[i], memory))
-                    for i in allocated)
-    return Plan(tuple(steps), host, outputs, tuple(avoid), keep)
+    return tuple(steps)
 
 
 def _alias(array, pointer, arrays, described):

@@ -1,0 +1,179 @@
+"""Checks of the GPU host path's plans, run inside a stub-driver process (``stub.run``).
+
+The stub runs no kernel, so these check what the host does: that a plan's
+replay hands ``cuLaunchKernel`` exactly the parameters (values, function,
+grid, block, stream) the ordinary path packs for the same arrays, that its
+outputs are ordinary device arrays whose memory goes back to the pool, and
+that every error the ordinary path raises is still raised (an ``out=`` that
+overlaps an input, an index error a kernel left in the error word).
+"""
+
+from __future__ import annotations
+
+import gc
+import struct
+import sys
+
+import numpy as np
+
+
+def _spy():
+    """Record every packed launch's ``(values, function, grid, block, stream)``."""
+    from numbapos.kernels.cuda import fastlaunch
+
+    seen = []
+    original = fastlaunch.launch_kernel
+
+    def launch_kernel(packed, function, grid, block, stream):
+        seen.append((struct.unpack_from(packed.format, packed.buffer), int(function),
+                     tuple(grid), tuple(block), int(stream)))
+        original(packed, function, grid, block, stream)
+
+    fastlaunch.launch_kernel = launch_kernel
+    return seen
+
+
+def _lookup_cases():
+    from numba import cuda
+
+    rng = np.random.default_rng(0)
+    for ids_dtype, table_dtype, shape, out_dtype in [
+        (np.int64, np.float32, (32, 128), None),
+        (np.int32, np.float64, (7,), None),
+        (np.int64, np.float32, (3, 5), None),
+        (np.int64, np.float16, (4, 6), None),
+        (np.int32, np.float16, (4, 6), np.float16),
+    ]:
+        ids = cuda.to_device(rng.integers(0, 100, shape).astype(ids_dtype))
+        table = cuda.to_device(rng.standard_normal((100, 24)).astype(table_dtype))
+        yield ids, table, out_dtype
+
+
+def check_lookups() -> dict:
+    """Planned lookups against the ordinary path, launch by launch."""
+    import numbapos
+    import numbapos.functional as F
+
+    lookup = sys.modules["numbapos.functional.embedding"]
+    seen = _spy()
+    from numba import cuda
+
+    checked = 0
+    for ids, table, out_dtype in _lookup_cases():
+        result_dtype = np.dtype(out_dtype or (np.float32 if table.dtype.itemsize == 2
+                                              else table.dtype))
+        for _ in range(3):  # compile, record, replay
+            F.embedding(ids, table, out_dtype=out_dtype)
+        # into out=: the replay packs what the ordinary path packs for the same arrays
+        out = cuda.device_array(ids.shape + (24,), result_dtype)
+        F.embedding(ids, table, out=out, out_dtype=out_dtype)
+        seen.clear()
+        F.embedding(ids, table, out=out, out_dtype=out_dtype)
+        planned = seen[:]
+        seen.clear()
+        lookup._lookup(ids, table, None, None, 2.0, out, out_dtype)
+        assert planned == seen and len(planned) == 1, (planned, seen)
+        # allocating: a new array the kernel writes, of the right metadata
+        seen.clear()
+        result = F.embedding(ids, table, out_dtype=out_dtype)
+        planned = seen[:]
+        assert (result.shape, result.dtype) == (ids.shape + (24,), result_dtype)
+        seen.clear()
+        lookup._lookup(ids, table, None, None, 2.0, result, out_dtype)
+        assert planned == seen, (planned, seen)
+        checked += 1
+    return {"lookups": checked, "plans": len(lookup._LOOKUPS.cache.plans),
+            "numbapos": numbapos.__version__}
+
+
+def check_outputs() -> dict:
+    """A planned output behaves as any device array and its block goes back to the pool."""
+    from numba import cuda
+
+    import numbapos.functional as F
+
+    ids = cuda.to_device(np.arange(12).reshape(3, 4))
+    table = cuda.to_device(np.ones((50, 8), np.float32))
+    for _ in range(3):
+        F.embedding(ids, table)
+    result = F.embedding(ids, table)
+    assert result.copy_to_host().shape == (3, 4, 8)
+    assert result.reshape(12, 8).shape == (12, 8) and result[1].shape == (4, 8)
+    assert result.__cuda_array_interface__["shape"] == (3, 4, 8)
+    pools = cuda.current_context().memory_manager.pools
+    before = pools.cached()
+    del result
+    gc.collect()
+    assert pools.cached() == before + 1
+    return {"outputs": True}
+
+
+def check_errors() -> dict:
+    """An overlapping ``out=`` and a pending index error raise through a plan as without."""
+    from numba import cuda
+
+    import numbapos.functional as F
+    from numbapos.kernels.cuda import errors
+
+    ids = cuda.to_device(np.arange(12).reshape(3, 4))
+    memory = cuda.to_device(np.zeros(96 + 400, np.float32))
+    table = memory[96:].reshape(50, 8)
+    for _ in range(3):
+        F.embedding(ids, table, out=cuda.device_array((3, 4, 8), np.float32))
+    messages = []
+    try:
+        F.embedding(ids, table, out=memory[8:104].reshape(3, 4, 8))
+    except ValueError as err:
+        messages.append(str(err))
+    host = errors.host_word_view()
+    host[:4] = (5, 99, 50, errors.tag())
+    try:
+        F.embedding(ids, table, out=cuda.device_array((3, 4, 8), np.float32))
+    except IndexError as err:
+        messages.append(str(err))
+    F.embedding(ids, table, out=cuda.device_array((3, 4, 8), np.float32))  # cleared
+    return {"messages": messages}
+
+
+def _same_but_pointers(planned, ordinary):
+    """Whether two launch lists agree but for pointers, each planned one standing for one
+    ordinary one throughout (the plan's workspace in place of the ordinary call's scratch,
+    its new outputs in place of those; the ordinary call may reuse a freed scratch block
+    where the plan's workspace keeps each scratch array apart)."""
+    if len(planned) != len(ordinary):
+        return False
+    moved: dict = {}
+    for (values, *rest), (others, *more) in zip(planned, ordinary, strict=True):
+        if rest != more or len(values) != len(others):
+            return False
+        for a, b in zip(values, others, strict=True):
+            if a != b and (min(a, b) < 1 << 20 or moved.setdefault(a, b) != b):
+                return False
+    return True
+
+
+def check_dense_backward() -> dict:
+    """A planned dense lookup backward: the ordinary path's launches, scratch in a workspace."""
+    from numba import cuda
+
+    import numbapos.functional as F
+
+    lookup = sys.modules["numbapos.functional.embedding"]
+    seen = _spy()
+    rng = np.random.default_rng(1)
+    cases = 0
+    for n, rows, dim, padding_idx, scale in [(4096, 30522, 64, None, False),
+                                             (37, 50, 8, 3, True), (5, 7, 4, -1, False)]:
+        ids = cuda.to_device(rng.integers(0, rows, n))
+        grad = cuda.to_device(rng.standard_normal((n, dim)).astype(np.float32))
+        for _ in range(3):
+            F.embedding_backward(grad, ids, rows, padding_idx, scale)
+        seen.clear()
+        result = F.embedding_backward(grad, ids, rows, padding_idx, scale)
+        planned = seen[:]
+        seen.clear()
+        lookup._backward(grad, ids, rows, padding_idx, scale, False, False, None)
+        assert result.shape == (rows, dim) and _same_but_pointers(planned, seen), planned
+        cases += 1
+    return {"dense_backwards": cases,
+            "plans": len(lookup._DENSE_BACKWARDS.cache.plans)}

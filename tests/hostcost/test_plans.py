@@ -1,0 +1,48 @@
+"""The GPU host path's plans (numbapos/kernels/cuda/plans.py) on the stub driver.
+
+The checks run in one stub-driver subprocess (plan_checks.py, stub.py): a plan's
+replay gives ``cuLaunchKernel`` what the ordinary path gives it for the same
+arrays, its outputs are ordinary device arrays, and errors raise as before.
+"""
+
+import pytest
+import stub
+
+CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward")
+
+
+@pytest.fixture(scope="module")
+def results(request, tmp_path_factory):
+    pytest.importorskip("numba.cuda")
+    pytest.importorskip("cuda.bindings")
+    cache = request.config.cache
+    root = cache.mkdir("stubcuda") if cache is not None else tmp_path_factory.mktemp("stub")
+    try:
+        folder = stub.build(root)
+    except stub.Unavailable as why:
+        pytest.skip(str(why))
+    calls = ", ".join(f'"{name}": plan_checks.{name}()' for name in CHECKS)
+    return stub.run("import json, numbapos, plan_checks\n"
+                    "numbapos._device.kernels_for('cuda')\n"
+                    f"print(json.dumps({{{calls}}}))", folder)
+
+
+def test_lookups_replay_the_ordinary_launch(results):
+    assert results["check_lookups"]["lookups"] == 5
+    # out= and allocating, per case: one plan each
+    assert results["check_lookups"]["plans"] == 10
+
+
+def test_planned_outputs_are_ordinary_arrays(results):
+    assert results["check_outputs"] == {"outputs": True}
+
+
+def test_errors_raise_through_plans(results):
+    overlap, pending = results["check_errors"]["messages"]
+    assert overlap == "out: must not share memory with an input array"
+    assert pending.startswith("indices: index 99 (at flat position 5) is out of range for "
+                              "num_embeddings=50")
+
+
+def test_dense_backward_replays_with_a_workspace(results):
+    assert results["check_dense_backward"] == {"dense_backwards": 3, "plans": 3}
