@@ -444,8 +444,9 @@ def cuda_empty_cache() -> None:
 
     numbapos installs a caching allocator for Numba's device arrays (as PyTorch
     and CuPy have), unless ``NUMBAPOS_CUDA_MEMORY_POOL=0`` or another Numba
-    memory manager is configured; freed blocks are kept for reuse. Nothing
-    happens when CUDA was never used.
+    memory manager is configured; freed blocks are kept for reuse. The ops'
+    plans (``numbapos/kernels/cuda/plans.py``) are dropped too, with the
+    workspaces they hold. Nothing happens when CUDA was never used.
     """
     if "numbapos.kernels.cuda" in sys.modules:
         sys.modules["numbapos.kernels.cuda"].memory.empty_cache()

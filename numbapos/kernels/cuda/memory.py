@@ -184,6 +184,9 @@ def empty_cache() -> None:
     """Give the device blocks cached by this allocator back to the driver."""
     if config.ENABLE_CUDASIM:
         return
+    from . import plans
+
+    plans.clear()  # their workspaces go back to the pool first
     manager = cuda.current_context().memory_manager
     if hasattr(manager, "empty_cache"):
         manager.empty_cache()

@@ -26,7 +26,10 @@ later recording succeeds.
 
 Bounds and safety. Each op's cache holds at most :data:`MAX_PLANS` plans and
 is emptied when full (signatures rarely change in a training loop; a fresh
-one costs one ordinary call). The key holds the context and stream handles,
+one costs one ordinary call). A plan keeps its scratch arrays in one
+workspace block of its own (at most :data:`MAX_WORKSPACE` bytes: a call that
+needs more stays ordinary); ``numbapos.cuda_empty_cache()`` drops every plan
+before it empties the pool. The key holds the context and stream handles,
 so a new context, device or stream never meets another's plan. Two threads may
 call one plan: packing and launching happen under the plan's lock
 (``cuLaunchKernel`` copies the parameters before it returns). Plans are used
@@ -50,6 +53,7 @@ from . import errors, fastlaunch, streams
 __all__ = []  # not launchers
 
 MAX_PLANS = 256  # per op
+MAX_WORKSPACE = 64 << 20  # bytes of scratch a plan may keep; larger calls stay ordinary
 
 _local = threading.local()
 _caches: list = []  # every PlanCache, for clear()
@@ -296,6 +300,8 @@ def _build(record, arrays, allocated, avoid, stream):
     for pointer, nbytes in [(_described(x)[1], x.alloc_size) for x in scratch]:
         placed.append((pointer, pointer + nbytes, size))
         size += -(-nbytes // 256) * 256
+    if size > MAX_WORKSPACE:
+        return None  # kernels this big outweigh the host's time; don't hold their scratch
     workspace = errors.current_context().memalloc(size) if size else None
     keep = [workspace]
     steps = _steps(launches, arrays, described, placed,
