@@ -81,6 +81,7 @@ class _Allocations:
 
         manager = cuda.current_context().memory_manager
         original = manager.memalloc
+        self.own = vars(manager).get("memalloc")  # someone's wrapper, put back on exit
 
         def memalloc(size):
             self.count += 1
@@ -92,7 +93,10 @@ class _Allocations:
 
     def __exit__(self, *exc):
         if self.manager is not None:
-            del self.manager.memalloc
+            if self.own is None:
+                del self.manager.memalloc
+            else:
+                self.manager.memalloc = self.own
             self.manager = None
 
 

@@ -67,7 +67,7 @@ def _count(value) -> str:
 
 def format_host(cost) -> str:
     """One line of the host-cost table for a :class:`.hostcost.Cost`."""
-    cells = [f"{cost.host_us:.3g}", _count(cost.launches), _count(cost.allocations),
+    cells = [f"{cost.host_us:.1f}", _count(cost.launches), _count(cost.allocations),
              str(cost.python_calls)]
     return " ".join([f"{cost.name:<{NAME_WIDTH}}"]
                     + [f"{c:>{w}}" for c, (_, w) in zip(cells, HOST_COLUMNS, strict=True)])
@@ -75,11 +75,10 @@ def format_host(cost) -> str:
 
 def host_legend(calls: int) -> str:
     """What the host-cost columns mean."""
-    return (f"host us: minimum over {calls} calls of the time the call takes on the host (no "
-            "synchronisation); launches: kernels numbapos launched;\n"
-            "allocations: device arrays requested from the memory manager (numbapos's pool "
-            "serves them from its cache after warm-up);\n"
-            "Python calls: Python function calls made by one call. Per call, after a warm-up.")
+    return (f"Per call, after a warm-up. host us: the minimum over {calls} calls (the host's "
+            "time, nothing synchronised);\nlaunches: kernels launched; allocations: device "
+            "arrays asked of the memory manager (numbapos's pool\nserves them from its cache); "
+            "Python calls: Python functions one call runs.")
 
 
 def plot(points, path: str, title: str) -> None:
