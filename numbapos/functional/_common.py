@@ -18,7 +18,7 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 class Planned:
     """An op's plans for the GPU host path (:mod:`numbapos.kernels.cuda.plans`).
 
-    ``call(full, arrays, options, outputs, avoid)`` runs ``full()`` (the op's
+    ``call(full, arrays, options, ...)`` (see ``PlanCache.call``) runs ``full()`` (the op's
     ordinary path) until the CUDA backend is in use, then goes through the
     op's plan cache, which replays the launches ``full`` made for the same
     call signature (see that module for what an op may plan).
@@ -30,7 +30,7 @@ class Planned:
         self.op = op
         self.cache = None
 
-    def call(self, full, arrays, options, outputs=(), avoid=()):
+    def call(self, full, arrays, options, outputs=(), avoid=(), unpack=None, pack=None):
         cache = self.cache
         if cache is None:
             if not _device.backend_loaded("cuda"):
@@ -38,7 +38,7 @@ class Planned:
             from ..kernels.cuda import plans
 
             cache = self.cache = plans.PlanCache(self.op)
-        return cache.call(full, arrays, options, outputs, avoid)
+        return cache.call(full, arrays, options, outputs, avoid, unpack, pack)
 
 
 def cpu_kernels():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks, _device
-from .._args import TableFormat
+from .._args import RowGroups, TableFormat
 from ..sparse import SparseRows
 from ._common import (
     INDEX_DTYPES,
@@ -34,6 +34,28 @@ _ndarray, _empty = np.ndarray, np.empty
 _gather_checked = None  # kernels.cpu.gather_rows_checked, once loaded
 _LOOKUPS = Planned("embedding")
 _DENSE_BACKWARDS = Planned("embedding_backward")
+_SPARSE_BACKWARDS = Planned("embedding_backward, sparse")
+
+
+# A planned sparse backward's result is made of the arrays the grouping allocates (its
+# rows and their count) and the summed values: these are what a replay makes anew.
+def _sparse_arrays(result):
+    return result._indices, result._used, result._values
+
+
+def _sparse_rows(made, num_rows):
+    rows, used, values = made
+    return SparseRows._grouped(RowGroups(rows, None, None, None, used), values, num_rows)
+
+
+def _sparse_arrays_into(result):
+    return result._indices, result._used
+
+
+def _sparse_rows_into(made, values_out, num_rows):
+    rows, used = made
+    return SparseRows._grouped(RowGroups(rows, None, None, None, used),
+                               values_out[:rows.shape[0]], num_rows)
 
 
 def embedding_renorm_(weight, indices, max_norm, norm_type=2.0):
@@ -265,15 +287,26 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         As for :func:`embedding`; ValueError when ``grad_output``'s shape is not
         ``indices.shape + (D,)``.
     """
-    if not sparse and values_out is None and type(grad_output) is not _ndarray:
+    if type(grad_output) is not _ndarray and not lazy:  # a GPU gradient: its plan if any
 
         def full():
             return _backward(grad_output, indices, num_embeddings, padding_idx,
-                             scale_grad_by_freq, False, False, None)
+                             scale_grad_by_freq, sparse, False, values_out)
 
-        return _DENSE_BACKWARDS.call(
-            full, (grad_output, indices, None),
-            (num_embeddings, padding_idx, scale_grad_by_freq, lazy), outputs=(2,))
+        options = (num_embeddings, padding_idx, scale_grad_by_freq, sparse)
+        if not sparse:
+            if values_out is None:
+                return _DENSE_BACKWARDS.call(full, (grad_output, indices, None), options,
+                                             outputs=(2,))
+        elif values_out is None:
+            return _SPARSE_BACKWARDS.call(full, (grad_output, indices), options,
+                                          unpack=_sparse_arrays,
+                                          pack=lambda made: _sparse_rows(made, num_embeddings))
+        else:
+            return _SPARSE_BACKWARDS.call(
+                full, (grad_output, indices, values_out), options, avoid=((2, 0), (2, 1)),
+                unpack=_sparse_arrays_into,
+                pack=lambda made: _sparse_rows_into(made, values_out, num_embeddings))
     return _backward(grad_output, indices, num_embeddings, padding_idx, scale_grad_by_freq,
                      sparse, lazy, values_out)
 

@@ -177,3 +177,42 @@ def check_dense_backward() -> dict:
         cases += 1
     return {"dense_backwards": cases,
             "plans": len(lookup._DENSE_BACKWARDS.cache.plans)}
+
+
+def check_sparse_backward() -> dict:
+    """A planned sparse lookup backward: a SparseRows made of new arrays, the ordinary
+    path's launches, with and without a caller's values buffer."""
+    from numba import cuda
+
+    import numbapos.functional as F
+
+    lookup = sys.modules["numbapos.functional.embedding"]
+    seen = _spy()
+    rng = np.random.default_rng(2)
+    cases = 0
+    for n, rows, dim, padding_idx, scale, into in [(4096, 30522, 64, None, False, False),
+                                                   (37, 50, 8, 3, True, False),
+                                                   (300, 90, 16, None, False, True)]:
+        ids = cuda.to_device(rng.integers(0, rows, n))
+        grad = cuda.to_device(rng.standard_normal((n, dim)).astype(np.float32))
+        buffer = cuda.device_array((n, dim), np.float32) if into else None
+        for _ in range(3):
+            F.embedding_backward(grad, ids, rows, padding_idx, scale, sparse=True,
+                                 values_out=buffer)
+        seen.clear()
+        result = F.embedding_backward(grad, ids, rows, padding_idx, scale, sparse=True,
+                                      values_out=buffer)
+        planned = seen[:]
+        seen.clear()
+        again = lookup._backward(grad, ids, rows, padding_idx, scale, True, False, buffer)
+        assert _same_but_pointers(planned, seen), planned
+        assert type(result) is type(again) and result.num_rows == rows
+        for name in ("_indices", "_values", "_used"):
+            a, b = getattr(result, name), getattr(again, name)
+            assert (a.shape, a.dtype) == (b.shape, b.dtype), name
+        if into:
+            assert result._values.__cuda_array_interface__["data"][0] == \
+                buffer.__cuda_array_interface__["data"][0]
+        cases += 1
+    return {"sparse_backwards": cases,
+            "plans": len(lookup._SPARSE_BACKWARDS.cache.plans)}

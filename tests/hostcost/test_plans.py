@@ -8,7 +8,8 @@ arrays, its outputs are ordinary device arrays, and errors raise as before.
 import pytest
 import stub
 
-CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward")
+CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward",
+          "check_sparse_backward")
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +47,7 @@ def test_errors_raise_through_plans(results):
 
 def test_dense_backward_replays_with_a_workspace(results):
     assert results["check_dense_backward"] == {"dense_backwards": 3, "plans": 3}
+
+
+def test_sparse_backward_replays_into_new_sparse_rows(results):
+    assert results["check_sparse_backward"] == {"sparse_backwards": 3, "plans": 3}

@@ -197,7 +197,10 @@ class Plan:
             if a[2] < b[3] and b[2] < a[3]:
                 return False
         for position, factory in self.outputs:
-            arrays[position] = factory()[0]
+            if position == len(arrays):
+                arrays.append(factory()[0])  # a part of a result made of arrays (unpack)
+            else:
+                arrays[position] = factory()[0]
         pointers = [x._numbapos_plan[1] for x in arrays]
         launch_kernel = fastlaunch.launch_kernel
         pack = _POINTER.pack_into
@@ -219,14 +222,17 @@ class PlanCache:
         self.plans: dict = {}
         _caches.append(self)
 
-    def call(self, full, arrays: tuple, options: tuple, outputs=(), avoid=()):
+    def call(self, full, arrays: tuple, options: tuple, outputs=(), avoid=(), unpack=None,
+             pack=None):
         """``full()`` (the op's ordinary path) or its plan for this call signature.
 
         ``arrays`` are the op's arrays in a fixed order (None for an output the op
         allocates); ``outputs`` the positions of those it returns (one: the result,
         several: a tuple of them, in that order); ``avoid`` pairs of positions (a
         caller's output, an input) that must not overlap. ``full`` returns the
-        op's result.
+        op's result. A result that is not made of arrays (a SparseRows) gives
+        ``unpack(result)``, the arrays the op allocated for it, and ``pack(arrays)``
+        makes the result from new ones.
         """
         key = self._key(arrays, options)
         if key is None:
@@ -235,17 +241,25 @@ class PlanCache:
         if plan is not None:
             found = list(arrays)
             if plan.run(found, key[-1]):
+                if pack is not None:
+                    return pack(found[len(arrays):])
                 if len(outputs) == 1:
                     return found[outputs[0]]
                 return tuple(found[i] for i in outputs)
             return full()
         with recording() as record:
             result = full()
-        produced = (result,) if len(outputs) == 1 else result
         done = list(arrays)
-        for position, array in zip(outputs, produced, strict=True):
-            done[position] = array
-        plan = _build(record, done, [i for i in outputs if arrays[i] is None],
+        if unpack is not None:
+            made = unpack(result)
+            allocated = list(range(len(done), len(done) + len(made)))
+            done.extend(made)
+        else:
+            produced = (result,) if len(outputs) == 1 else result
+            for position, array in zip(outputs, produced, strict=True):
+                done[position] = array
+            allocated = [i for i in outputs if arrays[i] is None]
+        plan = _build(record, done, allocated,
                       [pair for pair in avoid if arrays[pair[0]] is not None], key[-1])
         if plan is not None:
             if len(self.plans) >= MAX_PLANS:
