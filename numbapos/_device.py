@@ -175,6 +175,22 @@ def simulator_enabled() -> bool:
 _NAMESPACES: dict = {}
 
 
+def cuda_launches() -> int:
+    """How many CUDA kernels numbapos has launched in this process (0 before CUDA's use)."""
+    if not backend_loaded("cuda"):
+        return 0
+    from .kernels.cuda import launch
+
+    return launch.launches()
+
+
+def plan_cache(op: str):
+    """A new plan cache for ``op`` on the CUDA host path (``kernels/cuda/plans.py``)."""
+    from .kernels.cuda import plans
+
+    return plans.PlanCache(op)
+
+
 def backend_loaded(device: str) -> bool:
     """Whether ``device``'s kernel namespace has been started (see :func:`kernels_for`)."""
     return device in _NAMESPACES
@@ -429,13 +445,9 @@ def full(shape, value, dtype, device: str = "cpu"):
 def copy(x):
     """A copy of ``x`` on its own device (NumPy in, NumPy out; CUDA in, Numba device array out)."""
     if is_cuda_array(x):
-        x = adopt(x)
-        from .kernels.cuda import arrays, streams  # no kernels_for: an op may be under way
+        from .kernels.cuda import arrays  # no kernels_for: an op may be under way
 
-        out = arrays.empty(x.shape, x.dtype)
-        out.copy_to_device(x, stream=streams.current())
-        streams.record("copy", out, x)
-        return out
+        return arrays.copy(adopt(x))
     return np.array(x, copy=True)
 
 

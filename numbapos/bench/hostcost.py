@@ -6,7 +6,7 @@ takes one op's zero-argument callable after a warm-up and reports, per call:
 
 - ``host_us``: the minimum over many calls of ``perf_counter`` around the
   call. Nothing synchronises, so on a GPU this is the host's share only.
-- ``launches``: kernels numbapos launched (:func:`numbapos.kernels.cuda.launch.launches`).
+- ``launches``: kernels numbapos launched (``numbapos._device.cuda_launches``).
 - ``allocations``: calls of the CUDA context's memory manager's ``memalloc``
   (numbapos's caching pool serves most from its cache, but each one still
   costs host time); None on Numba's simulator, which has no manager.
@@ -62,9 +62,7 @@ class Case(NamedTuple):
 
 
 def _launches() -> int:
-    from ..kernels.cuda import launch
-
-    return launch.launches()
+    return _device.cuda_launches()
 
 
 class _Allocations:

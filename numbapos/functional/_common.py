@@ -35,9 +35,7 @@ class Planned:
         if cache is None:
             if not _device.backend_loaded("cuda"):
                 return full()
-            from ..kernels.cuda import plans
-
-            cache = self.cache = plans.PlanCache(self.op)
+            cache = self.cache = _device.plan_cache(self.op)
         return cache.call(full, arrays, options, outputs, avoid, unpack, pack)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from .. import _checks, _device
 from .._args import BertIds, BertTables, DropoutArgs, TableFormat, TiledIds
 from . import _common
-from ._common import backend_for, check_range, flatten, on_backend
+from ._common import Planned, backend_for, check_range, flatten, on_backend
 from .embedding import _check_clippable, _scatter
 from .half import half_format
 
@@ -528,6 +528,33 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
         An id, token type or position outside its table, named with the valid
         range. Nothing runs and nothing is modified when any error is raised.
     """
+    args = (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
+            ln_bias)
+    keywords = dict(token_type_ids=token_type_ids, position_ids=position_ids,
+                    past_length=past_length, eps=eps, p=p, seed=seed, training=training,
+                    counter=counter, out=out, table_options=table_options)
+    if type(word_embeddings) is np.ndarray:
+        return _bert_forward(*args, **keywords)
+    # GPU tables: the plan of this call signature, if any. A device counter is one of the
+    # op's arrays; an integer one with active dropout changes every step (no plan).
+    device_counter = None if isinstance(counter, (int, np.integer)) else counter
+    if device_counter is None and training and p:
+        return _bert_forward(*args, **keywords)
+    return _BERT_FORWARDS.call(
+        lambda: _bert_forward(*args, **keywords),
+        (*args, token_type_ids, position_ids, device_counter, out, None, None),
+        (past_length, eps, p, seed, bool(training),
+         counter if device_counter is None else None, table_options),
+        outputs=(9, 10, 11), avoid=tuple((9, i) for i in range(9)))
+
+
+_BERT_FORWARDS = Planned("bert_embeddings_forward")
+
+
+def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
+                  ln_weight, ln_bias, *, token_type_ids, position_ids, past_length, eps, p, seed,
+                  training, counter, out, table_options):
+    """:func:`bert_embeddings_forward`'s ordinary path."""
     tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
                           ln_weight, ln_bias)
     K = backend_for(tables + (out,), _BERT_NAMES + ("ln_weight", "ln_bias", "out"))

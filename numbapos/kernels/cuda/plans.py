@@ -201,7 +201,7 @@ class Plan:
                 arrays.append(factory()[0])  # a part of a result made of arrays (unpack)
             else:
                 arrays[position] = factory()[0]
-        pointers = [x._numbapos_plan[1] for x in arrays]
+        pointers = [0 if x is None else x._numbapos_plan[1] for x in arrays]
         launch_kernel = fastlaunch.launch_kernel
         pack = _POINTER.pack_into
         LAUNCHES[0] += len(self.steps)
@@ -260,7 +260,8 @@ class PlanCache:
                 done[position] = array
             allocated = [i for i in outputs if arrays[i] is None]
         plan = _build(record, done, allocated,
-                      [pair for pair in avoid if arrays[pair[0]] is not None], key[-1])
+                      [(a, b) for a, b in avoid if arrays[a] is not None and arrays[b] is not None],
+                      key[-1])
         if plan is not None:
             if len(self.plans) >= MAX_PLANS:
                 self.plans.clear()
