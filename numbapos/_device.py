@@ -26,17 +26,28 @@ _INSTALL_HINT = (
 )
 
 
+_numba_array_types: dict = {}  # type -> whether its instances are Numba device arrays
+
+
 def _is_numba_device_array(x) -> bool:
     """A Numba device array (real or simulated), without importing numba.cuda."""
-    module = type(x).__module__ or ""
-    return module.startswith(("numba.cuda", "numba_cuda")) and hasattr(x, "copy_to_host")
+    kind = type(x)
+    found = _numba_array_types.get(kind)
+    if found is None:  # once per type: every op asks this of each of its arrays
+        module = kind.__module__ or ""
+        found = _numba_array_types[kind] = (module.startswith(("numba.cuda", "numba_cuda"))
+                                            and hasattr(kind, "copy_to_host"))
+    return found
 
 
 def is_cuda_array(x) -> bool:
     """True for a Numba device array or an object exposing ``__cuda_array_interface__``."""
-    if isinstance(x, np.ndarray):
+    if type(x) is np.ndarray:
         return False
-    return _is_numba_device_array(x) or hasattr(x, "__cuda_array_interface__")
+    if _is_numba_device_array(x):
+        return True
+    # Per object: a PyTorch tensor's class has the attribute, a CPU tensor raises on it.
+    return not isinstance(x, np.ndarray) and hasattr(x, "__cuda_array_interface__")
 
 
 def device_of(x) -> str:

@@ -35,10 +35,12 @@ _gather_checked = None  # kernels.cpu.gather_rows_checked, once loaded
 _LOOKUPS = Planned("embedding")
 _DENSE_BACKWARDS = Planned("embedding_backward")
 _SPARSE_BACKWARDS = Planned("embedding_backward, sparse")
+_LAZY_BACKWARDS = Planned("embedding_backward, sparse and lazy")
 
 
 # A planned sparse backward's result is made of the arrays the grouping allocates (its
-# rows and their count) and the summed values: these are what a replay makes anew.
+# rows and their count; all of its groups when lazy) and the summed values: these are
+# what a replay makes anew.
 def _sparse_arrays(result):
     return result._indices, result._used, result._values
 
@@ -46,6 +48,15 @@ def _sparse_arrays(result):
 def _sparse_rows(made, num_rows):
     rows, used, values = made
     return SparseRows._grouped(RowGroups(rows, None, None, None, used), values, num_rows)
+
+
+def _lazy_arrays(result):
+    return tuple(result._pending[0])
+
+
+def _lazy_rows(made, grad_output, size, scale_grad_by_freq, num_rows):
+    grad = _device.reshaped(grad_output, (size, grad_output.shape[-1]))
+    return SparseRows._unsummed(RowGroups(*made), grad, scale_grad_by_freq, num_rows)
 
 
 def _sparse_arrays_into(result):
@@ -287,6 +298,17 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         As for :func:`embedding`; ValueError when ``grad_output``'s shape is not
         ``indices.shape + (D,)``.
     """
+    if type(grad_output) is not _ndarray and sparse and lazy and values_out is None:
+
+        def full_lazy():
+            return _backward(grad_output, indices, num_embeddings, padding_idx,
+                             scale_grad_by_freq, True, True, None)
+
+        return _LAZY_BACKWARDS.call(
+            full_lazy, (grad_output, indices),
+            (num_embeddings, padding_idx, scale_grad_by_freq), unpack=_lazy_arrays,
+            pack=lambda made: _lazy_rows(made, grad_output, indices.size,
+                                         scale_grad_by_freq, num_embeddings))
     if type(grad_output) is not _ndarray and not lazy:  # a GPU gradient: its plan if any
 
         def full():

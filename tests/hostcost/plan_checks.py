@@ -216,3 +216,37 @@ def check_sparse_backward() -> dict:
         cases += 1
     return {"sparse_backwards": cases,
             "plans": len(lookup._SPARSE_BACKWARDS.cache.plans)}
+
+
+def check_lazy_backward() -> dict:
+    """A planned lazy sparse backward: new row groups of the ordinary path's metadata, the
+    ordinary path's launches, the gradient kept for the update."""
+    from numba import cuda
+
+    import numbapos.functional as F
+
+    lookup = sys.modules["numbapos.functional.embedding"]
+    seen = _spy()
+    rng = np.random.default_rng(3)
+    cases = 0
+    for n, rows, dim, padding_idx, scale in [(4096, 30522, 64, None, False),
+                                             (37, 50, 8, 3, True), (9000, 70000, 4, 0, False)]:
+        ids = cuda.to_device(rng.integers(0, rows, n))
+        grad = cuda.to_device(rng.standard_normal((n, dim)).astype(np.float32))
+        for _ in range(3):
+            F.embedding_backward(grad, ids, rows, padding_idx, scale, sparse=True, lazy=True)
+        seen.clear()
+        result = F.embedding_backward(grad, ids, rows, padding_idx, scale, sparse=True,
+                                      lazy=True)
+        planned = seen[:]
+        seen.clear()
+        again = lookup._backward(grad, ids, rows, padding_idx, scale, True, True, None)
+        assert _same_but_pointers(planned, seen), planned
+        (groups, values, scaled), (other, values_again, scaled_again) = \
+            result._pending, again._pending
+        assert scaled == scaled_again == scale and values.shape == values_again.shape
+        for a, b in zip(groups, other, strict=True):
+            assert (a.shape, a.dtype) == (b.shape, b.dtype)
+        assert result._indices is groups.rows and result._used is groups.used
+        cases += 1
+    return {"lazy_backwards": cases, "plans": len(lookup._LAZY_BACKWARDS.cache.plans)}

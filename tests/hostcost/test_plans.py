@@ -9,7 +9,7 @@ import pytest
 import stub
 
 CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward",
-          "check_sparse_backward")
+          "check_sparse_backward", "check_lazy_backward")
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +51,7 @@ def test_dense_backward_replays_with_a_workspace(results):
 
 def test_sparse_backward_replays_into_new_sparse_rows(results):
     assert results["check_sparse_backward"] == {"sparse_backwards": 3, "plans": 3}
+
+
+def test_lazy_backward_replays_into_new_row_groups(results):
+    assert results["check_lazy_backward"] == {"lazy_backwards": 3, "plans": 3}

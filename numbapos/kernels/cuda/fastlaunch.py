@@ -99,7 +99,10 @@ def _typeof():
         if isinstance(value, tuple):
             # The records of numbapos._args (hyper-parameters, row groups, ids, tables,
             # dropout, rounding) and tuples of tags: typed from their members' types.
-            key = (type(value), tuple(map(of, value)))
+            # Keyed by the members' type ids (hashing Numba types costs microseconds): the
+            # cached tuple type holds its members, so while it lives their ids are theirs,
+            # and Numba interns types, so an equal member type is that same object.
+            key = (type(value), tuple(map(id, map(of, value))))
             found = tuples.get(key)
             if found is None:
                 found = tuples[key] = typeof(value, Purpose.argument)
@@ -405,8 +408,10 @@ class ArrayFactory:
                                                described[3] - described[1])
         self.context = context
 
-    def __call__(self):
-        memory = self.context.memalloc(self.nbytes)
+    def __call__(self, memory=None):
+        """A new array on ``memory`` (a Numba memory pointer), or on a new block."""
+        if memory is None:
+            memory = self.context.memalloc(self.nbytes)
         pointer = memory.device_pointer_value
         array = self.cls.__new__(self.cls)
         state = array.__dict__

@@ -182,7 +182,10 @@ class Plan:
         # persistent arrays and the workspace that replaces the recorded call's scratch.
         self.steps = steps
         self.host_word = host_word
-        self.outputs = outputs  # ((position among the op's arrays, its ArrayFactory), ...)
+        # (context, size of each block the outputs live in, ((position among the op's
+        # arrays, its ArrayFactory, its block, byte offset in it or None: the block), ...),
+        # whether slots name the blocks themselves)
+        self.outputs = outputs
         self.avoid = avoid  # ((given output, input), ...) that must not overlap
         self.lock = threading.Lock()
         self.keep = keep
@@ -196,12 +199,20 @@ class Plan:
             a, b = arrays[output]._numbapos_plan, arrays[source]._numbapos_plan
             if a[2] < b[3] and b[2] < a[3]:
                 return False
-        for position, factory in self.outputs:
-            if position == len(arrays):
-                arrays.append(factory()[0])  # a part of a result made of arrays (unpack)
-            else:
-                arrays[position] = factory()[0]
+        context, sizes, outputs, names_blocks = self.outputs
+        if sizes:
+            blocks = [context.memalloc(size) for size in sizes]
+            for position, factory, base, offset in outputs:
+                memory = blocks[base]
+                if offset is not None:  # a view into the block
+                    memory = memory.view(offset, offset + factory.nbytes)
+                if position == len(arrays):
+                    arrays.append(factory(memory)[0])  # a part of an unpacked result
+                else:
+                    arrays[position] = factory(memory)[0]
         pointers = [0 if x is None else x._numbapos_plan[1] for x in arrays]
+        if names_blocks:  # slots past the op's arrays: the blocks the outputs live in
+            pointers.extend([block.device_pointer_value for block in blocks])
         launch_kernel = fastlaunch.launch_kernel
         pack = _POINTER.pack_into
         LAUNCHES[0] += len(self.steps)
@@ -309,8 +320,12 @@ def _build(record, arrays, allocated, avoid, stream):
     described = [_described(x) if x is not None else None for x in arrays]
     if any(d is None for x, d in zip(arrays, described, strict=True) if x is not None):
         return None
-    outputs = [arrays[i] for i in allocated]
-    scratch = [x for x in record.allocations if not any(x is y for y in outputs)]
+    made = _output_places(arrays, allocated, record.allocations)
+    if made is None:
+        return None
+    bases = sorted({base for _, base, _ in made})
+    scratch = [x for k, x in enumerate(record.allocations) if k not in bases]
+    record_sizes = [x.alloc_size for x in record.allocations]
     placed, size = [], 0  # (first byte, end byte, offset in the workspace) of each scratch
     for pointer, nbytes in [(_described(x)[1], x.alloc_size) for x in scratch]:
         placed.append((pointer, pointer + nbytes, size))
@@ -319,19 +334,46 @@ def _build(record, arrays, allocated, avoid, stream):
         return None  # kernels this big outweigh the host's time; don't hold their scratch
     workspace = errors.current_context().memalloc(size) if size else None
     keep = [workspace]
-    steps = _steps(launches, arrays, described, placed,
+    # The blocks the outputs live in are places too (a kernel may write a part of a block
+    # that no output shows): slots past the op's arrays name them.
+    blocks = [record.allocations[k] for k in bases]
+    steps = _steps(launches, [*arrays, *blocks], [*described, *map(_described, blocks)],
+                   placed,
                    workspace.device_pointer_value if size else 0, stream, keep)
     escaped = [weakref.ref(x) for x in scratch]
-    del scratch, launches
+    del scratch, launches, blocks
     record.launches.clear()
     record.allocations.clear()
     if steps is None or any(ref() is not None for ref in escaped):
         return None  # or "scratch" still referenced after the call: the plan cannot own it
     host = errors.host_word_view()
-    memory = errors.current_context()
-    factories = tuple((i, fastlaunch.ArrayFactory(arrays[i], described[i], memory))
-                      for i in allocated)
-    return Plan(steps, host, factories, tuple(avoid), keep)
+    context = errors.current_context()
+    sizes = tuple(record_sizes[k] for k in bases)
+    outputs = tuple((i, fastlaunch.ArrayFactory(arrays[i], described[i], context),
+                     bases.index(base), offset) for i, base, offset in made)
+    names_blocks = any(which >= len(arrays) for step in steps for _, which, _ in step.slots)
+    return Plan(steps, host, (context, sizes, outputs, names_blocks), tuple(avoid), keep)
+
+
+def _output_places(arrays, allocated, allocations):
+    """``[(position, allocation index, byte offset)]``: where each allocated output lies
+    (an allocation itself, offset None, or a view into one), or None."""
+    places = []
+    for i in allocated:
+        x = arrays[i]
+        found = next((k for k, y in enumerate(allocations) if y is x), None)
+        if found is not None:
+            places.append((i, found, None))
+            continue
+        _, pointer, low, high = _described(x)
+        for k, y in enumerate(allocations):
+            start = _described(y)[1]
+            if start <= low and high <= start + y.alloc_size:
+                places.append((i, k, pointer - start))
+                break
+        else:
+            return None  # neither an allocation of the call nor inside one
+    return places
 
 
 def _steps(launches, arrays, described, placed, base, stream, keep):
