@@ -97,6 +97,17 @@ def capture(step, *, warmup=1):
     and executed. Each :meth:`CapturedStep.replay` runs the whole step again as
     one graph launch, on the current stream.
 
+    Any memory manager works: numbapos's caching allocator, Numba's own (with
+    ``NUMBAPOS_CUDA_MEMORY_POOL=0``, or where Numba made the CUDA context
+    before numbapos could install the pool) or a ``NUMBA_CUDA_MEMORY_MANAGER``
+    plugin. Outside the pool every array the captured call allocates comes
+    from the manager (with the thread's capture mode relaxed around it) and
+    stays allocated while the captured step lives, since every replay uses it.
+
+    If the step fails while captured, the capture is ended before the error
+    propagates: nothing is recorded, the stream no longer captures, and eager
+    work or a new capture may follow at once.
+
     Inputs are static, as in PyTorch: the graph reads the arrays the captured
     call read, so copy each new batch into them (``ids.copy_to_device(batch)``)
     before a replay; outputs (``captured.outputs``, what ``step`` returned)
@@ -145,7 +156,10 @@ def capture(step, *, warmup=1):
         stochastic rounding with an integer ``rounding_step`` (host values a
         graph would bake in), dynamic NTK rotary scaling with CUDA
         ``position_ids`` and no ``seq_len``; or captures nested. The message
-        names what was asked for.
+        names what was asked for. Also a CUDA call made in the step outside
+        numbapos that stream capture refuses (``numba.cuda.synchronize``,
+        ``numba.cuda.to_device``, ...): the message gives the driver's error,
+        which names the call.
     IndexError
         A bad id found by the warm-up (raised as at any synchronising call).
 

@@ -228,6 +228,66 @@ def test_bad_arguments():
             numbapos.cuda.capture(lambda: None, warmup=warmup)
 
 
+def _failing_step(how):
+    """The test's step, whose captured call (the second call) fails: raising its own
+    error (``raise``), or making a CUDA call a capture refuses (``sync``, Numba's own
+    synchronisation, past numbapos's checks)."""
+    emb, bias, opt, ids, step = _setup("cuda", OPTIMISERS["sgd_momentum"])
+    calls = [0]
+
+    def failing():
+        y = step()
+        calls[0] += 1
+        if calls[0] == 2:
+            if how == "raise":
+                raise KeyError("the step's own error")
+            from numba import cuda
+
+            cuda.synchronize()
+        return y
+
+    return failing, step
+
+
+def _nothing_left_behind(step):
+    """No capture in progress, eager work (a synchronisation and a copy back included)
+    and a new capture work (while the caller still handles the failure)."""
+    from numbapos.kernels.cuda import streams
+
+    assert streams.capturing() is None and numbapos.cuda.current_stream() == 0
+    y = step()
+    numbapos.synchronize()
+    numbapos.to_host(y)
+    numbapos.cuda.capture(step).replay()
+    numbapos.synchronize()
+
+
+def test_a_step_failing_while_captured_raises_its_own_error_and_leaves_nothing_behind():
+    failing, step = _failing_step("raise")
+    with pytest.raises(KeyError, match="the step's own error"):
+        try:
+            numbapos.cuda.capture(failing)
+        except KeyError:
+            _nothing_left_behind(step)  # while the error (and its traceback) lives
+            raise
+
+
+@pytest.mark.skipif(_simulated(), reason="the simulator has no stream capture to refuse")
+def test_a_cuda_call_the_capture_refuses_raises_and_ends_the_capture():
+    # Numba's cuCtxSynchronize from the capturing thread: the capture refuses it and is
+    # invalidated; numbapos ends it before raising (the stub driver checks the same under
+    # every memory manager: tests/hostcost/test_capture_stub.py).
+    failing, step = _failing_step("sync")
+    with pytest.raises(RuntimeError, match=r"numbapos.cuda.capture: the step made a CUDA "
+                                           r"call that a captured step cannot contain .*"
+                                           r"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"):
+        try:
+            numbapos.cuda.capture(failing)
+        except RuntimeError:
+            _nothing_left_behind(step)
+            raise
+
+
 def test_captures_do_not_nest():
     inner = []
 

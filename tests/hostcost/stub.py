@@ -54,12 +54,14 @@ def build(cache: Path) -> Path:
     return folder
 
 
-def run(code: str, folder: Path, timeout: float = 600):
+def run(code: str, folder: Path, timeout: float = 600, env: dict | None = None):
     """Run ``code`` under the stub in ``folder``; the JSON it prints last, decoded.
 
-    ``code`` runs with this folder on ``sys.path`` (``import stub`` works).
+    ``code`` runs with this folder on ``sys.path`` (``import stub`` works). ``env``
+    sets environment variables in that process, after those chosen here (a memory
+    manager, ``NUMBAPOS_CUDA_MEMORY_POOL``, ...).
     """
-    env = dict(os.environ)
+    extra, env = env or {}, dict(os.environ)
     env.update(
         LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(folder),
                                                        env.get("LD_LIBRARY_PATH")])),
@@ -70,6 +72,7 @@ def run(code: str, folder: Path, timeout: float = 600):
     for name in ("NUMBA_CUDA_MEMORY_MANAGER", "NUMBAPOS_CUDA_MEMORY_POOL",
                  "NUMBAPOS_CUDA_FAST_LAUNCH", "NUMBAPOS_CUDA_SYNC_CHECKS"):
         env.pop(name, None)  # the default host path, whatever the caller's shell chose
+    env.update(extra)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=timeout)
     if done.returncode != 0:

@@ -4,7 +4,23 @@
    make a context, compile kernels (NVVM makes the PTX; "linking" returns a fake cubin),
    load modules and launch. Kernels do not run; device memory is host memory
    (cuMemAlloc is aligned_alloc, copies and memsets are memcpy / memset); every call
-   returns at once and succeeds.
+   returns at once and succeeds, but for the rules of stream capture below.
+
+   Stream capture (cuStreamBeginCapture ... cuStreamEndCapture, then cuGraphInstantiate*
+   and cuGraphLaunch) follows CUDA's rules where they decide whether a capture works.
+   Work queued on a capturing stream (launches, asynchronous copies and memsets, event
+   records) is recorded into its graph, not run. A "potentially unsafe" call (cuMemAlloc,
+   cuMemFree, pinned host allocation, a synchronous copy or memset, a synchronisation)
+   from a thread that may not make one now returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+   (900): unless the thread's mode (cuThreadExchangeStreamCaptureMode) is relaxed, its own
+   captures begun in global or thread_local mode forbid it, and in global mode so do
+   other threads' captures begun in global mode (unsafe_call below). So does
+   synchronising or querying the capturing stream itself. Either invalidates the
+   captures concerned: their stream work then returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+   (901) until cuStreamEndCapture, which ends the capture and returns 901 and no graph.
+   cuGraphLaunch runs a graph's copies and memsets and counts its kernels as replayed
+   launches. User objects (cuUserObjectCreate, cuGraphRetainUserObject) are released
+   when the last graph holding them goes.
 
    Why: host cost (microseconds, launches, allocations, Python calls per op) is set by
    the host code alone, so it can be measured, and gated in CI, on a machine with no
@@ -17,6 +33,7 @@
    Build: gcc -O2 -shared -fPIC -o libcuda.so.1 stubcuda.c -ldl */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,14 +41,23 @@
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
-enum { OK = 0, NOT_FOUND = 500 };
+enum { OK = 0, NOT_FOUND = 500, ILLEGAL_STATE = 401, CAPTURE_UNSUPPORTED = 900,
+       CAPTURE_INVALIDATED = 901, CAPTURE_WRONG_THREAD = 908 };
 
-/* Counters, read with stub_counters(); their names, in order, in stub_counter_names. */
+/* Counters, read with stub_counters(); their names, in order, in stub_counter_names.
+   launches, copies_* and memsets count work run eagerly (not what a capture records);
+   captures: captures begun; captured_launches: kernels recorded into graphs;
+   graph_launches: cuGraphLaunch calls; replayed_launches: the kernels they ran;
+   refused: calls refused by the capture rules (900, 901, 908). Two are gauges, not
+   counts: capturing (streams capturing now) and graphs_alive (graphs and executable
+   graphs not destroyed yet). */
 enum { LAUNCHES, DEVICE_ALLOCS, HOST_ALLOCS, FREES, COPIES_HTOD, COPIES_DTOH, COPIES_DTOD,
-       MEMSETS, SYNCS, N_COUNTERS };
+       MEMSETS, SYNCS, CAPTURES, CAPTURED_LAUNCHES, GRAPH_LAUNCHES, REPLAYED_LAUNCHES, REFUSED,
+       CAPTURING, GRAPHS_ALIVE, N_COUNTERS };
 __attribute__((visibility("default")))
 const char stub_counter_names[] =
-    "launches,device_allocs,host_allocs,frees,copies_htod,copies_dtoh,copies_dtod,memsets,syncs";
+    "launches,device_allocs,host_allocs,frees,copies_htod,copies_dtoh,copies_dtod,memsets,syncs,"
+    "captures,captured_launches,graph_launches,replayed_launches,refused,capturing,graphs_alive";
 static long long counters[N_COUNTERS];
 
 /* Copy up to n counters to out; returns how many there are. */
@@ -47,6 +73,186 @@ static void *current_ctx;
 static void *host_block(size_t n) { return aligned_alloc(256, (n + 255) / 256 * 256 + 256); }
 
 #define API(name) __attribute__((visibility("default"))) CUresult stub_##name
+
+/* ---------------------------------------------------------------- stream capture */
+enum { MODE_GLOBAL, MODE_THREAD_LOCAL, MODE_RELAXED };    /* CUstreamCaptureMode */
+enum { STATUS_NONE, STATUS_ACTIVE, STATUS_INVALIDATED };  /* CUstreamCaptureStatus */
+enum { NODE_EMPTY, NODE_KERNEL, NODE_COPY, NODE_MEMSET };
+
+typedef struct { int kind, width; CUdeviceptr dst, src; size_t n; unsigned value; } Node;
+/* A CUuserObject: ptr handed to destroy when its last reference goes. */
+typedef struct { void *ptr; void (*destroy)(void *); int refs; } UserObject;
+typedef struct { UserObject *object; unsigned refs; } Held;
+typedef struct {  /* a CUgraph or a CUgraphExec */
+    Node *nodes;
+    size_t count, cap;
+    Held *held;  /* the user objects it holds references to */
+    size_t n_held;
+} Graph;
+typedef struct {
+    void *stream;  /* 0: a free slot */
+    int mode, status;
+    pthread_t thread;  /* the thread that began it */
+    Graph *graph;
+    int taken;  /* the graph was handed out (cuStreamGetCaptureInfo) */
+    unsigned long long id;
+} Capture;
+
+#define MAX_CAPTURES 64
+static Capture captures[MAX_CAPTURES];
+static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int thread_mode = MODE_GLOBAL;  /* CUDA's default for every thread */
+static unsigned long long capture_ids;
+static Graph **graphs;  /* the live graphs, so that a bad or second destroy is an error */
+static size_t n_graphs, graphs_cap;
+
+/* Under capture_lock. The legacy stream (0, CU_STREAM_LEGACY) never captures. */
+static Capture *capture_of(void *s) {
+    if ((uintptr_t)s <= 1) return 0;
+    for (int i = 0; i < MAX_CAPTURES; i++)
+        if (captures[i].stream == s) return &captures[i];
+    return 0;
+}
+
+static Graph *graph_new(void) {  /* under capture_lock */
+    Graph *g = calloc(1, sizeof *g);
+    if (n_graphs == graphs_cap) {
+        graphs_cap = graphs_cap ? 2 * graphs_cap : 16;
+        graphs = realloc(graphs, graphs_cap * sizeof *graphs);
+    }
+    graphs[n_graphs++] = g;
+    counters[GRAPHS_ALIVE]++;
+    return g;
+}
+
+static void release(UserObject *object, unsigned n) {
+    if (__atomic_sub_fetch(&object->refs, (int)n, __ATOMIC_ACQ_REL) > 0) return;
+    object->destroy(object->ptr);
+    free(object);
+}
+
+static int graph_live(Graph *g) {  /* under capture_lock */
+    for (size_t i = 0; i < n_graphs; i++) if (graphs[i] == g) return 1;
+    return 0;
+}
+
+/* Under capture_lock; 0 if g is no live graph. Its user objects' references are left
+   in *held (to release once the lock is let go: a destructor may call back into Python). */
+static int graph_free(Graph *g, Held **held, size_t *n_held) {
+    for (size_t i = 0; i < n_graphs; i++) {
+        if (graphs[i] != g) continue;
+        graphs[i] = graphs[--n_graphs];
+        *held = g->held;
+        *n_held = g->n_held;
+        free(g->nodes);
+        free(g);
+        counters[GRAPHS_ALIVE]--;
+        return 1;
+    }
+    return 0;
+}
+
+static void graph_add(Graph *g, Node node) {
+    if (g->count == g->cap) {
+        g->cap = g->cap ? 2 * g->cap : 32;
+        g->nodes = realloc(g->nodes, g->cap * sizeof *g->nodes);
+    }
+    g->nodes[g->count++] = node;
+    if (node.kind == NODE_KERNEL) counters[CAPTURED_LAUNCHES]++;
+}
+
+/* A "potentially unsafe" call (an allocation, a synchronous copy, a synchronisation):
+   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED where this thread is prohibited from it
+   (cuThreadExchangeStreamCaptureMode's rules: unless the thread's mode is relaxed, its
+   own captures not begun in relaxed mode prohibit it, and in global mode so do other
+   threads' captures begun in global mode); the captures that prohibit it are
+   invalidated. */
+static CUresult unsafe_call(void) {
+    if (!counters[CAPTURING] || thread_mode == MODE_RELAXED) return OK;
+    int refused = 0;
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&capture_lock);
+    for (int i = 0; i < MAX_CAPTURES; i++) {
+        Capture *c = &captures[i];
+        if (!c->stream) continue;
+        int own = pthread_equal(c->thread, self);
+        if ((own && c->mode != MODE_RELAXED)
+                || (!own && c->mode == MODE_GLOBAL && thread_mode == MODE_GLOBAL)) {
+            c->status = STATUS_INVALIDATED;
+            refused = 1;
+        }
+    }
+    pthread_mutex_unlock(&capture_lock);
+    if (!refused) return OK;
+    counters[REFUSED]++;
+    return CAPTURE_UNSUPPORTED;
+}
+
+/* Work queued on stream s: OK with *recorded = 1 where s captures (the work goes into
+   its graph), OK with *recorded = 0 where it runs now, or the invalidated capture's 901. */
+static CUresult stream_work(void *s, Node node, int *recorded) {
+    *recorded = 0;
+    if (!counters[CAPTURING]) return OK;
+    CUresult err = OK;
+    pthread_mutex_lock(&capture_lock);
+    Capture *c = capture_of(s);
+    if (c && c->status == STATUS_INVALIDATED) err = CAPTURE_INVALIDATED;
+    else if (c) { graph_add(c->graph, node); *recorded = 1; }
+    pthread_mutex_unlock(&capture_lock);
+    if (err) counters[REFUSED]++;
+    return err;
+}
+
+/* Synchronising with (or querying) stream s: never while s captures (that invalidates
+   the capture), otherwise an unsafe call. */
+static CUresult stream_sync(void *s) {
+    if (!counters[CAPTURING]) return OK;
+    pthread_mutex_lock(&capture_lock);
+    Capture *c = capture_of(s);
+    if (c) c->status = STATUS_INVALIDATED;
+    pthread_mutex_unlock(&capture_lock);
+    if (!c) return unsafe_call();
+    counters[REFUSED]++;
+    return CAPTURE_UNSUPPORTED;
+}
+
+static void fill(CUdeviceptr d, unsigned v, size_t n, int width) {
+    if (width == 1) memset((void *)d, v, n);
+    else for (size_t i = 0; i < n; i++) ((unsigned *)d)[i] = v;
+}
+
+static CUresult launch(void *s) {
+    Node node = {NODE_KERNEL};
+    int recorded;
+    CUresult err = stream_work(s, node, &recorded);
+    if (!err && !recorded) counters[LAUNCHES]++;
+    return err;
+}
+
+/* A copy of n bytes, counted in counters[counter] when it runs: synchronous (an unsafe
+   call) or (async) queued on stream s. */
+static CUresult copy(int counter, CUdeviceptr dst, CUdeviceptr src, size_t n, int async,
+                     void *s) {
+    CUresult err;
+    int recorded = 0;
+    Node node = {NODE_COPY, 0, dst, src, n};
+    err = async ? stream_work(s, node, &recorded) : unsafe_call();
+    if (err || recorded) return err;
+    counters[counter]++;
+    memmove((void *)dst, (const void *)src, n);
+    return OK;
+}
+
+static CUresult memset_(CUdeviceptr d, unsigned v, size_t n, int width, int async, void *s) {
+    CUresult err;
+    int recorded = 0;
+    Node node = {NODE_MEMSET, width, d, 0, n, v};
+    err = async ? stream_work(s, node, &recorded) : unsafe_call();
+    if (err || recorded) return err;
+    counters[MEMSETS]++;
+    fill(d, v, n, width);
+    return OK;
+}
 
 /* ---------------------------------------------------------------- driver, device */
 API(cuInit)(unsigned int flags) { return OK; }
@@ -89,7 +295,11 @@ API(cuCtxPopCurrent)(void **ctx) { if (ctx) *ctx = current_ctx; current_ctx = 0;
 API(cuCtxGetCurrent)(void **ctx) { *ctx = current_ctx; return OK; }
 API(cuCtxSetCurrent)(void *ctx) { current_ctx = ctx; return OK; }
 API(cuCtxGetDevice)(int *dev) { *dev = 0; return OK; }
-API(cuCtxSynchronize)(void) { counters[SYNCS]++; return OK; }
+API(cuCtxSynchronize)(void) {
+    CUresult err = unsafe_call();
+    if (!err) counters[SYNCS]++;
+    return err;
+}
 API(cuCtxGetApiVersion)(void *ctx, unsigned *v) { *v = 12090; return OK; }
 API(cuCtxGetId)(void *ctx, unsigned long long *id) { *id = 1; return OK; }
 API(cuCtxGetFlags)(unsigned *flags) { *flags = 0; return OK; }
@@ -103,58 +313,73 @@ API(cuDeviceGetStreamPriorityRange)(int *lo, int *hi) { *lo = 0; *hi = -5; retur
 API(cuMemGetInfo)(size_t *free_, size_t *total) {
     *free_ = (size_t)70 << 30; *total = (size_t)80 << 30; return OK;
 }
-API(cuMemAlloc)(CUdeviceptr *p, size_t n) {
+static CUresult alloc(CUdeviceptr *p, size_t n) {
     counters[DEVICE_ALLOCS]++; *p = (CUdeviceptr)host_block(n); return OK;
 }
-API(cuMemAllocAsync)(CUdeviceptr *p, size_t n, void *s) { return stub_cuMemAlloc(p, n); }
-API(cuMemFree)(CUdeviceptr p) { counters[FREES]++; free((void *)p); return OK; }
-API(cuMemFreeAsync)(CUdeviceptr p, void *s) { return stub_cuMemFree(p); }
+API(cuMemAlloc)(CUdeviceptr *p, size_t n) {
+    CUresult err = unsafe_call();
+    return err ? err : alloc(p, n);
+}
+/* Stream-ordered: allowed while capturing (served at once, not as a graph node). */
+API(cuMemAllocAsync)(CUdeviceptr *p, size_t n, void *s) { return alloc(p, n); }
+API(cuMemFree)(CUdeviceptr p) {
+    CUresult err = unsafe_call();
+    if (err) return err;
+    counters[FREES]++; free((void *)p); return OK;
+}
+API(cuMemFreeAsync)(CUdeviceptr p, void *s) {
+    int recorded;
+    Node node = {NODE_EMPTY};
+    CUresult err = stream_work(s, node, &recorded);
+    if (err || recorded) return err;  /* a captured free: the block stays (never replayed) */
+    counters[FREES]++; free((void *)p); return OK;
+}
 API(cuMemHostAlloc)(void **p, size_t n, unsigned flags) {
+    CUresult err = unsafe_call();
+    if (err) return err;
     counters[HOST_ALLOCS]++; *p = host_block(n); memset(*p, 0, n); return OK;
 }
 API(cuMemAllocHost)(void **p, size_t n) { return stub_cuMemHostAlloc(p, n, 0); }
-API(cuMemFreeHost)(void *p) { counters[FREES]++; free(p); return OK; }
+API(cuMemFreeHost)(void *p) {
+    CUresult err = unsafe_call();
+    if (err) return err;
+    counters[FREES]++; free(p); return OK;
+}
 API(cuMemHostGetDevicePointer)(CUdeviceptr *d, void *p, unsigned flags) {
     *d = (CUdeviceptr)p; return OK;
 }
 API(cuMemHostRegister)(void *p, size_t n, unsigned flags) { return OK; }
 API(cuMemHostUnregister)(void *p) { return OK; }
 API(cuMemcpyHtoD)(CUdeviceptr d, const void *h, size_t n) {
-    counters[COPIES_HTOD]++; memcpy((void *)d, h, n); return OK;
+    return copy(COPIES_HTOD, d, (CUdeviceptr)h, n, 0, 0);
 }
 API(cuMemcpyDtoH)(void *h, CUdeviceptr d, size_t n) {
-    counters[COPIES_DTOH]++; memcpy(h, (void *)d, n); return OK;
+    return copy(COPIES_DTOH, (CUdeviceptr)h, d, n, 0, 0);
 }
 API(cuMemcpyDtoD)(CUdeviceptr a, CUdeviceptr b, size_t n) {
-    counters[COPIES_DTOD]++; memmove((void *)a, (void *)b, n); return OK;
+    return copy(COPIES_DTOD, a, b, n, 0, 0);
 }
 API(cuMemcpyHtoDAsync)(CUdeviceptr d, const void *h, size_t n, void *s) {
-    return stub_cuMemcpyHtoD(d, h, n);
+    return copy(COPIES_HTOD, d, (CUdeviceptr)h, n, 1, s);
 }
 API(cuMemcpyDtoHAsync)(void *h, CUdeviceptr d, size_t n, void *s) {
-    return stub_cuMemcpyDtoH(h, d, n);
+    return copy(COPIES_DTOH, (CUdeviceptr)h, d, n, 1, s);
 }
 API(cuMemcpyDtoDAsync)(CUdeviceptr a, CUdeviceptr b, size_t n, void *s) {
-    return stub_cuMemcpyDtoD(a, b, n);
+    return copy(COPIES_DTOD, a, b, n, 1, s);
 }
 /* Unified addressing: the direction is unknown, and counted as device to device. */
-API(cuMemcpy)(CUdeviceptr a, CUdeviceptr b, size_t n) { return stub_cuMemcpyDtoD(a, b, n); }
+API(cuMemcpy)(CUdeviceptr a, CUdeviceptr b, size_t n) { return copy(COPIES_DTOD, a, b, n, 0, 0); }
 API(cuMemcpyAsync)(CUdeviceptr a, CUdeviceptr b, size_t n, void *s) {
-    return stub_cuMemcpyDtoD(a, b, n);
+    return copy(COPIES_DTOD, a, b, n, 1, s);
 }
-API(cuMemsetD8)(CUdeviceptr d, unsigned char v, size_t n) {
-    counters[MEMSETS]++; memset((void *)d, v, n); return OK;
-}
+API(cuMemsetD8)(CUdeviceptr d, unsigned char v, size_t n) { return memset_(d, v, n, 1, 0, 0); }
 API(cuMemsetD8Async)(CUdeviceptr d, unsigned char v, size_t n, void *s) {
-    return stub_cuMemsetD8(d, v, n);
+    return memset_(d, v, n, 1, 1, s);
 }
-API(cuMemsetD32)(CUdeviceptr d, unsigned v, size_t n) {
-    counters[MEMSETS]++;
-    for (size_t i = 0; i < n; i++) ((unsigned *)d)[i] = v;
-    return OK;
-}
+API(cuMemsetD32)(CUdeviceptr d, unsigned v, size_t n) { return memset_(d, v, n, 4, 0, 0); }
 API(cuMemsetD32Async)(CUdeviceptr d, unsigned v, size_t n, void *s) {
-    return stub_cuMemsetD32(d, v, n);
+    return memset_(d, v, n, 4, 1, s);
 }
 API(cuMemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
     if (base) *base = p;
@@ -185,9 +410,25 @@ API(cuStreamCreateWithPriority)(void **s, unsigned flags, int prio) {
     return stub_cuStreamCreate(s, flags);
 }
 API(cuStreamDestroy)(void *s) { return OK; }
-API(cuStreamSynchronize)(void *s) { counters[SYNCS]++; return OK; }
-API(cuStreamQuery)(void *s) { return OK; }
-API(cuStreamWaitEvent)(void *s, void *e, unsigned f) { return OK; }
+API(cuStreamSynchronize)(void *s) {
+    CUresult err = stream_sync(s);
+    if (!err) counters[SYNCS]++;
+    return err;
+}
+API(cuStreamQuery)(void *s) {
+    if (!counters[CAPTURING]) return OK;
+    pthread_mutex_lock(&capture_lock);
+    Capture *c = capture_of(s);
+    if (c) c->status = STATUS_INVALIDATED;
+    pthread_mutex_unlock(&capture_lock);
+    if (c) counters[REFUSED]++;
+    return c ? CAPTURE_UNSUPPORTED : OK;
+}
+API(cuStreamWaitEvent)(void *s, void *e, unsigned f) {
+    int recorded;
+    Node node = {NODE_EMPTY};
+    return stream_work(s, node, &recorded);
+}
 API(cuStreamGetPriority)(void *s, int *p) { *p = 0; return OK; }
 API(cuStreamGetFlags)(void *s, unsigned *f) { *f = 0; return OK; }
 API(cuStreamGetCtx)(void *s, void **c) { *c = &ctx_token; return OK; }
@@ -195,13 +436,20 @@ API(cuStreamGetId)(void *s, unsigned long long *id) {
     *id = (unsigned long long)(intptr_t)s; return OK;
 }
 API(cuStreamGetDevice)(void *s, int *d) { *d = 0; return OK; }
-API(cuStreamIsCapturing)(void *s, int *status) { *status = 0; return OK; }
 API(cuEventCreate)(void **e, unsigned f) {
     *e = (void *)(intptr_t)(0x2000 + ++event_token); return OK;
 }
 API(cuEventDestroy)(void *e) { return OK; }
-API(cuEventRecord)(void *e, void *s) { return OK; }
-API(cuEventSynchronize)(void *e) { counters[SYNCS]++; return OK; }
+API(cuEventRecord)(void *e, void *s) {
+    int recorded;
+    Node node = {NODE_EMPTY};
+    return stream_work(s, node, &recorded);
+}
+API(cuEventSynchronize)(void *e) {
+    CUresult err = unsafe_call();
+    if (!err) counters[SYNCS]++;
+    return err;
+}
 API(cuEventQuery)(void *e) { return OK; }
 API(cuEventElapsedTime)(float *ms, void *a, void *b) { *ms = 0; return OK; }
 
@@ -247,10 +495,15 @@ API(cuFuncSetCacheConfig)(void *f, int c) { return OK; }
 API(cuFuncGetName)(const char **name, void *f) { *name = "stub_kernel"; return OK; }
 API(cuLaunchKernel)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                     unsigned bz, unsigned shmem, void *s, void **params, void **extra) {
-    counters[LAUNCHES]++; return OK;
+    return launch(s);
 }
-API(cuLaunchKernelEx)(const void *config, void *f, void **params, void **extra) {
-    counters[LAUNCHES]++; return OK;
+typedef struct {  /* CUlaunchConfig */
+    unsigned grid[3], block[3], shared_bytes;
+    void *stream, *attrs;
+    unsigned n_attrs;
+} LaunchConfig;
+API(cuLaunchKernelEx)(const LaunchConfig *config, void *f, void **params, void **extra) {
+    return launch(config->stream);
 }
 API(cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *n, void *f, int bs, size_t sh) {
     *n = 8; return OK;
@@ -272,6 +525,210 @@ API(cuLinkComplete)(void *st, void **cubin, size_t *size) {
     *cubin = fake_cubin; *size = sizeof fake_cubin; return OK;
 }
 API(cuLinkDestroy)(void *st) { free(st); return OK; }
+/* ---------------------------------------------------------------- capture, graphs */
+API(cuThreadExchangeStreamCaptureMode)(int *mode) {
+    if (*mode < MODE_GLOBAL || *mode > MODE_RELAXED) return 1;  /* invalid value */
+    int before = thread_mode;
+    thread_mode = *mode;
+    *mode = before;
+    return OK;
+}
+API(cuStreamBeginCapture)(void *s, int mode) {
+    if ((uintptr_t)s <= 1) return CAPTURE_UNSUPPORTED;  /* the legacy stream */
+    if (mode < MODE_GLOBAL || mode > MODE_RELAXED) return 1;
+    CUresult err = OK;
+    pthread_mutex_lock(&capture_lock);
+    Capture *c = capture_of(s);
+    if (c) err = ILLEGAL_STATE;
+    for (int i = 0; !err && i < MAX_CAPTURES && !c; i++) if (!captures[i].stream) c = &captures[i];
+    if (!err && !c) err = 2;  /* out of memory: too many captures at once */
+    if (!err) {
+        Capture begun = {s, mode, STATUS_ACTIVE, pthread_self(), graph_new(), 0, ++capture_ids};
+        *c = begun;
+        counters[CAPTURES]++;
+        counters[CAPTURING]++;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return err;
+}
+/* Ends the capture, valid or not. The graph goes to phGraph if the capture was valid
+   (cuda.core passes none: it took the graph from cuStreamGetCaptureInfo at the start);
+   one that nobody can reach any more is destroyed. */
+API(cuStreamEndCapture)(void *s, Graph **out) {
+    CUresult err = OK;
+    Graph *graph = 0, *unreachable = 0;
+    Held *held = 0;
+    size_t n_held = 0;
+    pthread_mutex_lock(&capture_lock);
+    Capture *c = capture_of(s);
+    if (!c) err = ILLEGAL_STATE;
+    else if (c->mode != MODE_RELAXED && !pthread_equal(c->thread, pthread_self()))
+        err = CAPTURE_WRONG_THREAD;
+    else {
+        if (c->status == STATUS_INVALIDATED) err = CAPTURE_INVALIDATED;
+        else if (out) graph = c->graph;
+        if (!graph && !c->taken) unreachable = c->graph;
+        memset(c, 0, sizeof *c);
+        counters[CAPTURING]--;
+    }
+    if (unreachable) graph_free(unreachable, &held, &n_held);
+    pthread_mutex_unlock(&capture_lock);
+    for (size_t i = 0; i < n_held; i++) release(held[i].object, held[i].refs);
+    free(held);
+    if (out) *out = graph;
+    if (err == CAPTURE_INVALIDATED || err == CAPTURE_WRONG_THREAD) counters[REFUSED]++;
+    return err;
+}
+API(cuStreamIsCapturing)(void *s, int *status) {
+    pthread_mutex_lock(&capture_lock);
+    Capture *c = capture_of(s);
+    *status = c ? c->status : STATUS_NONE;
+    pthread_mutex_unlock(&capture_lock);
+    return OK;
+}
+static CUresult capture_info(void *s, int *status, unsigned long long *id, Graph **graph,
+                             const void **deps, size_t *n_deps) {
+    pthread_mutex_lock(&capture_lock);
+    Capture *c = capture_of(s);
+    if (status) *status = c ? c->status : STATUS_NONE;
+    if (c && id) *id = c->id;
+    if (c && graph) { *graph = c->graph; c->taken = 1; }
+    pthread_mutex_unlock(&capture_lock);
+    if (deps) *deps = 0;
+    if (n_deps) *n_deps = 0;
+    return OK;
+}
+API(cuStreamGetCaptureInfo)(void *s, int *status, unsigned long long *id, Graph **graph,
+                            const void **deps, size_t *n_deps) {
+    return capture_info(s, status, id, graph, deps, n_deps);
+}
+/* CUDA 12.3's version (asked for with version >= 12030, see cuGetProcAddress_v2). */
+API(cuStreamGetCaptureInfo_v3)(void *s, int *status, unsigned long long *id, Graph **graph,
+                               const void **deps, const void **edges, size_t *n_deps) {
+    if (edges) *edges = 0;
+    return capture_info(s, status, id, graph, deps, n_deps);
+}
+API(cuGraphCreate)(Graph **graph, unsigned flags) {
+    pthread_mutex_lock(&capture_lock);
+    *graph = graph_new();
+    pthread_mutex_unlock(&capture_lock);
+    return OK;
+}
+static CUresult destroy(Graph *graph) {
+    Held *held = 0;
+    size_t n_held = 0;
+    pthread_mutex_lock(&capture_lock);
+    int found = graph_free(graph, &held, &n_held);
+    pthread_mutex_unlock(&capture_lock);
+    for (size_t i = 0; i < n_held; i++) release(held[i].object, held[i].refs);
+    free(held);
+    return found ? OK : 400;  /* invalid handle */
+}
+API(cuGraphDestroy)(Graph *graph) { return destroy(graph); }
+API(cuGraphExecDestroy)(Graph *exec) { return destroy(exec); }
+/* An executable graph: a copy of the graph's nodes, holding its user objects too. */
+static CUresult instantiate(Graph **exec, Graph *graph) {
+    pthread_mutex_lock(&capture_lock);
+    int live = graph_live(graph);
+    if (live) {
+        Graph *made = graph_new();
+        made->nodes = malloc((graph->count ? graph->count : 1) * sizeof(Node));
+        memcpy(made->nodes, graph->nodes, graph->count * sizeof(Node));
+        made->count = made->cap = graph->count;
+        made->held = malloc((graph->n_held ? graph->n_held : 1) * sizeof(Held));
+        memcpy(made->held, graph->held, graph->n_held * sizeof(Held));
+        made->n_held = graph->n_held;
+        for (size_t i = 0; i < made->n_held; i++)
+            __atomic_add_fetch(&made->held[i].object->refs, (int)made->held[i].refs,
+                               __ATOMIC_ACQ_REL);
+        *exec = made;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return live ? OK : 400;
+}
+API(cuUserObjectCreate)(UserObject **object, void *ptr, void (*destroy)(void *), unsigned refs,
+                        unsigned flags) {
+    *object = malloc(sizeof **object);
+    (*object)->ptr = ptr;
+    (*object)->destroy = destroy;
+    (*object)->refs = (int)refs;
+    return OK;
+}
+API(cuUserObjectRetain)(UserObject *object, unsigned n) {
+    __atomic_add_fetch(&object->refs, (int)n, __ATOMIC_ACQ_REL);
+    return OK;
+}
+API(cuUserObjectRelease)(UserObject *object, unsigned n) { release(object, n); return OK; }
+/* flags & 1 (CU_GRAPH_USER_OBJECT_MOVE): the caller's references move to the graph. */
+API(cuGraphRetainUserObject)(Graph *graph, UserObject *object, unsigned n, unsigned flags) {
+    pthread_mutex_lock(&capture_lock);
+    int live = graph_live(graph);
+    if (live) {
+        graph->held = realloc(graph->held, (graph->n_held + 1) * sizeof(Held));
+        graph->held[graph->n_held].object = object;
+        graph->held[graph->n_held++].refs = n;
+        if (!(flags & 1)) __atomic_add_fetch(&object->refs, (int)n, __ATOMIC_ACQ_REL);
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return live ? OK : 400;
+}
+API(cuGraphReleaseUserObject)(Graph *graph, UserObject *object, unsigned n) {
+    unsigned released = 0;
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; graph_live(graph) && i < graph->n_held && released < n; i++) {
+        Held *held = &graph->held[i];
+        if (held->object != object) continue;
+        unsigned take = held->refs < n - released ? held->refs : n - released;
+        held->refs -= take;
+        released += take;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    if (released) release(object, released);
+    return released == n ? OK : 1;  /* invalid value: the graph held fewer */
+}
+API(cuGraphInstantiateWithFlags)(Graph **exec, Graph *graph, unsigned long long flags) {
+    return instantiate(exec, graph);
+}
+typedef struct {  /* CUDA_GRAPH_INSTANTIATE_PARAMS */
+    unsigned long long flags;
+    void *upload_stream, *error_node;
+    int result;
+} InstantiateParams;
+API(cuGraphInstantiateWithParams)(Graph **exec, Graph *graph, InstantiateParams *params) {
+    if (params) { params->error_node = 0; params->result = 0; }  /* success */
+    return instantiate(exec, graph);
+}
+API(cuGraphUpload)(Graph *exec, void *s) {
+    int recorded;
+    Node node = {NODE_EMPTY};
+    return stream_work(s, node, &recorded);
+}
+/* Runs the graph's copies and memsets and counts its kernels; into a capturing stream, its
+   nodes join that capture's graph. */
+API(cuGraphLaunch)(Graph *exec, void *s) {
+    CUresult err = OK;
+    int into_capture = 0;
+    pthread_mutex_lock(&capture_lock);
+    Capture *c = capture_of(s);
+    if (c && c->status == STATUS_INVALIDATED) err = CAPTURE_INVALIDATED;
+    else if (c) {
+        for (size_t i = 0; i < exec->count; i++) graph_add(c->graph, exec->nodes[i]);
+        into_capture = 1;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    if (err) counters[REFUSED]++;
+    if (err || into_capture) return err;
+    counters[GRAPH_LAUNCHES]++;
+    for (size_t i = 0; i < exec->count; i++) {
+        const Node *node = &exec->nodes[i];
+        if (node->kind == NODE_KERNEL) counters[REPLAYED_LAUNCHES]++;
+        else if (node->kind == NODE_COPY)
+            memmove((void *)node->dst, (const void *)node->src, node->n);
+        else if (node->kind == NODE_MEMSET) fill(node->dst, node->value, node->n, node->width);
+    }
+    return OK;
+}
+
 API(cuGetErrorString)(CUresult e, const char **s) { *s = e ? "stub error" : "no error"; return OK; }
 API(cuGetErrorName)(CUresult e, const char **s) {
     *s = e ? "CUDA_ERROR_STUB" : "CUDA_SUCCESS"; return OK;
@@ -292,6 +749,9 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
         self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
     }
     snprintf(name, sizeof name, "stub_%s", symbol);
+    /* Versions with another signature under the same name. */
+    if (strcmp(symbol, "cuStreamGetCaptureInfo") == 0 && version >= 12030)
+        strcat(name, "_v3");
     *pfn = dlsym(self, name);
     if (status) *status = *pfn ? 0 : 1;
     if (*pfn) return OK;

@@ -8,7 +8,10 @@ pieces that make a replay correct live beside the code they concern:
   (:mod:`.streams`, :mod:`.launch`);
 - the allocator serves the capture from the blocks its warm-up left cached
   (from the driver, with the capture mode relaxed, where those run short) and
-  never hands a block the graph uses to anyone else (:mod:`.memory`);
+  never hands a block the graph uses to anyone else (:mod:`.memory`); under
+  any other memory manager each allocation while capturing is the manager's,
+  made with the capture mode relaxed and kept by the capture
+  (:func:`.memory.prepare_capture`);
 - the optimisers' step counts and learning rates, and the dropout counters,
   live on the device and are advanced by kernels of the step (:mod:`.clock`);
 - a host round trip (a copy between host and device, a synchronisation)
@@ -17,11 +20,14 @@ pieces that make a replay correct live beside the code they concern:
 
 The graph is built with ``cuda.core``'s ``GraphBuilder`` (stream capture on the
 side stream, ``thread_local`` mode, so a forbidden driver call from this thread
-fails instead of being recorded). Numba's simulator has no graphs: there the
-captured call runs eagerly (with the same checks) while its launches and
-device copies are recorded with their arguments, and :meth:`CapturedStep.replay`
-runs that record again, as a graph would: the step's Python code does not run,
-so a value baked into a kernel argument shows up there as a wrong result.
+fails instead of being recorded). A capture that fails, by the step's own
+error or by such a call, is ended before the error propagates, so the stream
+stops capturing at once (:func:`_end_failed`). Numba's simulator has no
+graphs: there the captured call runs eagerly (with the same checks) while its
+launches and device copies are recorded with their arguments, and
+:meth:`CapturedStep.replay` runs that record again, as a graph would: the
+step's Python code does not run, so a value baked into a kernel argument shows
+up there as a wrong result.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import contextlib
 
 from numba import cuda
 
-from . import errors, streams
+from . import errors, memory, streams
 from .launch import launch
 
 __all__ = []  # not launchers: numbapos.cuda's capture API
@@ -140,19 +146,75 @@ def capture(step, *, warmup: int = 1) -> CapturedStep:
         with streams.capture_state(state):
             outputs = step()
         return CapturedStep(step, outputs, None, state)
+    memory.prepare_capture()
     builder = home.create_graph_builder()
-    builder.begin_building("thread_local")
     state = streams.Capture(builder.stream, home)
-    try:
-        # No cuMemFree of arrays Numba frees meanwhile: it cannot be captured.
-        with cuda.defer_cleanup(), streams.capture_state(state):
-            outputs = step()
-    except BaseException:
-        with contextlib.suppress(Exception):  # the step's own error is the one to see
+    # No cuMemFree of arrays Numba (or the memory manager) frees meanwhile: it cannot be
+    # captured. A failed capture is ended inside, before that cleanup may run.
+    with cuda.defer_cleanup():
+        builder.begin_building("thread_local")
+        ending = False
+        try:
+            with streams.capture_state(state):
+                outputs = step()
+            ending = True
             builder.end_building()
-        raise
-    builder.end_building()
+        except BaseException as err:
+            _end_failed(builder)
+            builder = state = None  # the failed capture's, out of the traceback's frame
+            refused = _refused_call(err, ending)
+            if refused is None:
+                raise  # the step's own error
+            raise RuntimeError(refused) from err
     graph = builder.complete()
     captured = CapturedStep(step, outputs, graph, state)
     captured._replay(False)  # the captured call's own step, so it counts as on the simulator
     return captured
+
+
+def _end_failed(builder) -> None:
+    """End ``builder``'s capture after an error, so that its stream no longer captures.
+
+    ``end_building`` ends a capture that is still valid. An invalidated one (a call
+    the capture refused) it refuses to end (cuda.core 1.2 raises), which would leave
+    the stream capturing, and this thread unable to synchronise or allocate, until
+    the builder is collected: that one is ended at the driver.
+    """
+    with contextlib.suppress(Exception):
+        builder.end_building()
+    driver = streams.bindings()
+    stream = streams.handle(builder.stream)
+    none = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    if driver.cuStreamIsCapturing(stream)[1] != none:
+        driver.cuStreamEndCapture(stream)  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: expected
+    err, status = driver.cuStreamIsCapturing(stream)
+    if status != none:
+        raise RuntimeError(f"numbapos.cuda.capture: the failed capture could not be ended "
+                           f"(its stream's capture status: {status!r}, {err!r})")
+    with contextlib.suppress(Exception):
+        builder.close()  # its graph, never completed
+
+
+# CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900) ... CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD (908)
+_CAPTURE_ERRORS = range(900, 909)
+
+
+def _refused_call(err: BaseException, ending: bool) -> str | None:
+    """The message for ``err`` where it says that the capture refused a CUDA call of the
+    step (raised by the step, or found by ``end_building`` where ``ending``: the step
+    did not raise it), else None (the step's own error)."""
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    if (isinstance(err, CudaAPIError) and int(err.code) in _CAPTURE_ERRORS) or (
+            "CUDA_ERROR_STREAM_CAPTURE" in str(err)):  # cuda.core's CUDAError
+        what = f"the step made a CUDA call that a captured step cannot contain ({err})"
+    elif ending and "invalidated" in str(err):
+        what = (f"a CUDA call of the step that a captured step cannot contain invalidated "
+                f"the capture, and the step did not raise its error ({err})")
+    else:
+        return None
+    return (f"numbapos.cuda.capture: {what}; the capture was ended and nothing was recorded. "
+            f"A CUDA graph replays device work only: do host synchronisations, copies "
+            f"between host and device and CUDA calls made outside numbapos "
+            f"(numba.cuda.synchronize, numba.cuda.to_device, ...) before or after the "
+            f"captured step")

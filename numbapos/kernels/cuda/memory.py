@@ -26,6 +26,9 @@ next step needs whenever arrays of one step live on into the next (a
 forward's saved inputs, last step's outputs). Every block handed out while
 capturing belongs to the capture from then on (:class:`.streams.Capture`):
 the graph writes it on every replay, so it is never recycled for other work.
+Under any other memory manager a capture still works (:func:`prepare_capture`):
+each allocation while capturing is the manager's own, made with the capture
+mode relaxed, and kept by the capture.
 
 Sizes are rounded up to 512 bytes below 1 MiB and to an eighth of the next
 power of two above, so a block serves requests of nearly the same size. On
@@ -109,6 +112,8 @@ def _manager_class():
     class CachingMemoryManager(NumbaCUDAMemoryManager):
         """Numba's manager with freed device blocks cached per stream and size bucket."""
 
+        serves_captures = True  # its memalloc serves a capture itself (prepare_capture)
+
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.pools = StreamPools()
@@ -178,6 +183,48 @@ def install() -> bool:
         return False
     cuda.set_memory_manager(manager)
     return True
+
+
+_prepare_lock = threading.Lock()
+
+
+def prepare_capture() -> None:
+    """Make the current context's device allocations capturable, whatever its manager.
+
+    numbapos's pool serves a capture itself (above). Any other manager (Numba's
+    own, where ``NUMBAPOS_CUDA_MEMORY_POOL=0`` or Numba made the context before
+    numbapos could install the pool, or a ``NUMBA_CUDA_MEMORY_MANAGER`` plugin)
+    calls the driver from the capturing thread, and ``cuMemAlloc`` is refused
+    there (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``, which also invalidates the
+    capture). So the context's ``memalloc``, through which Numba and numbapos
+    make every device array, is wrapped, once per context: an allocation made
+    while this thread captures runs with the thread's capture mode relaxed, and
+    the capture keeps what it returns (:attr:`.streams.Capture.kept`), since the
+    graph uses that memory on every replay and the manager must not hand it to
+    other work meanwhile. Other threads, and this one when not capturing, get
+    the manager's ``memalloc`` as before.
+    """
+    if streams.SIMULATED:
+        return
+    context = cuda.current_context()
+    if getattr(context.memory_manager, "serves_captures", False):
+        return
+    with _prepare_lock:
+        if getattr(vars(context).get("memalloc"), "serves_captures", False):
+            return
+        allocate = context.memalloc  # the manager's (or whoever wrapped it before)
+
+        def memalloc(size):
+            capture = streams.capturing()
+            if capture is None:
+                return allocate(size)
+            with streams.relaxed_capture_mode():
+                memory = allocate(size)
+            capture.kept.append(memory)
+            return memory
+
+        memalloc.serves_captures = True
+        context.memalloc = memalloc  # shadows Context.memalloc on this context only
 
 
 def empty_cache() -> None:

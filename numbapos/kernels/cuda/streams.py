@@ -166,14 +166,18 @@ class Capture:
     on: freed, it goes to the capture's own pool (``free``, reused only by
     later allocations of the same capture, which the graph orders after its
     earlier users) and never back to the allocator, since every replay writes
-    it again. ``clocks`` lists the optimiser clocks the step ticked,
-    ``counters`` the dropout counters it drew from (once per draw).
+    it again. ``kept`` holds the memory allocated while capturing through a
+    memory manager other than numbapos's pool (:func:`.memory.prepare_capture`):
+    never given back while the capture lives, for the same reason. ``clocks``
+    lists the optimiser clocks the step ticked, ``counters`` the dropout
+    counters it drew from (once per draw).
     """
 
     def __init__(self, stream, home):
         self.stream = stream
         self.home = home
         self.free: dict = {}
+        self.kept: list = []
         self.clocks: list = []
         self.counters: list = []
         # On the simulator, which has no graphs, the capture records the device work
