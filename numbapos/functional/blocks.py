@@ -28,7 +28,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _checks, _device
-from .._args import BertIds, BertTables, DropoutArgs, TableFormat, TiledIds
+from .._args import BertIds, BertTables, DropoutArgs, RowGroups, TableFormat, TiledIds
+from ..sparse import SparseRows
 from . import _common
 from ._common import Planned, backend_for, check_range, flatten, on_backend
 from .embedding import _check_clippable, _scatter
@@ -641,6 +642,65 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
         As for the forward call; also ``grad_output`` / ``mean`` / ``rstd`` of
         the wrong shape or dtype and a ``padding_idx`` outside the vocabulary.
     """
+    args = (grad_output, input_ids, word_embeddings, position_embeddings,
+            token_type_embeddings, mean, rstd, ln_weight, ln_bias)
+    keywords = dict(token_type_ids=token_type_ids, position_ids=position_ids,
+                    past_length=past_length, p=p, seed=seed, training=training,
+                    counter=counter, padding_idx=padding_idx, sparse=sparse,
+                    table_options=table_options, output_mask=output_mask)
+    if type(word_embeddings) is np.ndarray:
+        return _bert_backward(*args, **keywords)
+    device_counter = None if isinstance(counter, (int, np.integer)) else counter
+    if device_counter is None and training and p:
+        return _bert_backward(*args, **keywords)  # a counter that changes every step
+    return _BERT_BACKWARDS.call(
+        lambda: _bert_backward(*args, **keywords),
+        (*args, token_type_ids, position_ids, device_counter),
+        (past_length, p, seed, bool(training), counter if device_counter is None else None,
+         padding_idx, bool(sparse), table_options,
+         None if output_mask is None else tuple(output_mask)),
+        unpack=_grads_arrays, pack=_grads_from)
+
+
+_BERT_BACKWARDS = Planned("bert_embeddings_backward")
+
+
+def _grads_arrays(grads):
+    """A planned backward's gradients as ``(arrays, layout)`` (see ``PlanCache.call``):
+    each gradient's arrays (a SparseRows' rows, count and values) and what it was."""
+    arrays, layout = [], []
+    for grad in grads:
+        if grad is None:
+            layout.append(None)
+        elif isinstance(grad, SparseRows):
+            arrays.extend((grad._indices, grad._used, grad._values))
+            layout.append(grad.num_rows)
+        else:
+            arrays.append(grad)
+            layout.append(-1)
+    return arrays, (type(grads), tuple(layout))
+
+
+def _grads_from(made, layout):
+    kind, fields = layout
+    made, grads = iter(made), []
+    for field in fields:
+        if field is None:
+            grads.append(None)
+        elif field == -1:
+            grads.append(next(made))
+        else:
+            rows, used, values = next(made), next(made), next(made)
+            grads.append(SparseRows._grouped(RowGroups(rows, None, None, None, used), values,
+                                             field))
+    return kind(*grads)
+
+
+def _bert_backward(grad_output, input_ids, word_embeddings, position_embeddings,
+                   token_type_embeddings, mean, rstd, ln_weight, ln_bias, *, token_type_ids,
+                   position_ids, past_length, p, seed, training, counter, padding_idx, sparse,
+                   table_options, output_mask):
+    """:func:`bert_embeddings_backward`'s ordinary path."""
     tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
                           ln_weight, ln_bias)
     K = backend_for(tables + (grad_output, mean, rstd),

@@ -40,9 +40,9 @@ _LAZY_BACKWARDS = Planned("embedding_backward, sparse and lazy")
 
 # A planned sparse backward's result is made of the arrays the grouping allocates (its
 # rows and their count; all of its groups when lazy) and the summed values: these are
-# what a replay makes anew.
+# what a replay makes anew (see PlanCache.call: unpack gives them and a layout).
 def _sparse_arrays(result):
-    return result._indices, result._used, result._values
+    return (result._indices, result._used, result._values), None
 
 
 def _sparse_rows(made, num_rows):
@@ -51,7 +51,7 @@ def _sparse_rows(made, num_rows):
 
 
 def _lazy_arrays(result):
-    return tuple(result._pending[0])
+    return tuple(result._pending[0]), None
 
 
 def _lazy_rows(made, grad_output, size, scale_grad_by_freq, num_rows):
@@ -60,7 +60,7 @@ def _lazy_rows(made, grad_output, size, scale_grad_by_freq, num_rows):
 
 
 def _sparse_arrays_into(result):
-    return result._indices, result._used
+    return (result._indices, result._used), None
 
 
 def _sparse_rows_into(made, values_out, num_rows):
@@ -307,7 +307,7 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         return _LAZY_BACKWARDS.call(
             full_lazy, (grad_output, indices),
             (num_embeddings, padding_idx, scale_grad_by_freq), unpack=_lazy_arrays,
-            pack=lambda made: _lazy_rows(made, grad_output, indices.size,
+            pack=lambda made, _: _lazy_rows(made, grad_output, indices.size,
                                          scale_grad_by_freq, num_embeddings))
     if type(grad_output) is not _ndarray and not lazy:  # a GPU gradient: its plan if any
 
@@ -323,12 +323,13 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
         elif values_out is None:
             return _SPARSE_BACKWARDS.call(full, (grad_output, indices), options,
                                           unpack=_sparse_arrays,
-                                          pack=lambda made: _sparse_rows(made, num_embeddings))
+                                          pack=lambda made, _: _sparse_rows(made,
+                                                                            num_embeddings))
         else:
             return _SPARSE_BACKWARDS.call(
                 full, (grad_output, indices, values_out), options, avoid=((2, 0), (2, 1)),
                 unpack=_sparse_arrays_into,
-                pack=lambda made: _sparse_rows_into(made, values_out, num_embeddings))
+                pack=lambda made, _: _sparse_rows_into(made, values_out, num_embeddings))
     return _backward(grad_output, indices, num_embeddings, padding_idx, scale_grad_by_freq,
                      sparse, lazy, values_out)
 

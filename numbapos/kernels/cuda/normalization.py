@@ -36,7 +36,7 @@ from numba import cuda
 
 from ..._args import chunk_rows, num_chunks
 from . import errors
-from .arrays import MAX_BLOCKS, THREADS, absent, full, grid
+from .arrays import MAX_BLOCKS, THREADS, absent, empty, full, grid
 from .fpmath import mul_for, numba_float
 from .launch import launch
 from .reduce import block_sum, block_sum2, tree_threads
@@ -163,7 +163,7 @@ def partials(wanted: bool, shape, dtype):
     """The per-chunk partial sums of one gradient, or an empty array when it is not wanted
     (the partials kernels sum into the non-empty ones only)."""
     if wanted:
-        return cuda.device_array(shape, dtype=dtype)
+        return empty(shape, dtype)
     return absent(dtype, len(shape))
 
 

@@ -175,7 +175,7 @@ class _Step:
 class Plan:
     """An op's launches for one call signature (see the module notes)."""
 
-    __slots__ = ("steps", "host_word", "outputs", "avoid", "lock", "keep")
+    __slots__ = ("steps", "host_word", "outputs", "avoid", "lock", "keep", "layout")
 
     def __init__(self, steps, host_word, outputs, avoid, keep):
         # ``keep`` holds what the packed parameters point into for the plan's life: the
@@ -189,6 +189,7 @@ class Plan:
         self.avoid = avoid  # ((given output, input), ...) that must not overlap
         self.lock = threading.Lock()
         self.keep = keep
+        self.layout = None  # how an unpacked result is made of its arrays (PlanCache.call)
 
     def run(self, arrays: list, stream: int):
         """Launch on new arrays of the plan's signature; False where the ordinary path must
@@ -242,8 +243,9 @@ class PlanCache:
         several: a tuple of them, in that order); ``avoid`` pairs of positions (a
         caller's output, an input) that must not overlap. ``full`` returns the
         op's result. A result that is not made of arrays (a SparseRows) gives
-        ``unpack(result)``, the arrays the op allocated for it, and ``pack(arrays)``
-        makes the result from new ones.
+        ``unpack(result)``: ``(the arrays the op allocated for it, its layout)``, any
+        value that says how they make the result (kept by the plan), and
+        ``pack(arrays, layout)`` makes the result from new ones.
         """
         key = self._key(arrays, options)
         if key is None:
@@ -253,7 +255,7 @@ class PlanCache:
             found = list(arrays)
             if plan.run(found, key[-1]):
                 if pack is not None:
-                    return pack(found[len(arrays):])
+                    return pack(found[len(arrays):], plan.layout)
                 if len(outputs) == 1:
                     return found[outputs[0]]
                 return tuple(found[i] for i in outputs)
@@ -261,8 +263,9 @@ class PlanCache:
         with recording() as record:
             result = full()
         done = list(arrays)
+        layout = None
         if unpack is not None:
-            made = unpack(result)
+            made, layout = unpack(result)
             allocated = list(range(len(done), len(done) + len(made)))
             done.extend(made)
         else:
@@ -274,6 +277,7 @@ class PlanCache:
                       [(a, b) for a, b in avoid if arrays[a] is not None and arrays[b] is not None],
                       key[-1])
         if plan is not None:
+            plan.layout = layout
             if len(self.plans) >= MAX_PLANS:
                 self.plans.clear()
             self.plans[key] = plan
