@@ -18,8 +18,17 @@ Index checking happens here too: a bad index is recorded in the deferred
 error word (:mod:`.errors`) and grouped nowhere, like padding (key ``V``,
 which sorts after every row).
 
-Launches: ``3 * ceil(bit_length(V) / 8)`` for the sort (histogram, scan,
-scatter per pass; 2 passes for V < 65536) and 4 for the segments.
+Up to :data:`SMALL_MAX` positions (4,096; a BERT-base batch) one launch of one
+block does it all (:func:`_group_in_block`): it reads and checks the ids,
+sorts ``(row, position)`` pairs packed into one int64 each with a bitonic sort
+in shared memory (the pairs are distinct, so any sort of them is a stable sort
+by row), cuts the segments and writes every array of the result: no scratch,
+and one allocation holds the five arrays. A sparse backward is then two
+launches (group, sum) and a dense one three (zero fill, group, sum).
+
+Above it, ``3 * ceil(bit_length(V) / 8)`` launches for the sort (histogram,
+scan, scatter per pass; 2 passes for V < 65536) and 4 for the segments.
+Both give the same arrays (rows past ``used`` excepted: nothing reads them).
 """
 
 from __future__ import annotations
@@ -44,6 +53,21 @@ SCAN_THREADS = 32 if _SIMULATED else 1024
 RADIX_BITS = 8
 BINS = 1 << RADIX_BITS
 
+# The one-block path: up to SMALL_MAX positions, each a packed int64 ``row << POSITION_BITS
+# | position`` in shared memory (32 KB on a GPU, plus 8 KB of per-thread counts: within
+# the 48 KB a block may have statically), SMALL_THREADS threads at most (two
+# compare-exchanges a thread per bitonic step). The simulator's smaller bound leaves
+# the multi-launch path to moderate test sizes.
+SMALL_MAX = 256 if _SIMULATED else 4096
+SMALL_THREADS = 32 if _SIMULATED else 1024
+WARP = 32
+SMALL_MIN_THREADS = 1 if _SIMULATED else WARP  # whole warps on a GPU (see _warp_barrier)
+POSITION_BITS = (SMALL_MAX - 1).bit_length()
+# Rows (and the sentinel, num_rows itself) take at most this many bits in the packed keys,
+# which then stay below the sort's filler, int64's largest value.
+SMALL_ROW_BITS = 62 - POSITION_BITS
+_FILLER = np.iinfo(np.int64).max
+
 
 def group_rows(flat, padding_idx, num_rows, which):
     """:class:`~numbapos._args.RowGroups` of the flat indices ``flat`` (device arrays).
@@ -58,6 +82,45 @@ def group_rows(flat, padding_idx, num_rows, which):
     if n == 0:
         empty = arrays.empty((0,), np.int64)
         return RowGroups(empty, empty, empty, empty, arrays.zeros((2,), np.int64))
+    if n <= SMALL_MAX and int(num_rows).bit_length() <= SMALL_ROW_BITS:
+        return _group_in_one_block(flat, padding_idx, num_rows, which)
+    return _group_by_radix_passes(flat, padding_idx, num_rows, which)
+
+
+def _group_in_one_block(flat, padding_idx, num_rows, which):
+    """:func:`group_rows` in one launch of one block (``flat.size <= SMALL_MAX``)."""
+    n = int(flat.size)
+    rows, starts, counts, order, used = _int64_parts((n, n, n, n, 2))
+    word, host = errors.words()
+    pad = int(padding_idx) if padding_idx is not None and padding_idx >= 0 else -1
+    pairs = 1 << max(0, (n - 1).bit_length() - 1)  # half the sort's power-of-two size
+    threads = min(SMALL_THREADS, max(SMALL_MIN_THREADS, pairs))
+    launch(_group_in_block, 1, threads, flat, pad, int(num_rows), word, host, which, rows,
+           starts, counts, order, used)
+    return RowGroups(rows, starts, counts, order, used)
+
+
+def _int64_parts(sizes):
+    """Consecutive int64 device arrays of ``sizes``, views of one allocation (a view costs
+    less host time than a block of the pool)."""
+    block = arrays.empty((sum(sizes),), np.int64)
+    parts, start = [], 0
+    for size in sizes:
+        if _SIMULATED:
+            parts.append(block[start:start + size])
+        else:
+            from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+            view = block.gpu_data.view(8 * start, 8 * (start + size))
+            parts.append(DeviceNDArray((size,), (8,), block.dtype, stream=block.stream,
+                                       gpu_data=view))
+        start += size
+    return parts
+
+
+def _group_by_radix_passes(flat, padding_idx, num_rows, which):
+    """:func:`group_rows` by a multi-block radix sort, then the segments (any size)."""
+    n = int(flat.size)
     used = arrays.empty((2,), np.int64)  # both entries are written below
     word, host = errors.words()
     blocks = -(-n // TILE)
@@ -266,3 +329,111 @@ def _segment_counts(starts, used, counts):
     for j in range(cuda.grid(1), distinct, cuda.gridsize(1)):
         end = starts[j + 1] if j + 1 < distinct else used[1]
         counts[j] = end - starts[j]
+
+
+def _block_barrier_after(k, j, size):
+    """Whether bitonic step ``(k, j)`` of a ``size``-value sort needs a block-wide barrier
+    after it (else a warp's): pair ``t`` of a step with ``j <= WARP`` compares values
+    inside ``2 * WARP``-aligned run ``t // WARP`` (threads a multiple of ``WARP`` apart
+    take the same runs), so from one such step to the next each warp only touches
+    values it wrote itself. The last step is followed by reads in another layout."""
+    following = j // 2 if j > 1 else k  # the next step's j (of the next k after j == 1)
+    return j > WARP or following > WARP or (k == size and j == 1)
+
+
+_device_block_barrier_after = cuda.jit(device=True)(_block_barrier_after)
+
+
+@cuda.jit(device=True)
+def _warp_barrier():
+    if _SIMULATED:  # its simulator has no syncwarp (and runs SMALL_THREADS: one warp)
+        cuda.syncthreads()
+    else:
+        cuda.syncwarp()
+
+
+@cuda.jit
+def _group_in_block(flat, pad, sentinel, word, host, which, rows, starts, counts, order,
+                    used):
+    """The whole :class:`~numbapos._args.RowGroups` of ``flat`` (at most SMALL_MAX ids) in
+    one block.
+
+    Each id is checked (a bad one recorded, it and padding get key ``sentinel``) and
+    packed with its position as ``key << POSITION_BITS | position``; the packed values
+    are distinct, so sorting them (a bitonic sort in shared memory, the power-of-two
+    tail filled with int64's largest value) orders positions by row and, within a row,
+    by position: the stable sort of the radix passes, the same ``order``. Its steps
+    are separated by a warp's barrier where both stay inside each warp's values
+    (:func:`_block_barrier_after`), by the block's otherwise. Then each
+    thread takes a contiguous run of the sorted values: one scan of its segment heads
+    numbers the segments, heads write ``rows`` / ``starts``, and once they are all
+    written, ``counts`` are the gaps between starts (the last one ends at the grouped
+    positions, ``used[1]``).
+    """
+    packed = cuda.shared.array(SMALL_MAX, int64)
+    sums = cuda.shared.array(SMALL_THREADS, int64)
+    grouped = cuda.shared.array(1, int64)
+    tid = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    n = flat.size
+    size = 1
+    while size < n:
+        size *= 2
+    for i in range(tid, size, threads):
+        value = int64(_FILLER)
+        if i < n:
+            key = errors.checked(word, host, flat[i], i, sentinel, which)
+            if key < 0 or key == pad:
+                key = sentinel
+            value = (key << POSITION_BITS) | i
+        packed[i] = value
+    cuda.syncthreads()
+    half = size // 2
+    k = 2
+    while k <= size:
+        j = k // 2
+        while j > 0:
+            for t in range(tid, half, threads):
+                low = ((t & ~(j - 1)) << 1) | (t & (j - 1))  # bit j of low is clear
+                a = packed[low]
+                b = packed[low + j]
+                if (a > b) == ((low & k) == 0):  # ascending where bit k of low is clear
+                    packed[low] = b
+                    packed[low + j] = a
+            if _device_block_barrier_after(k, j, size):
+                cuda.syncthreads()
+            else:
+                _warp_barrier()
+            j //= 2
+        k *= 2
+    for i in range(tid, n, threads):
+        order[i] = packed[i] & (SMALL_MAX - 1)
+    chunk = (n + threads - 1) // threads
+    begin = min(tid * chunk, n)
+    end = min(begin + chunk, n)
+    heads = int64(0)
+    for i in range(begin, end):
+        key = packed[i] >> POSITION_BITS
+        if key < sentinel:
+            if i == 0 or packed[i - 1] >> POSITION_BITS != key:
+                heads += 1
+            if i + 1 == n or packed[i + 1] >> POSITION_BITS >= sentinel:
+                grouped[0] = i + 1  # one thread: the last grouped position
+        elif i == 0:
+            grouped[0] = 0  # nothing grouped (then no thread writes it above)
+    sums[tid] = heads
+    distinct = block_exclusive_scan(sums, tid, threads)  # synchronises first and last
+    segment = sums[tid]
+    for i in range(begin, end):
+        key = packed[i] >> POSITION_BITS
+        if key < sentinel and (i == 0 or packed[i - 1] >> POSITION_BITS != key):
+            rows[segment] = key
+            starts[segment] = i
+            segment += 1
+    cuda.syncthreads()  # every start written (global memory: visible to the block now)
+    last = grouped[0]
+    for s in range(tid, distinct, threads):
+        counts[s] = (starts[s + 1] if s + 1 < distinct else last) - starts[s]
+    if tid == 0:
+        used[0] = distinct
+        used[1] = last
