@@ -11,7 +11,7 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
-from . import errors, plans, streams
+from . import errors, fastlaunch, plans, streams
 from .launch import launch
 
 __all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "concat_rows",
@@ -116,27 +116,54 @@ def _row_threads(dim: int) -> int:
     return min(THREADS, max(32, -(-dim // 32) * 32))
 
 
+_FACTORIES: dict = {}  # (shape, dtype, stream, id(context)) -> fastlaunch.ArrayFactory
+
+
 def empty(shape, dtype):
     """Uninitialised C-contiguous device array."""
-    dtype = np.dtype(dtype)
     stream = streams.for_arrays(streams.current())
     if not streams.SIMULATED:
-        # What cuda.device_array does, without its two lookups of the current context
-        # (tens of microseconds each where Numba did not make the context current).
-        from numba.cuda.api_util import prepare_shape_strides_dtype
-        from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-        shape, strides, dtype = prepare_shape_strides_dtype(shape, None, dtype, "C")
-        nbytes = dtype.itemsize
-        for extent in shape:
-            nbytes *= extent
-        if nbytes:  # an empty array gets Numba's own null pointer below
-            made = DeviceNDArray(shape, strides, dtype, stream=stream,
-                                 gpu_data=errors.current_context().memalloc(nbytes))
+        # Arrays of a shape, dtype and stream made before come from a factory (the
+        # constructor below costs about 5 us of host time, the factory's copy 1 us).
+        context = errors.current_context()
+        try:
+            # The context by id (Numba's is unhashable): the factory holds it, so the id
+            # stays its own while the entry lives.
+            key = (shape, dtype, stream, id(context))
+            factory = _FACTORIES.get(key)
+        except TypeError:  # an unhashable shape (a list): the constructor checks it
+            key = factory = None
+        if factory is not None:
+            made = factory()[0]
+            plans.note_allocation(made)
+            return made
+        made = _construct(shape, dtype, stream, context)
+        if made is not None:
+            if key is not None and made.size:
+                if len(_FACTORIES) >= 1024:
+                    _FACTORIES.clear()
+                _FACTORIES[key] = fastlaunch.ArrayFactory.like(made, context)
             plans.note_allocation(made)
             return made
         plans.note_allocation(None)  # a null pointer: no plan can place it
-    return cuda.device_array(shape, dtype=dtype, stream=stream)
+    return cuda.device_array(shape, dtype=np.dtype(dtype), stream=stream)
+
+
+def _construct(shape, dtype, stream, context):
+    """A new C-contiguous DeviceNDArray (None when it holds no bytes)."""
+    # What cuda.device_array does, without its two lookups of the current context
+    # (tens of microseconds each where Numba did not make the context current).
+    from numba.cuda.api_util import prepare_shape_strides_dtype
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    shape, strides, dtype = prepare_shape_strides_dtype(shape, None, np.dtype(dtype), "C")
+    nbytes = dtype.itemsize
+    for extent in shape:
+        nbytes *= extent
+    if not nbytes:
+        return None  # an empty array gets Numba's own null pointer
+    return DeviceNDArray(shape, strides, dtype, stream=stream,
+                         gpu_data=context.memalloc(nbytes))
 
 
 _ABSENT: dict = {}  # (dtype, ndim) -> an empty device array

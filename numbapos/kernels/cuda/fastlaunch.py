@@ -408,6 +408,13 @@ class ArrayFactory:
                                                described[3] - described[1])
         self.context = context
 
+    @classmethod
+    def like(cls, example, context):
+        """A factory of C-contiguous arrays like ``example`` (a fresh C-contiguous one)."""
+        pointer = _array_fields(example)[4]
+        return cls(example, ((example.dtype, example.shape, example.strides, 0), pointer,
+                             pointer, pointer + example.alloc_size), context)
+
     def __call__(self, memory=None):
         """A new array on ``memory`` (a Numba memory pointer), or on a new block."""
         if memory is None:
