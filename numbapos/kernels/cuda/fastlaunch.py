@@ -379,6 +379,19 @@ def _dim3(extent) -> tuple:
 # ---------------------------------------------------------------- outputs
 
 
+def memory_view(memory, offset: int, size: int):
+    """``size`` bytes of the Numba memory pointer ``memory`` from ``offset``, keeping it alive.
+
+    ``MemoryPointer.view`` also counts references for an explicit ``free()`` (an
+    ``OwnedPointer`` with a finalizer: about 3 us); a plan's output views only need
+    their block to live as long as they do, which ``owner`` gives (0.5 us).
+    """
+    from numba.cuda.cudadrv.driver import MemoryPointer, binding
+
+    return MemoryPointer(memory.context, binding.CUdeviceptr(memory.device_pointer_value + offset),
+                         size, owner=memory)
+
+
 class ArrayFactory:
     """New device arrays like ``example`` (same shape, dtype, stream), without Numba's
     constructor.

@@ -205,8 +205,8 @@ class Plan:
             blocks = [context.memalloc(size) for size in sizes]
             for position, factory, base, offset in outputs:
                 memory = blocks[base]
-                if offset is not None:  # a view into the block
-                    memory = memory.view(offset, offset + factory.nbytes)
+                if offset is not None:  # a view into the block, which it keeps alive
+                    memory = fastlaunch.memory_view(memory, offset, factory.nbytes)
                 if position == len(arrays):
                     arrays.append(factory(memory)[0])  # a part of an unpacked result
                 else:
