@@ -411,6 +411,7 @@ class ArrayFactory:
 
     def __init__(self, example, described, context):
         self.cls = type(example)
+        _type_of(example)  # Numba caches the type in the array's __dict__: copied below
         self.state = {name: value for name, value in example.__dict__.items()
                       if name != "gpu_data" and not name.startswith("_numbapos")}
         self.nbytes = example.alloc_size

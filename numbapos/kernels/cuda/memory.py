@@ -43,6 +43,7 @@ made no CUDA context yet, the user has not chosen another manager
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections import defaultdict
@@ -117,6 +118,7 @@ def _manager_class():
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.pools = StreamPools()
+            self._context_proxy = None  # weakref.proxy(self.context), made once
 
         def memalloc(self, size):
             bucket = bucket_size(size)
@@ -133,13 +135,12 @@ def _manager_class():
                         raise
                     self.empty_cache()
                     block = super().memalloc(bucket)
-            pools = self.pools
-
-            def give_back():
-                pools.give(stream, bucket, block)
-
-            return MemoryPointer(weakref.proxy(self.context), block.device_pointer, size,
-                                 finalizer=give_back)
+            proxy = self._context_proxy
+            if proxy is None:
+                proxy = self._context_proxy = weakref.proxy(self.context)
+            return MemoryPointer(proxy, block.device_pointer, size,
+                                 finalizer=functools.partial(self.pools.give, stream, bucket,
+                                                             block))
 
         def _capture_alloc(self, capture, size, bucket):
             # The capture's own freed blocks first, then those its warm-up left cached.
