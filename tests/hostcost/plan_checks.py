@@ -250,3 +250,97 @@ def check_lazy_backward() -> dict:
         assert result._indices is groups.rows and result._used is groups.used
         cases += 1
     return {"lazy_backwards": cases, "plans": len(lookup._LAZY_BACKWARDS.cache.plans)}
+
+
+def check_bert() -> dict:
+    """The planned BERT block forward and backward against their ordinary paths, with a
+    device dropout counter (as the module passes) and with dropout off, dense and sparse
+    word gradients."""
+    from numba import cuda
+
+    import numbapos.functional as F
+
+    blocks = sys.modules["numbapos.functional.blocks"]
+    seen = _spy()
+    rng = np.random.default_rng(4)
+    vocab, positions, dim, batch, length = 50, 16, 8, 2, 6
+    tables = [cuda.to_device(rng.standard_normal((rows, dim)).astype(np.float32))
+              for rows in (vocab, positions, 2)]
+    gamma = cuda.to_device(np.ones(dim, np.float32))
+    beta = cuda.to_device(np.zeros(dim, np.float32))
+    ids = cuda.to_device(rng.integers(0, vocab, (batch, length)))
+    grad = cuda.to_device(rng.standard_normal((batch, length, dim)).astype(np.float32))
+    cases = 0
+    for p, sparse in [(0.1, False), (0.0, True)]:
+        counter = cuda.to_device(np.array([7], np.uint64))
+        drop = dict(p=p, seed=3, training=True, counter=counter if p else 0)
+        forward = dict(eps=1e-12, **drop)
+        for _ in range(3):
+            y, mean, rstd = F.bert_embeddings_forward(ids, *tables, gamma, beta, **forward)
+        seen.clear()
+        y, mean, rstd = F.bert_embeddings_forward(ids, *tables, gamma, beta, **forward)
+        planned = seen[:]
+        seen.clear()
+        blocks._bert_forward(ids, *tables, gamma, beta, token_type_ids=None, position_ids=None,
+                             past_length=0, out=y, table_options=None, **forward)
+        assert len(planned) == 1 and _same_but_pointers(planned, seen), (planned, seen)
+        for _ in range(3):
+            F.bert_embeddings_backward(grad, ids, *tables, mean, rstd, gamma, beta,
+                                       sparse=sparse, **drop)
+        seen.clear()
+        grads = F.bert_embeddings_backward(grad, ids, *tables, mean, rstd, gamma, beta,
+                                           sparse=sparse, **drop)
+        planned = seen[:]
+        seen.clear()
+        again = blocks._bert_backward(grad, ids, *tables, mean, rstd, gamma, beta,
+                                      token_type_ids=None, position_ids=None, past_length=0,
+                                      padding_idx=None, sparse=sparse, table_options=None,
+                                      output_mask=None, **drop)
+        assert _same_but_pointers(planned, seen), (planned, seen)
+        assert type(grads) is type(again)
+        for a, b in zip(grads, again, strict=True):
+            assert type(a) is type(b)
+            if hasattr(a, "shape"):
+                assert (a.shape, a.dtype) == (b.shape, b.dtype)
+        cases += 1
+    return {"bert": cases, "forward_plans": len(blocks._BERT_FORWARDS.cache.plans),
+            "backward_plans": len(blocks._BERT_BACKWARDS.cache.plans)}
+
+
+def check_threads() -> dict:
+    """Two threads replaying one plan: every launch gets its own pointers (the plan packs
+    and launches under its lock)."""
+    import threading
+
+    from numba import cuda
+
+    import numbapos.functional as F
+
+    seen = _spy()
+    ids = cuda.to_device(np.arange(12).reshape(3, 4))
+    table = cuda.to_device(np.ones((50, 8), np.float32))
+    outs = [cuda.device_array((3, 4, 8), np.float32) for _ in range(2)]
+    for out in outs:
+        for _ in range(3):
+            F.embedding(ids, table, out=out)
+    seen.clear()
+    failures = []
+
+    def work(out):
+        try:
+            for _ in range(200):
+                F.embedding(ids, table, out=out)
+        except Exception as err:  # reported below
+            failures.append(repr(err))
+
+    threads = [threading.Thread(target=work, args=(out,)) for out in outs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    pointers = {out.__cuda_array_interface__["data"][0] for out in outs}
+    # The gather's parameters: flat ids (7 fields), table (9), out's rows (9: the data
+    # pointer its 5th), the error words, a tag.
+    written = [values[7 + 9 + 4] for values, *_ in seen]
+    return {"failures": failures, "launches": len(seen),
+            "each": sorted(written.count(p) for p in pointers)}

@@ -9,7 +9,7 @@ import pytest
 import stub
 
 CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward",
-          "check_sparse_backward", "check_lazy_backward")
+          "check_sparse_backward", "check_lazy_backward", "check_bert", "check_threads")
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +55,11 @@ def test_sparse_backward_replays_into_new_sparse_rows(results):
 
 def test_lazy_backward_replays_into_new_row_groups(results):
     assert results["check_lazy_backward"] == {"lazy_backwards": 3, "plans": 3}
+
+
+def test_bert_block_replays_the_ordinary_launches(results):
+    assert results["check_bert"] == {"bert": 2, "forward_plans": 2, "backward_plans": 2}
+
+
+def test_two_threads_share_a_plan(results):
+    assert results["check_threads"] == {"failures": [], "launches": 400, "each": [200, 200]}
