@@ -297,15 +297,18 @@ class PlanCache:
             if found is None:
                 return None
             signatures.append(found[0])
-        context = fastlaunch.current_context_handle()
-        if not context:
+        # The context object, checked against the driver's current one (a context made
+        # anew after cuda.close() is a new object even where its handle is the old one);
+        # the plan holds it, so its id stays its own while the plan lives.
+        context = errors.current_context()
+        if context is None:
             return None
         stream = fastlaunch._stream_handle(streams.current())
         try:
             hash(options)
         except TypeError:
             return None  # an option the ordinary path will reject
-        return (options, tuple(signatures), context, stream)
+        return (options, tuple(signatures), id(context), stream)
 
 
 def _build(record, arrays, allocated, avoid, stream):
