@@ -285,6 +285,13 @@ def torch_bfloat16_bits(x):
     return x.view(torch.int16)
 
 
+def is_bfloat16(x) -> bool:
+    """Whether ``x`` (an array of any library, or a dtype) is ``ml_dtypes.bfloat16``,
+    without importing ml_dtypes."""
+    dtype = getattr(x, "dtype", x)
+    return getattr(dtype, "name", None) == "bfloat16" and isinstance(dtype, np.dtype)
+
+
 def adopt(x):
     """A CUDA array as a Numba device array, without a copy; anything else unchanged.
 
@@ -314,7 +321,10 @@ def to_device(x, device: str):
     """``x`` on ``device``: a NumPy array for ``"cpu"``, a Numba device array for ``"cuda"``.
 
     Returns ``x`` itself when it already lives there (CUDA arrays of other
-    libraries are adopted without a copy).
+    libraries are adopted without a copy). A bfloat16 array
+    (``ml_dtypes.bfloat16``, or a PyTorch bfloat16 tensor) goes to the GPU as
+    its bits: a Numba device array of dtype ``ml_dtypes.bfloat16``, whose
+    ``uint16`` view the kernels read; :func:`to_host` brings the same bits back.
     """
     device = check_device(device)
     if device == "cpu":
@@ -323,9 +333,8 @@ def to_device(x, device: str):
         return adopt(x)
     if torch_bfloat16_bits(x) is not None:
         x = to_host(x)
-    if getattr(getattr(x, "dtype", None), "name", None) == "bfloat16":
-        raise TypeError("bfloat16 arrays stay on the CPU (Numba's device arrays have no "
-                        "bfloat16 dtype); on CUDA use a float16 table")
+    if is_bfloat16(x):  # its bits, copied as uint16 (Numba cannot type bfloat16)
+        return kernels_for("cuda").asarray(x.view(np.uint16)).view(x.dtype)
     return kernels_for("cuda").asarray(x)
 
 
@@ -440,6 +449,8 @@ def may_share_memory(a, b) -> bool:
 
 def zeros(shape, dtype, device: str = "cpu"):
     """A zero-filled C-contiguous array on ``device``."""
+    if is_bfloat16(np.dtype(dtype)):
+        return full(shape, 0, dtype, device)
     return kernels_for(check_device(device)).zeros(shape, dtype)
 
 
@@ -450,7 +461,12 @@ def empty(shape, dtype, device: str = "cpu"):
 
 def full(shape, value, dtype, device: str = "cpu"):
     """A C-contiguous array on ``device`` filled with ``value``."""
-    return kernels_for(check_device(device)).full(shape, value, dtype)
+    K = kernels_for(check_device(device))
+    if K.DEVICE == "cuda" and is_bfloat16(np.dtype(dtype)):
+        # Filled with the value's bits (a kernel cannot take a bfloat16 array).
+        pattern = np.full((), value, dtype).view(np.uint16)[()]
+        return K.full(shape, pattern, np.uint16).view(dtype)
+    return K.full(shape, value, dtype)
 
 
 def copy(x):
@@ -458,7 +474,10 @@ def copy(x):
     if is_cuda_array(x):
         from .kernels.cuda import arrays  # no kernels_for: an op may be under way
 
-        return arrays.copy(adopt(x))
+        x = adopt(x)
+        if is_bfloat16(x):  # copied as its bits (the simulator cannot cast bfloat16)
+            return arrays.copy(x.view(np.uint16)).view(x.dtype)
+        return arrays.copy(x)
     return np.array(x, copy=True)
 
 

@@ -245,8 +245,7 @@ class BertEmbeddings(Module):
         the output and the gradients are float32: bit for bit the float32
         block run on the widened tables. The optimisers update such tables
         in float32 and store them back with stochastic rounding (see
-        :mod:`numbapos.functional.half`). bfloat16 tables stay on the CPU;
-        float16 ones work on either device.
+        :mod:`numbapos.functional.half`). Both work on either device.
     {device}
 
     Attributes

@@ -44,8 +44,9 @@ class Embedding(Module):
         ``numpy.float16``, ``torch.float16``) tables take half the memory:
         the initial values are drawn in float32 and rounded to nearest even,
         lookups return float32 (or ``out_dtype``) and gradients are float32
-        (see :mod:`numbapos.functional.half`). bfloat16 tables live on the
-        CPU; float16 ones on either device.
+        (see :mod:`numbapos.functional.half`). Either works on both devices,
+        with the same bits (a bfloat16 CUDA table is a Numba device array of
+        dtype ``ml_dtypes.bfloat16``).
     init : callable, optional
         ``init(shape, rng)`` initialiser; default N(0, 1) as PyTorch (see ``seed``).
     seed : int or numpy.random.Generator, optional

@@ -600,8 +600,7 @@ class Module:
         TypeError, ValueError
             A bad device (the message names ``device``), a dtype other than
             these four (names ``dtype``), an argument that is neither, or more
-            than one of each; a 16-bit dtype for a float64 BERT block, or
-            bfloat16 with CUDA (bfloat16 tables stay on the CPU).
+            than one of each; a 16-bit dtype for a float64 BERT block.
         RuntimeError
             CUDA where it cannot be used.
         """
@@ -627,7 +626,7 @@ class Module:
         if dtype is not None:
             dtype = _checks.check_table_dtype(dtype, "dtype")
             if _checks.is_half_dtype(dtype):
-                tables = self._half_tables(dtype, device)
+                tables = self._half_tables(dtype)
         for param in self.parameters():
             if dtype is not None and tables is None:
                 param._cast(dtype)
@@ -698,7 +697,7 @@ class Module:
     _half_table: str | None = None
     _fused_tables = False
 
-    def _half_tables(self, dtype, device) -> list:
+    def _half_tables(self, dtype) -> list:
         """The parameters ``to(dtype)`` makes 16-bit (checked, nothing changed)."""
         tables = []
         for _, module in self.named_modules():
@@ -715,11 +714,6 @@ class Module:
                                 f"{'(' + name + ') ' if name else ''}computes in float32 "
                                 f"beside {dtype} tables, but its {other[0]} is {other[1].dtype}: "
                                 f"call .float() first")
-        if dtype != _checks.FLOAT16:
-            where = device or next((p.device for p in tables if p.device != "cpu"), None)
-            if where is not None and where != "cpu":
-                raise TypeError(f"dtype: bfloat16 tables stay on the CPU (Numba's CUDA arrays "
-                                f"have no bfloat16), got device {where!r}")
         return tables
 
     def _on_device_change(self) -> None:

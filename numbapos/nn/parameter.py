@@ -16,7 +16,7 @@ class Parameter(NDArrayOperatorsMixin):
 
     Parameters
     ----------
-    data : array_like or CUDA array, float32 or float64
+    data : array_like or CUDA array, float32, float64, bfloat16 or float16
         The values; kept as given (no copy), updated in place by optimisers.
         A CPU array of another library (a detached PyTorch tensor, anything
         with ``__array__`` or DLPack) is kept as a NumPy view of its memory; a

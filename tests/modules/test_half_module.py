@@ -88,12 +88,11 @@ def test_float64_bert_blocks_and_bad_dtypes_are_refused():
         nn.Embedding(3, 2).to(np.int8)
 
 
-def test_bfloat16_tables_are_refused_on_cuda():
+def test_bfloat16_tables_move_to_cuda():
     if not numbapos.cuda_available():
         pytest.skip("CUDA is not available (no GPU and the simulator is off)")
-    with pytest.raises(TypeError, match="bfloat16 tables stay on the CPU"):
-        nn.Embedding(3, 2).to("cuda", "bfloat16")
+    moved = nn.Embedding(3, 2).to("cuda", "bfloat16")
+    assert moved.weight.dtype == BF16 and moved.weight.device == "cuda"
     gpu = nn.Embedding(3, 2, device="cuda")
-    with pytest.raises(TypeError, match="bfloat16 tables stay on the CPU"):
-        gpu.bfloat16()
+    assert gpu.bfloat16().weight.dtype == BF16 and gpu.weight.device == "cuda"
     assert gpu.half().weight.dtype == F16

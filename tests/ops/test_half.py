@@ -166,9 +166,7 @@ def _table(rng, shape, dtype):
 
 
 def _device_table(device, table):
-    """``table`` on ``device``: float16 tables are CUDA arrays, bfloat16 stays on the host."""
-    if device == "cuda" and table.dtype == BF16:
-        pytest.skip("bfloat16 tables stay on the CPU (the launchers are tested below)")
+    """``table`` on ``device`` (a bfloat16 CUDA table is a device array of its dtype)."""
     return on(device, table)
 
 
@@ -396,10 +394,12 @@ def test_functional_optimiser_ops_point_to_the_optimisers():
         F.sgd_(table, np.ones((4, 2), np.float32), lr=0.1)
 
 
-def test_bfloat16_tables_stay_on_the_cpu():
+def test_bfloat16_tables_live_on_cuda_as_their_bits():
     _cuda()
-    with pytest.raises(TypeError, match="bfloat16 arrays stay on the CPU"):
-        nn.Embedding(3, 2, dtype="bfloat16", device="cuda")
+    table = nn.Embedding(3, 2, dtype="bfloat16", device="cuda")
+    assert table.weight.dtype == BF16 and table.weight.device == "cuda"
+    host = numbapos.to_host(table.weight.data)
+    assert host.dtype == BF16 and host.shape == (3, 2)
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -651,9 +651,6 @@ def test_row_stores_give_the_full_stores_bits(device, dtype, rng):
     table = _table(rng, (12, 7), dtype)
     values = (rng.normal(size=(12, 7)) * 3).astype(np.float32)
     rows = np.array([0, 4, 5, 11])
-    if device == "cuda":
-        if dtype == BF16:
-            pytest.skip("bfloat16 tables stay on the CPU (the launchers are tested above)")
     full = on(device, table.copy())
     F.store_rounded_(full, on(device, values), seed=3, step=2)
     part = on(device, table.copy())

@@ -200,8 +200,8 @@ def test_cuda_sparse_steps_of_float16_tables_give_the_cpu_bits(dtype, summed, ca
     ("sgd", False), ("adam", False), ("adagrad", False), ("rowwise_adagrad", False),
     ("sgd", True), ("adam", True)])
 def test_cuda_launchers_round_bfloat16_bits_as_the_cpu(name, bf16_momentum, rng):
-    """bfloat16 tables stay on the CPU, but the CUDA launchers take any format's bits (and
-    bfloat16 momentum, SGD's buffer or Adam's exp_avg, as its bits)."""
+    """The CUDA launchers take any format's bits (and bfloat16 momentum, SGD's buffer or
+    Adam's exp_avg, as its bits) and round them as the CPU does."""
     if not numbapos.cuda_available():
         pytest.skip("CUDA is not available (no GPU and the simulator is off)")
     from conftest import dev
