@@ -439,6 +439,30 @@ def _table_grads(K, grad, flats, row_counts, options, wanted, num_tokens):
             for flat, rows, opts, want in zip(flats, row_counts, options, wanted, strict=True)]
 
 
+def _views(K, dtype, shapes):
+    """Arrays of ``shapes`` (None: no array, None returned) as views of one allocation."""
+    sizes = [0 if shape is None else int(np.prod(shape)) for shape in shapes]
+    block = K.empty((sum(sizes),), dtype)
+    views, start = [], 0
+    for shape, size in zip(shapes, sizes, strict=True):
+        views.append(None if shape is None else block[start:start + size].reshape(shape))
+        start += size
+    return views
+
+
+def _by_position_kernel(default_positions, options, wanted):
+    """Whether the position table's gradient is one :func:`position_grad` launch: default
+    positions (``past_length + t % L``) and a plain dense gradient."""
+    return wanted and default_positions and options[:3] == PLAIN[:3]
+
+
+def _position_grad(K, grad, shape, past_length, out):
+    """The position table's gradient ``out`` (``(P, D)``) for default positions: every row
+    written, the used ones summed over the batch in the scatter's order (same bits)."""
+    K.position_grad(grad, past_length, shape[-1], out)
+    return out
+
+
 def _inline_checks(options):
     """Whether the forward kernel alone checks the ids: not when a table clips rows with
     ``max_norm`` (the clipping reads them first, so they are checked before, with names)."""
@@ -568,8 +592,8 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
     y = _result(K, out, shape + (dim,), dtype,
                 avoid=tuple(tables) + tuple(_ids_array(i) for i in ids))
     _clip_tables(K, tables[:3], ids, options, _BERT_NAMES, ids.word.size)
-    mean = K.empty(shape, dtype)
-    rstd = K.empty(shape, dtype)
+    stats = K.empty((2,) + shape, dtype)  # one allocation, two views
+    mean, rstd = stats[0], stats[1]
     kernel_tables, fmt = _kernel_tables(K, tables)
     num_tokens = ids.word.size
     K.bert_forward(ids, BertTables(*kernel_tables), eps, drop, y.reshape(num_tokens, dim),
@@ -706,7 +730,14 @@ def _bert_backward(grad_output, input_ids, word_embeddings, position_embeddings,
     K = backend_for(tables + (grad_output, mean, rstd),
                     _BERT_NAMES + ("ln_weight", "ln_bias", "grad_output", "mean", "rstd"))
     drop = _check_dropout(K, p, seed, training, counter)
-    shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables)
+    # Word ids alone (default token types and positions): the backward kernel checks them
+    # as it reads them, in place of a check launch; with explicit ids of another kind
+    # the separate checks keep the CPU's order of the arguments.
+    inline = token_type_ids is None and position_ids is None
+    shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables,
+                           inline=inline)
+    if inline:
+        ids = ids._replace(word=K.contiguous(ids.word, np.int64))
     if table_options is None:
         padding_idx = _checks.check_padding_idx(padding_idx, tables.word.shape[0])
         table_options = (TableOptions(padding_idx, sparse=bool(sparse)), PLAIN, PLAIN)
@@ -722,21 +753,27 @@ def _bert_backward(grad_output, input_ids, word_embeddings, position_embeddings,
     want_b = mask[4] and (tables.gamma is not None or tables.beta is not None)
     fuse_type = (mask[2] and tables.token_type.shape[0] <= FUSED_TYPE_GRAD_MAX_ROWS
                  and options[2][:3] == PLAIN[:3])
+    by_kernel = _by_position_kernel(position_ids is None, options[1], mask[1])
     num_tokens = ids.word.size
     grad_sum = K.empty((num_tokens, dim), dtype)
-    grad_w = K.empty((dim,), dtype) if want_w else None
-    grad_b = K.empty((dim,), dtype) if want_b else None
-    grad_type = K.empty(tuple(tables.token_type.shape), dtype) if fuse_type else None
+    # The gradients written whole by the kernels here: views of one allocation.
+    grad_pos, grad_type, grad_w, grad_b = _views(K, dtype, (
+        tuple(tables.position.shape) if by_kernel else None,
+        tuple(tables.token_type.shape) if fuse_type else None,
+        (dim,) if want_w else None, (dim,) if want_b else None))
     kernel_tables, fmt = _kernel_tables(K, tables)
     K.bert_backward(K.contiguous(grad_output).reshape(num_tokens, dim), ids,
                     BertTables(*kernel_tables), K.contiguous(mean).reshape(num_tokens),
                     K.contiguous(rstd).reshape(num_tokens), drop, grad_sum, grad_w, grad_b,
                     grad_type, fmt)
-    grad_word, grad_pos, scattered = _table_grads(
+    if by_kernel:
+        _position_grad(K, grad_sum, shape, _checks.check_int(past_length, "past_length"),
+                       grad_pos)
+    grad_word, scattered_pos, scattered = _table_grads(
         K, grad_sum, ids, [t.shape[0] for t in tables[:3]], options,
-        (mask[0], mask[1], mask[2] and not fuse_type), num_tokens)
-    return BertEmbeddingsGrads(grad_word, grad_pos, grad_type if fuse_type else scattered,
-                               grad_w, grad_b)
+        (mask[0], mask[1] and not by_kernel, mask[2] and not fuse_type), num_tokens)
+    return BertEmbeddingsGrads(grad_word, grad_pos if by_kernel else scattered_pos,
+                               grad_type if fuse_type else scattered, grad_w, grad_b)
 
 
 # ------------------------------------------------------------------ GPT-2
@@ -800,6 +837,29 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
         y = _small_gpt2(input_ids, wte, wpe, past_length)
         if y is not None:
             return y
+    keywords = dict(past_length=past_length, position_ids=position_ids,
+                    attention_mask=attention_mask, p=p, seed=seed, training=training,
+                    counter=counter, out=out, table_options=table_options)
+    if type(wte) is np.ndarray:
+        return _gpt2_forward(input_ids, wte, wpe, **keywords)
+    # GPU tables: the plan of this call signature, as for the BERT block.
+    device_counter = None if isinstance(counter, (int, np.integer)) else counter
+    if device_counter is None and training and p:
+        return _gpt2_forward(input_ids, wte, wpe, **keywords)
+    return _GPT2_FORWARDS.call(
+        lambda: _gpt2_forward(input_ids, wte, wpe, **keywords),
+        (input_ids, wte, wpe, position_ids, attention_mask, device_counter, out),
+        (past_length, p, seed, bool(training), counter if device_counter is None else None,
+         table_options),
+        outputs=(6,), avoid=tuple((6, i) for i in range(6)))
+
+
+_GPT2_FORWARDS = Planned("gpt2_embeddings")
+
+
+def _gpt2_forward(input_ids, wte, wpe, *, past_length, position_ids, attention_mask, p, seed,
+                  training, counter, out, table_options):
+    """:func:`gpt2_embeddings`' ordinary path."""
     wte, wpe = _check_tables((wte, wpe), _GPT2_NAMES)
     K = backend_for((wte, wpe, out), _GPT2_NAMES + ("out",))
     drop = _check_dropout(K, p, seed, training, counter)
@@ -880,6 +940,32 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
     TypeError, ValueError, IndexError
         As for the forward call, and for a ``grad_output`` of the wrong shape.
     """
+    keywords = dict(past_length=past_length, position_ids=position_ids,
+                    attention_mask=attention_mask, p=p, seed=seed, training=training,
+                    counter=counter, sparse=sparse, table_options=table_options,
+                    output_mask=output_mask)
+    args = (grad_output, input_ids, vocab_size, n_positions)
+    if type(grad_output) is np.ndarray:
+        return _gpt2_backward(*args, **keywords)
+    device_counter = None if isinstance(counter, (int, np.integer)) else counter
+    if device_counter is None and training and p:
+        return _gpt2_backward(*args, **keywords)
+    return _GPT2_BACKWARDS.call(
+        lambda: _gpt2_backward(*args, **keywords),
+        (grad_output, input_ids, position_ids, attention_mask, device_counter),
+        (vocab_size, n_positions, past_length, p, seed, bool(training),
+         counter if device_counter is None else None, bool(sparse), table_options,
+         None if output_mask is None else tuple(output_mask)),
+        unpack=_grads_arrays, pack=_grads_from)
+
+
+_GPT2_BACKWARDS = Planned("gpt2_embeddings_backward")
+
+
+def _gpt2_backward(grad_output, input_ids, vocab_size, n_positions, *, past_length,
+                   position_ids, attention_mask, p, seed, training, counter, sparse,
+                   table_options, output_mask):
+    """:func:`gpt2_embeddings_backward`'s ordinary path."""
     vocab_size = _checks.check_int(vocab_size, "vocab_size", minimum=1)
     n_positions = _checks.check_int(n_positions, "n_positions", minimum=1)
     grad_output = _checks.check_float_array(grad_output, "grad_output")
@@ -902,5 +988,11 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
         masked = K.empty((ids.size, dim), grad.dtype)
         K.dropout_apply(grad.reshape(grad.size), drop, masked.reshape(grad.size))
         grad = masked
-    return GPT2EmbeddingsGrads(*_table_grads(K, grad, (ids, pos), (vocab_size, n_positions),
-                                             options, mask, ids.size))
+    by_kernel = _by_position_kernel(position_ids is None and attention_mask is None,
+                                    options[1], mask[1])
+    grad_wte, grad_wpe = _table_grads(K, grad, (ids, pos), (vocab_size, n_positions), options,
+                                      (mask[0], mask[1] and not by_kernel), ids.size)
+    if by_kernel:
+        grad_wpe = _position_grad(K, grad, shape, _checks.check_int(past_length, "past_length"),
+                                  K.empty((n_positions, dim), grad.dtype))
+    return GPT2EmbeddingsGrads(grad_wte, grad_wpe)

@@ -307,6 +307,58 @@ def check_bert() -> dict:
             "backward_plans": len(blocks._BERT_BACKWARDS.cache.plans)}
 
 
+def check_gpt2() -> dict:
+    """The planned GPT-2 block forward and backward against their ordinary paths, as
+    :func:`check_bert` (device dropout counter, dropout off with a sparse ``wte``
+    gradient); the backward's position gradient is the one-launch kernel's."""
+    from numba import cuda
+
+    import numbapos.functional as F
+
+    blocks = sys.modules["numbapos.functional.blocks"]
+    seen = _spy()
+    rng = np.random.default_rng(5)
+    vocab, positions, dim, batch, length = 50, 16, 8, 2, 6
+    wte, wpe = [cuda.to_device(rng.standard_normal((rows, dim)).astype(np.float32))
+                for rows in (vocab, positions)]
+    ids = cuda.to_device(rng.integers(0, vocab, (batch, length)))
+    grad = cuda.to_device(rng.standard_normal((batch, length, dim)).astype(np.float32))
+    cases = 0
+    for p, sparse in [(0.1, False), (0.0, True)]:
+        counter = cuda.to_device(np.array([7], np.uint64))
+        drop = dict(p=p, seed=3, training=True, counter=counter if p else 0)
+        for _ in range(3):
+            y = F.gpt2_embeddings(ids, wte, wpe, past_length=2, **drop)
+        seen.clear()
+        y = F.gpt2_embeddings(ids, wte, wpe, past_length=2, **drop)
+        planned = seen[:]
+        seen.clear()
+        blocks._gpt2_forward(ids, wte, wpe, past_length=2, position_ids=None,
+                             attention_mask=None, out=y, table_options=None, **drop)
+        assert len(planned) == 1 and _same_but_pointers(planned, seen), (planned, seen)
+        for _ in range(3):
+            F.gpt2_embeddings_backward(grad, ids, vocab, positions, past_length=2,
+                                       sparse=sparse, **drop)
+        seen.clear()
+        grads = F.gpt2_embeddings_backward(grad, ids, vocab, positions, past_length=2,
+                                           sparse=sparse, **drop)
+        planned = seen[:]
+        seen.clear()
+        again = blocks._gpt2_backward(grad, ids, vocab, positions, past_length=2,
+                                      position_ids=None, attention_mask=None, sparse=sparse,
+                                      table_options=None, output_mask=None, **drop)
+        assert _same_but_pointers(planned, seen), (planned, seen)
+        assert type(grads) is type(again) is F.GPT2EmbeddingsGrads
+        for a, b in zip(grads, again, strict=True):
+            assert type(a) is type(b)
+            if hasattr(a, "shape"):
+                assert (a.shape, a.dtype) == (b.shape, b.dtype)
+        assert grads.wpe.shape == (positions, dim)
+        cases += 1
+    return {"gpt2": cases, "forward_plans": len(blocks._GPT2_FORWARDS.cache.plans),
+            "backward_plans": len(blocks._GPT2_BACKWARDS.cache.plans)}
+
+
 def check_threads() -> dict:
     """Two threads replaying one plan: every launch gets its own pointers (the plan packs
     and launches under its lock)."""

@@ -9,7 +9,8 @@ import pytest
 import stub
 
 CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward",
-          "check_sparse_backward", "check_lazy_backward", "check_bert", "check_threads")
+          "check_sparse_backward", "check_lazy_backward", "check_bert", "check_gpt2",
+          "check_threads")
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,10 @@ def test_lazy_backward_replays_into_new_row_groups(results):
 
 def test_bert_block_replays_the_ordinary_launches(results):
     assert results["check_bert"] == {"bert": 2, "forward_plans": 2, "backward_plans": 2}
+
+
+def test_gpt2_block_replays_the_ordinary_launches(results):
+    assert results["check_gpt2"] == {"gpt2": 2, "forward_plans": 2, "backward_plans": 2}
 
 
 def test_two_threads_share_a_plan(results):

@@ -908,3 +908,102 @@ def test_gpt2_from_hf_state_dict(rng, tmp_path):
         nn.GPT2Embeddings.from_hf_state_dict({"wte.weight": wte, "wpe.weight": wpe[:, :5]})
     with pytest.raises(ValueError, match=r"wte.weight'\]: expected shape \(\?, \?\), got \(12,\)"):
         nn.GPT2Embeddings.from_hf_state_dict({"wte.weight": wte[:, 0], "wpe.weight": wpe})
+
+
+# ================================================================== one-launch position gradients
+
+
+def _signed_zeros(rng, shape):
+    """A float32 gradient with -0.0 and +0.0 terms: a sum that starts from zeros, not from
+    its first term, turns -0.0 into +0.0 (the scatter starts from the first term)."""
+    grad = rng.standard_normal(shape).astype(np.float32)
+    grad.reshape(-1)[::3] = -0.0
+    grad.reshape(-1)[1::7] = 0.0
+    return grad
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (4,), (1, 5), (0, 3)])
+def test_default_position_gradients_equal_the_scatter(rng, device, shape):
+    """The one-launch position gradient (default positions) has the bits of the scatter of
+    the same positions given explicitly, for both blocks, past_length shifting them."""
+    word, pos, tt = (on(device, rng.standard_normal((rows, D)).astype(np.float32))
+                     for rows in (V, P, TV))
+    ids = on(device, rng.integers(0, V, shape))
+    grad = on(device, _signed_zeros(rng, shape + (D,)))
+    past = 2
+    explicit = on(device, np.broadcast_to(past + np.arange(shape[-1]), shape).copy())
+    _, mean, rstd = F.bert_embeddings_forward(ids, word, pos, tt, past_length=past)
+    fused = F.bert_embeddings_backward(grad, ids, word, pos, tt, mean, rstd, past_length=past,
+                                       p=0.3, seed=4)
+    scattered = F.bert_embeddings_backward(grad, ids, word, pos, tt, mean, rstd,
+                                           position_ids=explicit, p=0.3, seed=4)
+    assert fused.ln_weight is None and scattered.ln_weight is None
+    for a, b in zip(fused[:3], scattered[:3], strict=True):
+        np.testing.assert_array_equal(host(a).view(np.uint32), host(b).view(np.uint32))
+    fused = F.gpt2_embeddings_backward(grad, ids, V, P, past_length=past, p=0.3, seed=4)
+    scattered = F.gpt2_embeddings_backward(grad, ids, V, P, position_ids=explicit, p=0.3,
+                                           seed=4)
+    np.testing.assert_array_equal(host(fused.wpe).view(np.uint32),
+                                  host(scattered.wpe).view(np.uint32))
+    want = np.zeros((P, D), np.float32)
+    masked = reference.dropout(host(grad), 0.3, 4).reshape(-1, shape[-1], D)
+    want[past:past + shape[-1]] = masked.sum(axis=0)
+    np.testing.assert_allclose(host(fused.wpe), want, rtol=1e-6, atol=1e-6)
+    assert np.signbit(host(fused.wpe)[past + shape[-1]:]).sum() == 0  # unused rows: +0.0
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "cuda"])
+def test_position_grad_launcher(rng, kernels):
+    """Both backends' position_grad: every row written (the output starts as garbage), the
+    used rows the batch sums in order, the others +0.0."""
+    if kernels == "cuda" and not numbapos.cuda_available():
+        pytest.skip("CUDA is not available (no GPU and the simulator is off)")
+    K = _device.kernels_for(kernels)
+    grad = _signed_zeros(rng, (3 * 4, D))
+    out = K.asarray(np.full((P, D), np.nan, np.float32)) if kernels == "cuda" \
+        else np.full((P, D), np.nan, np.float32)
+    K.position_grad(K.asarray(grad) if kernels == "cuda" else grad, 5, 4, out)
+    got = host(out)
+    want = np.zeros((P, D), np.float32)
+    rows = grad.reshape(3, 4, D)
+    want[5:9] = (rows[0] + rows[1]) + rows[2]
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_bert_small_gradients_share_one_allocation(rng, device):
+    """LayerNorm weight / bias, token-type and (default positions) position gradients are
+    views of one block; mean and rstd too. Writing one never changes another."""
+    word, pos, tt = (on(device, rng.standard_normal((rows, D)).astype(np.float32))
+                     for rows in (V, P, TV))
+    gamma = on(device, np.ones(D, np.float32))
+    ids = on(device, rng.integers(0, V, (2, 3)))
+    y, mean, rstd = F.bert_embeddings_forward(ids, word, pos, tt, gamma, None)
+    before = host(mean).copy()
+    rstd[:] = 0 if device == "cpu" else on(device, np.zeros((2, 3), np.float32))
+    np.testing.assert_array_equal(host(mean), before)
+    grads = F.bert_embeddings_backward(y, ids, word, pos, tt, mean, rstd, gamma, None)
+    assert [g.shape for g in grads[1:]] == [(P, D), (TV, D), (D,), (D,)]
+    if device == "cpu":
+        assert all(g.base is not None and g.base is grads[1].base for g in grads[1:])
+
+
+def test_bert_backward_checks_word_ids_without_a_check_launch(rng, device):
+    """Default token types and positions: the backward kernel checks the word ids. The
+    error is the CPU's (raised at the call there, deferred on the GPU): the first bad
+    position of input_ids, nothing written to the tables."""
+    word, pos, tt = (on(device, rng.standard_normal((rows, D)).astype(np.float32))
+                     for rows in (V, P, TV))
+    ids_host = rng.integers(0, V, (2, 3))
+    y, mean, rstd = F.bert_embeddings_forward(on(device, ids_host), word, pos, tt)
+    numbapos.synchronize()
+    ids_host[1, 2] = V + 5
+    ids_host[0, 2] = -1
+    match = r"input_ids: index -1 \(at flat position 2\) is out of range for vocab_size=12"
+    with deferred_raises(device, IndexError, match):
+        F.bert_embeddings_backward(y, on(device, ids_host), word, pos, tt, mean, rstd)
+    ids_host[0, 2] = 0
+    ids_host[1, 2] = 1
+    types = on(device, np.full((2, 3), TV, np.int64))
+    with deferred_raises(device, IndexError, r"token_type_ids: index 3 \(at flat position 0\)"):
+        F.bert_embeddings_backward(y, on(device, ids_host), word, pos, tt, mean, rstd,
+                                   token_type_ids=types)

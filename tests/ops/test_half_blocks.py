@@ -2,8 +2,8 @@
 
 The fused kernels read 16-bit rows as their bits and widen them exactly, so a
 16-bit block equals, bit for bit, the float32 block run on the widened tables:
-forward, statistics and every gradient (CPU, and float16 on CUDA, the simulator
-without a GPU; bfloat16 tables stay on the CPU). Also: Module.to / .half() /
+forward, statistics and every gradient (CPU and CUDA, the simulator without a
+GPU). Also: Module.to / .half() /
 .bfloat16() on the blocks, the optimisers training their 16-bit tables, and
 bfloat16 checkpoints loaded at half the memory.
 """
@@ -70,7 +70,7 @@ def _gpt2_pair(dtype, p=0.3, seed=0):
 
 
 @pytest.mark.parametrize(("device", "dtype", "sparse"),
-                         device_cases([(BF16, True), (F16, False)], [(F16, True)]),
+                         device_cases([(BF16, True), (F16, False)], [(F16, True), (BF16, True)]),
                          indirect=["device"])
 def test_bert_16_bit_tables_equal_the_float32_block_on_the_widened_tables(rng, device, dtype,
                                                                           sparse):
@@ -97,7 +97,7 @@ def test_bert_16_bit_tables_equal_the_float32_block_on_the_widened_tables(rng, d
         np.testing.assert_array_equal(_bits(param.grad), _bits(twin.grad), err_msg=name)
 
 
-@pytest.mark.parametrize(("device", "dtype"), device_cases([(BF16,), (F16,)], [(F16,)]),
+@pytest.mark.parametrize(("device", "dtype"), device_cases([(BF16,), (F16,)], [(F16,), (BF16,)]),
                          indirect=["device"])
 def test_gpt2_16_bit_tables_equal_the_float32_block_on_the_widened_tables(rng, device, dtype):
     half, wide = _gpt2_pair(dtype)
@@ -201,13 +201,13 @@ def test_to_16_bit_converts_the_tables_and_leaves_the_layer_norm():
     assert wide.word_embeddings.weight.dtype == np.float64  # nothing changed
 
 
-def test_bfloat16_blocks_are_refused_on_cuda():
+def test_bfloat16_blocks_move_to_cuda():
     if not numbapos.cuda_available():
         pytest.skip("CUDA is not available (no GPU and the simulator is off)")
-    with pytest.raises(TypeError, match="bfloat16"):
-        nn.BertEmbeddings(V, D, P, TV, dtype="bfloat16", device="cuda")
-    with pytest.raises(TypeError, match="bfloat16 tables stay on the CPU"):
-        nn.GPT2Embeddings(V, P, D, device="cuda").bfloat16()
+    bert = nn.BertEmbeddings(V, D, P, TV, dtype="bfloat16", device="cuda")
+    assert bert.word_embeddings.weight.dtype == BF16 and bert.device == "cuda"
+    gpt2 = nn.GPT2Embeddings(V, P, D, device="cuda").bfloat16()
+    assert gpt2.wte.weight.dtype == BF16 and gpt2.wte.weight.device == "cuda"
 
 
 @pytest.mark.parametrize("mode", ["copy", "linear"])

@@ -45,7 +45,8 @@ from .jit import kernel
 from .normalization import layer_norm_row_backward, normalize_row_, row_moments, row_sum, zero_rows
 from .prefetch import AHEAD, prefetch_listed
 
-__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked", "tile_ids"]
+__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked",
+           "position_grad", "tile_ids"]
 
 
 def _with_affine(tables, dim, dtype):
@@ -130,6 +131,18 @@ def gpt2_forward_checked(ids, past_length, length, wte, wpe, y, fmt=FLOAT_TABLES
     return int(_gpt2_forward_checked(ids, past_length, length, wte, wpe, y, np.int64(fmt)))
 
 
+def position_grad(grad, start, length, out):
+    """The position table's gradient for default positions, every row of ``out`` written.
+
+    Token ``t`` of the ``(T, D)`` ``grad`` has position ``start + t % length``
+    (``T`` a multiple of ``length``: the batch's rows one after another), so row
+    ``start + j`` of ``out`` (``(P, D)``) is ``grad[j] + grad[length + j] + ...``,
+    added in batch order (the terms and order of :func:`~.embedding.scatter_rows`:
+    the same bits), and every other row is zeros.
+    """
+    pick(_position_grad, out.size)(grad, np.int64(start), np.int64(max(length, 1)), out)
+
+
 def tile_ids(values, start, length, out):
     """``out[t] = values[t % length]``, or ``start + t % length`` when ``values`` is None.
 
@@ -161,6 +174,26 @@ def _gpt2_forward_checked(ids, past_length, length, wte, wpe, y, fmt):
         for d in range(row.size):
             row[d] = widen(a[d], fmt) + widen(b[d], fmt)
     return -1
+
+
+@kernel(parallel=True)
+def _position_grad(grad, start, length, out):
+    """The rows of ``out`` split across threads; each summed in batch order or zeroed."""
+    batch = grad.shape[0] // length
+    for r in prange(out.shape[0]):
+        row = out[r]
+        j = r - start
+        if j < 0 or j >= length or batch == 0:
+            for d in range(row.size):
+                row[d] = 0
+            continue
+        first = grad[j]
+        for d in range(row.size):
+            row[d] = first[d]
+        for b in range(1, batch):
+            g = grad[b * length + j]
+            for d in range(row.size):
+                row[d] += g[d]
 
 
 @kernel(inline="always")

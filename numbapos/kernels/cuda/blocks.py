@@ -74,11 +74,12 @@ from .arrays import THREADS, absent, grid
 from .dropout import drop_key, kernel_drop
 from .fpmath import mul_for, numba_float
 from .launch import launch
-from .normalization import add_partials, fill_zero, moments, partials, row_blocks
+from .normalization import add_partials_together, fill_zero, moments, partials, row_blocks
 from .reduce import block_sum, block_sum2, tree_threads
 from .vector import fold_lanes, load_lanes, per_lane, row_threads, store_lanes
 
-__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked", "tile_ids"]
+__all__ = ["bert_backward", "bert_forward", "gpt2_forward", "gpt2_forward_checked",
+           "position_grad", "tile_ids"]
 
 # The CPU's names of the BERT / GPT-2 ids (those of its IndexError).
 _WORD_TAG = ("input_ids", "vocab_size")
@@ -177,9 +178,11 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     ids = _kernel_bert_ids(ids, num_tokens)
     tables = _kernel_tables(tables, dtype)
     drop = kernel_drop(drop, dtype)
-    word = errors.device_word()
+    word, host = errors.words()
     launch(_bert_backward_kernel(dtype, fmt), row_blocks(num_tokens),
-           tree_threads(grad_y.shape[1]), grad_y, ids, tables, mean, rstd, drop, grad_sum, word)
+           tree_threads(grad_y.shape[1]), grad_y, ids, tables, mean, rstd, drop, grad_sum, word,
+           host, _tags(_WORD_TAG, _TYPE_TAG, _BERT_POSITION_TAG))
+    errors.after_launch()
     if not wanted:
         return
     chunks = num_chunks(num_tokens)
@@ -191,9 +194,9 @@ def bert_backward(grad_y, ids, tables, mean, rstd, drop, grad_sum, grad_gamma, g
     launch(_bert_partials_kernel(dtype, fmt), grid(chunks * dim), THREADS, grad_y, ids, tables,
            mean, rstd, drop, grad_sum, chunks, chunk_rows(num_tokens), part_w, part_b, part_t,
            word)
-    for part, out in ((part_w, grad_gamma), (part_b, grad_beta), (part_t, grad_type)):
-        if out is not None:
-            add_partials(part, out)
+    add_partials_together([(part, out) for part, out in
+                           ((part_w, grad_gamma), (part_b, grad_beta), (part_t, grad_type))
+                           if out is not None])
 
 
 def gpt2_forward_checked(ids, past_length, length, wte, wpe, y, fmt=FLOAT_TABLES):
@@ -225,6 +228,20 @@ def gpt2_forward(ids, pos, wte, wpe, drop, y, fmt=FLOAT_TABLES):
            row_threads(dim, lanes), ids, pos, wte, wpe, drop, y, word, host,
            _tags(_WORD_TAG, _GPT2_POSITION_TAG))
     errors.after_launch()
+
+
+def position_grad(grad, start, length, out):
+    """The position table's gradient for default positions, every row of ``out`` written:
+    one launch.
+
+    Token ``t`` of the ``(T, D)`` ``grad`` has position ``start + t % length``;
+    row ``start + j`` of ``out`` (``(P, D)``) is the sum of ``grad[b * length + j]``
+    over the batch in batch order (the CPU's terms and order, the same bits),
+    every other row zeros. Nothing is written while an index error is pending.
+    """
+    if out.size:
+        launch(_position_grad, grid(out.size), THREADS, grad, int64(start),
+               int64(max(length, 1)), out, errors.device_word())
 
 
 def tile_ids(values, start, length, out):
@@ -412,18 +429,24 @@ def _bert_backward_kernel(dtype, fmt):
     nbt = numba_float(dtype)
 
     @cuda.jit
-    def bert_backward_tokens(grad_y, ids, tables, mean, rstd, drop, grad_sum, err):
+    def bert_backward_tokens(grad_y, ids, tables, mean, rstd, drop, grad_sum, err, err_host,
+                             tags):
         """One block per token: masked ``grad_y``, then the LayerNorm row backward.
 
         ``grad_sum[t]`` first holds ``g = (grad_y * mask) * gamma`` (each thread
         its own elements), then ``rstd * (g - mean(g) - xhat * mean(g * xhat))``.
-        Returns at once while an index error is pending; a token with an id
-        out of range (always also recorded by then) is skipped.
+        A token with an id out of range is recorded (thread 0, as in the
+        forward: the caller needs no separate check launch) and skipped; while
+        an index error is pending the ids are only checked (``grad_sum`` is the
+        launcher's scratch, and every later kernel returns at once).
         """
-        if errors.is_pending(err):
-            return
         sh = cuda.shared.array((2, THREADS), nbt)
         tid = cuda.threadIdx.x
+        flag = cuda.shared.array(1, int64)  # one answer for the whole block (it syncs)
+        if tid == 0:
+            flag[0] = 1 if errors.is_pending(err) else 0
+        cuda.syncthreads()
+        pending = flag[0] != 0
         nt = cuda.blockDim.x  # a power of two, tree_threads(...)
         num_tokens, dim = grad_y.shape
         zero = nbt(0)
@@ -433,8 +456,16 @@ def _bert_backward_kernel(dtype, fmt):
         has_gamma = tables.gamma.size != 0
         for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
             w, k, p, ok = _bert_token_ids(ids, tables, t)
-            if not ok:
-                continue  # the same for every thread of the block
+            if not ok:  # the same for every thread of the block
+                if tid == 0:
+                    sizes = (tables.word.shape[0], tables.token_type.shape[0],
+                             tables.position.shape[0])
+                    bad = (_outside(w, sizes[0]), _outside(k, sizes[1]), _outside(p, sizes[2]))
+                    per_lane(_record_bad, (w, k, p), t, (w, k, p), bad, sizes, tags, err,
+                             err_host)
+                continue
+            if pending:
+                continue
             m = mean[t]
             r = rstd[t]
             base = t * dim
@@ -555,6 +586,28 @@ def _gpt2_forward_kernel(fmt, lanes):
                                               drop, zero))
 
     return gpt2_forward_tokens
+
+
+@cuda.jit
+def _position_grad(grad, start, length, out, err):
+    """One thread per element of ``out``: its column summed over the batch in batch order
+    for the positions used, zero elsewhere (see :func:`position_grad`)."""
+    if errors.is_pending(err):
+        return
+    rows, dim = out.shape
+    batch = grad.shape[0] // length
+    zero = out.dtype.type(0)
+    for i in range(cuda.grid(1), rows * dim, cuda.gridsize(1)):
+        r = i // dim
+        d = i - r * dim
+        j = r - start
+        if j < 0 or j >= length or batch == 0:
+            out[r, d] = zero
+            continue
+        acc = grad[j, d]
+        for b in range(1, batch):
+            acc += grad[b * length + j, d]
+        out[r, d] = acc
 
 
 @cuda.jit

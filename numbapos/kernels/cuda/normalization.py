@@ -87,6 +87,31 @@ def sum_partials(part, out, err):
         out[m] = s
 
 
+@cuda.jit(device=True)
+def _sum_column(part, out, m):
+    s = part[0, m]
+    for c in range(1, part.shape[0]):
+        s += part[c, m]
+    out[m] = s
+
+
+@cuda.jit
+def sum_partials3(part0, part1, part2, out0, out1, out2, err):
+    """:func:`sum_partials` of three gradients at once (an empty ``out`` is none), one
+    thread per element of the three ``out``; each added in chunk order (the same bits)."""
+    if errors.is_pending(err):
+        return
+    n0 = out0.size
+    n01 = n0 + out1.size
+    for m in range(cuda.grid(1), n01 + out2.size, cuda.gridsize(1)):
+        if m < n0:
+            _sum_column(part0, out0, m)
+        elif m < n01:
+            _sum_column(part1, out1, m - n0)
+        else:
+            _sum_column(part2, out2, m - n01)
+
+
 @cuda.jit
 def fill(out, value):
     """``out[:] = value`` over a flat ``out``."""
@@ -107,6 +132,20 @@ def add_partials(part, out):
         flat = out.reshape(out.size)
         launch(sum_partials, grid(flat.size), THREADS, part.reshape(part.shape[0], flat.size),
                flat, errors.device_word())
+
+
+def add_partials_together(pairs):
+    """:func:`add_partials` of up to three ``(part, out)`` pairs (``out`` non-empty, of one
+    dtype) in one launch."""
+    pairs = [(part.reshape(part.shape[0], out.size), out.reshape(out.size))
+             for part, out in pairs if out.size]
+    if not pairs:
+        return
+    dtype = pairs[0][1].dtype
+    total = sum(out.size for _, out in pairs)
+    pairs += [(absent(dtype, 2), absent(dtype))] * (3 - len(pairs))
+    (p0, o0), (p1, o1), (p2, o2) = pairs
+    launch(sum_partials3, grid(total), THREADS, p0, p1, p2, o0, o1, o2, errors.device_word())
 
 
 # ---------------------------------------------------------------- launchers
