@@ -396,3 +396,37 @@ def check_threads() -> dict:
     written = [values[7 + 9 + 4] for values, *_ in seen]
     return {"failures": failures, "launches": len(seen),
             "each": sorted(written.count(p) for p in pointers)}
+
+
+def check_streams() -> dict:
+    """A plan belongs to the stream it was recorded on: on another numbapos stream the op
+    records (and launches) there."""
+    from numba import cuda
+
+    import numbapos
+    import numbapos.functional as F
+
+    lookup = sys.modules["numbapos.functional.embedding"]
+    seen = _spy()
+    ids = cuda.to_device(np.arange(6).reshape(2, 3))
+    table = cuda.to_device(np.ones((10, 4), np.float32))  # a shape no other check uses
+    side = cuda.stream()
+    handles = []
+    for stream in (None, side):
+        with numbapos.cuda.stream(stream) if stream is not None else _nothing():
+            for _ in range(3):
+                F.embedding(ids, table)
+            seen.clear()
+            F.embedding(ids, table)
+            handles.append(seen[-1][-1])
+    plans = [key for key in lookup._LOOKUPS.cache.plans if key[1][1][1] == (10, 4)]
+    return {"plans": len(plans), "default stream": handles[0],
+            "side stream": handles[1] == int(side.handle)}
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

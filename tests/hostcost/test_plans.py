@@ -10,7 +10,7 @@ import stub
 
 CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward",
           "check_sparse_backward", "check_lazy_backward", "check_bert", "check_gpt2",
-          "check_threads")
+          "check_threads", "check_streams")
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,7 @@ def test_gpt2_block_replays_the_ordinary_launches(results):
 
 def test_two_threads_share_a_plan(results):
     assert results["check_threads"] == {"failures": [], "launches": 400, "each": [200, 200]}
+
+
+def test_plans_belong_to_their_stream(results):
+    assert results["check_streams"] == {"plans": 2, "default stream": 0, "side stream": True}
