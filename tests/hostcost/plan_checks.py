@@ -430,3 +430,27 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def check_budget() -> dict:
+    """All plans' workspaces together stay within the budget (many signatures, as dynamic
+    padding makes, start the caches over instead of holding every workspace)."""
+    from numba import cuda
+
+    import numbapos.functional as F
+    from numbapos.kernels.cuda import plans
+
+    budget, plans.WORKSPACE_BUDGET = plans.WORKSPACE_BUDGET, 1 << 20  # 2 or 3 plans here
+    try:
+        rng = np.random.default_rng(5)
+        held = []
+        for n in range(5000, 5400, 40):  # the radix path: scratch of about 90 bytes an id
+            ids = cuda.to_device(rng.integers(0, 70000, n))
+            grad = cuda.to_device(np.ones((n, 4), np.float32))
+            for _ in range(3):
+                F.embedding_backward(grad, ids, 70000)
+            held.append(plans._held[0])
+        return {"within": max(held) <= 1 << 20, "planned": min(held) > 0,
+                "started over": any(b < a for a, b in zip(held, held[1:], strict=False))}
+    finally:
+        plans.WORKSPACE_BUDGET = budget

@@ -10,7 +10,7 @@ import stub
 
 CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward",
           "check_sparse_backward", "check_lazy_backward", "check_bert", "check_gpt2",
-          "check_threads", "check_streams")
+          "check_threads", "check_streams", "check_budget")
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,7 @@ def test_two_threads_share_a_plan(results):
 
 def test_plans_belong_to_their_stream(results):
     assert results["check_streams"] == {"plans": 2, "default stream": 0, "side stream": True}
+
+
+def test_workspaces_stay_within_the_budget(results):
+    assert results["check_budget"] == {"within": True, "planned": True, "started over": True}

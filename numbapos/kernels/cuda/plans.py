@@ -28,9 +28,12 @@ Bounds and safety. Each op's cache holds at most :data:`MAX_PLANS` plans and
 is emptied when full (signatures rarely change in a training loop; a fresh
 one costs one ordinary call). A plan keeps its scratch arrays in one
 workspace block of its own (at most :data:`MAX_WORKSPACE` bytes: a call that
-needs more stays ordinary); ``numbapos.cuda_empty_cache()`` drops every plan
-before it empties the pool. The key holds the context and stream handles,
-so a new context, device or stream never meets another's plan. Two threads may
+needs more stays ordinary), and all plans' workspaces together at most
+:data:`WORKSPACE_BUDGET` bytes: a plan that would pass it empties every cache
+first (varying shapes, such as dynamic padding, make many signatures);
+``numbapos.cuda_empty_cache()`` drops every plan before it empties the pool.
+The key holds the context and the stream, so a new context, device or stream
+never meets another's plan. Two threads may
 call one plan: packing and launching happen under the plan's lock
 (``cuLaunchKernel`` copies the parameters before it returns). Plans are used
 only where :mod:`.fastlaunch` is (a real GPU, or the stub driver of the
@@ -54,6 +57,8 @@ __all__ = []  # not launchers
 
 MAX_PLANS = 256  # per op
 MAX_WORKSPACE = 64 << 20  # bytes of scratch a plan may keep; larger calls stay ordinary
+WORKSPACE_BUDGET = 256 << 20  # bytes all plans' workspaces may hold together
+_held = [0]  # bytes the plans' workspaces hold now
 
 _local = threading.local()
 _caches: list = []  # every PlanCache, for clear()
@@ -109,9 +114,10 @@ def note_allocation(array) -> None:
 
 
 def clear() -> None:
-    """Forget every plan of every op."""
+    """Forget every plan of every op (their workspaces go back to the pool)."""
     for cache in _caches:
         cache.plans.clear()
+    _held[0] = 0
 
 
 def _described(x):
@@ -175,7 +181,8 @@ class _Step:
 class Plan:
     """An op's launches for one call signature (see the module notes)."""
 
-    __slots__ = ("steps", "host_word", "outputs", "avoid", "lock", "keep", "layout")
+    __slots__ = ("steps", "host_word", "outputs", "avoid", "lock", "keep", "layout",
+                 "workspace")
 
     def __init__(self, steps, host_word, outputs, avoid, keep):
         # ``keep`` holds what the packed parameters point into for the plan's life: the
@@ -190,6 +197,8 @@ class Plan:
         self.lock = threading.Lock()
         self.keep = keep
         self.layout = None  # how an unpacked result is made of its arrays (PlanCache.call)
+        workspace = keep[0] if keep else None
+        self.workspace = workspace.size if workspace is not None else 0  # bytes it holds
 
     def run(self, arrays: list, stream: int):
         """Launch on new arrays of the plan's signature; False where the ordinary path must
@@ -278,9 +287,13 @@ class PlanCache:
                       key[-1])
         if plan is not None:
             plan.layout = layout
-            if len(self.plans) >= MAX_PLANS:
+            if _held[0] + plan.workspace > WORKSPACE_BUDGET:
+                clear()  # many signatures with large scratch: start over
+            elif len(self.plans) >= MAX_PLANS:
+                _held[0] -= sum(old.workspace for old in self.plans.values())
                 self.plans.clear()
             self.plans[key] = plan
+            _held[0] += plan.workspace
         return result
 
     @staticmethod
