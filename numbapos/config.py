@@ -32,6 +32,9 @@ setting                       variable                            default
 ``cuda_fast_launch``          ``NUMBAPOS_CUDA_FAST_LAUNCH``       ``True``: GPU launches call the
                                                                   compiled kernel resolved once
                                                                   per signature
+``cuda_native_launch``        ``NUMBAPOS_CUDA_NATIVE_LAUNCH``     ``True``: a planned op launches
+                                                                  all its kernels in one native
+                                                                  call
 ============================  ==================================  =============================
 
 When each is read: ``spin_count`` when the thread pool starts (the first
@@ -159,6 +162,9 @@ SETTINGS: Mapping[str, Setting] = {s.name: s for s in (
     _setting("cuda_fast_launch", True, "flag",
              "launch CUDA kernels through the compiled kernel resolved once per argument "
              "signature (numba-cuda internals, checked; 0: numba-cuda's ordinary launch)"),
+    _setting("cuda_native_launch", True, "flag",
+             "a planned GPU op launches all its kernels in one call of a compiled function "
+             "that calls the driver's cuLaunchKernel (0: one cuda-bindings call per kernel)"),
 )}
 
 _lock = threading.Lock()

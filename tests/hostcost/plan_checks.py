@@ -16,10 +16,18 @@ import sys
 
 import numpy as np
 
+_ONE_BY_ONE: list = []
+
 
 def _spy():
-    """Record every packed launch's ``(values, function, grid, block, stream)``."""
+    """Record every packed launch's ``(values, function, grid, block, stream)`` (planned ops
+    launch one kernel at a time from here on, through the spied function)."""
+    import numbapos
     from numbapos.kernels.cuda import fastlaunch
+
+    if not _ONE_BY_ONE:  # for the rest of the process (kept: collected, it would end)
+        _ONE_BY_ONE.append(numbapos.config.override(cuda_native_launch=False))
+        _ONE_BY_ONE[0].__enter__()
 
     seen = []
     original = fastlaunch.launch_kernel
@@ -454,3 +462,48 @@ def check_budget() -> dict:
                 "started over": any(b < a for a, b in zip(held, held[1:], strict=False))}
     finally:
         plans.WORKSPACE_BUDGET = budget
+
+
+def _launch_log(count):
+    """The stub driver's record of its last ``count`` cuLaunchKernel calls."""
+    import ctypes
+
+    library = ctypes.CDLL("libcuda.so.1")
+    fields = 11
+    out = (ctypes.c_ulonglong * (count * fields))()
+    library.stub_launch_log.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
+    got = library.stub_launch_log(out, count)
+    return [tuple(out[i * fields:(i + 1) * fields]) for i in range(got)]
+
+
+def check_native() -> dict:
+    """A planned op's kernels launched in one native call reach the driver with exactly the
+    arguments of the one-call-per-kernel path (function, grid, block, shared bytes,
+    stream, parameter pointers, extra), on both paths and for a multi-kernel op; a
+    failing launch raises."""
+    from numba import cuda
+
+    import numbapos
+    import numbapos.functional as F
+    from numbapos.kernels.cuda import fastlaunch
+
+    assert fastlaunch.native_launcher() is not None
+    rng = np.random.default_rng(6)
+    ids = cuda.to_device(rng.integers(0, 300, 2000))
+    grad = cuda.to_device(np.ones((2000, 8), np.float32))
+    out = cuda.device_array((2000, 8), np.float32)
+    table = cuda.to_device(np.ones((300, 8), np.float32))
+    calls = [lambda: F.embedding(ids, table, out=out),
+             lambda: F.embedding_backward(grad, ids, 300)]
+    logs = {}
+    for native in (True, False):
+        with numbapos.config.override(cuda_native_launch=native):
+            for call in calls:
+                for _ in range(3):
+                    call()
+            before = numbapos._device.cuda_launches()
+            for call in calls:
+                call()
+            count = numbapos._device.cuda_launches() - before
+        logs[native] = _launch_log(count)
+    return {"kernels": len(logs[True]), "same": logs[True] == logs[False]}

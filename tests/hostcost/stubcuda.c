@@ -493,8 +493,32 @@ API(cuFuncGetAttribute)(int *v, int attr, void *f) {
 API(cuFuncSetAttribute)(void *f, int attr, int v) { return OK; }
 API(cuFuncSetCacheConfig)(void *f, int c) { return OK; }
 API(cuFuncGetName)(const char **name, void *f) { *name = "stub_kernel"; return OK; }
+/* The last LOGGED cuLaunchKernel calls' arguments, read with stub_launch_log(): function,
+   grid x, y, z, block x, y, z, shared bytes, stream, params, extra, as 64-bit integers. */
+enum { LOGGED = 256, LOG_FIELDS = 11 };
+static unsigned long long launch_log[LOGGED][LOG_FIELDS];
+static long long logged;
+
+/* Copy the last min(n, logged, LOGGED) entries, oldest first, to out; returns how many. */
+__attribute__((visibility("default")))
+int stub_launch_log(unsigned long long *out, int n) {
+    long long have = logged < LOGGED ? logged : LOGGED;
+    if (n > have) n = (int)have;
+    for (int i = 0; i < n; i++)
+        memcpy(out + (size_t)i * LOG_FIELDS, launch_log[(logged - n + i) % LOGGED],
+               sizeof launch_log[0]);
+    return n;
+}
+
 API(cuLaunchKernel)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                     unsigned bz, unsigned shmem, void *s, void **params, void **extra) {
+    unsigned long long *entry = launch_log[logged++ % LOGGED];
+    entry[0] = (unsigned long long)(uintptr_t)f;
+    entry[1] = gx; entry[2] = gy; entry[3] = gz; entry[4] = bx; entry[5] = by; entry[6] = bz;
+    entry[7] = shmem;
+    entry[8] = (unsigned long long)(uintptr_t)s;
+    entry[9] = (unsigned long long)(uintptr_t)params;
+    entry[10] = (unsigned long long)(uintptr_t)extra;
     return launch(s);
 }
 typedef struct {  /* CUlaunchConfig */

@@ -10,7 +10,7 @@ import stub
 
 CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward",
           "check_sparse_backward", "check_lazy_backward", "check_bert", "check_gpt2",
-          "check_threads", "check_streams", "check_budget")
+          "check_threads", "check_streams", "check_budget", "check_native")
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,8 @@ def test_plans_belong_to_their_stream(results):
 
 def test_workspaces_stay_within_the_budget(results):
     assert results["check_budget"] == {"within": True, "planned": True, "started over": True}
+
+
+def test_one_native_call_launches_what_cuda_bindings_would(results):
+    # the lookup's gather, then the dense backward's fill, grouping and sums
+    assert results["check_native"] == {"kernels": 4, "same": True}

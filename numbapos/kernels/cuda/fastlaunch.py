@@ -31,6 +31,7 @@ each signature (which compiles), takes the ordinary path.
 from __future__ import annotations
 
 import ctypes
+import functools
 import inspect
 import struct
 import threading
@@ -374,6 +375,61 @@ def _dim3(extent) -> tuple:
     if isinstance(extent, tuple):
         return tuple(int(e) for e in extent) + (1,) * (3 - len(extent))
     return (int(extent), 1, 1)
+
+
+# ---------------------------------------------------------------- one native call
+
+
+@functools.cache
+def native_launcher():
+    """``launch_all(table, stream)``: every row of ``table`` (uint64 ``(k, 8)``: function,
+    grid x, y, z, block x, y, z, address of its parameter pointers) launched on the raw
+    ``stream`` handle by the driver's ``cuLaunchKernel``, called from compiled code; it
+    returns -1, or ``row * 1000 + error`` at the first launch that fails (the rest are not
+    launched). None where the driver library or Numba cannot give that.
+
+    The function pointer is the ``cuLaunchKernel`` of the ``libcuda.so.1`` that
+    cuda-bindings loaded (the same library: ``dlopen`` hands back its handle), in
+    cuda-bindings' default stream semantics (the handle passed, 0 the legacy stream).
+    Compiled on first use and never cached to disk: the pointer is baked in.
+    """
+    try:
+        library = ctypes.CDLL("libcuda.so.1")
+        address = ctypes.cast(library.cuLaunchKernel, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+    if not address:
+        return None
+    from numba import njit
+
+    u32, u64 = ctypes.c_uint, ctypes.c_uint64
+    # CUresult cuLaunchKernel(CUfunction, unsigned gridDimX, gridDimY, gridDimZ, blockDimX,
+    # blockDimY, blockDimZ, unsigned sharedMemBytes, CUstream, void **params, void **extra):
+    # the handles and pointers pass as 64-bit integers (the same registers).
+    prototype = ctypes.CFUNCTYPE(ctypes.c_int, u64, u32, u32, u32, u32, u32, u32, u32, u64,
+                                 u64, u64)
+    cu_launch_kernel = prototype(address)
+
+    @njit(cache=False, nogil=True)
+    def launch_all(table, stream):
+        for row in range(table.shape[0]):
+            err = cu_launch_kernel(table[row, 0], table[row, 1], table[row, 2],
+                                   table[row, 3], table[row, 4], table[row, 5],
+                                   table[row, 6], 0, stream, table[row, 7], 0)
+            if err != 0:
+                return row * 1000 + err
+        return -1
+
+    launch_all._keep = cu_launch_kernel  # the ctypes object behind the baked-in pointer
+    return launch_all
+
+
+def raise_launch_failure(code: int) -> None:
+    """The CudaAPIError of a failed native launch (``native_launcher``'s return value)."""
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    row, err = divmod(code, 1000)
+    raise CudaAPIError(err, f"cuLaunchKernel of a planned op's kernel {row} failed")
 
 
 # ---------------------------------------------------------------- outputs

@@ -50,6 +50,8 @@ import struct
 import threading
 import weakref
 
+import numpy as np
+
 from ... import config as settings
 from . import errors, fastlaunch, streams
 
@@ -182,7 +184,7 @@ class Plan:
     """An op's launches for one call signature (see the module notes)."""
 
     __slots__ = ("steps", "host_word", "outputs", "avoid", "lock", "keep", "layout",
-                 "workspace")
+                 "workspace", "table")
 
     def __init__(self, steps, host_word, outputs, avoid, keep):
         # ``keep`` holds what the packed parameters point into for the plan's life: the
@@ -197,6 +199,9 @@ class Plan:
         self.lock = threading.Lock()
         self.keep = keep
         self.layout = None  # how an unpacked result is made of its arrays (PlanCache.call)
+        # The steps as fastlaunch.native_launcher's launch table.
+        self.table = np.array([(int(step.function), *step.grid, *step.block, step.address)
+                               for step in steps], np.uint64).reshape(len(steps), 8)
         workspace = keep[0] if keep else None
         self.workspace = workspace.size if workspace is not None else 0  # bytes it holds
 
@@ -223,15 +228,22 @@ class Plan:
         pointers = [0 if x is None else x._numbapos_plan[1] for x in arrays]
         if names_blocks:  # slots past the op's arrays: the blocks the outputs live in
             pointers.extend([block.device_pointer_value for block in blocks])
-        launch_kernel = fastlaunch.launch_kernel
         pack = _POINTER.pack_into
+        native = fastlaunch.native_launcher() if settings.get("cuda_native_launch") else None
         LAUNCHES[0] += len(self.steps)
         with self.lock:
             for step in self.steps:
                 buffer = step.buffer
                 for offset, which, delta in step.slots:
                     pack(buffer, offset, pointers[which] + delta)
-                launch_kernel(step, step.function, step.grid, step.block, stream)
+            if native is not None:  # every kernel in one call of compiled code
+                failed = native(self.table, stream)
+                if failed >= 0:
+                    fastlaunch.raise_launch_failure(failed)
+            else:
+                launch_kernel = fastlaunch.launch_kernel
+                for step in self.steps:
+                    launch_kernel(step, step.function, step.grid, step.block, stream)
         return True
 
 
