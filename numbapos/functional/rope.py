@@ -13,18 +13,57 @@ import numpy as np
 
 from .. import _checks, _device
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
+
+# The keys each rope_type reads, besides rope_type (or the older type), rope_theta and
+# partial_rotary_factor: transformers' _validate_<type>_rope_parameters lists, and
+# proportional's "factor", which _compute_proportional_rope_parameters reads though its
+# validator does not list it. Any other key is refused (nothing is dropped silently).
+ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+             "beta_slow", "mscale", "mscale_all_dim", "truncate"),
+    "longrope": ("short_factor", "long_factor", "factor", "attention_factor",
+                 "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+    "proportional": ("factor",),
+}
+COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+# Multimodal rotary (Qwen2-VL, Qwen2.5-VL, Qwen3-VL sections of the frequencies).
+MULTIMODAL_KEYS = ("mrope_section", "mrope_interleaved")
 
 
 def rope_type_of(scaling) -> str:
     """The ``rope_type`` of a ``rope_scaling`` / ``rope_parameters`` dict (or None): its
-    ``rope_type`` key, else the older ``type`` key, else ``"default"``."""
+    ``rope_type`` key, else the older ``type`` key, else ``"default"``.
+
+    Raises ValueError for an unknown type, ``type`` and ``rope_type`` that disagree, or a
+    key the type does not read; NotImplementedError for multimodal rotary
+    (``mrope_section``)."""
     if scaling is None:
         return "default"
+    key = next((key for key in MULTIMODAL_KEYS if key in scaling),
+               "type" if scaling.get("type") == "mrope" else None)
+    if key is not None:
+        raise NotImplementedError(
+            f"scaling: {key}={_checks.quote(scaling[key])} asks for multimodal rotary "
+            "(Qwen2-VL / Qwen2.5-VL / Qwen3-VL position sections), which numbapos does not "
+            "support yet")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise ValueError(f"scaling: unknown rope_type {_checks.quote(kind)}; expected one of "
                          f"{list(ROPE_TYPES)}")
+    if scaling.get("type", kind) != kind:
+        raise ValueError(f"scaling: type={_checks.quote(scaling['type'])} and rope_type="
+                         f"{_checks.quote(kind)} disagree")
+    unknown = sorted(str(key) for key in scaling
+                     if key not in COMMON_KEYS and key not in ROPE_KEYS[kind])
+    if unknown:
+        raise ValueError(f"scaling: rope_type {kind!r} does not use the key(s) {unknown}; it "
+                         f"reads {sorted(COMMON_KEYS + ROPE_KEYS[kind])}")
     return kind
 
 
@@ -83,6 +122,11 @@ def rope_frequencies(head_dim, base=10000.0, *, partial_rotary_factor=1.0, scali
     - ``"llama3"``: wavelengths beyond ``original / low_freq_factor`` divided by
       ``factor``, those below ``original / high_freq_factor`` kept, a smooth
       blend between.
+    - ``"proportional"`` (Gemma 4): ``head_dim / 2`` frequencies, the first
+      ``int(partial_rotary_factor * head_dim // 2)`` of them ``base ** (-2i /
+      head_dim)``, the rest 0 (those channel pairs pass unrotated), all divided
+      by ``factor`` (default 1). Here ``partial_rotary_factor`` sets how many
+      frequencies are not zero, and every channel of the head is rotated.
 
     Parameters
     ----------
@@ -95,9 +139,11 @@ def rope_frequencies(head_dim, base=10000.0, *, partial_rotary_factor=1.0, scali
         Phi's ``partial_rotary_factor``); ``int(head_dim * factor)`` must be even.
     scaling : dict, optional
         A ``rope_scaling`` / ``rope_parameters`` dict: ``rope_type`` (or ``type``)
-        and that type's keys. None is ``"default"``. ``rope_theta`` /
-        ``partial_rotary_factor`` keys in it are ignored (pass them as
-        arguments, as :meth:`numbapos.nn.RotaryEmbedding.from_hf_config` does).
+        and the keys that type reads (``functional.rope.ROPE_KEYS``, as transformers'
+        validators list them); any other key raises. None is ``"default"``.
+        ``rope_theta`` / ``partial_rotary_factor`` keys in it must equal
+        ``base`` / ``partial_rotary_factor`` (pass them as arguments, as
+        :meth:`numbapos.nn.RotaryEmbedding.from_hf_config` does).
         ``original_max_position_embeddings`` defaults to ``max_position_embeddings``.
     max_position_embeddings : int, optional
         The model's ``max_position_embeddings``: needed by ``"dynamic"``, and by
@@ -109,6 +155,7 @@ def rope_frequencies(head_dim, base=10000.0, *, partial_rotary_factor=1.0, scali
     Returns
     -------
     inv_freq : ndarray, shape (R // 2,), float64
+        (``head_dim // 2`` for ``"proportional"``)
     attention_scaling : float
         The factor transformers multiplies cos and sin by (1.0 but for yarn and longrope).
 
@@ -120,7 +167,12 @@ def rope_frequencies(head_dim, base=10000.0, *, partial_rotary_factor=1.0, scali
     ValueError
         ``head_dim <= 0``, ``base <= 0``, a factor outside (0, 1] or giving an
         odd or zero rotary width, an unknown ``rope_type``, a key the type
-        needs missing, ``short_factor`` / ``long_factor`` not of length R / 2.
+        needs missing or one it does not read, ``rope_theta`` /
+        ``partial_rotary_factor`` in ``scaling`` that differ from the
+        arguments, ``short_factor`` / ``long_factor`` not of length R / 2.
+    NotImplementedError
+        ``mrope_section`` / ``mrope_interleaved`` (multimodal rotary, not
+        supported yet).
 
     Examples
     --------
@@ -134,26 +186,37 @@ def rope_frequencies(head_dim, base=10000.0, *, partial_rotary_factor=1.0, scali
     head_dim = _checks.check_int(head_dim, "head_dim", minimum=1)
     base = _checks.check_positive(base, "base")
     factor_p = check_partial_factor(partial_rotary_factor)
-    dim = int(head_dim * factor_p)
-    if dim < 2 or dim % 2:
-        raise ValueError(f"partial_rotary_factor: int(head_dim * partial_rotary_factor) = "
-                         f"int({head_dim} * {factor_p}) = {dim} rotated channels; expected an "
-                         "even number >= 2")
     if scaling is not None and not isinstance(scaling, Mapping):
         raise TypeError(f"scaling: expected a dict (rope_scaling / rope_parameters) or None, "
                         f"got {_checks.quote(scaling)}")
+    kind = rope_type_of(scaling)
+    for key, value in (("rope_theta", base), ("partial_rotary_factor", factor_p)):
+        if scaling is not None and scaling.get(key) is not None and scaling[key] != value:
+            name = "base" if key == "rope_theta" else key
+            raise ValueError(f"scaling: {key}={_checks.quote(scaling[key])} differs from "
+                             f"{name}={value}; pass it as {name}=")
+    dim = int(head_dim * factor_p)
+    if kind == "proportional":
+        if head_dim % 2:
+            raise ValueError(f"head_dim: rope_type 'proportional' rotates every channel, "
+                             f"expected an even head_dim, got {head_dim}")
+    elif dim < 2 or dim % 2:
+        raise ValueError(f"partial_rotary_factor: int(head_dim * partial_rotary_factor) = "
+                         f"int({head_dim} * {factor_p}) = {dim} rotated channels; expected an "
+                         "even number >= 2")
     if max_position_embeddings is not None:
         max_position_embeddings = _checks.check_int(max_position_embeddings,
                                                     "max_position_embeddings", minimum=1)
     if seq_len is not None:
         seq_len = _checks.check_int(seq_len, "seq_len", minimum=0)
-    kind = rope_type_of(scaling)
     exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
     if kind == "default":
         return 1.0 / base ** exponents, 1.0
     factor = scaling.get("factor")
     if factor is not None:
         factor = _checks.check_positive(factor, "scaling['factor']")
+    if kind == "proportional":
+        return _proportional(base, head_dim, factor_p, 1.0 if factor is None else factor), 1.0
     if kind == "linear":
         return 1.0 / base ** exponents / _need(scaling, "factor", kind), 1.0
     if kind == "dynamic":
@@ -171,6 +234,15 @@ def rope_frequencies(head_dim, base=10000.0, *, partial_rotary_factor=1.0, scali
     if kind == "yarn":
         return _yarn(base, exponents, dim, factor, scaling, original)
     return _longrope(base, exponents, dim, factor, scaling, original, seq_len)
+
+
+def _proportional(base, head_dim, proportion, factor):
+    # Gemma 4: the first int(proportion * head_dim // 2) frequencies of a head_dim-wide rope
+    # (exponents over head_dim, not over the rotated width), the rest zero (not rotated).
+    angles = int(proportion * head_dim // 2)
+    inv_freq = np.zeros(head_dim // 2, np.float64)
+    inv_freq[:angles] = 1.0 / base ** (np.arange(0, 2 * angles, 2, dtype=np.float64) / head_dim)
+    return inv_freq / factor
 
 
 def _dynamic(base, exponents, dim, factor, max_position_embeddings, seq_len):

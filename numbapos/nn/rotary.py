@@ -28,6 +28,85 @@ def _config_get(config, name, default=None):
     return default if value is None else value
 
 
+# transformers 4 layouts of configs whose rope differs by layer type (transformers 5 nests
+# them in rope_parameters): (sliding layers' theta key, full layers' theta key, the full
+# theta's default, whether rope_scaling applies to sliding layers too), as transformers 5's
+# convert_rope_params_to_dict of Gemma 3 and ModernBERT read them.
+_OLD_PER_LAYER = (
+    ("rope_local_base_freq", None, 1_000_000.0, False),  # Gemma 3 (full: rope_theta)
+    ("local_rope_theta", "global_rope_theta", 160_000.0, True),  # ModernBERT
+)
+
+
+def _per_layer_rope(config, raw):
+    """``{layer_type: rope dict}`` of a per-layer-type config, or None for one rope."""
+    if any(isinstance(value, Mapping) for value in raw.values()):
+        stray = sorted(str(key) for key, value in raw.items()
+                       if value is not None and not isinstance(value, Mapping))
+        if stray:
+            raise ValueError(f"config: rope_parameters mixes per-layer-type dicts "
+                             f"({sorted(k for k, v in raw.items() if isinstance(v, Mapping))})"
+                             f" with the keys {stray}")
+        return raw
+    for sliding_key, full_key, full_default, scaled_sliding in _OLD_PER_LAYER:
+        sliding = _config_get(config, sliding_key)
+        full = _config_get(config, full_key) if full_key else None
+        if sliding is None and full is None:
+            continue
+        full = full or _config_get(config, "rope_theta") or full_default
+        return {"full_attention": {"rope_theta": full, **raw},
+                "sliding_attention": {**(raw if scaled_sliding else {}),
+                                      "rope_theta": sliding or full}}
+    return None
+
+
+def _rope_parameters_of(config, layer_type):
+    """The flat rope dict (``rope_parameters`` / ``rope_scaling``) of ``layer_type``'s layers."""
+    raw = _config_get(config, "rope_parameters") or _config_get(config, "rope_scaling")
+    raw = dict(raw) if raw else {}
+    layers = _per_layer_rope(config, raw)
+    declared = list(_config_get(config, "layer_types") or ())
+    if layers is None:
+        if layer_type is not None and declared and layer_type not in declared:
+            raise ValueError(f"layer_type: {_checks.quote(layer_type)} is not a layer type of "
+                             f"this config; expected one of {sorted(set(declared))}")
+        return raw
+    if layer_type is None:
+        raise ValueError(f"layer_type: this config's rope differs by layer type "
+                         f"{sorted(layers)}; pass layer_type= one of them")
+    if layer_type not in layers:
+        raise ValueError(f"layer_type: {_checks.quote(layer_type)} has no rope in this config;"
+                         f" expected one of {sorted(layers)}")
+    if layers[layer_type] is None:
+        raise ValueError(f"layer_type: {layer_type!r} layers have no rotary (their "
+                         "rope_parameters are None)")
+    return dict(layers[layer_type])
+
+
+def _layer_view(config, layer_type):
+    """``config`` as the layers of ``layer_type`` see it: transformers 5's ``per_layer_config``
+    overrides (Gemma 4's full-attention ``head_dim`` is ``global_head_dim``)."""
+    if layer_type is None:
+        return config
+    if not isinstance(config, Mapping):
+        try:
+            return config.per_layer_config[layer_type]
+        except (AttributeError, KeyError, TypeError, ValueError):  # no per-layer config
+            return config
+    # A saved config keys its per_layer_config by layer index, as a string ("05").
+    per_layer = {int(key): dict(value or {})
+                 for key, value in (config.get("per_layer_config") or {}).items()}
+    types = config.get("layer_types") or []
+    overrides = [per_layer.get(index, {}) for index, kind in enumerate(types)
+                 if kind == layer_type]
+    if not overrides or not any(overrides):
+        return config
+    if any(entry != overrides[0] for entry in overrides):
+        raise ValueError(f"config: per_layer_config differs between {layer_type!r} layers; "
+                         "build each layer's RotaryEmbedding from its own values")
+    return {**config, **overrides[0]}
+
+
 class RotaryEmbedding(Module):
     """Rotary position embeddings (RoPE) of q and k, as Llama, Mistral, Qwen, GPT-NeoX, Phi use.
 
@@ -71,6 +150,9 @@ class RotaryEmbedding(Module):
     partial_rotary_factor : float, default 1.0
         Fraction of the channels rotated, as Hugging Face's: the first
         ``int(head_dim * partial_rotary_factor)`` (even), the rest passed through.
+        With ``rope_type="proportional"`` (Gemma 4) every channel is rotated and
+        the factor sets how many frequencies are not zero instead (see
+        :func:`~numbapos.functional.rope_frequencies`).
     scaling : dict, optional
         A Hugging Face ``rope_scaling`` / ``rope_parameters`` dict.
     max_position_embeddings : int, default 2048
@@ -232,12 +314,18 @@ class RotaryEmbedding(Module):
         value = scaling.get("original_max_position_embeddings", self.max_position_embeddings)
         return int(value)
 
+    @property
+    def _rotated_factor(self) -> float:
+        """The fraction of each head the rotation covers: all of it for proportional rope,
+        whose zero frequencies leave the unrotated pairs as they are."""
+        return 1.0 if self.rope_type == "proportional" else self.partial_rotary_factor
+
     def _check_width(self, q) -> None:
         """ValueError unless ``q`` has ``head_dim`` channels, naming both and the fix."""
         width = q.shape[q.ndim - 1]
         if width == self.head_dim:
             return
-        rotated = int(self.head_dim * self.partial_rotary_factor)
+        rotated = int(self.head_dim * self._rotated_factor)
         text = (f"q: last dimension {width} differs from head_dim={self.head_dim} of this "
                 f"RotaryEmbedding, which rotates heads of exactly head_dim channels")
         if width > rotated:
@@ -308,7 +396,7 @@ class RotaryEmbedding(Module):
             q_rot, k_rot = F.rotary_qk(q_checked, k, positions, freq, attention_scaling=scale,
                                        layout=self.layout, head_axis=self.head_axis,
                                        float32_angle=self.float32_angle,
-                                       partial_rotary_factor=self.partial_rotary_factor,
+                                       partial_rotary_factor=self._rotated_factor,
                                        out_q=out_q, out_k=out_k)
         except Exception:  # bad input changes no state (the dynamic-NTK lengths)
             self.inv_freq, self.attention_scaling, self.max_seq_len_cached = state
@@ -349,27 +437,42 @@ class RotaryEmbedding(Module):
         gq, gk = F.rotary_qk(grad_q, grad_k, positions, freq, attention_scaling=scale,
                              layout=self.layout, head_axis=self.head_axis,
                              float32_angle=self.float32_angle,
-                             partial_rotary_factor=self.partial_rotary_factor, backward=True)
+                             partial_rotary_factor=self._rotated_factor, backward=True)
         self._release()
         return gq if gk is None else (gq, gk)
 
     # ------------------------------------------------------------ Hugging Face
 
     @classmethod
-    def from_hf_config(cls, config, **kwargs):
-        """The rotary embedding of a transformers config (object or dict).
+    def from_hf_config(cls, config, layer_type=None, **kwargs):
+        """The rotary embedding of a transformers config (object or dict), of one layer type.
 
         Reads ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4),
         ``rope_theta`` (or GPT-NeoX's ``rotary_emb_base``), the rotated fraction
         (``partial_rotary_factor``, GPT-NeoX's ``rotary_pct`` or GPT-J's
         ``rotary_dim``), ``head_dim`` (or ``hidden_size // num_attention_heads``),
         ``max_position_embeddings`` and Phi-3's top-level
-        ``original_max_position_embeddings``; GPT-J and Cohere get
-        ``layout="interleaved"``.
+        ``original_max_position_embeddings``. DeepSeek's ``qk_rope_head_dim``
+        is the head size. GPT-J, Cohere and ``rope_interleave=True`` (DeepSeek-V3)
+        get ``layout="interleaved"`` (DeepSeek's attention returns the rotated
+        pairs de-interleaved, ours in place: the same q . k). A multimodal config
+        is read through its ``text_config``.
+
+        Configs whose rope differs by layer type (transformers 5's Gemma 2 / 3 /
+        4 and ModernBERT: ``rope_parameters={"sliding_attention": {...},
+        "full_attention": {...}}``; transformers 4's Gemma 3
+        ``rope_local_base_freq`` and ModernBERT ``local_rope_theta`` /
+        ``global_rope_theta``) need ``layer_type``; so does Gemma 4's wider
+        full-attention head (``per_layer_config``). Every key of the rope dict is
+        read or refused (see :func:`~numbapos.functional.rope_frequencies`).
 
         Parameters
         ----------
         config : transformers.PretrainedConfig or dict
+        layer_type : str, optional
+            The layer type whose rope to build (an entry of the config's
+            ``layer_types``, such as ``"full_attention"`` or
+            ``"sliding_attention"``); needed where the rope differs by type.
         **kwargs
             Override any constructor argument (``device``, ``stateless``,
             ``head_axis``, ...).
@@ -377,15 +480,40 @@ class RotaryEmbedding(Module):
         Returns
         -------
         RotaryEmbedding
+
+        Raises
+        ------
+        ValueError
+            A per-layer-type config without ``layer_type``, a ``layer_type`` the
+            config does not have (both naming the types), an unknown
+            ``rope_type`` or a key the type does not read, no head size.
+        NotImplementedError
+            ``mrope_section`` (multimodal rotary: Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
+
+        Examples
+        --------
+        >>> from numbapos import nn
+        >>> config = {"hidden_size": 64, "num_attention_heads": 4,
+        ...           "rope_parameters": {
+        ...               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        ...               "full_attention": {"rope_type": "linear", "factor": 8.0,
+        ...                                  "rope_theta": 1e6}}}
+        >>> rope = nn.RotaryEmbedding.from_hf_config(config, layer_type="full_attention")
+        >>> rope.base, rope.rope_type
+        (1000000.0, 'linear')
         """
-        params = _config_get(config, "rope_parameters") or _config_get(config, "rope_scaling")
-        params = dict(params) if params else {}
+        text = _config_get(config, "text_config")
+        if text is not None:
+            config = text
+        params = _rope_parameters_of(config, layer_type)
+        layer = _layer_view(config, layer_type)
         base = (params.get("rope_theta") or _config_get(config, "rope_theta")
                 or _config_get(config, "rotary_emb_base") or 10000.0)
-        hidden = _config_get(config, "hidden_size") or _config_get(config, "n_embd")
-        heads = _config_get(config, "num_attention_heads") or _config_get(config, "n_head")
-        head_dim = _config_get(config, "head_dim") or (hidden // heads if hidden and heads
-                                                      else None)
+        hidden = _config_get(layer, "hidden_size") or _config_get(layer, "n_embd")
+        heads = _config_get(layer, "num_attention_heads") or _config_get(layer, "n_head")
+        head_dim = (_config_get(layer, "qk_rope_head_dim")  # DeepSeek's rotated part of q / k
+                    or _config_get(layer, "head_dim")
+                    or (hidden // heads if hidden and heads else None))
         if head_dim is None:
             raise ValueError("config: needs head_dim, or hidden_size and num_attention_heads")
         partial = (params.get("partial_rotary_factor")
@@ -403,7 +531,8 @@ class RotaryEmbedding(Module):
             scaling["original_max_position_embeddings"] = original
         options = dict(base=base, partial_rotary_factor=partial or 1.0,
                        scaling=scaling or None, max_position_embeddings=max_len)
-        if _config_get(config, "model_type") in INTERLEAVED_MODEL_TYPES:
+        if (_config_get(config, "model_type") in INTERLEAVED_MODEL_TYPES
+                or _config_get(config, "rope_interleave")):
             options["layout"] = "interleaved"
         options.update(kwargs)
         return cls(head_dim, **options)
