@@ -324,6 +324,49 @@ def sinusoidal_table(seq_len, embed_dim, base=10000.0, offset=0):
     return out
 
 
+def sinusoidal_table_concat(seq_len, embed_dim, base=10000.0, offset=0):
+    """fairseq's ``[sin | cos]`` table in float64, one channel at a time: channel ``i < H``
+    is ``sin(p w_i)``, ``H + i`` is ``cos(p w_i)``, ``w_i = base**(-i / (H - 1))`` with
+    ``H = embed_dim // 2``; an odd D's last channel 0."""
+    positions = np.arange(offset, offset + seq_len, dtype=np.float64)
+    half = embed_dim // 2
+    out = np.zeros((seq_len, embed_dim), dtype=np.float64)
+    for i in range(half):
+        angle = positions * base ** (-i / (half - 1))
+        out[:, i] = np.sin(angle)
+        out[:, half + i] = np.cos(angle)
+    return out
+
+
+def timestep_embedding(timesteps, embedding_dim, flip_sin_to_cos=False,
+                       downscale_freq_shift=1, scale=1, max_period=10000):
+    """diffusers' ``get_timestep_embedding`` in NumPy float64 (diffusers computes in
+    float32). Copied from diffusers, src/diffusers/models/embeddings.py (Apache-2.0),
+    torch calls replaced by NumPy; timesteps of shape (N,) or (B, N)."""
+    timesteps = np.asarray(timesteps, dtype=np.float64)
+    half_dim = embedding_dim // 2
+    exponent = -np.log(max_period) * np.arange(start=0, stop=half_dim, dtype=np.float64)
+    exponent = exponent / (half_dim - downscale_freq_shift)
+
+    emb = np.exp(exponent)
+    emb = timesteps[..., None] * emb
+
+    # scale embeddings
+    emb = scale * emb
+
+    # concat sine and cosine embeddings
+    emb = np.concatenate([np.sin(emb), np.cos(emb)], axis=-1)
+
+    # flip sine and cosine embeddings
+    if flip_sin_to_cos:
+        emb = np.concatenate([emb[..., half_dim:], emb[..., :half_dim]], axis=-1)
+
+    # zero pad
+    if embedding_dim % 2 == 1:
+        emb = np.concatenate([emb, np.zeros(emb.shape[:-1] + (1,))], axis=-1)
+    return emb
+
+
 def positions_from_padding(input_ids, padding_idx, past_length=0, pad_position=0):
     """Loop version: count the real tokens of each row."""
     ids = np.asarray(input_ids)

@@ -549,12 +549,7 @@ def test_the_real_host_path_never_types_a_bfloat16_array(request, tmp_path_facto
         sys.path.insert(0, hostcost)
     import stub
 
-    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
-    root = cache.mkdir("stubcuda") if cache is not None else tmp_path_factory.mktemp("stub")
-    try:
-        folder = stub.build(root)
-    except stub.Unavailable as why:
-        pytest.skip(str(why))
+    folder = stub.built_for(request, tmp_path_factory)
     found = stub.run("from numba.cuda.cudadrv import nvvm\n"
                      "print(__import__('json').dumps(nvvm.is_available()))", folder)
     if not found:

@@ -54,6 +54,19 @@ def build(cache: Path) -> Path:
     return folder
 
 
+def built_for(request, tmp_path_factory) -> Path:
+    """The built stub's folder for a test: in pytest's cache (a temporary folder without
+    it); the test is skipped where the stub cannot be built."""
+    import pytest
+
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    root = cache.mkdir("stubcuda") if cache is not None else tmp_path_factory.mktemp("stub")
+    try:
+        return build(root)
+    except Unavailable as why:
+        pytest.skip(str(why))
+
+
 def run(code: str, folder: Path, timeout: float = 600, env: dict | None = None):
     """Run ``code`` under the stub in ``folder``; the JSON it prints last, decoded.
 

@@ -27,12 +27,7 @@ MANAGERS = {
 def folder(request, tmp_path_factory):
     pytest.importorskip("numba.cuda")
     pytest.importorskip("cuda.core")
-    cache = getattr(request.config, "cache", None)  # None without the cache plugin
-    root = cache.mkdir("stubcuda") if cache is not None else tmp_path_factory.mktemp("stub")
-    try:
-        return stub.build(root)
-    except stub.Unavailable as why:
-        pytest.skip(str(why))
+    return stub.built_for(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -34,12 +34,7 @@ def measured(request, tmp_path_factory):
     pytest.importorskip("numba.cuda")
     pytest.importorskip("cuda.bindings")
     pytest.importorskip("cuda.core")
-    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
-    root = cache.mkdir("stubcuda") if cache is not None else tmp_path_factory.mktemp("stub")
-    try:
-        folder = stub.build(root)
-    except stub.Unavailable as why:
-        pytest.skip(str(why))
+    folder = stub.built_for(request, tmp_path_factory)
     result = stub.run(f"import json, stub; print(json.dumps(stub.measure_all({CALLS})))",
                       folder)
     if "skip" in result:

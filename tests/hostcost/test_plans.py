@@ -17,12 +17,7 @@ CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backwar
 def results(request, tmp_path_factory):
     pytest.importorskip("numba.cuda")
     pytest.importorskip("cuda.bindings")
-    cache = request.config.cache
-    root = cache.mkdir("stubcuda") if cache is not None else tmp_path_factory.mktemp("stub")
-    try:
-        folder = stub.build(root)
-    except stub.Unavailable as why:
-        pytest.skip(str(why))
+    folder = stub.built_for(request, tmp_path_factory)
     calls = ", ".join(f'"{name}": plan_checks.{name}()' for name in CHECKS)
     return stub.run("import json, numbapos, plan_checks\n"
                     "numbapos._device.kernels_for('cuda')\n"
