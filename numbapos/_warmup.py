@@ -156,6 +156,8 @@ def _init(dtype, index_dtype) -> None:
 def _sinusoid(dtype, index_dtype) -> None:
     F.sinusoidal_pos_embedding(4, 6, dtype=dtype)
     F.sinusoidal_pos_embedding(3, 5, dtype=dtype, offset=2)
+    F.sinusoidal_pos_embedding(3, 5, dtype=dtype, layout="concat")
+    F.timestep_embedding(np.array([0.0, 1.5, 999.0]), 7, dtype=dtype, flip_sin_to_cos=True)
 
 
 def _dropout(dtype, index_dtype) -> None:
@@ -319,7 +321,8 @@ CASES: tuple[Case, ...] = (
          seconds=0.2),
     Case("positional", "learned, sinusoidal and NeoML positional modules, fwd + bwd",
          _positional, seconds=5.4),
-    Case("sinusoid", "sinusoidal_pos_embedding", _sinusoid, indexed=False, seconds=0.1),
+    Case("sinusoid", "sinusoidal_pos_embedding (both layouts), timestep_embedding", _sinusoid,
+         indexed=False, seconds=0.1),
     Case("rotary", "RotaryEmbedding fwd + bwd (offset, position ids, both layouts), "
          "apply_rotary in place and streamed", _rotary, seconds=11.2),
     Case("alibi", "ALiBi fwd + bwd with trained slopes, alibi_bias, every mode", _alibi,

@@ -41,6 +41,7 @@ from .positional import (
     positional_mult_add_backward,
     positions_from_padding,
     sinusoidal_pos_embedding,
+    timestep_embedding,
 )
 from .quantized import dequantize_rowwise, quantize_rowwise, quantized_embedding, rowwise_width
 from .resize import resize_pos_table
@@ -96,5 +97,6 @@ __all__ = [
     "sparse_rowwise_adagrad_",
     "sparse_sgd_",
     "store_rounded_",
+    "timestep_embedding",
     "widen_table",
 ]

@@ -25,28 +25,55 @@ ndarray, shape of ``x``""",
 })
 
 
-def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=10000.0,
-                             offset=0, out=None):
-    """The sinusoidal position table of "Attention Is All You Need".
+LAYOUTS = ("interleaved", "concat")
 
-    ``PE[p, 2i] = sin(p * base**(-2i/D))`` and ``PE[p, 2i+1] = cos(p * base**(-2i/D))``
-    for the positions ``p = offset, ..., offset + seq_len - 1``: sin and cos
-    alternate along the channels (as in fairseq, NeoML and the Annotated
-    Transformer; Hugging Face's concatenated ``[sin | cos]`` layout is a column
+
+def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=10000.0,
+                             offset=0, out=None, layout="interleaved"):
+    """The sinusoidal position table of "Attention Is All You Need", in two layouts.
+
+    ``layout="interleaved"`` (the default): ``PE[p, 2i] = sin(p * base**(-2i/D))``
+    and ``PE[p, 2i+1] = cos(p * base**(-2i/D))`` for the positions ``p = offset,
+    ..., offset + seq_len - 1``: sin and cos alternate along the channels (as in
+    NeoML, the Annotated Transformer and Hugging Face's XLM / DistilBERT
+    ``create_sinusoidal_embeddings``; Marian's ``[sin | cos]`` table is a column
     permutation of it). An odd ``embed_dim`` ends with an unpaired sin channel.
+
+    ``layout="concat"``: tensor2tensor's table, which fairseq's
+    ``SinusoidalPositionalEmbedding.get_embedding`` and, in Hugging Face,
+    M2M100 / NLLB / XGLM / Speech2Text and Whisper's ``sinusoids`` build:
+    ``PE[p, i] = sin(p w_i)`` and ``PE[p, H + i] = cos(p w_i)`` with ``H = D //
+    2`` and ``w_i = exp(-i * log(base) / (H - 1))``, so the frequencies run from
+    1 down to exactly ``1 / base`` (note ``H - 1``, not the interleaved table's
+    ``D / 2``: the two are not permutations of each other). An odd
+    ``embed_dim`` ends with a zero channel, as fairseq pads it; ``embed_dim``
+    must be at least 4. Whisper's ``sinusoids(length, channels,
+    max_timescale)`` is ``sinusoidal_pos_embedding(length, channels,
+    base=max_timescale, layout="concat")``. fairseq's table also zeroes the row
+    ``padding_idx`` and its positions start at ``padding_idx + 1``: those
+    belong to the caller (see the positions guide, or
+    :func:`positions_from_padding`), e.g. for M2M100::
+
+        table = sinusoidal_pos_embedding(max_positions + padding_idx + 1, D,
+                                         layout="concat")
+        table[padding_idx] = 0
+        ids = positions_from_padding(input_ids, padding_idx,
+                                     past_length=padding_idx + 1 + cache_length,
+                                     pad_position=padding_idx)
 
     The table is filled by a Numba kernel that rotates (sin, cos) one position at
     a time (angle addition, computed in float64 even for float32 output) and
     re-anchors with a direct sin/cos every few hundred positions, so each entry
     stays within 1e-6 (float32) or 1e-10 (float64) of the formula evaluated in
-    float64, for tables of at least 65536 positions.
+    float64, for tables of at least 65536 positions (the CUDA kernel computes
+    each entry directly).
 
     Parameters
     ----------
     seq_len : int
         Number of positions L (> 0).
     embed_dim : int
-        Number of channels D (> 0).
+        Number of channels D (> 0; >= 4 for ``layout="concat"``).
     device : {"cpu", "cuda"}, default "cpu"
         Where the table is made; ignored when ``out`` is given (the table is
         made where ``out`` lives).
@@ -54,12 +81,15 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
         Dtype of the result; None means float32, or ``out``'s dtype when ``out``
         is given.
     base : float, default 10000.0
-        Base of the geometric progression of wavelengths (> 0).
+        Base of the geometric progression of wavelengths (> 0): the longest
+        wavelength is about ``2 pi base`` (Whisper's ``max_timescale``).
     offset : int, default 0
         First position (>= 0), e.g. the number of tokens already decoded.
     out : ndarray, optional
         C-contiguous, writeable buffer of shape (seq_len, embed_dim) and dtype
         ``dtype`` to fill.
+    layout : {"interleaved", "concat"}, default "interleaved"
+        Where sin and cos go, and the frequencies that come with it (above).
 
     Returns
     -------
@@ -69,11 +99,13 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
     ------
     TypeError
         A non-integer ``seq_len``, ``embed_dim`` or ``offset``, a non-float
-        ``dtype``, a non-real ``base`` or a non-array ``out``.
+        ``dtype``, a non-real ``base``, a non-array ``out`` or a non-string
+        ``layout``.
     ValueError
-        ``seq_len <= 0``, ``embed_dim <= 0``, ``offset < 0`` (or a last position
-        ``offset + seq_len - 1`` beyond int64), ``base <= 0``, an unknown
-        ``device``, or ``out`` of the wrong shape or dtype.
+        ``seq_len <= 0``, ``embed_dim <= 0`` (``< 4`` with ``layout="concat"``),
+        ``offset < 0`` (or a last position ``offset + seq_len - 1`` beyond
+        int64), ``base <= 0``, an unknown ``layout`` or ``device``, or ``out``
+        of the wrong shape or dtype.
     RuntimeError
         ``device="cuda"`` where CUDA cannot be used.
 
@@ -82,9 +114,17 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
     >>> import numbapos.functional as F
     >>> F.sinusoidal_pos_embedding(4, 6).shape
     (4, 6)
+    >>> F.sinusoidal_pos_embedding(3, 4, layout="concat", dtype="float64")[1].round(3)
+    array([0.841, 0.   , 0.54 , 1.   ])
     """
     seq_len = _checks.check_int(seq_len, "seq_len", minimum=1)
     embed_dim = _checks.check_int(embed_dim, "embed_dim", minimum=1)
+    layout = _check_layout(layout)
+    if layout == "concat" and embed_dim < 4:
+        raise ValueError(
+            f"embed_dim: layout='concat' spaces its embed_dim // 2 frequencies by "
+            f"log(base) / (embed_dim // 2 - 1), so it needs embed_dim >= 4, got {embed_dim}"
+        )
     if out is not None:
         out = _checks.as_array(out, "out")
     device = _device.check_device(device) if out is None else _device.device_of(out)
@@ -104,9 +144,174 @@ def sinusoidal_pos_embedding(seq_len, embed_dim, device="cpu", dtype=None, base=
         out = K.empty(shape, dtype)
     else:
         out = _checks.check_out(out, shape, dtype)
-    inv_freq = base ** (-np.arange(0, embed_dim, 2, dtype=np.float64) / embed_dim)
-    K.sinusoid_fill(inv_freq, offset, out)
+    if layout == "concat":
+        half = embed_dim // 2
+        inv_freq = np.exp(np.arange(half, dtype=np.float64) * (-np.log(base) / (half - 1)))
+        K.sinusoid_fill(inv_freq, offset, out, concat=True)
+    else:
+        inv_freq = base ** (-np.arange(0, embed_dim, 2, dtype=np.float64) / embed_dim)
+        K.sinusoid_fill(inv_freq, offset, out)
     return out
+
+
+def _check_layout(layout) -> str:
+    if not isinstance(layout, str):
+        raise TypeError(f"layout: expected 'interleaved' or 'concat', got "
+                        f"{_checks.type_name(layout)} {_checks.quote(layout)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected 'interleaved' or 'concat', got {layout!r}")
+    return layout
+
+
+def timestep_embedding(timesteps, embedding_dim, *, flip_sin_to_cos=False,
+                       downscale_freq_shift=1.0, scale=1.0, max_period=10000, dtype=None,
+                       out=None):
+    """Sinusoidal embeddings of diffusion timesteps, as diffusers' ``get_timestep_embedding``.
+
+    For each timestep ``t`` (a float: fractional timesteps are fine) and ``H =
+    embedding_dim // 2``::
+
+        w_i = exp(-log(max_period) * i / (H - downscale_freq_shift)),  i < H
+        a_i = scale * (t * w_i)
+        emb = [sin(a) | cos(a)]        ([cos(a) | sin(a)] with flip_sin_to_cos)
+
+    and an odd ``embedding_dim`` ends with a zero channel. diffusers' ``Timesteps``
+    module (Stable Diffusion's UNet: ``flip_sin_to_cos=True,
+    downscale_freq_shift=0``; DiT / PixArt / SD3 / Flux time projections) calls
+    it with its own options. With ``downscale_freq_shift=1`` and ``scale=1`` it is
+    the ``layout="concat"`` sinusoid of :func:`sinusoidal_pos_embedding` at the
+    positions ``timesteps``.
+
+    Everything is computed in float64 (diffusers computes in float32, whose
+    frequencies and angles carry a relative rounding error of about 1e-7: at
+    ``t = 1000`` its values differ from the exact ones by up to about 1e-4);
+    a float32 result is within 1e-6 of the float64 formula.
+
+    Parameters
+    ----------
+    timesteps : array_like, shape (N,) or (B, N)
+        Timesteps, integer or float: a NumPy array (or list), or a CUDA array
+        (then the result is made on the GPU).
+    embedding_dim : int
+        Number of channels D (> 0).
+    flip_sin_to_cos : bool, default False
+        Put the cosines first.
+    downscale_freq_shift : float, default 1.0
+        The shift ``s`` of the frequency spacing ``log(max_period) / (H - s)``;
+        ``H - s`` must not be 0.
+    scale : float, default 1.0
+        Multiplies the angles (finite).
+    max_period : float, default 10000
+        The longest period is about ``2 pi max_period`` (> 0).
+    dtype : float32 or float64, optional
+        Dtype of the result; None means float32 (diffusers' dtype), or ``out``'s
+        dtype when ``out`` is given.
+    out : ndarray, optional
+        C-contiguous, writeable buffer of shape ``timesteps.shape +
+        (embedding_dim,)`` on the timesteps' device.
+
+    Returns
+    -------
+    ndarray, shape ``timesteps.shape + (embedding_dim,)``
+
+    Raises
+    ------
+    TypeError
+        Timesteps that are not numbers (bool, complex, object), a non-integer
+        ``embedding_dim``, non-real options, a non-bool ``flip_sin_to_cos``, a
+        non-float ``dtype``, ``out`` on another device than the timesteps.
+    ValueError
+        Timesteps that are not 1-D or 2-D, a non-finite timestep (host
+        timesteps; CUDA timesteps are not read back: a non-finite one gives a
+        row of NaN, as in diffusers), ``embedding_dim <= 0``, ``max_period <=
+        0``, a non-finite ``scale``, ``downscale_freq_shift`` equal to
+        ``embedding_dim // 2`` (a division by zero), ``out`` of the wrong shape
+        or dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import numbapos.functional as F
+    >>> F.timestep_embedding(np.array([0.0, 999.0]), 320, flip_sin_to_cos=True,
+    ...                      downscale_freq_shift=0).shape
+    (2, 320)
+    """
+    embedding_dim = _checks.check_int(embedding_dim, "embedding_dim", minimum=1)
+    if not isinstance(flip_sin_to_cos, (bool, np.bool_)):
+        raise TypeError(f"flip_sin_to_cos: expected a bool, got "
+                        f"{_checks.type_name(flip_sin_to_cos)} {_checks.quote(flip_sin_to_cos)}")
+    shift = _checks.check_real(downscale_freq_shift, "downscale_freq_shift")
+    if not np.isfinite(shift):
+        raise ValueError(f"downscale_freq_shift: expected a finite number, got {shift}")
+    scale = _checks.check_real(scale, "scale")
+    if not np.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
+    max_period = _checks.check_positive(max_period, "max_period")
+    half = embedding_dim // 2
+    if half and half - shift == 0:
+        raise ValueError(
+            f"downscale_freq_shift: the frequencies are spaced by log(max_period) / "
+            f"(embedding_dim // 2 - downscale_freq_shift), which is a division by zero for "
+            f"embedding_dim={embedding_dim} and downscale_freq_shift={downscale_freq_shift}"
+        )
+    times = _check_timesteps(timesteps)
+    if out is not None:
+        out = _checks.as_array(out, "out")
+    K = backend_for((times, out), ("timesteps", "out"))
+    if dtype is None:
+        dtype = np.float32 if out is None else out.dtype
+    dtype = _checks.check_float_dtype(dtype)
+    shape = tuple(times.shape) + (embedding_dim,)
+    if out is None:
+        out = K.empty(shape, dtype)
+    else:
+        out = _checks.check_out(out, shape, dtype)
+    if times.size:
+        # diffusers' order of operations, in float64
+        freq = np.exp(-np.log(max_period) * np.arange(half, dtype=np.float64) / (half - shift))
+        flat = _device.reshaped(times, (times.size,))
+        K.timestep_fill(flat, freq, scale, bool(flip_sin_to_cos),
+                        _device.reshaped(out, (times.size, embedding_dim)))
+    return out
+
+
+_CUDA_TIMESTEP_DTYPES = tuple(np.dtype(t) for t in ("int32", "int64", "float16", "float32",
+                                                    "float64"))
+
+
+def _check_timesteps(timesteps):
+    """Timesteps as a 1-D or 2-D array of numbers: a float64 host array, checked finite,
+    or a C-contiguous CUDA array of int32 / int64 / float16 / float32 / float64."""
+    if _device.is_cuda_array(timesteps):
+        times = _device.adopt(timesteps)
+        _checks.check_cuda_contiguous(times, "timesteps")
+        if times.dtype not in _CUDA_TIMESTEP_DTYPES:
+            raise TypeError(f"timesteps: expected integer or float numbers (on the GPU: "
+                            f"int32, int64, float16, float32 or float64), got dtype "
+                            f"{times.dtype}")
+    else:
+        times = None if isinstance(timesteps, (list, tuple)) else _checks.host_view(
+            timesteps, "timesteps")
+        if times is None:
+            try:
+                times = np.asarray(timesteps)
+            except ValueError as err:  # ragged nested lists
+                raise ValueError(f"timesteps: cannot make an array of numbers: {err}") from err
+        if times.dtype.kind not in "iuf":
+            raise TypeError(f"timesteps: expected integer or float numbers, got dtype "
+                            f"{times.dtype}")
+    if times.ndim not in (1, 2):
+        raise ValueError(f"timesteps: expected a 1-D or 2-D array, got shape "
+                         f"{tuple(times.shape)}")
+    if _device.is_cuda_array(times):
+        return times
+    times = np.asarray(times, dtype=np.float64)
+    finite = np.isfinite(times)
+    if not finite.all():
+        where = int(np.argmin(finite.reshape(-1)))
+        raise ValueError(f"timesteps: expected finite numbers, got {times.reshape(-1)[where]} "
+                         f"(at flat position {where})")
+    return times
 
 
 # ---------------------------------------------------------------- shared checks

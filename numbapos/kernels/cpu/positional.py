@@ -1,6 +1,7 @@
-"""CPU kernels for positional embeddings: the sinusoid table, adding a table of
-positions to a batch, NeoML's multiply-add, their batch reductions, and positions
-computed from padding.
+"""CPU kernels for positional embeddings: the sinusoid table (interleaved or
+concatenated), diffusion timestep embeddings, adding a table of positions to a
+batch, NeoML's multiply-add, their batch reductions, and positions computed from
+padding.
 
 Launchers (``__all__``, twinned in ``kernels/cuda/positional.py``) take
 validated arrays and caller-owned outputs; the ``@njit`` bodies trust them. Activations arrive as
@@ -16,7 +17,8 @@ from .arrays import pick
 from .jit import kernel
 
 __all__ = ["add_gathered_rows", "add_rows", "mult_add", "mult_add_backward",
-           "positions_from_mask", "positions_from_padding", "sinusoid_fill", "sum_over_batch"]
+           "positions_from_mask", "positions_from_padding", "sinusoid_fill", "sum_over_batch",
+           "timestep_fill"]
 
 # The sinusoid recurrence is re-anchored with a direct sin/cos at least this often.
 # Its float64 error grows about 1e-16 per step, so 256 steps stay near 1e-13: far
@@ -39,10 +41,13 @@ def sinusoid_block(seq_len: int) -> int:
 # ---------------------------------------------------------------- launchers
 
 
-def sinusoid_fill(inv_freq, offset, out):
+def sinusoid_fill(inv_freq, offset, out, concat=False):
     """``out[r, 2i] = sin((offset + r) w_i)``, ``out[r, 2i+1] = cos((offset + r) w_i)``.
 
-    ``inv_freq`` is a host float64 array of the ``ceil(D / 2)`` frequencies.
+    ``inv_freq`` is a host float64 array of the ``ceil(D / 2)`` frequencies. With
+    ``concat`` the layout is ``[sin | cos]`` instead: ``out[r, i] = sin``,
+    ``out[r, H + i] = cos`` for the ``H = D // 2`` frequencies of ``inv_freq``, and
+    an odd D's last channel zero.
     """
     step_cos = np.cos(inv_freq)
     step_sin = np.sin(inv_freq)
@@ -50,8 +55,19 @@ def sinusoid_fill(inv_freq, offset, out):
     num_blocks = -(-out.shape[0] // block)
     sin_acc = np.empty((num_blocks, inv_freq.size), dtype=np.float64)
     cos_acc = np.empty((num_blocks, inv_freq.size), dtype=np.float64)
-    pick(_sinusoid_fill, out.size)(inv_freq, step_cos, step_sin, offset, block, out, sin_acc,
-                                   cos_acc)
+    pick(_sinusoid_fill, out.size)(inv_freq, step_cos, step_sin, offset, block, bool(concat),
+                                   out, sin_acc, cos_acc)
+
+
+def timestep_fill(timesteps, freq, scale, flip, out):
+    """``out[n] = [sin(a) | cos(a)]`` (``[cos(a) | sin(a)]`` with ``flip``) for the angles
+    ``a_i = scale * (timesteps[n] * freq[i])``, in float64; an odd D's last channel zero.
+
+    ``timesteps`` is an (N,) array of numbers, ``freq`` a host float64 array of the
+    ``D // 2`` frequencies, ``out`` (N, D).
+    """
+    times = np.ascontiguousarray(timesteps, dtype=np.float64)
+    pick(_timestep_fill, out.size)(times, freq, np.float64(scale), bool(flip), out)
 
 
 def add_rows(x, table, start, out):
@@ -125,12 +141,13 @@ def positions_from_mask(mask, pad_position, max_positions, out, name="attention_
 
 
 @kernel(parallel=True)
-def _sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out, sin_acc, cos_acc):
+def _sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, concat, out, sin_acc, cos_acc):
     """Fill ``out`` block by block, the blocks of ``block`` rows split across threads.
 
-    ``inv_freq`` holds the float64 frequencies ``w_i`` (``ceil(D / 2)`` of them),
-    ``step_cos`` / ``step_sin`` their cosines and sines; ``sin_acc`` /
-    ``cos_acc`` are float64 scratch of shape ``(num_blocks, ceil(D / 2))``.
+    ``inv_freq`` holds the float64 frequencies ``w_i`` (``ceil(D / 2)`` of them
+    interleaved, ``D // 2`` with ``concat``), ``step_cos`` / ``step_sin`` their
+    cosines and sines; ``sin_acc`` / ``cos_acc`` are float64 scratch of shape
+    ``(num_blocks, len(inv_freq))``.
 
     Each block starts from a direct sin/cos at its first row, then rotates
     (sin, cos) one position at a time:
@@ -156,16 +173,41 @@ def _sinusoid_fill(inv_freq, step_cos, step_sin, offset, block, out, sin_acc, co
             c[i] = np.cos(angle)
         for r in range(start, stop):
             row = out[r]
-            for i in range(pairs):
-                row[2 * i] = s[i]
-                row[2 * i + 1] = c[i]
-            if num_freq > pairs:  # odd D: the last channel is an unpaired sin
-                row[dim - 1] = s[pairs]
+            if concat:  # [sin | cos], an odd D's last channel zero
+                for i in range(pairs):
+                    row[i] = s[i]
+                    row[pairs + i] = c[i]
+                if dim > 2 * pairs:
+                    row[dim - 1] = 0
+            else:
+                for i in range(pairs):
+                    row[2 * i] = s[i]
+                    row[2 * i + 1] = c[i]
+                if num_freq > pairs:  # odd D: the last channel is an unpaired sin
+                    row[dim - 1] = s[pairs]
             for i in range(num_freq):
                 si = s[i]
                 ci = c[i]
                 s[i] = si * step_cos[i] + ci * step_sin[i]
                 c[i] = ci * step_cos[i] - si * step_sin[i]
+
+
+@kernel(parallel=True)
+def _timestep_fill(times, freq, scale, flip, out):
+    """One row per timestep, the rows split across threads; each entry a direct float64
+    sin / cos (timesteps are arbitrary numbers: no recurrence)."""
+    dim = out.shape[1]
+    half = freq.size
+    sin_at = half if flip else 0
+    cos_at = 0 if flip else half
+    for n in prange(out.shape[0]):
+        t = times[n]
+        for i in range(half):
+            angle = scale * (t * freq[i])
+            out[n, sin_at + i] = np.sin(angle)
+            out[n, cos_at + i] = np.cos(angle)
+        if dim > 2 * half:
+            out[n, dim - 1] = 0
 
 
 # ---------------------------------------------------------------- x + P

@@ -32,22 +32,39 @@ from .fpmath import mul_f32, mul_f64
 from .launch import launch
 
 __all__ = ["add_gathered_rows", "add_rows", "mult_add", "mult_add_backward",
-           "positions_from_mask", "positions_from_padding", "sinusoid_fill", "sum_over_batch"]
+           "positions_from_mask", "positions_from_padding", "sinusoid_fill", "sum_over_batch",
+           "timestep_fill"]
 
 
 # ---------------------------------------------------------------- launchers
 
 
-def sinusoid_fill(inv_freq, offset, out):
+def sinusoid_fill(inv_freq, offset, out, concat=False):
     """``out[r, 2i] = sin((offset + r) w_i)``, ``out[r, 2i+1] = cos((offset + r) w_i)``.
 
-    ``inv_freq`` is a host float64 array of the ``ceil(D / 2)`` frequencies.
-    Each element is computed directly (angle and sin/cos in float64, then cast
-    to ``out``'s dtype), so no recurrence error accumulates down the table.
+    ``inv_freq`` is a host float64 array of the ``ceil(D / 2)`` frequencies (with
+    ``concat``, the ``D // 2`` frequencies of the ``[sin | cos]`` layout, an odd
+    D's last channel zero). Each element is computed directly (angle and sin/cos
+    in float64, then cast to ``out``'s dtype), so no recurrence error accumulates
+    down the table.
     """
     if out.size:
         freq = asarray(np.ascontiguousarray(inv_freq, dtype=np.float64))
-        launch(_sinusoid_fill, grid(out.size), THREADS, freq, np.int64(offset), out)
+        launch(_sinusoid_fill, grid(out.size), THREADS, freq, np.int64(offset), bool(concat),
+               out)
+
+
+def timestep_fill(timesteps, freq, scale, flip, out):
+    """``out[n] = [sin(a) | cos(a)]`` (``[cos(a) | sin(a)]`` with ``flip``) for the angles
+    ``a_i = scale * (timesteps[n] * freq[i])``, in float64; an odd D's last channel zero.
+
+    ``timesteps`` is an (N,) device array of numbers (read as float64 by the
+    kernel), ``freq`` a host float64 array of the ``D // 2`` frequencies.
+    """
+    if out.size:
+        freq = asarray(np.ascontiguousarray(freq, dtype=np.float64))
+        launch(_timestep_fill, grid(out.size), THREADS, timesteps, freq, np.float64(scale),
+               bool(flip), out)
 
 
 def add_rows(x, table, start, out):
@@ -142,19 +159,52 @@ def positions_from_mask(mask, pad_position, max_positions, out, name="attention_
 
 
 @cuda.jit
-def _sinusoid_fill(inv_freq, offset, out):
-    """One thread per element, threads along D. Channel ``d`` uses frequency ``d // 2``:
-    sin for even ``d``, cos for odd ``d`` (odd D ends with an unpaired sin)."""
+def _sinusoid_fill(inv_freq, offset, concat, out):
+    """One thread per element, threads along D. Interleaved, channel ``d`` uses
+    frequency ``d // 2``: sin for even ``d``, cos for odd ``d`` (odd D ends with an
+    unpaired sin). With ``concat``, channels ``[0, H)`` are sin and ``[H, 2H)`` cos
+    of frequency ``d mod H`` (``H = D // 2``), an odd D's last channel zero."""
     dim = out.shape[1]
+    half = dim // 2
     for k in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         r = k // dim
         d = k - r * dim
+        if concat:
+            if d >= 2 * half:
+                out[r, d] = 0
+                continue
+            i = d - half if d >= half else d
+            use_sin = d < half
+        else:
+            i = d // 2
+            use_sin = d % 2 == 0
         # mul.rn: the angle is the correctly rounded float64 product, as on the CPU.
-        angle = mul_f64(float64(offset + r), inv_freq[d // 2])
-        if d % 2 == 0:
+        angle = mul_f64(float64(offset + r), inv_freq[i])
+        if use_sin:
             out[r, d] = math.sin(angle)
         else:
             out[r, d] = math.cos(angle)
+
+
+@cuda.jit
+def _timestep_fill(timesteps, freq, scale, flip, out):
+    """One thread per element: channel ``d`` of row ``n`` is the sin or cos of
+    ``scale * (t_n * freq[d mod H])`` in float64, as on the CPU (``H = D // 2``;
+    ``flip`` puts cos first; an odd D's last channel zero)."""
+    dim = out.shape[1]
+    half = freq.size
+    for k in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        n = k // dim
+        d = k - n * dim
+        if d >= 2 * half:
+            out[n, d] = 0
+            continue
+        i = d - half if d >= half else d
+        angle = mul_f64(scale, mul_f64(float64(timesteps[n]), freq[i]))
+        if (d < half) != flip:
+            out[n, d] = math.sin(angle)
+        else:
+            out[n, d] = math.cos(angle)
 
 
 # ---------------------------------------------------------------- x + P
