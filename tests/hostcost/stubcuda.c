@@ -776,6 +776,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
     /* Versions with another signature under the same name. */
     if (strcmp(symbol, "cuStreamGetCaptureInfo") == 0 && version >= 12030)
         strcat(name, "_v3");
+    if (strcmp(symbol, "cuGetProcAddress") == 0 && version >= 12000)
+        strcat(name, "_v2");
     *pfn = dlsym(self, name);
     if (status) *status = *pfn ? 0 : 1;
     if (*pfn) return OK;
@@ -786,6 +788,14 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
 __attribute__((visibility("default")))
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags) {
     return cuGetProcAddress_v2(symbol, pfn, version, flags, 0);
+}
+/* cuGetProcAddress itself, as cuda-bindings' driver.cuGetProcAddress calls it. */
+API(cuGetProcAddress)(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, 0);
+}
+API(cuGetProcAddress_v2)(const char *symbol, void **pfn, int version, unsigned long long flags,
+                         int *status) {
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, status);
 }
 /* The plain names of the calls a loader may dlsym before it asks cuGetProcAddress. */
 __attribute__((visibility("default"))) CUresult cuInit(unsigned int flags) { return OK; }

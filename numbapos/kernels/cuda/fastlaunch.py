@@ -388,16 +388,13 @@ def native_launcher():
     returns -1, or ``row * 1000 + error`` at the first launch that fails (the rest are not
     launched). None where the driver library or Numba cannot give that.
 
-    The function pointer is the ``cuLaunchKernel`` of the ``libcuda.so.1`` that
-    cuda-bindings loaded (the same library: ``dlopen`` hands back its handle), in
-    cuda-bindings' default stream semantics (the handle passed, 0 the legacy stream).
-    Compiled on first use and never cached to disk: the pointer is baked in.
+    The function pointer is the one cuda-bindings itself calls: the driver's
+    ``cuGetProcAddress`` asked, through cuda-bindings, for ``cuLaunchKernel`` in the
+    stream semantics cuda-bindings uses (per-thread default stream where
+    ``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM`` asks for it). Compiled on first
+    use and never cached to disk: the pointer is baked in.
     """
-    try:
-        library = ctypes.CDLL("libcuda.so.1")
-        address = ctypes.cast(library.cuLaunchKernel, ctypes.c_void_p).value
-    except (OSError, AttributeError):
-        return None
+    address = _driver_function("cuLaunchKernel")
     if not address:
         return None
     from numba import njit
@@ -422,6 +419,26 @@ def native_launcher():
 
     launch_all._keep = cu_launch_kernel  # the ctypes object behind the baked-in pointer
     return launch_all
+
+
+def _driver_function(name: str) -> int:
+    """The address of the driver's ``name`` (its CUDA 12.0 version), as cuda-bindings
+    resolves it; 0 where the driver does not give it."""
+    import os
+
+    driver = _cuda_driver()
+    flags = driver.CUdriverProcAddress_flags
+    per_thread = os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
+    try:
+        err, address, status = driver.cuGetProcAddress(
+            name.encode(), 12000, flags.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+            if per_thread else flags.CU_GET_PROC_ADDRESS_DEFAULT)
+    except Exception:  # an older cuda-bindings, a driver without the call
+        return 0
+    found = driver.CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS
+    if err != driver.CUresult.CUDA_SUCCESS or status != found:
+        return 0
+    return int(address)
 
 
 def raise_launch_failure(code: int) -> None:
