@@ -496,14 +496,20 @@ def check_native() -> dict:
     calls = [lambda: F.embedding(ids, table, out=out),
              lambda: F.embedding_backward(grad, ids, 300)]
     logs = {}
+    side = cuda.stream()
     for native in (True, False):
-        with numbapos.config.override(cuda_native_launch=native):
-            for call in calls:
-                for _ in range(3):
+        for stream in (None, side):
+            with numbapos.config.override(cuda_native_launch=native), \
+                    numbapos.cuda.stream(stream) if stream is not None else _nothing():
+                for call in calls:
+                    for _ in range(3):
+                        call()
+                before = numbapos._device.cuda_launches()
+                for call in calls:
                     call()
-            before = numbapos._device.cuda_launches()
-            for call in calls:
-                call()
-            count = numbapos._device.cuda_launches() - before
-        logs[native] = _launch_log(count)
-    return {"kernels": len(logs[True]), "same": logs[True] == logs[False]}
+                count = numbapos._device.cuda_launches() - before
+            logs[native, stream is None] = _launch_log(count)
+    on_side = {entry[8] for entry in logs[True, False]}
+    return {"kernels": len(logs[True, True]),
+            "same": all(logs[True, default] == logs[False, default] for default in (True, False)),
+            "side stream": on_side == {int(side.handle)}}
