@@ -162,6 +162,15 @@ def _kernel_tables(K, tables):
     return kernel, fmt
 
 
+def _counter_for_plan(counter, training, p):
+    """``(device counter or None, the counter as a plan option)`` of a block's GPU call, or
+    None where it cannot be planned. A device counter is one of the op's arrays; an
+    integer one with active dropout changes at every step."""
+    if isinstance(counter, (int, np.integer)):
+        return None if training and p else (None, counter)
+    return counter, None
+
+
 def _check_dropout(K, p, seed, training, counter) -> DropoutArgs:
     p, seed, counter = _checks.check_dropout_args(p, seed, counter)
     _checks.check_counter_device(counter, K.DEVICE)
@@ -560,16 +569,15 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
                     counter=counter, out=out, table_options=table_options)
     if type(word_embeddings) is np.ndarray:
         return _bert_forward(*args, **keywords)
-    # GPU tables: the plan of this call signature, if any. A device counter is one of the
-    # op's arrays; an integer one with active dropout changes every step (no plan).
-    device_counter = None if isinstance(counter, (int, np.integer)) else counter
-    if device_counter is None and training and p:
+    planned = _counter_for_plan(counter, training, p)
+    if planned is None:
         return _bert_forward(*args, **keywords)
+    device_counter, host_counter = planned
     return _BERT_FORWARDS.call(
         lambda: _bert_forward(*args, **keywords),
         (*args, token_type_ids, position_ids, device_counter, out, None, None),
         (past_length, eps, p, seed, bool(training),
-         counter if device_counter is None else None, table_options),
+         host_counter, table_options),
         outputs=(9, 10, 11), avoid=tuple((9, i) for i in range(9)))
 
 
@@ -674,13 +682,14 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
                     table_options=table_options, output_mask=output_mask)
     if type(word_embeddings) is np.ndarray:
         return _bert_backward(*args, **keywords)
-    device_counter = None if isinstance(counter, (int, np.integer)) else counter
-    if device_counter is None and training and p:
+    planned = _counter_for_plan(counter, training, p)
+    if planned is None:
         return _bert_backward(*args, **keywords)  # a counter that changes every step
+    device_counter, host_counter = planned
     return _BERT_BACKWARDS.call(
         lambda: _bert_backward(*args, **keywords),
         (*args, token_type_ids, position_ids, device_counter),
-        (past_length, p, seed, bool(training), counter if device_counter is None else None,
+        (past_length, p, seed, bool(training), host_counter,
          padding_idx, bool(sparse), table_options,
          None if output_mask is None else tuple(output_mask)),
         unpack=_grads_arrays, pack=_grads_from)
@@ -843,13 +852,14 @@ def gpt2_embeddings(input_ids, wte, wpe, *, past_length=0, position_ids=None,
     if type(wte) is np.ndarray:
         return _gpt2_forward(input_ids, wte, wpe, **keywords)
     # GPU tables: the plan of this call signature, as for the BERT block.
-    device_counter = None if isinstance(counter, (int, np.integer)) else counter
-    if device_counter is None and training and p:
+    planned = _counter_for_plan(counter, training, p)
+    if planned is None:
         return _gpt2_forward(input_ids, wte, wpe, **keywords)
+    device_counter, host_counter = planned
     return _GPT2_FORWARDS.call(
         lambda: _gpt2_forward(input_ids, wte, wpe, **keywords),
         (input_ids, wte, wpe, position_ids, attention_mask, device_counter, out),
-        (past_length, p, seed, bool(training), counter if device_counter is None else None,
+        (past_length, p, seed, bool(training), host_counter,
          table_options),
         outputs=(6,), avoid=tuple((6, i) for i in range(6)))
 
@@ -947,14 +957,15 @@ def gpt2_embeddings_backward(grad_output, input_ids, vocab_size, n_positions, *,
     args = (grad_output, input_ids, vocab_size, n_positions)
     if type(grad_output) is np.ndarray:
         return _gpt2_backward(*args, **keywords)
-    device_counter = None if isinstance(counter, (int, np.integer)) else counter
-    if device_counter is None and training and p:
+    planned = _counter_for_plan(counter, training, p)
+    if planned is None:
         return _gpt2_backward(*args, **keywords)
+    device_counter, host_counter = planned
     return _GPT2_BACKWARDS.call(
         lambda: _gpt2_backward(*args, **keywords),
         (grad_output, input_ids, position_ids, attention_mask, device_counter),
         (vocab_size, n_positions, past_length, p, seed, bool(training),
-         counter if device_counter is None else None, bool(sparse), table_options,
+         host_counter, bool(sparse), table_options,
          None if output_mask is None else tuple(output_mask)),
         unpack=_grads_arrays, pack=_grads_from)
 
