@@ -254,7 +254,7 @@ def _sparse_step_op(data):
 @pytest.mark.parametrize("op", ["lookup", "bert_forward", "sparse_sgd_step"])
 def test_launch_cost(benchmark, data, op, fast):
     """Host time to queue one op (no synchronisation inside the loop), and its launches."""
-    from numbapos.kernels.cuda import launch
+    from numbapos._gpuhost import launch
 
     benchmark.group = "cuda_launch_cost"
     fn = {"lookup": _lookup_op, "bert_forward": _bert_forward_op,

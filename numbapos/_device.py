@@ -152,7 +152,7 @@ def _require_cuda() -> None:
         _CUDA_CHECKED = True
         if _CUDA_ERROR is None:
             # Starting the CUDA backend now, before numbapos makes its first device
-            # array, lets it install its caching allocator (kernels/cuda/memory.py).
+            # array, lets it install its caching allocator (_gpuhost/memory.py).
             kernels_for("cuda")
     if _CUDA_ERROR is not None:
         raise RuntimeError(f"device 'cuda' is not available ({_CUDA_ERROR}): {_INSTALL_HINT}")
@@ -190,14 +190,14 @@ def cuda_launches() -> int:
     """How many CUDA kernels numbapos has launched in this process (0 before CUDA's use)."""
     if not backend_loaded("cuda"):
         return 0
-    from .kernels.cuda import launch
+    from ._gpuhost import launch
 
     return launch.launches()
 
 
 def plan_cache(op: str):
-    """A new plan cache for ``op`` on the CUDA host path (``kernels/cuda/plans.py``)."""
-    from .kernels.cuda import plans
+    """A new plan cache for ``op`` on the CUDA host path (``_gpuhost/plans.py``)."""
+    from ._gpuhost import plans
 
     return plans.PlanCache(op)
 
@@ -213,7 +213,7 @@ def kernels_for(device: str):
 
     For ``"cuda"`` it first raises an index error that a kernel queued by an
     earlier call recorded and the host can now see (a read of mapped host
-    memory, no synchronisation; see ``kernels/cuda/errors.py``): every op
+    memory, no synchronisation; see ``_gpuhost/errors.py``): every op
     reaches its kernels through here.
     """
     namespace = _NAMESPACES.get(device)
@@ -366,7 +366,7 @@ def synchronize() -> None:
     op or any op queued after it, and the GPU stays usable. Does nothing when
     CUDA was never used.
     """
-    errors = sys.modules.get("numbapos.kernels.cuda.errors")
+    errors = sys.modules.get("numbapos._gpuhost.errors")
     if errors is not None:
         errors.synchronize()
 
@@ -487,8 +487,8 @@ def cuda_empty_cache() -> None:
     numbapos installs a caching allocator for Numba's device arrays (as PyTorch
     and CuPy have), unless ``NUMBAPOS_CUDA_MEMORY_POOL=0`` or another Numba
     memory manager is configured; freed blocks are kept for reuse. The ops'
-    plans (``numbapos/kernels/cuda/plans.py``) are dropped too, with the
+    plans (``numbapos/_gpuhost/plans.py``) are dropped too, with the
     workspaces they hold. Nothing happens when CUDA was never used.
     """
-    if "numbapos.kernels.cuda" in sys.modules:
-        sys.modules["numbapos.kernels.cuda"].memory.empty_cache()
+    if "numbapos._gpuhost.memory" in sys.modules:
+        sys.modules["numbapos._gpuhost.memory"].empty_cache()

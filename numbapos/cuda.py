@@ -34,6 +34,7 @@ at the first call here.
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 from . import _device
 
@@ -42,6 +43,12 @@ __all__ = ["capture", "current_stream", "stream"]
 
 def _backend():
     return _device.kernels_for(_device.check_device("cuda"))
+
+
+def _host(name):
+    """A module of the GPU host path (:mod:`numbapos._gpuhost`), once CUDA is started."""
+    _backend()
+    return importlib.import_module(f"numbapos._gpuhost.{name}")
 
 
 @contextlib.contextmanager
@@ -75,14 +82,14 @@ def stream(s):
     >>> with numbapos.cuda.stream(cuda.stream()):           # doctest: +SKIP
     ...     out = numbapos.functional.embedding(ids, weight)
     """
-    K = _backend()
-    with K.streams.using(K.streams.as_numba_stream(s, "stream")) as chosen:
+    streams = _host("streams")
+    with streams.using(streams.as_numba_stream(s, "stream")) as chosen:
         yield chosen
 
 
 def current_stream():
     """The stream numbapos's GPU work goes to in this thread (``0``: the legacy default)."""
-    return _backend().streams.current()
+    return _host("streams").current()
 
 
 def capture(step, *, warmup=1):
@@ -177,10 +184,10 @@ def capture(step, *, warmup=1):
     ...     ids.copy_to_device(batch)
     ...     captured.replay()
     """
-    return _backend().graphs.capture(step, warmup=warmup)
+    return _host("graphs").capture(step, warmup=warmup)
 
 
 def __getattr__(name):
     if name == "CapturedStep":  # the class capture returns, imported with the backend
-        return _backend().graphs.CapturedStep
+        return _host("graphs").CapturedStep
     raise AttributeError(f"module 'numbapos.cuda' has no attribute {name!r}")

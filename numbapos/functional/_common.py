@@ -16,7 +16,7 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class Planned:
-    """An op's plans for the GPU host path (:mod:`numbapos.kernels.cuda.plans`).
+    """An op's plans for the GPU host path (:mod:`numbapos._gpuhost.plans`).
 
     ``call(full, arrays, options, ...)`` (see ``PlanCache.call``) runs ``full()`` (the op's
     ordinary path) until the CUDA backend is in use, then goes through the

@@ -115,4 +115,7 @@ def refuse_in_capture(what: str) -> None:
     IndexError
         An index error deferred by an earlier GPU call.
     """
-    _device.kernels_for("cuda").streams.refuse_in_capture(what)
+    _device.kernels_for("cuda")
+    from .._gpuhost import streams
+
+    streams.refuse_in_capture(what)

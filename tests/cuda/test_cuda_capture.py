@@ -189,7 +189,7 @@ def test_a_replay_makes_no_host_round_trip():
     ("synchronize", "a synchronisation"),
 ])
 def test_a_host_round_trip_inside_the_step_raises(what, match):
-    from numbapos.kernels.cuda import streams
+    from numbapos._gpuhost import streams
 
     emb, bias, opt, ids, step = _setup("cuda", OPTIMISERS["sgd_momentum"])
     drop = nn.Dropout(0.5, seed=1)
@@ -252,7 +252,7 @@ def _failing_step(how):
 def _nothing_left_behind(step):
     """No capture in progress, eager work (a synchronisation and a copy back included)
     and a new capture work (while the caller still handles the failure)."""
-    from numbapos.kernels.cuda import streams
+    from numbapos._gpuhost import streams
 
     assert streams.capturing() is None and numbapos.cuda.current_stream() == 0
     y = step()
@@ -292,7 +292,7 @@ def test_captures_do_not_nest():
     inner = []
 
     def step():
-        from numbapos.kernels.cuda import streams
+        from numbapos._gpuhost import streams
 
         if streams.capturing() is not None:
             with pytest.raises(RuntimeError, match="captures do not nest"):

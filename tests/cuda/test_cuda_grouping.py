@@ -11,10 +11,11 @@ from conftest import dev
 
 pytest.importorskip("numba.cuda")
 
+from numbapos._gpuhost import launch  # noqa: E402
 from numbapos.kernels import cpu as cpu_arrays  # noqa: E402
 from numbapos.kernels import cuda as gpu_arrays  # noqa: E402
 from numbapos.kernels.cpu import embedding as cpu  # noqa: E402
-from numbapos.kernels.cuda import errors, grouping, launch  # noqa: E402
+from numbapos.kernels.cuda import errors, grouping  # noqa: E402
 
 SMALL = grouping.SMALL_MAX
 # The largest table the one-block path packs: row numbers of SMALL_ROW_BITS bits.

@@ -166,7 +166,7 @@ def test_a_bad_cuda_stream_protocol_answer_is_refused():
 
 
 def test_allocator_pools_keep_blocks_on_their_stream():
-    from numbapos.kernels.cuda.memory import StreamPools
+    from numbapos._gpuhost.memory import StreamPools
 
     pools = StreamPools()
     pools.give(1, 512, "block-a")
@@ -193,14 +193,14 @@ def test_every_launch_of_the_cuda_backend_goes_through_the_launch_helper():
 
 
 def test_the_fast_launch_internals_exist_in_the_installed_numba_cuda():
-    # The fast path (kernels/cuda/fastlaunch.py) uses numba-cuda internals; the cuda
+    # The fast path (_gpuhost/fastlaunch.py) uses numba-cuda internals; the cuda
     # extra pins the minor versions, and this fails when an upgrade moves them. Checked
     # against the real numba.cuda (no GPU needed to import it), not the simulator's.
     code = (
         "import numpy as np\n"
         "from numba.cuda.typing.typeof import Purpose, typeof\n"
         "from numbapos._args import AdamHyper, DropoutArgs, TiledIds\n"
-        "from numbapos.kernels.cuda import fastlaunch\n"
+        "from numbapos._gpuhost import fastlaunch\n"
         "values = [True, 2.5, 7, np.int64(3), np.float32(1), np.uint64(9),\n"
         "          AdamHyper(*[np.float32(0.5)] * 8, False, True, False),\n"
         "          (np.int64(1), np.int64(2)), TiledIds(np.zeros(2, np.int64), 0, 2),\n"
@@ -216,7 +216,7 @@ def test_the_fast_launch_internals_exist_in_the_installed_numba_cuda():
 
 
 def test_the_fast_launch_is_off_on_the_simulator():
-    from numbapos.kernels.cuda import fastlaunch
+    from numbapos._gpuhost import fastlaunch
 
     assert fastlaunch.ENABLED is (not _simulated())
 
@@ -224,7 +224,7 @@ def test_the_fast_launch_is_off_on_the_simulator():
 def test_the_fast_launch_resolves_each_signature_once_and_falls_back_otherwise(monkeypatch):
     # The fast path runs only on a real GPU; its bookkeeping is checked here with
     # stand-ins for Numba's dispatcher, compiled kernel, typing and stream conversion.
-    from numbapos.kernels.cuda import fastlaunch
+    from numbapos._gpuhost import fastlaunch
 
     launched = []
 
@@ -261,7 +261,7 @@ def test_the_fast_launch_resolves_each_signature_once_and_falls_back_otherwise(m
 _ALLOCATOR_SCRIPT = r'''
 import contextlib
 import gc
-from numbapos.kernels.cuda import memory, streams
+from numbapos._gpuhost import memory, streams
 
 manager_class = memory._manager_class()
 made = []
@@ -379,7 +379,7 @@ from numba.cuda.cudadrv.devicearray import DeviceNDArray
 from numba.cuda.typing.typeof import Purpose, typeof
 
 from numbapos._args import AdamHyper
-from numbapos.kernels.cuda import fastlaunch
+from numbapos._gpuhost import fastlaunch
 
 
 class Memory:  # a device allocation at a made-up address (no GPU here)

@@ -563,7 +563,7 @@ def test_readme_gpu_example_runs_as_written(capsys):
 
 
 def test_memory_pool_bucket_sizes():
-    from numbapos.kernels.cuda.memory import bucket_size
+    from numbapos._gpuhost.memory import bucket_size
 
     assert bucket_size(1) == 512 and bucket_size(513) == 1024
     assert bucket_size(1 << 20) == 1 << 20

@@ -138,7 +138,7 @@ def check_failure(how: str) -> dict:
     from stub import counters
 
     import numbapos
-    from numbapos.kernels.cuda import streams
+    from numbapos._gpuhost import streams
 
     failing, step = _failing(how)
     graphs_before = counters()["graphs_alive"]

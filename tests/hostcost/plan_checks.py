@@ -23,7 +23,7 @@ def _spy():
     """Record every packed launch's ``(values, function, grid, block, stream)`` (planned ops
     launch one kernel at a time from here on, through the spied function)."""
     import numbapos
-    from numbapos.kernels.cuda import fastlaunch
+    from numbapos._gpuhost import fastlaunch
 
     if not _ONE_BY_ONE:  # for the rest of the process (kept: collected, it would end)
         _ONE_BY_ONE.append(numbapos.config.override(cuda_native_launch=False))
@@ -446,7 +446,7 @@ def check_budget() -> dict:
     from numba import cuda
 
     import numbapos.functional as F
-    from numbapos.kernels.cuda import plans
+    from numbapos._gpuhost import plans
 
     budget, plans.WORKSPACE_BUDGET = plans.WORKSPACE_BUDGET, 1 << 20  # 2 or 3 plans here
     try:
@@ -485,7 +485,7 @@ def check_native() -> dict:
 
     import numbapos
     import numbapos.functional as F
-    from numbapos.kernels.cuda import fastlaunch
+    from numbapos._gpuhost import fastlaunch
 
     assert fastlaunch.native_launcher() is not None
     rng = np.random.default_rng(6)

@@ -1,4 +1,4 @@
-"""The GPU host path's plans (numbapos/kernels/cuda/plans.py) on the stub driver.
+"""The GPU host path's plans (numbapos/_gpuhost/plans.py) on the stub driver.
 
 The checks run in one stub-driver subprocess (plan_checks.py, stub.py): a plan's
 replay gives ``cuLaunchKernel`` what the ordinary path gives it for the same

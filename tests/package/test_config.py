@@ -168,7 +168,7 @@ def test_importing_numbapos_and_its_backends_starts_nothing():
 
 def test_the_cuda_backend_installs_its_allocator_when_started_not_imported(monkeypatch):
     pytest.importorskip("numba.cuda")
-    from numbapos.kernels.cuda import memory
+    from numbapos._gpuhost import memory
 
     calls = []
     monkeypatch.setattr(memory, "install", lambda: calls.append(1) or False)
@@ -186,7 +186,7 @@ def test_the_cuda_memory_pool_setting_is_read(monkeypatch):
     pytest.importorskip("numba.cuda")
     from numba import config as numba_config
 
-    from numbapos.kernels.cuda import memory
+    from numbapos._gpuhost import memory
 
     monkeypatch.setattr(numba_config, "ENABLE_CUDASIM", False)
     with config.override(cuda_memory_pool=False):

@@ -12,9 +12,9 @@ import numpy as np
 from numba import cuda, float64
 
 from ..._args import AlibiMode
+from ..._gpuhost.launch import launch
 from .arrays import THREADS, absent, grid
 from .fpmath import cast_like, mul_f64
-from .launch import launch
 
 __all__ = ["alibi_add_", "alibi_fill", "alibi_slope_grad"]
 

@@ -11,8 +11,9 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
-from . import errors, fastlaunch, plans, streams
-from .launch import launch
+from ..._gpuhost import fastlaunch, plans, streams
+from ..._gpuhost.launch import launch
+from . import errors
 
 __all__ = ["DEFERRED_INDEX_ERRORS", "DEVICE", "add_", "add_rows_", "asarray", "concat_rows",
            "contiguous", "empty", "full", "to_host", "zeros"]

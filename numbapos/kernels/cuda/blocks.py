@@ -67,13 +67,13 @@ import numpy as np
 from numba import cuda, int64
 
 from ..._args import NO_DROPOUT, BertIds, TiledIds, chunk_rows, num_chunks
+from ..._gpuhost.launch import launch
 from ..hash import keeps
 from ..widen import FLOAT_TABLES, widen
 from . import errors, vector
 from .arrays import THREADS, absent, grid
 from .dropout import drop_key, kernel_drop
 from .fpmath import mul_for, numba_float
-from .launch import launch
 from .normalization import add_partials_together, fill_zero, moments, partials, row_blocks
 from .reduce import block_sum, block_sum2, tree_threads
 from .vector import fold_lanes, load_lanes, per_lane, row_threads, store_lanes

@@ -44,9 +44,10 @@ import numpy as np
 from numba import cuda
 
 from ..._args import ClockKind
+from ..._gpuhost import streams
+from ..._gpuhost.launch import launch
 from .. import stepvalues
-from . import arrays, errors, streams
-from .launch import launch
+from . import arrays, errors
 
 __all__ = []  # not launchers: the CUDA optimiser ops use them
 

@@ -15,12 +15,13 @@ import numpy as np
 from numba import cuda, int64
 
 from ..._args import HalfRounding
+from ..._gpuhost import streams
+from ..._gpuhost.launch import launch
 from ..halfbits import half_from_f32_bits, half_from_f32_bits_stochastic, half_to_f32_bits
 from ..hash import rounding_bits
-from . import arrays, errors, streams
+from . import arrays, errors
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .dropout import counter_key, no_counter
-from .launch import launch
 
 __all__ = ["store_half_", "store_half_rows_", "widen_half_rows"]
 

@@ -18,10 +18,11 @@ import numpy as np
 from numba import cuda
 
 from ..._args import DropoutArgs
+from ..._gpuhost import streams
+from ..._gpuhost.launch import launch
 from ..hash import dropout_key, keeps
-from . import arrays, errors, streams
+from . import arrays, errors
 from .arrays import THREADS, grid
-from .launch import launch
 
 __all__ = ["dropout_apply", "dropout_keep_mask"]
 

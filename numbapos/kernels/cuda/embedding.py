@@ -41,11 +41,11 @@ import numpy as np
 from numba import cuda, float64, int64
 
 from ..._args import NormKind, TableFormat
+from ..._gpuhost.launch import launch
 from ..halfbits import f32_value_bits, half_from_f32_bits, half_to_f32_bits, half_value
 from . import errors, grouping, vector
 from .arrays import MAX_BLOCKS, THREADS, grid
 from .fpmath import cast_like, mul_rn
-from .launch import launch
 from .reduce import block_max, block_sum, tree_threads
 from .vector import load_lanes, per_lane, row_threads, store_lanes
 

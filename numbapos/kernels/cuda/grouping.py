@@ -38,8 +38,8 @@ from numba import config as numba_config
 from numba import cuda, int64
 
 from ..._args import RowGroups
+from ..._gpuhost.launch import launch
 from . import arrays, errors
-from .launch import launch
 
 __all__ = []  # helpers of the embedding and optimiser launchers
 

@@ -8,9 +8,9 @@ values may differ from the CPU's in the last bits.
 
 from numba import cuda
 
+from ..._gpuhost.launch import launch
 from ..hash import keyed_normal
 from .arrays import THREADS, grid
-from .launch import launch
 
 __all__ = ["keyed_normal_rows_"]
 

@@ -35,10 +35,10 @@ from functools import cache
 from numba import cuda
 
 from ..._args import chunk_rows, num_chunks
+from ..._gpuhost.launch import launch
 from . import errors
 from .arrays import MAX_BLOCKS, THREADS, absent, empty, full, grid
 from .fpmath import mul_for, numba_float
-from .launch import launch
 from .reduce import block_sum, block_sum2, tree_threads
 
 __all__ = ["layer_norm_backward_rows", "layer_norm_rows"]

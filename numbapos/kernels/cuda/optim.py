@@ -42,6 +42,7 @@ from numba import cuda, types
 from numba.extending import overload
 
 from ..._args import AdagradHyper, AdamHyper, RowWiseAdagradHyper, SGDHyper, WeightDecayMode
+from ..._gpuhost.launch import launch
 from .. import updates
 from ..halfbits import BF16, f32_bits_to_bf16
 from ..scalar import f32_bits
@@ -51,7 +52,6 @@ from .arrays import MAX_BLOCKS, THREADS, grid
 from .convert import _rounded, kernel_rounding, rounding_key
 from .embedding import segment_sum
 from .fpmath import cast_like
-from .launch import launch
 
 __all__ = ["adagrad_dense_", "adagrad_row_groups_", "adagrad_rows_", "adam_dense_",
            "adam_row_groups_", "adam_rows_", "rowwise_adagrad_dense_",

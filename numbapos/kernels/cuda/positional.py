@@ -26,10 +26,10 @@ import math
 import numpy as np
 from numba import cuda, float64, int64
 
+from ..._gpuhost.launch import launch
 from . import errors
 from .arrays import THREADS, absent, asarray, grid
 from .fpmath import mul_f32, mul_f64
-from .launch import launch
 
 __all__ = ["add_gathered_rows", "add_rows", "mult_add", "mult_add_backward",
            "positions_from_mask", "positions_from_padding", "sinusoid_fill", "sum_over_batch",

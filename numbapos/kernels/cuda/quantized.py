@@ -22,6 +22,7 @@ import math
 import numpy as np
 from numba import config, cuda, int64
 
+from ..._gpuhost.launch import launch
 from ..rowwise import (
     code_4bit,
     code_8bit,
@@ -36,7 +37,6 @@ from ..rowwise import (
 )
 from . import arrays, errors
 from .arrays import THREADS, grid
-from .launch import launch
 
 __all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
 

@@ -9,10 +9,10 @@ import math
 
 from numba import cuda, float64, int64
 
+from ..._gpuhost.launch import launch
 from . import errors
 from .arrays import THREADS, grid
 from .fpmath import mul_f64
-from .launch import launch
 
 __all__ = ["blend_rows", "fractional_rows", "scale_rows"]
 

@@ -22,11 +22,11 @@ import numpy as np
 from numba import config, cuda, float32, float64, int64
 
 from ..._args import RotaryAngles
+from ..._gpuhost.launch import launch
 from .. import sincos as _sincos
 from ..sincos import sincos
 from .arrays import THREADS, absent, grid
 from .fpmath import mul_for
-from .launch import launch
 
 if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
     from numba.cuda import libdevice, types

@@ -52,7 +52,7 @@ import weakref
 
 import numpy as np
 
-from ... import config as settings
+from .. import config as settings
 from . import errors, fastlaunch, streams
 
 __all__ = []  # not launchers

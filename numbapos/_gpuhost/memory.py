@@ -50,7 +50,7 @@ from collections import defaultdict
 
 from numba import config, cuda
 
-from ... import config as settings
+from .. import config as settings
 from . import streams
 
 __all__ = []  # not launchers

@@ -9,7 +9,7 @@ in one place (:mod:`.fastlaunch` on a real GPU).
 
 from __future__ import annotations
 
-from ... import config as settings
+from .. import config as settings
 from . import fastlaunch, plans, streams
 
 __all__ = []  # not launchers
