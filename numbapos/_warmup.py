@@ -35,6 +35,7 @@ except ImportError:  # Windows: warm-ups run in one process
 
 from . import _checks, _device, _numba_internals, config, nn, optim
 from . import functional as F
+from ._docs import fill_doc
 from ._grad_mode import no_grad
 from .sparse import SparseRows
 
@@ -127,6 +128,18 @@ def _train_pair(module, q, k, **kwargs) -> None:
     """One forward and backward of a module taking and returning (q, k)."""
     q_rot, k_rot = module(q, k, **kwargs)
     module.backward(np.ones_like(q_rot), np.ones_like(k_rot))
+
+
+def _rope_index(dtype, index_dtype) -> None:
+    # <|vision_start|> 1, image 3, video 4, <|vision_end|> 2: one image, one video
+    ids = np.array([[5, 1, 3, 3, 2, 6, 1, 4, 4, 4, 4, 2, 7]], index_dtype)
+    grids = dict(image_grid_thw=np.array([[1, 2, 4]]), video_grid_thw=np.array([[2, 2, 4]]))
+    tokens = dict(spatial_merge_size=2, image_token_id=3, video_token_id=4,
+                  vision_start_token_id=1)
+    for mask in (None, np.ones(ids.shape, np.int64)):
+        F.rope_index(ids, attention_mask=mask, **tokens, **grids)  # Qwen2-VL
+        F.rope_index(ids, attention_mask=mask, second_per_grid_ts=np.array([0.5], np.float32),
+                     tokens_per_second=2, **tokens, **grids)  # Qwen2.5-VL
 
 
 def _alibi(dtype, index_dtype) -> None:
@@ -325,6 +338,8 @@ CASES: tuple[Case, ...] = (
          indexed=False, seconds=0.1),
     Case("rotary", "RotaryEmbedding fwd + bwd (offset, position ids, both layouts), "
          "apply_rotary in place and streamed", _rotary, seconds=11.2),
+    Case("rope_index", "rope_index of Qwen2-VL / Qwen2.5-VL (images, video, mask)", _rope_index,
+         seconds=0.5),
     Case("alibi", "ALiBi fwd + bwd with trained slopes, alibi_bias, every mode", _alibi,
          indexed=False, seconds=6.5),
     Case("resize", "resize_pos_table in every mode, fractional positions fwd + bwd", _resize,
@@ -614,6 +629,19 @@ def _run_in_processes(tasks, count: int, report) -> list:
     return [results[number] for number in range(len(tasks))]
 
 
+def _group_list() -> str:
+    """The groups of :data:`CASES` for :func:`warmup`'s docstring (read, not repeated)."""
+    import textwrap
+
+    def names(cases):
+        return ", ".join(f'``"{case.name}"``' for case in cases)
+
+    text = (names(case for case in CASES if case.default) + ". Opt-in, run when named or "
+            'with ``"all"``: ' + names(case for case in CASES if not case.default) + ".")
+    return textwrap.fill(text, 80, break_on_hyphens=False)
+
+
+@fill_doc(default_groups=_group_list())
 def warmup(dtypes=DEFAULT_DTYPES, index_dtypes=DEFAULT_INDEX_DTYPES, ops=None, verbose=True,
            file=None, processes=None):
     """Compile numbapos's CPU kernels into Numba's on-disk cache.
@@ -635,12 +663,7 @@ def warmup(dtypes=DEFAULT_DTYPES, index_dtypes=DEFAULT_INDEX_DTYPES, ops=None, v
         Index dtypes to compile for (NumPy's and PyTorch's default integer is int64).
     ops : sequence of str or "all", optional
         Op groups to run. Default: every group but the opt-in ones:
-        ``"embedding"``, ``"renorm"``,
-        ``"padding"``, ``"positional"``, ``"sinusoid"``, ``"rotary"``, ``"alibi"``,
-        ``"resize"``, ``"init"``, ``"dropout"``,
-        ``"layer_norm"``, ``"bert"``, ``"gpt2"``, ``"sgd"``, ``"sgd_weight_decay"``,
-        ``"optimisers"``, ``"quantized"``. Opt-in, run when named or with ``"all"``:
-        ``"rowwise_adagrad"``, ``"half"``.
+        {default_groups}
     verbose : bool, default True
         Print a line per group as it ends (time, signatures compiled and
         loaded) and a total.

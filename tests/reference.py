@@ -7,6 +7,7 @@ definition (``np.add.at`` for scatter, float64 loops where order matters).
 from __future__ import annotations
 
 import functools
+import itertools
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
@@ -680,3 +681,56 @@ def half_embedding(indices, weight, max_norm=None, norm_type=2.0, out_dtype=np.f
     if max_norm is not None:
         half_renorm_(weight, indices, max_norm, norm_type)
     return weight[indices].astype(out_dtype)
+
+
+# ------------------------------------------------------------ rope_index
+# Plain NumPy oracle of ``numbapos.functional.rope_index``.
+
+def rope_index(input_ids, *, image_grid_thw=None, video_grid_thw=None, attention_mask=None,
+               second_per_grid_ts=None, spatial_merge_size, image_token_id, video_token_id,
+               tokens_per_second=None):
+    ids = np.asarray(input_ids)
+    batch, length = ids.shape
+    types = np.where(ids == image_token_id, 1, np.where(ids == video_token_id, 2, 0))
+    grids = {1: iter(np.asarray(image_grid_thw)) if image_grid_thw is not None else None,
+             2: iter(np.asarray(video_grid_thw)) if video_grid_thw is not None else None}
+    if isinstance(second_per_grid_ts, (list, tuple)):  # torch.tensor makes floats float32
+        second_per_grid_ts = np.asarray(second_per_grid_ts, np.float32)
+    seconds = iter(second_per_grid_ts) if second_per_grid_ts is not None else None
+    positions = np.zeros((3, batch, length), np.int64)
+    deltas = np.zeros((batch, 1), np.int64)
+    for b in range(batch):
+        keep = (np.ones(length, bool) if attention_mask is None
+                else np.asarray(attention_mask)[b].astype(bool))
+        kept = types[b][keep]
+        pieces = []
+        current = 0
+        start = 0
+        for kind, group in itertools.groupby(kept.tolist()):
+            size = len(list(group))
+            start += size
+            if kind == 0:
+                pieces.append(np.broadcast_to(np.arange(size) + current, (3, size)))
+                current += size
+                continue
+            t, h, w = (int(v) for v in next(grids[kind]))
+            gh, gw = h // spatial_merge_size, w // spatial_merge_size
+            temporal = np.arange(t)
+            if kind == 2 and tokens_per_second is not None:
+                if seconds is None:
+                    temporal = temporal * tokens_per_second
+                else:
+                    s = next(seconds)  # torch: int * tensor in the tensor's float dtype
+                    interval = (s.dtype.type(tokens_per_second) * s).astype(s.dtype)
+                    temporal = (temporal.astype(s.dtype) * interval).astype(np.int64)
+            tt, hh, ww = np.meshgrid(temporal, np.arange(gh), np.arange(gw), indexing="ij")
+            piece = np.stack([tt, hh, ww]).reshape(3, -1) + current
+            assert piece.shape[1] == size, "vision span length does not match its grid"
+            pieces.append(piece)
+            current += max(h, w) // spatial_merge_size
+        if not pieces:
+            continue
+        llm = np.concatenate(pieces, axis=1)
+        positions[:, b, keep] = llm
+        deltas[b, 0] = llm.max() + 1 - llm.shape[1]
+    return positions, deltas

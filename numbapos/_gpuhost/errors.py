@@ -52,7 +52,7 @@ _SIMULATED = bool(numba_config.ENABLE_CUDASIM)
 NONE = np.iinfo(np.int64).max  # the position field while no error is pending
 POSITION, VALUE, SIZE, TAG, LOCK = range(5)
 
-KINDS = ("index", "binary", "position")  # the errors a tag can stand for (see tag())
+KINDS = ("index", "binary", "position", "count")  # the errors a tag can stand for (see tag())
 _TAGS: dict = {}  # (name, size_name, kind) -> tag
 _NAMES: list = []  # tag -> (name, size_name, kind)
 _state: dict = {}  # id(context) -> (context, device word, mapped host word)
@@ -65,7 +65,9 @@ def tag(name: str = "indices", size_name: str = "num_embeddings", kind: str = "i
     ``kind`` says which error the host raises (:data:`KINDS`): ``"index"``, the
     CPU's IndexError for an index outside ``[0, size)`` of ``size_name``;
     ``"binary"``, the ValueError of a mask value other than 0 and 1;
-    ``"position"``, the ValueError of a position at or past ``size_name``.
+    ``"position"``, the ValueError of a position at or past ``size_name``;
+    ``"count"``, the ValueError of a count or length that differs from ``size_name``
+    (a span without its grid, a span longer than its grid).
     """
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {list(KINDS)}, got {kind!r}")
@@ -180,8 +182,8 @@ _LATER = ("(found on the GPU by a call queued earlier, raised at this one; no ta
 
 
 def raise_pending() -> None:
-    """Raise the CPU's error (IndexError, or ValueError for a mask) for a failure the host
-    can see, and clear the word."""
+    """Raise the CPU's error (IndexError, or ValueError for a mask, a position or a count)
+    for a failure the host can see, and clear the word."""
     found = pending()
     if found is None:
         return
@@ -193,6 +195,9 @@ def raise_pending() -> None:
     if kind == "position":
         raise ValueError(f"{name}: gives position {value} (at flat position {position}), but "
                          f"{size_name}={size}: positions must stay below {size} {_LATER}")
+    if kind == "count":
+        raise ValueError(f"{name}: item {value} (at flat position {position}) does not match "
+                         f"{size_name}={size} {_LATER}")
     raise IndexError(
         f"{name}: index {value} (at flat position {position}) is out of range for "
         f"{size_name}={size}; valid indices are 0 <= index < {size} {_LATER}")

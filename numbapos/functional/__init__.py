@@ -46,6 +46,7 @@ from .positional import (
 from .quantized import dequantize_rowwise, quantize_rowwise, quantized_embedding, rowwise_width
 from .resize import resize_pos_table
 from .rope import rope_frequencies
+from .ropeindex import rope_index
 from .rotary import apply_rotary, apply_rotary_backward, rotary_qk
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "quantized_embedding",
     "resize_pos_table",
     "rope_frequencies",
+    "rope_index",
     "rotary_qk",
     "rowwise_adagrad_",
     "rowwise_width",
