@@ -151,6 +151,18 @@ def _alibi(dtype, index_dtype) -> None:
         F.alibi_bias(F.alibi_slopes(2, dtype=dtype), 3, 4, mode=mode)
 
 
+def _relative(dtype, index_dtype) -> None:
+    rel = np.array([-200, -9, -1, 0, 2, 130], index_dtype)
+    F.relative_position_bucket(rel)
+    F.log_bucket_position(rel, 8, 32)
+    F.relative_positions(3, 4, 8, 32)
+    bias = nn.RelativePositionBias(2, num_buckets=8, max_distance=16, dtype=dtype)
+    _train(bias, 3, 4, offset=1)
+    scores = _activation(dtype, (2, 2, 3, 4))
+    bias.add_(scores)
+    bias.backward(np.ones_like(scores))
+
+
 def _resize(dtype, index_dtype) -> None:
     table = _activation(dtype, (_ROWS, _DIM))
     for mode in ("linear", "copy", "repeat_last"):
@@ -342,6 +354,8 @@ CASES: tuple[Case, ...] = (
          seconds=0.5),
     Case("alibi", "ALiBi fwd + bwd with trained slopes, alibi_bias, every mode", _alibi,
          indexed=False, seconds=6.5),
+    Case("relative", "RelativePositionBias (T5) fwd, add_ + bwd, relative_position_bucket, "
+         "DeBERTa log_bucket_position and relative_positions", _relative, seconds=10.0),
     Case("resize", "resize_pos_table in every mode, fractional positions fwd + bwd", _resize,
          indexed=False, seconds=1.2),
     Case("init", "keyed_normal_ (the keyed initialiser of sharded tables)", _init, seconds=0.4),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
@@ -734,3 +735,86 @@ def rope_index(input_ids, *, image_grid_thw=None, video_grid_thw=None, attention
         positions[:, b, keep] = llm
         deltas[b, 0] = llm.max() + 1 - llm.shape[1]
     return positions, deltas
+
+
+# ------------------------------------------------------------ relative
+# Plain NumPy oracles of the relative-position ops (T5 bias, DeBERTa log buckets).
+
+f32 = np.float32
+
+
+def _log32(x):
+    """float32 log of float32 values (the float64 log rounded once)."""
+    return np.log(np.asarray(x, np.float64)).astype(f32)
+
+
+def t5_bucket(relative, bidirectional=True, num_buckets=32, max_distance=128):
+    """transformers' ``T5Attention._relative_position_bucket``, in NumPy."""
+    relative = np.asarray(relative, np.int64)
+    buckets = np.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative > 0) * num_buckets
+        n = np.abs(relative)
+    else:
+        n = -np.minimum(relative, 0)
+    max_exact = num_buckets // 2
+    with np.errstate(divide="ignore"):  # log(0) where n is small (not used there)
+        x = (n.astype(f32) / f32(max_exact)).astype(f32)
+        scaled = (_log32(x) / f32(math.log(max_distance / max_exact))).astype(f32)
+        scaled = (scaled * f32(num_buckets - max_exact)).astype(f32)
+        large = max_exact + np.trunc(np.where(n < max_exact, 0, scaled)).astype(np.int64)
+    large = np.minimum(large, num_buckets - 1)
+    return buckets + np.where(n < max_exact, n, large)
+
+
+def t5_bias(weight, query_length, key_length, offset=0, bidirectional=True, max_distance=128):
+    """``compute_bias``: ``(1, H, Lq, Lk)`` of ``weight[bucket(j - (i + offset)), h]``."""
+    rel = np.arange(key_length)[None, :] - (np.arange(query_length)[:, None] + offset)
+    buckets = t5_bucket(rel, bidirectional, weight.shape[0], max_distance)
+    return np.ascontiguousarray(weight[buckets].transpose(2, 0, 1)[None])
+
+
+def t5_bias_grad(grad, num_buckets, offset=0, bidirectional=True, max_distance=128):
+    """The table's gradient in the defined order, float64 sums rounded once to grad's dtype.
+
+    Per head, diagonal ``d = j - i`` increasing: the cells over ``b``, then ``i``,
+    added one after another (``np.add.accumulate`` is sequential); then per
+    bucket its diagonals, ``d`` increasing.
+    """
+    batch, heads, rows, cols = grad.shape
+    out = np.zeros((num_buckets, heads), np.float64)
+    for d in range(-(rows - 1), cols):
+        bucket = int(t5_bucket(d - offset, bidirectional, num_buckets, max_distance))
+        i = np.arange(max(0, -d), min(rows, cols - d))
+        if i.size == 0:
+            continue
+        cells = grad[:, :, i, i + d].astype(np.float64)  # (B, H, cells)
+        cells = cells.transpose(1, 0, 2).reshape(heads, -1)  # b outer, i inner
+        sums = np.add.accumulate(cells, axis=1)[:, -1]
+        for h in range(heads):
+            out[bucket, h] = out[bucket, h] + sums[h]
+    return out.astype(grad.dtype)
+
+
+def deberta_log_bucket(relative, bucket_size, max_position):
+    """transformers' ``make_log_bucket_position`` (DeBERTa-v2), as int64."""
+    relative = np.asarray(relative, np.int64)
+    sign = np.sign(relative)
+    mid = bucket_size // 2
+    abs_pos = np.where((relative < mid) & (relative > -mid), mid - 1, np.abs(relative))
+    x = (abs_pos.astype(f32) / f32(mid)).astype(f32)
+    denominator = _log32(f32((max_position - 1) / mid))
+    with np.errstate(all="ignore"):  # log(0) * 0 where abs_pos is 0 (bucket_size 2; unused)
+        log_pos = (np.ceil((_log32(x) / denominator).astype(f32) * f32(mid - 1)).astype(f32)
+                   + f32(mid)).astype(f32)
+        far = (log_pos * sign).astype(np.int64)
+    return np.where(abs_pos <= mid, relative, far)
+
+
+def deberta_relative_positions(query_size, key_size, bucket_size=-1, max_position=-1):
+    """transformers' ``build_relative_position`` (DeBERTa-v2): ``(1, Lq, Lk)`` int64."""
+    rel = np.arange(query_size)[:, None] - np.arange(key_size)[None, :]
+    if bucket_size > 0 and max_position > 0:
+        rel = deberta_log_bucket(rel, bucket_size, max_position)
+    return rel.astype(np.int64)[None]

@@ -44,6 +44,14 @@ from .positional import (
     timestep_embedding,
 )
 from .quantized import dequantize_rowwise, quantize_rowwise, quantized_embedding, rowwise_width
+from .relative import (
+    add_relative_position_bias_,
+    log_bucket_position,
+    relative_position_bias,
+    relative_position_bias_grad,
+    relative_position_bucket,
+    relative_positions,
+)
 from .resize import resize_pos_table
 from .rope import rope_frequencies
 from .ropeindex import rope_index
@@ -58,6 +66,7 @@ __all__ = [
     "add_alibi_",
     "add_positional",
     "add_positional_backward",
+    "add_relative_position_bias_",
     "alibi_bias",
     "alibi_slopes",
     "alibi_slopes_grad",
@@ -79,6 +88,7 @@ __all__ = [
     "layer_norm",
     "layer_norm_backward",
     "layer_norm_forward",
+    "log_bucket_position",
     "padding_mask",
     "positional_mult_add",
     "positional_mult_add_backward",
@@ -86,6 +96,10 @@ __all__ = [
     "positions_from_padding",
     "quantize_rowwise",
     "quantized_embedding",
+    "relative_position_bias",
+    "relative_position_bias_grad",
+    "relative_position_bucket",
+    "relative_positions",
     "resize_pos_table",
     "rope_frequencies",
     "rope_index",

@@ -11,6 +11,7 @@ from .normalization import LayerNorm
 from .parameter import Parameter
 from .positional import LearnedPosEmbedding, PositionalEmbedding, SinusoidalPosEmbedding
 from .quantized import QuantizedEmbedding
+from .relative import RelativePositionBias
 from .rotary import RotaryEmbedding
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "Parameter",
     "PositionalEmbedding",
     "QuantizedEmbedding",
+    "RelativePositionBias",
     "RotaryEmbedding",
     "Sequential",
     "SinusoidalPosEmbedding",

@@ -63,6 +63,7 @@ def data():
         past=np.array([1, 3]),
         freq=np.array([1.0, 0.1, 0.01]),  # R = 6 = D: every channel rotated
         slopes=np.array([0.5, 0.25], f32),
+        rel_table=rng.standard_normal((8, 2)).astype(f32),
         scores=rng.standard_normal((N, 2, L, L)).astype(f32),
     )
     device = {name: dev(value) for name, value in host.items()}
@@ -140,6 +141,12 @@ OPS = {
     "add_alibi_": (lambda d: F.add_alibi_(d["scores"], d["slopes"]), 1),
     "alibi_slopes_grad": (lambda d: F.alibi_slopes_grad(d["scores"]), None),
     "alibi_bloom": (lambda d: F.add_alibi_(d["scores"], d["slopes"], mode="bloom"), None),
+    "relative_position_bias": (lambda d: F.relative_position_bias(
+        d["rel_table"], L, L, offset=1, max_distance=16), 2),
+    "add_relative_position_bias_": (lambda d: F.add_relative_position_bias_(
+        d["scores"], d["rel_table"], max_distance=16), 2),
+    "relative_position_bias_grad": (lambda d: F.relative_position_bias_grad(
+        d["scores"], 8, max_distance=16), 2),
     "quantized_embedding": (lambda d: F.quantized_embedding(d["ids"], d["packed"], 8), 1),
     "dropout": (lambda d: F.dropout(d["x"], 0.5, 7), 1),
     "dropout_backward": (lambda d: F.dropout_backward(d["g"], 0.5, 7), 1),
