@@ -31,6 +31,7 @@ from .data import (
     layer_norm_params,
     primed,
     rope_qk,
+    t5_table,
 )
 
 Factory = Callable[[Inputs, str], Callable[[], object]]
@@ -148,6 +149,11 @@ def _rotary(x, device):
     return lambda: rope(q, k)
 
 
+def _t5_bias(x, device):
+    (table,) = _on(device, t5_table(x.shape))
+    return lambda: F.relative_position_bias(table, x.shape.seq, x.shape.seq)
+
+
 # ------------------------------------------------------------------ the cases
 
 
@@ -225,6 +231,12 @@ def headline(sizes: Sizes) -> list[Case]:
                       lambda s: 4 * s.batch * s.vocab * s.seq * s.dim * 4,
                       "NumPy: q.copy(), k.copy() (the memory limit); PyTorch: transformers' "
                       "Llama rotary"))
+    t5 = Shape(sizes.t5_heads, 32, 1, sizes.t5_seq)
+    cases.append(Case(f"T5 relative bias {t5.vocab} heads, {t5.seq}x{t5.seq}", t5,
+                      {"numbapos": _t5_bias, "numpy": peers.numpy_t5_bias,
+                       "torch": peers.torch_t5_bias},
+                      lambda s: s.vocab * s.seq * s.seq * 4,
+                      "NumPy and PyTorch: transformers' compute_bias (buckets, then a lookup)"))
     return cases
 
 

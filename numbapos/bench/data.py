@@ -45,13 +45,15 @@ class Sizes(NamedTuple):
     rope_head_dim: int = 128
     rope_batch: int = 8
     rope_seq: int = 1024
+    t5_heads: int = 16
+    t5_seq: int = 2048
 
 
 FULL = Sizes()
 QUICK = FULL._replace(batches=(1, 8, 32))
 TINY = Sizes(vocab=40, dim=8, minilm_dim=4, batch=2, seq=4, step_vocab=50, step_seq=4,
              gpt2_vocab=60, gpt2_positions=16, small_tokens=3, dims=(4, 8), batches=(1, 2),
-             rope_heads=2, rope_head_dim=8, rope_batch=1, rope_seq=4)
+             rope_heads=2, rope_head_dim=8, rope_batch=1, rope_seq=4, t5_heads=2, t5_seq=6)
 
 
 class Inputs(NamedTuple):
@@ -113,6 +115,12 @@ def rope_qk(shape: Shape) -> tuple:
     size = (shape.batch, shape.vocab, shape.seq, shape.dim)
     return (rng.standard_normal(size, dtype=np.float32),
             rng.standard_normal(size, dtype=np.float32))
+
+
+def t5_table(shape: Shape) -> np.ndarray:
+    """A seeded float32 T5 relative-bias table (buckets, heads): the T5 case's ``vocab`` field
+    counts heads, ``dim`` buckets."""
+    return np.random.default_rng(2).standard_normal((shape.dim, shape.vocab), dtype=np.float32)
 
 
 @lru_cache(maxsize=2)

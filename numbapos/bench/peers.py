@@ -18,6 +18,7 @@ from .data import (
     layer_norm_params,
     primed,
     rope_qk,
+    t5_table,
 )
 
 
@@ -320,6 +321,64 @@ def numpy_copy_qk(x, device):
     """q.copy() and k.copy(): the bytes a rotation reads and writes, moved once."""
     q, k = rope_qk(x.shape)
     return lambda: (q.copy(), k.copy())
+
+
+def _t5_buckets(xp, relative, num_buckets=32, max_distance=128):
+    """transformers' T5Attention._relative_position_bucket (bidirectional) in NumPy or PyTorch:
+    ``xp`` is the module of the arrays."""
+    num_buckets //= 2
+    buckets = (relative > 0).astype(xp.int64) * num_buckets if xp is np else \
+        (relative > 0).to(relative.dtype) * num_buckets
+    relative = abs(relative)
+    max_exact = num_buckets // 2
+    is_small = relative < max_exact
+    scaled = relative / max_exact if xp is np else relative.float() / max_exact
+    if xp is np:
+        scaled = scaled.astype(np.float32)
+    large = max_exact + (np.log(scaled) if xp is np else xp.log(scaled)) / np.float32(
+        np.log(max_distance / max_exact)) * (num_buckets - max_exact)
+    large = large.astype(np.int64) if xp is np else large.to(relative.dtype)
+    large = xp.minimum(large, xp.full_like(large, num_buckets - 1))
+    return buckets + xp.where(is_small, relative, large)
+
+
+def numpy_t5_bias(x, device):
+    """transformers' compute_bias in NumPy: buckets of key - query, a table lookup, (1, H, L, L)."""
+    table = t5_table(x.shape)
+    seq = x.shape.seq
+
+    def run():
+        relative = np.arange(seq)[None, :] - np.arange(seq)[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):  # the small ones: where()
+            buckets = _t5_buckets(np, relative)
+        return table[buckets].transpose(2, 0, 1)[None]
+    return run
+
+
+def torch_t5_bias(x, device):
+    """transformers' T5Attention.compute_bias (PyTorch's formula without transformers)."""
+    torch = _torch()
+    (table,) = _tensors(device, t5_table(x.shape))
+    heads, seq = x.shape.vocab, x.shape.seq
+    embedding = torch.nn.Embedding(table.shape[0], heads).to(device)
+    with torch.no_grad():
+        embedding.weight.copy_(table)
+    try:
+        from transformers.models.t5.modeling_t5 import T5Attention
+    except ImportError:
+        def buckets_of(relative):
+            return _t5_buckets(torch, relative)
+    else:
+        def buckets_of(relative):
+            return T5Attention._relative_position_bucket(relative, True, 32, 128)
+
+    @torch.no_grad()
+    def run():
+        context = torch.arange(seq, dtype=torch.long, device=device)[:, None]
+        memory = torch.arange(seq, dtype=torch.long, device=device)[None, :]
+        values = embedding(buckets_of(memory - context))
+        return values.permute([2, 0, 1]).unsqueeze(0)
+    return run
 
 
 def torch_rotary(x, device):
