@@ -82,6 +82,31 @@ def _embedding(dtype, index_dtype) -> None:
         F.embedding(ids, emb.weight.data, out=np.empty(ids.shape + (_DIM,), dtype))
 
 
+def _bag(dtype, index_dtype) -> None:
+    # embedding_bag in every mode, 1-D with offsets and 2-D, with and without padding,
+    # weighted sums, max_norm; dense and sparse table gradients, the weights' gradient.
+    ids = _ids(index_dtype)
+    flat, offsets = ids.reshape(-1), np.array([0, 3, 3], dtype=index_dtype)
+    weight = _activation(dtype, (_ROWS, _DIM))
+    grad = np.ones((3, _DIM), dtype)
+    psw = np.ones(flat.shape, dtype)
+    for pad in (None, 0):
+        for mode in ("sum", "mean", "max"):
+            F.embedding_bag(flat, weight, offsets, mode=mode, padding_idx=pad)
+            F.embedding_bag(ids, weight, mode=mode, padding_idx=pad)
+            for sparse in (False, True):
+                F.embedding_bag_backward(grad, flat, weight, offsets, mode=mode, sparse=sparse,
+                                         padding_idx=pad, scale_grad_by_freq=mode != "max")
+                F.embedding_bag_backward(grad, flat, weight, offsets, mode=mode, sparse=sparse,
+                                         padding_idx=pad)
+        F.embedding_bag(flat, weight, offsets, mode="sum", per_sample_weights=psw,
+                        padding_idx=pad)
+        F.embedding_bag_backward(grad, flat, weight, offsets, mode="sum",
+                                 per_sample_weights=psw, padding_idx=pad)
+    F.embedding_bag(flat, weight.copy(), offsets, max_norm=1.0)
+    _train(nn.EmbeddingBag(_ROWS, _DIM, mode="sum", dtype=dtype, seed=0), flat, offsets)
+
+
 def _renorm(dtype, index_dtype) -> None:
     ids = _ids(index_dtype)
     table = _activation(dtype, (_ROWS, _DIM))
@@ -341,6 +366,8 @@ class Case(NamedTuple):
 CASES: tuple[Case, ...] = (
     Case("embedding", "lookup (allocating, out=), dense and sparse backward", _embedding,
          seconds=4.6),
+    Case("bag", "embedding_bag in every mode (1-D and 2-D, padding, weights, max_norm), dense "
+         "and sparse gradients, EmbeddingBag fwd + bwd", _bag, seconds=3.0),
     Case("renorm", "max_norm clipping for norm_type 2, 1 and inf", _renorm, seconds=0.7),
     Case("padding", "padding_mask, positions_from_padding / _attention_mask", _padding,
          seconds=0.2),

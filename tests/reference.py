@@ -818,3 +818,127 @@ def deberta_relative_positions(query_size, key_size, bucket_size=-1, max_positio
     if bucket_size > 0 and max_position > 0:
         rel = deberta_log_bucket(rel, bucket_size, max_position)
     return rel.astype(np.int64)[None]
+
+
+# ------------------------------------------------------------ bag
+# Plain NumPy oracles of the pooled lookups (to be merged into tests/reference.py).
+
+def fma(a, b, c):
+    """``a * b + c`` rounded once, elementwise, float32 or float64 arrays."""
+    a, b, c = np.broadcast_arrays(a, b, c)
+    if c.dtype == np.float64:
+        from fractions import Fraction
+        flat = [float(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+                for x, y, z in zip(a.ravel(), b.ravel(), c.ravel(), strict=True)]
+        return np.array(flat, np.float64).reshape(c.shape)
+    p = a.astype(np.float64) * b.astype(np.float64)  # exact
+    s = p + c.astype(np.float64)
+    back = s - p
+    err = (p - (s - back)) + (c.astype(np.float64) - back)
+    bits = s.view(np.int64)
+    odd = (err != 0) & ((bits & 1) == 0)
+    s = np.where(odd, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def bag_bounds(input, offsets, include_last_offset=False):
+    """``(flat ids, list of (start, end))`` of a 1-D input with offsets or a 2-D input."""
+    input = np.asarray(input)
+    if input.ndim == 2:
+        width = input.shape[1]
+        return input.reshape(-1), [(b * width, (b + 1) * width) for b in range(input.shape[0])]
+    offsets = [int(o) for o in offsets]
+    ends = offsets[1:] + ([] if include_last_offset else [input.size])
+    return input, list(zip(offsets[:len(ends)], ends, strict=True))
+
+
+def embedding_bag(input, weight, offsets=None, mode="mean", per_sample_weights=None,
+                  include_last_offset=False, padding_idx=None):
+    """PyTorch's CPU ``embedding_bag`` forward, one entry at a time."""
+    weight = np.asarray(weight)
+    dtype = np.dtype(np.float32 if weight.dtype.itemsize == 2 else weight.dtype).type
+    table = weight.astype(dtype)
+    flat, bounds = bag_bounds(input, offsets, include_last_offset)
+    psw = None if per_sample_weights is None else np.asarray(per_sample_weights).reshape(-1)
+    pad = None if padding_idx is None else padding_idx % weight.shape[0]
+    out = np.zeros((len(bounds), weight.shape[1]), dtype)
+    for b, (start, end) in enumerate(bounds):
+        acc = np.zeros(weight.shape[1], dtype)
+        entries = [i for i in range(start, end) if flat[i] != pad]
+        for k, i in enumerate(entries):
+            row = table[flat[i]]
+            if mode == "max":
+                acc = row.copy() if k == 0 else np.where(row > acc, row, acc)
+            elif psw is None:
+                acc = acc + row
+            elif pad is None:
+                acc = fma(dtype(psw[i]), row, acc)
+            else:
+                acc = acc + dtype(psw[i]) * row
+        if mode == "mean" and entries:
+            acc = acc / dtype(len(entries))
+        out[b] = acc
+    return out
+
+
+def embedding_bag_backward(grad_output, input, weight, offsets=None, mode="mean",
+                           per_sample_weights=None, include_last_offset=False, padding_idx=None,
+                           scale_grad_by_freq=False):
+    """``(grad_weight, grad_per_sample_weights)``: each row's terms in input order, scaled
+    ones as fused multiply-adds of ``float(scale)``; the scale computed in float64."""
+    weight = np.asarray(weight)
+    grad_output = np.asarray(grad_output)
+    dtype = grad_output.dtype
+    table = weight.astype(dtype)
+    flat, bounds = bag_bounds(input, offsets, include_last_offset)
+    pad = None if padding_idx is None else padding_idx % weight.shape[0]
+    psw = None if per_sample_weights is None else np.asarray(per_sample_weights).reshape(-1)
+    bag_of = np.empty(flat.size, np.int64)
+    sizes = []
+    for b, (start, end) in enumerate(bounds):
+        bag_of[start:end] = b
+        sizes.append(sum(1 for i in range(start, end) if flat[i] != pad))
+    counts = np.bincount(flat, minlength=weight.shape[0])
+    winners = {}
+    if mode == "max":
+        for b, (start, end) in enumerate(bounds):
+            for d in range(weight.shape[1]):
+                best = None
+                for i in range(start, end):
+                    if flat[i] == pad:
+                        continue
+                    if best is None or table[flat[i], d] > table[flat[best], d]:
+                        best = i
+                winners[b, d] = best
+    grad = np.zeros(weight.shape, dtype)
+    for i in range(flat.size):
+        r, b = flat[i], bag_of[i]
+        if r == pad:
+            continue
+        if mode == "max":
+            for d in range(weight.shape[1]):
+                if winners[b, d] == i:
+                    grad[r, d] += grad_output[b, d]
+            continue
+        if mode == "sum" and psw is None and not scale_grad_by_freq:
+            grad[r] = grad[r] + grad_output[b]
+            continue
+        scale = 1.0
+        if scale_grad_by_freq:
+            scale /= counts[r]
+        if mode == "mean":
+            scale /= sizes[b]
+        if psw is not None:
+            scale *= float(psw[i])
+        grad[r] = fma(dtype.type(scale), grad_output[b], grad[r])
+    grad_psw = None
+    if psw is not None:
+        grad_psw = np.zeros(flat.size, dtype)
+        for i in range(flat.size):
+            if flat[i] != pad:
+                acc = dtype.type(0)
+                for d in range(weight.shape[1]):
+                    acc = dtype.type(acc + grad_output[bag_of[i], d] * table[flat[i], d])
+                grad_psw[i] = acc
+        grad_psw = grad_psw.reshape(np.shape(input))
+    return grad, grad_psw

@@ -8,6 +8,7 @@ parameters over these ops, and :mod:`numbapos.optim` updates through them.
 """
 
 from .alibi import add_alibi_, alibi_bias, alibi_slopes, alibi_slopes_grad
+from .bag import embedding_bag, embedding_bag_backward
 from .blocks import (
     BertEmbeddingsGrads,
     GPT2EmbeddingsGrads,
@@ -81,6 +82,8 @@ __all__ = [
     "dropout_mask",
     "embedding",
     "embedding_backward",
+    "embedding_bag",
+    "embedding_bag_backward",
     "embedding_renorm_",
     "gpt2_embeddings",
     "gpt2_embeddings_backward",

@@ -2,6 +2,7 @@
 
 from . import init
 from .alibi import ALiBi
+from .bag import EmbeddingBag
 from .blocks import BertEmbeddings, GPT2Embeddings
 from .containers import ModuleDict, ModuleList, Sequential
 from .dropout import Dropout
@@ -19,6 +20,7 @@ __all__ = [
     "BertEmbeddings",
     "Dropout",
     "Embedding",
+    "EmbeddingBag",
     "GPT2Embeddings",
     "IncompatibleKeys",
     "LayerNorm",
