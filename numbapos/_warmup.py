@@ -147,6 +147,17 @@ def _rotary(dtype, index_dtype) -> None:
     with config.override(stream_min_bytes=0):
         F.apply_rotary(_activation(dtype, (1, 1, 16, _DIM)), 0, inv_freq,  # 16-row tiles
                        partial_rotary_factor=0.5)
+    rope = nn.RotaryEmbedding(_DIM, mrope_section=(1, 1, 0))  # multimodal: 3 position streams
+    _train_pair(rope, q, k, position_ids=np.array([[[0, 1, 2, 3]], [[0, 1, 1, 2]],
+                                                   [[0, 0, 1, 1]]], index_dtype))
+    for half in ("bfloat16", "float16"):  # 16-bit q and k: the kernels read their bits
+        dt = _checks.check_table_dtype(half)
+        _train_pair(nn.RotaryEmbedding(_DIM), q.astype(dt), k.astype(dt), offset=3)
+        x = q.astype(dt)
+        F.apply_rotary(x, 0, inv_freq, out=x, partial_rotary_factor=0.5)  # in place
+        with config.override(stream_min_bytes=0):
+            F.apply_rotary(_activation(dtype, (1, 1, 16, _DIM)).astype(dt), 0, inv_freq,
+                           partial_rotary_factor=0.5)
 
 
 def _train_pair(module, q, k, **kwargs) -> None:
@@ -375,8 +386,9 @@ CASES: tuple[Case, ...] = (
          _positional, seconds=5.4),
     Case("sinusoid", "sinusoidal_pos_embedding (both layouts), timestep_embedding", _sinusoid,
          indexed=False, seconds=0.1),
-    Case("rotary", "RotaryEmbedding fwd + bwd (offset, position ids, both layouts), "
-         "apply_rotary in place and streamed", _rotary, seconds=11.2),
+    Case("rotary", "RotaryEmbedding fwd + bwd (offset, position ids, both layouts, "
+         "multimodal sections, bfloat16 / float16 q and k), apply_rotary in place and streamed",
+         _rotary, seconds=11.2),
     Case("rope_index", "rope_index of Qwen2-VL / Qwen2.5-VL (images, video, mask)", _rope_index,
          seconds=0.5),
     Case("alibi", "ALiBi fwd + bwd with trained slopes, alibi_bias, every mode", _alibi,

@@ -942,3 +942,48 @@ def embedding_bag_backward(grad_output, input, weight, offsets=None, mode="mean"
                 grad_psw[i] = acc
         grad_psw = grad_psw.reshape(np.shape(input))
     return grad, grad_psw
+
+
+# ------------------------------------------------------------ mrope
+# Plain NumPy oracles of multimodal rotary (Qwen2-VL / Qwen2.5-VL / Qwen3-VL), in float64.
+
+def mrope_angles(positions, inv_freq, section, interleaved=False):
+    """Angles ``(P, L, R/2)`` of three position streams ``positions`` ``(3, P, L)``.
+
+    Every stream's angles are formed for every frequency, then frequency ``i``
+    takes those of its stream, as transformers does.
+    """
+    positions = np.asarray(positions, np.float64)
+    inv_freq = np.asarray(inv_freq, np.float64)
+    freqs = positions[..., None] * inv_freq  # (3, P, L, R/2)
+    if not interleaved:  # Qwen2-VL: torch.cat([m[i % 3] for i, m in enumerate(split)])
+        pieces, start = [], 0
+        for i, size in enumerate(section):
+            pieces.append(freqs[i % 3, ..., start:start + size])
+            start += size
+        return np.concatenate(pieces, axis=-1)
+    out = freqs[0].copy()  # Qwen3-VL: overwrite T's entries with H's and W's
+    for stream, offset in ((1, 1), (2, 2)):
+        idx = slice(offset, section[stream] * 3, 3)
+        out[..., idx] = freqs[stream, ..., idx]
+    return out
+
+
+def mrope_rotary(x, positions, inv_freq, section, interleaved=False, scale=1.0, sign=1.0,
+                 pairs="half"):
+    """Multimodal rotary of a 4-D ``(B, H, L, D)`` ``x`` in float64; ``positions`` is
+    ``(3, P, L)`` with ``P`` 1 or ``B``; channels past ``R`` pass through. ``pairs``:
+    ``"half"`` pairs channel ``j`` with ``j + R/2`` (the Qwen-VL models), ``"interleaved"``
+    ``2j`` with ``2j + 1``."""
+    x = np.asarray(x, np.float64)
+    angle = mrope_angles(positions, inv_freq, section, interleaved)
+    c = (np.cos(angle) * scale)[:, None]  # (P, 1, L, R/2)
+    s = (np.sin(angle) * scale * sign)[:, None]
+    half = len(inv_freq)
+    first, second = ((slice(0, half), slice(half, 2 * half)) if pairs == "half"
+                     else (slice(0, 2 * half, 2), slice(1, 2 * half, 2)))
+    a, b = x[..., first], x[..., second]
+    out = x.copy()
+    out[..., first] = a * c - b * s
+    out[..., second] = b * c + a * s
+    return out

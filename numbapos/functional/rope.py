@@ -31,9 +31,12 @@ ROPE_KEYS = {
                "original_max_position_embeddings"),
     "proportional": ("factor",),
 }
-COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
-# Multimodal rotary (Qwen2-VL, Qwen2.5-VL, Qwen3-VL sections of the frequencies).
+# Multimodal rotary (Qwen2-VL, Qwen2.5-VL, Qwen3-VL sections of the frequencies): read by
+# the rotary module (which position stream each frequency reads), not by the frequencies.
 MULTIMODAL_KEYS = ("mrope_section", "mrope_interleaved")
+COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor") + MULTIMODAL_KEYS
+# Position streams of multimodal rotary: temporal, height, width.
+MROPE_STREAMS = 3
 
 
 def rope_type_of(scaling) -> str:
@@ -41,22 +44,20 @@ def rope_type_of(scaling) -> str:
     ``rope_type`` key, else the older ``type`` key, else ``"default"``.
 
     Raises ValueError for an unknown type, ``type`` and ``rope_type`` that disagree, or a
-    key the type does not read; NotImplementedError for multimodal rotary
-    (``mrope_section``)."""
+    key the type does not read. The older ``type="mrope"`` (Qwen2-VL / Qwen2.5-VL's
+    ``rope_scaling``) only marks multimodal rotary: the type is ``rope_type``, else
+    ``"default"``, as transformers reads it; ``mrope_section`` /
+    ``mrope_interleaved`` are accepted with every type (they say which position stream
+    each frequency reads, see :func:`mrope_streams`)."""
     if scaling is None:
         return "default"
-    key = next((key for key in MULTIMODAL_KEYS if key in scaling),
-               "type" if scaling.get("type") == "mrope" else None)
-    if key is not None:
-        raise NotImplementedError(
-            f"scaling: {key}={_checks.quote(scaling[key])} asks for multimodal rotary "
-            "(Qwen2-VL / Qwen2.5-VL / Qwen3-VL position sections), which numbapos does not "
-            "support yet")
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    older = scaling.get("type")
+    older = None if older == "mrope" else older  # a multimodal marker, not a frequency type
+    kind = scaling.get("rope_type", older if older is not None else "default")
     if kind not in ROPE_TYPES:
         raise ValueError(f"scaling: unknown rope_type {_checks.quote(kind)}; expected one of "
                          f"{list(ROPE_TYPES)}")
-    if scaling.get("type", kind) != kind:
+    if (older if older is not None else kind) != kind:
         raise ValueError(f"scaling: type={_checks.quote(scaling['type'])} and rope_type="
                          f"{_checks.quote(kind)} disagree")
     unknown = sorted(str(key) for key in scaling
@@ -145,6 +146,9 @@ def rope_frequencies(head_dim, base=10000.0, *, partial_rotary_factor=1.0, scali
         ``base`` / ``partial_rotary_factor`` (pass them as arguments, as
         :meth:`numbapos.nn.RotaryEmbedding.from_hf_config` does).
         ``original_max_position_embeddings`` defaults to ``max_position_embeddings``.
+        ``mrope_section`` / ``mrope_interleaved`` (multimodal rotary) do not
+        change the frequencies: they are accepted here and read by
+        :class:`~numbapos.nn.RotaryEmbedding` (or passed to the rotary ops).
     max_position_embeddings : int, optional
         The model's ``max_position_embeddings``: needed by ``"dynamic"``, and by
         ``"yarn"`` / ``"longrope"`` / ``"llama3"`` without
@@ -170,9 +174,6 @@ def rope_frequencies(head_dim, base=10000.0, *, partial_rotary_factor=1.0, scali
         needs missing or one it does not read, ``rope_theta`` /
         ``partial_rotary_factor`` in ``scaling`` that differ from the
         arguments, ``short_factor`` / ``long_factor`` not of length R / 2.
-    NotImplementedError
-        ``mrope_section`` / ``mrope_interleaved`` (multimodal rotary, not
-        supported yet).
 
     Examples
     --------
@@ -312,6 +313,67 @@ def _llama3(inv_freq, factor, scaling, original):
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return np.where(medium, smoothed, scaled)
+
+
+def check_mrope_section(mrope_section, frequencies: int | None = None) -> tuple[int, int, int]:
+    """``mrope_section`` as three ints ``(temporal, height, width)`` summing to ``frequencies``.
+
+    Raises TypeError for a value that is not a sequence of integers, ValueError
+    for a length other than 3, a negative section or a sum other than
+    ``frequencies`` (the rotary's ``R/2``; not checked when None), each naming
+    the value.
+    """
+    try:
+        values = list(mrope_section)
+    except TypeError:
+        raise TypeError(f"mrope_section: expected 3 integers (temporal, height, width "
+                        f"frequencies), got {_checks.quote(mrope_section)}") from None
+    if len(values) != MROPE_STREAMS:
+        raise ValueError(f"mrope_section: expected 3 integers (temporal, height, width "
+                         f"frequencies), got {_checks.quote(mrope_section)}")
+    section = tuple(_checks.check_int(value, f"mrope_section[{i}]")
+                    for i, value in enumerate(values))
+    if min(section) < 0:
+        raise ValueError(f"mrope_section: expected non-negative section sizes, got "
+                         f"{list(section)}")
+    if frequencies is not None and sum(section) != frequencies:
+        raise ValueError(f"mrope_section: {list(section)} sums to {sum(section)}, but the "
+                         f"rotary has {frequencies} frequencies (R/2 for R rotated channels); "
+                         f"the sections split the frequencies, expected a sum of {frequencies}")
+    return section
+
+
+def mrope_streams(mrope_section, mrope_interleaved=False):
+    """The position stream each frequency of multimodal rotary reads (0 temporal, 1 height,
+    2 width), as transformers' ``recomposition_frequencies`` picks them.
+
+    - Chunked (``mrope_interleaved=False``; Qwen2-VL, Qwen2.5-VL): the first
+      ``t`` frequencies read stream 0, the next ``h`` stream 1, the last ``w``
+      stream 2.
+    - Interleaved (``mrope_interleaved=True``; Qwen3-VL): frequency ``i`` reads
+      stream 1 if ``i % 3 == 1`` and ``i < 3 h``, stream 2 if ``i % 3 == 2``
+      and ``i < 3 w``, else stream 0 (``Qwen3VLTextRotaryEmbedding``).
+
+    Parameters
+    ----------
+    mrope_section : sequence of 3 int
+        ``(t, h, w)``, non-negative, summing to the number of frequencies.
+    mrope_interleaved : bool, default False
+
+    Returns
+    -------
+    ndarray, int64, shape (t + h + w,)
+    """
+    t, h, w = check_mrope_section(mrope_section)
+    if not isinstance(mrope_interleaved, (bool, np.bool_)):
+        raise TypeError(f"mrope_interleaved: expected a bool, got "
+                        f"{_checks.quote(mrope_interleaved)}")
+    if not mrope_interleaved:
+        return np.repeat(np.arange(MROPE_STREAMS, dtype=np.int64), (t, h, w))
+    streams = np.zeros(t + h + w, np.int64)
+    streams[1:3 * h:3] = 1
+    streams[2:3 * w:3] = 2
+    return streams
 
 
 def _pick_frequencies(position_ids, threshold, short, long):

@@ -11,13 +11,22 @@ from .. import _checks, _device
 from .. import functional as F
 from ..functional import rope as _rope
 from ..functional.capture import refuse_in_capture
-from ..functional.rope import factor_for, rope_type_of
+from ..functional.rope import MULTIMODAL_KEYS, check_mrope_section, factor_for, rope_type_of
 from ..functional.rotary import check_rotary_options
 from ._outputs import OutputBuffer
 from .module import Module
 
 # Configurations whose attention pairs channels (2j, 2j + 1) instead of (j, j + R/2).
 INTERLEAVED_MODEL_TYPES = ("gptj", "cohere", "cohere2")
+
+# Multimodal rotary models: (transformers' default mrope_section, whether the sections are
+# interleaved), as their rotary modules hold them: the model class decides the layout.
+MROPE_MODEL_TYPES = {
+    **dict.fromkeys(("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"),
+                    ((16, 24, 24), False)),
+    **dict.fromkeys(("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"),
+                    ((24, 20, 20), True)),
+}
 
 
 def _config_get(config, name, default=None):
@@ -141,6 +150,14 @@ class RotaryEmbedding(Module):
     rotated in float32 and rounded back to its dtype (see
     :func:`numbapos.functional.apply_rotary`).
 
+    Multimodal rotary (``mrope_section``): ``position_ids`` are three streams
+    ``(3, B, L)`` (temporal, height, width) and each frequency turns by the
+    position of its stream, the sections chunked (Qwen2-VL, Qwen2.5-VL) or,
+    with ``mrope_interleaved=True``, interleaved (Qwen3-VL): transformers'
+    ``Qwen2VLRotaryEmbedding`` / ``Qwen2_5_VLRotaryEmbedding`` /
+    ``Qwen3VLTextRotaryEmbedding``. Text-only positions (three equal streams,
+    or an ``offset``) give exactly the 1-D rotary's bits.
+
     Parameters
     ----------
     head_dim : int
@@ -166,6 +183,14 @@ class RotaryEmbedding(Module):
         Round angles, cos and sin in float32 as transformers does.
     stateless : bool, default False
         Dynamic NTK from each call's own length (see above).
+    mrope_section : sequence of 3 int, optional
+        Frequencies per position stream ``(t, h, w)``, summing to the number
+        of frequencies (``[16, 24, 24]`` in Qwen2-VL / Qwen2.5-VL, ``[24, 20,
+        20]`` in Qwen3-VL); default: ``scaling``'s ``mrope_section``, else
+        None (the 1-D rotary).
+    mrope_interleaved : bool, optional
+        Interleave the sections (Qwen3-VL) instead of chunking them;
+        default: ``scaling``'s ``mrope_interleaved``, else False.
     device : {"cpu", "cuda"}, default "cpu"
 
     Attributes
@@ -176,6 +201,8 @@ class RotaryEmbedding(Module):
     rope_type : str
     cache_size : int
         How many frequency vectors are kept on the device (LRU).
+    mrope_section : tuple of 3 int or None
+    mrope_interleaved : bool
 
     Examples
     --------
@@ -193,7 +220,8 @@ class RotaryEmbedding(Module):
 
     def __init__(self, head_dim, base=10000.0, *, partial_rotary_factor=1.0, scaling=None,
                  max_position_embeddings=2048, layout="half", head_axis=1,
-                 float32_angle=False, stateless=False, device="cpu"):
+                 float32_angle=False, stateless=False, mrope_section=None,
+                 mrope_interleaved=None, device="cpu"):
         super().__init__()
         self.max_position_embeddings = _checks.check_int(
             max_position_embeddings, "max_position_embeddings", minimum=1)
@@ -211,6 +239,8 @@ class RotaryEmbedding(Module):
         self.head_axis = int(head_axis)
         self.float32_angle = bool(float32_angle)
         self.stateless = bool(stateless)
+        self.mrope_section, self.mrope_interleaved = _mrope_options(
+            self.scaling, mrope_section, mrope_interleaved, inv_freq.shape[0])
         self.original_inv_freq = inv_freq
         self.inv_freq = inv_freq
         self.attention_scaling = scale
@@ -347,7 +377,9 @@ class RotaryEmbedding(Module):
         k : ndarray, optional
             Keys in the same layout; the head count may differ (GQA / MQA).
         position_ids : array_like of int, optional
-            ``(L,)``, ``(1, L)`` or ``(B, L)`` positions (left padding: any per row).
+            ``(L,)``, ``(1, L)`` or ``(B, L)`` positions (left padding: any per row);
+            with ``mrope_section``, three streams ``(3, B, L)`` or ``(3, 1, L)``
+            (temporal, height, width: transformers' ``get_rope_index``).
         offset : int, default 0
             First position when ``position_ids`` is None (the cache length).
         seq_len : int, optional
@@ -397,6 +429,8 @@ class RotaryEmbedding(Module):
                                        layout=self.layout, head_axis=self.head_axis,
                                        float32_angle=self.float32_angle,
                                        partial_rotary_factor=self._rotated_factor,
+                                       mrope_section=self.mrope_section,
+                                       mrope_interleaved=self.mrope_interleaved,
                                        out_q=out_q, out_k=out_k)
         except Exception:  # bad input changes no state (the dynamic-NTK lengths)
             self.inv_freq, self.attention_scaling, self.max_seq_len_cached = state
@@ -437,7 +471,9 @@ class RotaryEmbedding(Module):
         gq, gk = F.rotary_qk(grad_q, grad_k, positions, freq, attention_scaling=scale,
                              layout=self.layout, head_axis=self.head_axis,
                              float32_angle=self.float32_angle,
-                             partial_rotary_factor=self._rotated_factor, backward=True)
+                             partial_rotary_factor=self._rotated_factor, backward=True,
+                             mrope_section=self.mrope_section,
+                             mrope_interleaved=self.mrope_interleaved)
         self._release()
         return gq if gk is None else (gq, gk)
 
@@ -457,6 +493,14 @@ class RotaryEmbedding(Module):
         get ``layout="interleaved"`` (DeepSeek's attention returns the rotated
         pairs de-interleaved, ours in place: the same q . k). A multimodal config
         is read through its ``text_config``.
+
+        Multimodal rotary: ``mrope_section`` (and ``mrope_interleaved``) of the
+        rope dict make a module taking ``(3, B, L)`` position streams. As in
+        transformers, the model type decides the layout and the default
+        sections: Qwen2-VL and Qwen2.5-VL chunk them (default ``[16, 24,
+        24]``), Qwen3-VL (and its MoE) interleaves them (default ``[24, 20,
+        20]``); an ``mrope_interleaved`` that contradicts the model type
+        raises. Other model types read ``mrope_interleaved`` (default False).
 
         Configs whose rope differs by layer type (transformers 5's Gemma 2 / 3 /
         4 and ModernBERT: ``rope_parameters={"sliding_attention": {...},
@@ -486,9 +530,10 @@ class RotaryEmbedding(Module):
         ValueError
             A per-layer-type config without ``layer_type``, a ``layer_type`` the
             config does not have (both naming the types), an unknown
-            ``rope_type`` or a key the type does not read, no head size.
-        NotImplementedError
-            ``mrope_section`` (multimodal rotary: Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
+            ``rope_type`` or a key the type does not read, no head size, an
+            ``mrope_section`` that does not split the frequencies (3
+            non-negative ints summing to ``head_dim * partial_rotary_factor / 2``)
+            or an ``mrope_interleaved`` the model type contradicts.
 
         Examples
         --------
@@ -502,9 +547,11 @@ class RotaryEmbedding(Module):
         >>> rope.base, rope.rope_type
         (1000000.0, 'linear')
         """
+        model_type = _config_get(config, "model_type")
         text = _config_get(config, "text_config")
         if text is not None:
             config = text
+            model_type = _config_get(config, "model_type") or model_type
         params = _rope_parameters_of(config, layer_type)
         layer = _layer_view(config, layer_type)
         base = (params.get("rope_theta") or _config_get(config, "rope_theta")
@@ -526,7 +573,7 @@ class RotaryEmbedding(Module):
                    or _config_get(config, "n_positions") or 2048)
         original = _config_get(config, "original_max_position_embeddings")
         scaling = {key: value for key, value in params.items()
-                   if key not in ("rope_theta", "partial_rotary_factor")}
+                   if key not in ("rope_theta", "partial_rotary_factor") + MULTIMODAL_KEYS}
         if original is not None and rope_type_of(scaling) in ("llama3", "yarn", "longrope"):
             scaling["original_max_position_embeddings"] = original
         options = dict(base=base, partial_rotary_factor=partial or 1.0,
@@ -534,9 +581,56 @@ class RotaryEmbedding(Module):
         if (_config_get(config, "model_type") in INTERLEAVED_MODEL_TYPES
                 or _config_get(config, "rope_interleave")):
             options["layout"] = "interleaved"
+        options.update(_mrope_of(params, model_type))
         options.update(kwargs)
         return cls(head_dim, **options)
 
     def extra_repr(self) -> str:
-        return (f"{self.head_dim}, base={self.base}, rope_type={self.rope_type!r}, "
+        text = (f"{self.head_dim}, base={self.base}, rope_type={self.rope_type!r}, "
                 f"layout={self.layout!r}")
+        if self.mrope_section is not None:
+            text += (f", mrope_section={list(self.mrope_section)}, "
+                     f"mrope_interleaved={self.mrope_interleaved}")
+        return text
+
+
+def _mrope_options(scaling, section, interleaved, frequencies):
+    """``(mrope_section, mrope_interleaved)`` of the constructor: the arguments, else the
+    ``scaling`` dict's keys (both given and different: ValueError)."""
+    scaling = scaling or {}
+    for name, value in (("mrope_section", section), ("mrope_interleaved", interleaved)):
+        given = scaling.get(name)
+        if value is not None and given is not None and (
+                list(np.atleast_1d(value)) != list(np.atleast_1d(given))):
+            raise ValueError(f"{name}: {_checks.quote(value)} differs from scaling's "
+                             f"{name}={_checks.quote(given)}; give it once")
+    section = section if section is not None else scaling.get("mrope_section")
+    interleaved = interleaved if interleaved is not None else scaling.get("mrope_interleaved",
+                                                                           False)
+    if not isinstance(interleaved, (bool, np.bool_)):
+        raise TypeError(f"mrope_interleaved: expected a bool, got {_checks.quote(interleaved)}")
+    if section is None:
+        if interleaved:
+            raise ValueError("mrope_interleaved: True needs mrope_section (the sections to "
+                             "interleave), got mrope_section=None")
+        return None, False
+    return check_mrope_section(section, frequencies), bool(interleaved)
+
+
+def _mrope_of(params, model_type):
+    """The ``mrope_section`` / ``mrope_interleaved`` options of a config's rope dict, with
+    transformers' defaults for the multimodal model types (which always use them)."""
+    section = params.get("mrope_section")
+    interleaved = params.get("mrope_interleaved")
+    known = MROPE_MODEL_TYPES.get(model_type)
+    if known is not None:
+        default_section, layout = known
+        if interleaved is not None and bool(interleaved) != layout:
+            raise ValueError(f"config: mrope_interleaved={interleaved!r}, but "
+                             f"{model_type!r}'s rotary {'interleaves' if layout else 'chunks'}"
+                             " its sections (transformers decides by the model type)")
+        section = default_section if section is None else section
+        interleaved = layout
+    if section is None:
+        return {} if interleaved is None else {"mrope_interleaved": interleaved}
+    return {"mrope_section": section, "mrope_interleaved": bool(interleaved)}

@@ -152,30 +152,96 @@ def test_qwen2_5_configs(rope):
     check_frequencies(ours, theirs.inv_freq.double().numpy(), theirs.attention_scaling)
 
 
-def test_qwen2_5_vl_mrope_section_is_refused():
+def _vl_parity(config, theirs, ours, rng, head_dim):
+    """Our module's rotation of three position streams against transformers' rotary module
+    (its float32 angle, from its own float32 frequencies) + apply_rotary_pos_emb."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb
+
+    ours.inv_freq = theirs.inv_freq.double().numpy()
+    q = rng.standard_normal((1, 2, 5, head_dim)).astype(np.float32)
+    ids = rng.integers(0, 4096, (3, 1, 5))
+    cos, sin = theirs(torch.from_numpy(q), torch.from_numpy(ids))
+    want, _ = apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(q), cos, sin)
+    np.testing.assert_allclose(ours(q, position_ids=ids), want.numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("class_name, module_path, rope, interleaved", [
+    ("Qwen2VLConfig", "qwen2_vl.modeling_qwen2_vl.Qwen2VLRotaryEmbedding",
+     {"type": "mrope", "mrope_section": [16, 24, 24]}, False),
+    ("Qwen2_5_VLConfig", "qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLRotaryEmbedding",
+     {"type": "mrope", "mrope_section": [16, 24, 24]}, False),
+    ("Qwen2_5_VLConfig", "qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLRotaryEmbedding",
+     {"rope_type": "default"}, False),  # no sections: the model's default [16, 24, 24]
+    ("Qwen3VLConfig", "qwen3_vl.modeling_qwen3_vl.Qwen3VLTextRotaryEmbedding",
+     {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True}, True),
+    ("Qwen3VLConfig", "qwen3_vl.modeling_qwen3_vl.Qwen3VLTextRotaryEmbedding",
+     {"rope_type": "default"}, True),  # the model's default [24, 20, 20], interleaved
+])
+def test_qwen_vl_mrope_configs(class_name, module_path, rope, interleaved):
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: the sections and their layout are read, the
+    frequencies are transformers', and the rotation of three streams equals its module's."""
+    import importlib
+
+    cls = getattr(transformers, class_name, None)
+    if cls is None or not NESTED_LAYOUT:
+        pytest.skip(f"transformers {transformers.__version__}: no {class_name} with "
+                    "rope_parameters")
+    path, name = module_path.rsplit(".", 1)
+    module = getattr(importlib.import_module(f"transformers.models.{path}"), name, None)
+    if module is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {name}")
+    config = cls(text_config=dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=128, rope_parameters={"rope_theta": 1e6, **rope}))
+    theirs = module(config.text_config)
+    ours = nn.RotaryEmbedding.from_hf_config(config, float32_angle=True)
+    assert ours.mrope_section == tuple(theirs.mrope_section)
+    assert ours.mrope_interleaved is interleaved and ours.base == 1e6
+    check_frequencies(ours, theirs.inv_freq.double().numpy(), theirs.attention_scaling)
+    _vl_parity(config, theirs, ours, np.random.default_rng(0), 128)
+
+
+def test_qwen_vl_hub_dicts():
+    """The hub's config.json layouts (dicts): transformers 4's rope_scaling with
+    type="mrope", Qwen3-VL's nested text_config."""
     text = {"hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
             "rope_theta": 1e6, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
-    # The hub's config.json (a dict) and transformers' config objects.
-    with pytest.raises(NotImplementedError, match=r"mrope_section=\[16, 24, 24\].*multimodal"):
-        nn.RotaryEmbedding.from_hf_config({"model_type": "qwen2_5_vl", **text})
-    cls = getattr(transformers, "Qwen2_5_VLConfig", None)
-    if cls is None:
-        pytest.skip("no Qwen2_5_VLConfig in this transformers")
-    config = cls(text_config=dict(text)) if NESTED_LAYOUT else cls(**text)
-    with pytest.raises(NotImplementedError, match="mrope_section"):
-        nn.RotaryEmbedding.from_hf_config(config)
-    with pytest.raises(NotImplementedError, match="mrope_section"):
-        nn.RotaryEmbedding(128, 1e6, scaling={"rope_type": "default",
-                                              "mrope_section": [16, 24, 24]})
+    rope = nn.RotaryEmbedding.from_hf_config({"model_type": "qwen2_5_vl", **text})
+    assert rope.mrope_section == (16, 24, 24) and not rope.mrope_interleaved
+    assert rope.rope_type == "default" and rope.head_dim == 128
+    qwen3 = {"model_type": "qwen3_vl", "text_config": {
+        "hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128, "rope_theta": 5e6,
+        "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20],
+                         "rope_type": "default"}}}
+    rope = nn.RotaryEmbedding.from_hf_config(qwen3)
+    assert rope.mrope_section == (24, 20, 20) and rope.mrope_interleaved and rope.base == 5e6
+    # Another model type reads mrope_interleaved as it is (default False).
+    other = {"hidden_size": 64, "num_attention_heads": 4,
+             "rope_parameters": {"rope_type": "default", "mrope_section": [4, 2, 2]}}
+    assert not nn.RotaryEmbedding.from_hf_config(other).mrope_interleaved
+    # The constructor reads the keys from its scaling dict too.
+    rope = nn.RotaryEmbedding(128, 1e6, scaling={"rope_type": "default",
+                                                 "mrope_section": [16, 24, 24]})
+    assert rope.mrope_section == (16, 24, 24)
 
 
-def test_qwen3_vl_interleaved_mrope_is_refused():
-    cls = getattr(transformers, "Qwen3VLTextConfig", None)
-    if cls is None:
-        pytest.skip("no Qwen3VLTextConfig in this transformers")
-    config = cls(rope_parameters={"rope_type": "default", "rope_theta": 5e6,
-                                  "mrope_section": [24, 20, 20], "mrope_interleaved": True})
-    with pytest.raises(NotImplementedError, match="mrope_section"):
+@pytest.mark.parametrize("config, match", [
+    ({"model_type": "qwen3_vl_text", "hidden_size": 64, "num_attention_heads": 4,
+      "rope_parameters": {"mrope_section": [4, 2, 2], "mrope_interleaved": False}},
+     r"config: mrope_interleaved=False, but 'qwen3_vl_text''s rotary interleaves"),
+    ({"model_type": "qwen2_vl", "hidden_size": 64, "num_attention_heads": 4,
+      "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 4]}},
+     r"mrope_section: \[4, 2, 4\] sums to 10, but the rotary has 8 frequencies"),
+    ({"model_type": "qwen2_vl", "hidden_size": 64, "num_attention_heads": 4},
+     r"mrope_section: \[16, 24, 24\] sums to 64, but the rotary has 8 frequencies"),
+    ({"hidden_size": 64, "num_attention_heads": 4,
+      "rope_parameters": {"mrope_section": [4, -2, 6]}},
+     r"mrope_section: expected non-negative section sizes, got \[4, -2, 6\]"),
+    ({"hidden_size": 64, "num_attention_heads": 4,
+      "rope_parameters": {"mrope_interleaved": True}},
+     r"mrope_interleaved: True needs mrope_section"),
+])
+def test_mrope_config_errors_name_the_key_and_value(config, match):
+    with pytest.raises(ValueError, match=match):
         nn.RotaryEmbedding.from_hf_config(config)
 
 

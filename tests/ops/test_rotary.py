@@ -446,6 +446,61 @@ def test_strided_16_bit_input_is_copied(half, rng):
                                   want.transpose(0, 2, 1, 3).view(np.uint16))
 
 
+def _special_16_bit(half, shape, rng):
+    """16-bit values with infinities, subnormals, overflow after rotation, signed zeros and
+    NaNs (one per channel pair at most: which of two NaNs a sum returns is the compiler's)."""
+    dtype = _half(half)
+    x = (4 * rng.standard_normal(shape)).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::7] = np.inf
+    flat[1::11] = -0.0
+    flat[3::13] = 3e-39 if half == "bfloat16" else 3e-6  # subnormal in the format
+    flat[5::17] = 6.5e4 if half == "float16" else 3e38  # rotated past the largest value
+    bits = x.astype(dtype).view(np.uint16)
+    rows = bits.reshape(-1, shape[-1])
+    quiet, signalling = (0xFFC1, 0x7F81) if half == "bfloat16" else (0xFE01, 0x7C01)
+    # NaNs with payloads in channels 0 and D - 1, never both channels of one pair.
+    rows[::5, 0] = quiet
+    rows[3::7, -1] = signalling
+    return bits.view(dtype)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the simulator's inf - inf
+@pytest.mark.parametrize("half", HALF_DTYPES)
+@pytest.mark.parametrize("shape, head_axis, rotated, layout", [
+    ((2, 3, 40, 16), 1, 16, "half"), ((2, 16, 3, 12), 2, 6, "interleaved"),
+    ((1, 2, 33, 10), 1, 4, "half"),
+])
+def test_16_bit_special_values_and_streamed_rows_have_the_float32_bits(
+        monkeypatch, device, half, shape, head_axis, rotated, layout, rng):
+    """The kernel reads 16-bit bits and rounds once: the float32 rotation's bits, cast back,
+    for special values, partial rotary (the passed-through channels round trip through
+    float32 too), in place, new outputs, and the non-temporal path of large outputs."""
+    from numbapos.functional.half import store_nearest_, widened
+
+    dtype = _half(half)
+    x = _special_16_bit(half, shape, rng)
+    ids = rng.integers(0, 5000, (shape[0], shape[3 - head_axis]))
+    inv_freq = ref.rope_inv_freq(rotated)
+    opts = dict(layout=layout, head_axis=head_axis, partial_rotary_factor=rotated / shape[3],
+                attention_scaling=1.5)
+    K = numbapos._device.kernels_for("cpu")
+    for op in (F.apply_rotary, F.apply_rotary_backward):
+        wide = op(widened(K, x), ids, inv_freq, **opts)  # the float32 path, then rounding
+        want = store_nearest_(K, np.empty_like(x), wide).view(np.uint16)
+        assert np.isnan(wide).any() and np.isinf(wide).any()
+        np.testing.assert_array_equal(_bits(op(_half_on(device, x), ids, inv_freq, **opts)),
+                                      want)
+        y = _half_on(device, x.copy())
+        np.testing.assert_array_equal(_bits(op(y, ids, inv_freq, out=y, **opts)), want)
+        if device == "cpu":
+            monkeypatch.setattr(cpu_rotary, "MIN_STREAM_TILE", 2)
+            with numbapos.config.override(stream_min_bytes=0):  # non-temporal stores, tiles
+                np.testing.assert_array_equal(op(x, ids, inv_freq, **opts).view(np.uint16),
+                                              want)
+    assert x.dtype == dtype
+
+
 def test_16_bit_bad_input_raises_and_changes_nothing():
     x = np.arange(2 * 2 * 3 * 8).reshape(2, 2, 3, 8).astype(np.float16)
     before = x.copy()

@@ -6,6 +6,10 @@ arrays and caller-owned outputs. The op runs in two steps:
 1. :func:`rotary_table` fills ``cos`` / ``sin`` of shape ``(P, L, R/2)`` (``P``
    rows of positions, 1 when the batch shares them): one float64 angle, sine and
    cosine per position and frequency, however many heads (and q and k) use it.
+   Positions come as ``S`` streams ``(S, P, L)``; frequency ``i`` reads stream
+   ``streams[i]`` (multimodal rotary: Qwen2-VL's temporal / height / width
+   sections, ``S = 3``) or stream 0 when ``streams`` is None (the 1-D rotary,
+   ``S = 1``): one kernel for both, the same bits where the streams agree.
    :func:`~numbapos.kernels.sincos.sincos` reduces the float64 angle to about
    2**-100 and is within one float64 ulp, so a float32 table is within one
    rounding of the true value at any position up to 2**20; it is the same code,
@@ -14,13 +18,23 @@ arrays and caller-owned outputs. The op runs in two steps:
    heads then positions, or positions then heads) with the table, and copies
    the channels past ``R`` unchanged. Each pair is read before it is written,
    so ``out`` may be ``x`` itself. Every element is computed on its own (no
-   sums), so the result does not depend on the thread count.
+   sums), so the result does not depend on the thread count. A bfloat16 /
+   float16 ``x`` comes as its ``uint16`` bits with its format: each element is
+   widened exactly to float32 (:func:`~numbapos.kernels.widen.widen`), rotated
+   in float32 with the float32 table and rounded to nearest even once, the
+   channels past ``R`` included (so a NaN's payload becomes the quiet NaN, as
+   a float32 round trip makes it): the bits of the float32 rotation of the
+   widened ``x``, rounded, reading and writing half the bytes.
 """
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
+from ..halfbits import BF16, F16, half_from_f32_bits
+from ..scalar import f32_bits
 from ..sincos import sincos
+from ..widen import FLOAT_TABLES, widen
 from .arrays import option, pick
 from .jit import kernel
 from .rowcopy import copy_row, put_row, streams
@@ -35,16 +49,18 @@ MIN_STREAM_TILE = 8
 # ---------------------------------------------------------------- launchers
 
 
-def rotary_table(positions, offset, inv_freq, angles, cos, sin):
+def rotary_table(positions, streams, offset, inv_freq, angles, cos, sin):
     """``cos[p, l, i] = scale * cos(sign * pos * inv_freq[i])`` (``sin`` likewise).
 
-    ``pos`` is ``offset + positions[p, l]``, or ``offset + l`` when ``positions``
-    is None; ``angles`` is a :class:`~numbapos._args.RotaryAngles`. ``inv_freq``
-    is float64 on this device; ``cos`` / ``sin`` are ``(P, L, R/2)`` of the data's
-    dtype.
+    ``pos`` is ``offset + positions[s, p, l]`` with ``s = streams[i]`` (0 when
+    ``streams`` is None), or ``offset + l`` when ``positions`` is None;
+    ``positions`` is int64 ``(S, P, L)``, ``streams`` an int64 vector of
+    ``R/2`` stream indices below ``S``; ``angles`` is a
+    :class:`~numbapos._args.RotaryAngles`. ``inv_freq`` is float64 on this
+    device; ``cos`` / ``sin`` are ``(P, L, R/2)`` of the data's dtype.
     """
     if cos.size:
-        pick(_table, cos.size * 8)(positions, offset, inv_freq, angles, cos, sin)
+        pick(_table, cos.size * 8)(positions, streams, offset, inv_freq, angles, cos, sin)
 
 
 def rotary_pick_frequencies(positions, threshold, short, long, out):
@@ -57,12 +73,15 @@ def rotary_pick_frequencies(positions, threshold, short, long, out):
     out[:] = long if use_long else short
 
 
-def rotary_apply(x, cos, sin, interleaved, head_axis, out):
+def rotary_apply(x, cos, sin, interleaved, head_axis, out, fmt=FLOAT_TABLES):
     """Rotate the first ``R = 2 * cos.shape[2]`` channels of every row of ``x`` by the table.
 
     ``x`` / ``out`` are ``(B, H, L, D)`` (``head_axis == 1``) or ``(B, L, H, D)``
     (``head_axis == 2``); ``cos`` / ``sin`` are ``(1 or B, L, R/2)``. Pairs are
-    ``(i, i + R/2)`` or, with ``interleaved``, ``(2i, 2i + 1)``.
+    ``(i, i + R/2)`` or, with ``interleaved``, ``(2i, 2i + 1)``. ``fmt`` is
+    ``FLOAT_TABLES`` for float32 / float64 ``x`` and ``out``, or the
+    :class:`~numbapos._args.TableFormat` (BF16 / F16) of 16-bit ones given as
+    their ``uint16`` bits (with a float32 table).
     """
     if x.size:
         same = out.ctypes.data == x.ctypes.data  # out is x (partial overlaps were refused)
@@ -77,7 +96,7 @@ def rotary_apply(x, cos, sin, interleaved, head_axis, out):
         scratch = np.empty((batch * outer if stream else 1, tile * dim), x.dtype)
         pick(_apply, x.size)(x.reshape(-1, tile * dim), cos, sin, bool(interleaved), head_axis,
                              outer, inner, tile, None if same else out.reshape(-1, tile * dim),
-                             scratch, stream)
+                             scratch, stream, option(int(fmt) == F16))
 
 
 def _tile_rows(inner: int) -> int:
@@ -92,20 +111,20 @@ def _tile_rows(inner: int) -> int:
 
 
 @kernel(parallel=True)
-def _table(positions, offset, inv_freq, angles, cos, sin):
+def _table(positions, streams, offset, inv_freq, angles, cos, sin):
     """Fill the ``(P, L, R/2)`` table, the positions split across threads: each position's
-    row holds the cos and sin of each frequency, scaled."""
+    row holds the cos and sin of each frequency (at the position of its stream), scaled."""
     seq = cos.shape[1]
     for k in prange(cos.shape[0] * seq):
         p = k // seq
         l = k - p * seq
-        if positions is None:
-            pos = offset + l
-        else:
-            pos = offset + positions[p, l]
         crow = cos[p, l]
         srow = sin[p, l]
+        first = offset + l if positions is None else offset + positions[0, p, l]
         for i in range(inv_freq.size):
+            pos = first
+            if positions is not None and streams is not None:  # settled at compile time
+                pos = offset + positions[streams[i], p, l]
             if angles.float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
                 a32 = np.float32(np.float32(pos) * np.float32(inv_freq[i]))
                 sa, ca = sincos(np.float64(a32))
@@ -122,55 +141,91 @@ def _table(positions, offset, inv_freq, angles, cos, sin):
 # ---------------------------------------------------------------- rotation
 
 
+def _element(value, like, fmt):
+    """``value`` as an element of the array ``like``: as it is into a float array; into
+    ``uint16`` bits (a 16-bit array of format ``fmt``) rounded to nearest even."""
+    if isinstance(like.dtype.type(0), np.integer):
+        return half_from_f32_bits(f32_bits(value), fmt)
+    return value
+
+
+@overload(_element, inline="always")
+def _element_jit(value, like, fmt):
+    if isinstance(like.dtype, types.Integer):
+        return lambda value, like, fmt: half_from_f32_bits(f32_bits(value), fmt)
+    return lambda value, like, fmt: value
+
+
+def _settle_(row, start, fmt):
+    """Round trip ``row[start:]`` of 16-bit bits through float32 (NaN payloads become the
+    quiet NaN, as the rotated channels' values do); a float row is left as it is."""
+    for d in range(start, row.size):
+        row[d] = _element(widen(row[d], fmt), row, fmt)
+
+
+@overload(_settle_, inline="always")
+def _settle_jit(row, start, fmt):
+    if isinstance(row.dtype, types.Integer):
+        def settle(row, start, fmt):
+            for d in range(start, row.size):
+                row[d] = half_from_f32_bits(f32_bits(widen(row[d], fmt)), fmt)
+        return settle
+    return lambda row, start, fmt: None
+
+
 @kernel(inline="always")
-def _rotate_row(src, dst, c, s, interleaved):
-    """``dst = R(c, s) src`` on the pairs, the channels past ``2 * c.size`` copied."""
+def _rotate_row(src, dst, c, s, interleaved, f16):
+    """``dst = R(c, s) src`` on the pairs, the channels past ``2 * c.size`` copied (16-bit
+    bits: read as float32, rounded to nearest even; ``f16`` None for bfloat16)."""
+    fmt = BF16 if f16 is None else F16  # a constant of each compilation
     half = c.size
     if interleaved:
         for i in range(half):
-            x0 = src[2 * i]
-            x1 = src[2 * i + 1]
-            dst[2 * i] = x0 * c[i] - x1 * s[i]
-            dst[2 * i + 1] = x1 * c[i] + x0 * s[i]
+            x0 = widen(src[2 * i], fmt)
+            x1 = widen(src[2 * i + 1], fmt)
+            dst[2 * i] = _element(x0 * c[i] - x1 * s[i], dst, fmt)
+            dst[2 * i + 1] = _element(x1 * c[i] + x0 * s[i], dst, fmt)
     else:
         for i in range(half):
-            x0 = src[i]
-            x1 = src[i + half]
-            dst[i] = x0 * c[i] - x1 * s[i]
-            dst[i + half] = x1 * c[i] + x0 * s[i]
+            x0 = widen(src[i], fmt)
+            x1 = widen(src[i + half], fmt)
+            dst[i] = _element(x0 * c[i] - x1 * s[i], dst, fmt)
+            dst[i + half] = _element(x1 * c[i] + x0 * s[i], dst, fmt)
     for d in range(2 * half, src.size):
-        dst[d] = src[d]
+        dst[d] = _element(widen(src[d], fmt), dst, fmt)
 
 
 @kernel(inline="always")
-def _rotate_row_(row, c, s, interleaved):
+def _rotate_row_(row, c, s, interleaved, f16):
     """:func:`_rotate_row` in place. One array, so LLVM sees that iteration ``i`` touches
     only ``i`` and ``i + R/2`` and vectorises the loop (with two arrays that may be one it
     cannot)."""
+    fmt = BF16 if f16 is None else F16
     half = c.size
     if interleaved:
         for i in range(half):
-            x0 = row[2 * i]
-            x1 = row[2 * i + 1]
-            row[2 * i] = x0 * c[i] - x1 * s[i]
-            row[2 * i + 1] = x1 * c[i] + x0 * s[i]
+            x0 = widen(row[2 * i], fmt)
+            x1 = widen(row[2 * i + 1], fmt)
+            row[2 * i] = _element(x0 * c[i] - x1 * s[i], row, fmt)
+            row[2 * i + 1] = _element(x1 * c[i] + x0 * s[i], row, fmt)
     else:
         for i in range(half):
-            x0 = row[i]
-            x1 = row[i + half]
-            row[i] = x0 * c[i] - x1 * s[i]
-            row[i + half] = x1 * c[i] + x0 * s[i]
+            x0 = widen(row[i], fmt)
+            x1 = widen(row[i + half], fmt)
+            row[i] = _element(x0 * c[i] - x1 * s[i], row, fmt)
+            row[i + half] = _element(x1 * c[i] + x0 * s[i], row, fmt)
+    _settle_(row, 2 * half, fmt)
 
 
 @kernel(parallel=True)
-def _apply(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch, stream):
+def _apply(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch, stream, f16):
     """Rotate every row of ``x`` (``(B * A * C / tile, tile * D)``: tiles of ``tile`` rows)
     into ``out`` (None: in place), the ``B * A`` outer indices split across threads.
 
     Outer index ``k = b * A + a`` owns ``C / tile`` tiles; with ``stream`` each
     tile is rotated in ``scratch[k]`` and then written with non-temporal stores.
+    ``f16``: True for float16 bits, None for bfloat16 bits or float rows.
     """
-    half = cos.shape[2]
     dim = x.shape[1] // tile
     tiles = inner // tile
     for k in prange(x.shape[0] * tile // inner):
@@ -187,11 +242,11 @@ def _apply(x, cos, sin, interleaved, head_axis, outer, inner, tile, out, scratch
                 c = cos[pb, l]
                 s = sin[pb, l]
                 if out is None:
-                    _rotate_row_(x[r, t * dim:(t + 1) * dim], c, s, interleaved)
+                    _rotate_row_(x[r, t * dim:(t + 1) * dim], c, s, interleaved, f16)
                 elif stream is None:
                     _rotate_row(x[r, t * dim:(t + 1) * dim], out[r, t * dim:(t + 1) * dim], c,
-                                s, interleaved)
+                                s, interleaved, f16)
                 else:
-                    _rotate_row_(scratch[k, t * dim:t * dim + 2 * half], c, s, interleaved)
+                    _rotate_row_(scratch[k, t * dim:(t + 1) * dim], c, s, interleaved, f16)
             if stream is not None:
                 put_row(out, r, scratch, k, stream)

@@ -3,7 +3,8 @@
 Twin of :mod:`numbapos.kernels.cpu.rotary` (same ``__all__``, signatures and
 two steps):
 
-1. ``_table``: one thread per (position row, position, frequency) forms the
+1. ``_table``: one thread per (position row, position, frequency) reads the
+   position of the frequency's stream (multimodal rotary) and forms the
    angle in float64, takes its sine and cosine with
    :func:`~numbapos.kernels.sincos.sincos` (the CPU's code, products through
    ``mul.rn``: the CPU's bits) and stores them in the data's dtype. Every head
@@ -14,19 +15,26 @@ two steps):
    addresses of one row; each thread reads its pair before writing it, so
    ``out`` may be ``x``.
 
-The products go through :mod:`~numbapos.kernels.cuda.fpmath`'s uncontracted
-multiplies (no FMA), so the rotation, like the table, has the CPU's bits.
+The products go through :func:`~numbapos.kernels.scalar.mul_rn` (``mul.rn``,
+which :mod:`~numbapos.kernels.cuda.fpmath` registers: never contracted into an
+FMA), so the rotation, like the table, has the CPU's bits. A bfloat16 /
+float16 ``x`` comes as its ``uint16`` bits: each element is widened to
+float32, rotated there and rounded to nearest even once, as on the CPU.
 """
 
 import numpy as np
 from numba import config, cuda, float32, float64, int64
+from numba.extending import register_jitable
 
 from ..._args import RotaryAngles
 from ..._gpuhost.launch import launch
 from .. import sincos as _sincos
+from ..halfbits import half_from_f32_bits
+from ..scalar import f32_bits, mul_rn
 from ..sincos import sincos
+from ..widen import FLOAT_TABLES, widen
+from . import fpmath  # noqa: F401 (registers mul_rn's uncontracted multiply on the GPU)
 from .arrays import THREADS, absent, grid
-from .fpmath import mul_for
 
 if not config.ENABLE_CUDASIM:  # pragma: no cover - compiled for real GPUs only
     from numba.cuda import libdevice, types
@@ -44,19 +52,23 @@ __all__ = ["rotary_apply", "rotary_pick_frequencies", "rotary_table"]
 # ---------------------------------------------------------------- launchers
 
 
-def rotary_table(positions, offset, inv_freq, angles, cos, sin):
+def rotary_table(positions, streams, offset, inv_freq, angles, cos, sin):
     """``cos[p, l, i] = scale * cos(sign * pos * inv_freq[i])`` (``sin`` likewise).
 
-    ``pos`` is ``offset + positions[p, l]``, or ``offset + l`` when ``positions``
-    is None; ``angles`` is a :class:`~numbapos._args.RotaryAngles`. ``inv_freq``
-    is a float64 device array; ``cos`` / ``sin`` are ``(P, L, R/2)``.
+    ``pos`` is ``offset + positions[s, p, l]`` with ``s = streams[i]`` (0 when
+    ``streams`` is None), or ``offset + l`` when ``positions`` is None;
+    ``positions`` is int64 ``(S, P, L)``, ``streams`` an int64 device vector of
+    ``R/2`` stream indices below ``S``; ``angles`` is a
+    :class:`~numbapos._args.RotaryAngles`. ``inv_freq`` is a float64 device
+    array; ``cos`` / ``sin`` are ``(P, L, R/2)``.
     """
     if cos.size:
-        positions = absent(np.int64, 2) if positions is None else positions  # empty: l
+        positions = absent(np.int64, 3) if positions is None else positions  # empty: l
+        streams = absent(np.int64, 1) if streams is None else streams  # empty: stream 0
         angles = RotaryAngles(float64(angles.scale), float64(angles.sign),
                               bool(angles.float32_angle))
-        launch(_table, grid(cos.size), THREADS, positions, np.int64(offset), inv_freq, angles,
-               cos, sin)
+        launch(_table, grid(cos.size), THREADS, positions, streams, np.int64(offset), inv_freq,
+               angles, cos, sin)
 
 
 def rotary_pick_frequencies(positions, threshold, short, long, out):
@@ -70,12 +82,16 @@ def rotary_pick_frequencies(positions, threshold, short, long, out):
         launch(_pick_frequencies, 1, THREADS, positions, np.int64(threshold), short, long, out)
 
 
-def rotary_apply(x, cos, sin, interleaved, head_axis, out):
+def rotary_apply(x, cos, sin, interleaved, head_axis, out, fmt=FLOAT_TABLES):
     """Rotate the first ``R = 2 * cos.shape[2]`` channels of every row of ``x`` by the table.
 
     ``x`` / ``out`` are ``(B, H, L, D)`` (``head_axis == 1``) or ``(B, L, H, D)``
     (``head_axis == 2``); ``cos`` / ``sin`` are ``(1 or B, L, R/2)``. Pairs are
-    ``(i, i + R/2)`` or, with ``interleaved``, ``(2i, 2i + 1)``.
+    ``(i, i + R/2)`` or, with ``interleaved``, ``(2i, 2i + 1)``. ``fmt`` is
+    ``FLOAT_TABLES`` for float32 / float64 ``x`` and ``out``, or the
+    :class:`~numbapos._args.TableFormat` (BF16 / F16) of 16-bit ones given as
+    their ``uint16`` bits (with a float32 table): widened exactly, rotated in
+    float32, rounded to nearest even once (the channels past ``R`` included).
     """
     if x.size:
         dim = x.shape[3]
@@ -83,17 +99,17 @@ def rotary_apply(x, cos, sin, interleaved, head_axis, out):
         items = x.size // dim * (dim - half)
         kernel = _APPLY[np.dtype(x.dtype)]
         launch(kernel, grid(items), THREADS, x, cos, sin, bool(interleaved), np.int64(head_axis),
-               out)
+               out, np.int64(fmt))
 
 
 # ---------------------------------------------------------------- cos / sin table
 
 
 @cuda.jit
-def _table(positions, offset, inv_freq, angles, cos, sin):
-    """One thread per table entry: the angle of position ``offset + positions[p, l]`` (``l``
-    when ``positions`` is empty) and frequency ``i``, as :class:`~numbapos._args.RotaryAngles`
-    says."""
+def _table(positions, streams, offset, inv_freq, angles, cos, sin):
+    """One thread per table entry: the angle of position ``offset + positions[s, p, l]``
+    (``s = streams[i]``, 0 when ``streams`` is empty; ``l`` when ``positions`` is empty)
+    and frequency ``i``, as :class:`~numbapos._args.RotaryAngles` says."""
     scale = angles.scale
     half = cos.shape[2]
     seq = cos.shape[1]
@@ -102,7 +118,10 @@ def _table(positions, offset, inv_freq, angles, cos, sin):
         i = k - row * half
         p = row // seq
         l = row - p * seq
-        pos = offset + (positions[p, l] if positions.size else l)
+        if positions.size:
+            pos = offset + positions[streams[i] if streams.size else 0, p, l]
+        else:
+            pos = offset + l
         if angles.float32_angle:  # transformers' rounding: float32 angle, cos, sin, scale
             a32 = float32(float32(pos) * float32(inv_freq[i]))
             sa, ca = sincos(float64(a32))
@@ -119,10 +138,23 @@ def _table(positions, offset, inv_freq, angles, cos, sin):
 # ---------------------------------------------------------------- rotation
 
 
-def _make_apply(mul):
+@register_jitable
+def _keep(value, fmt):
+    """A float result as it is (float32 / float64 data)."""
+    return value
+
+
+@register_jitable
+def _nearest(value, fmt):
+    """A float32 result as the 16-bit bits of format ``fmt``, rounded to nearest even."""
+    return half_from_f32_bits(f32_bits(value), fmt)
+
+
+def _make_apply(store):
     @cuda.jit
-    def kernel(x, cos, sin, interleaved, head_axis, out):
-        """Work item ``w`` of a row: pair ``w < R/2``, else channel ``w + R/2`` copied."""
+    def kernel(x, cos, sin, interleaved, head_axis, out, fmt):
+        """Work item ``w`` of a row: pair ``w < R/2``, else channel ``w + R/2`` copied (read
+        through :func:`~numbapos.kernels.widen.widen`, written through ``store``)."""
         outer = x.shape[1]
         inner = x.shape[2]
         dim = x.shape[3]
@@ -139,7 +171,7 @@ def _make_apply(mul):
             a = bo - b * outer
             if w >= half:
                 d = w + half
-                out[b, a, m, d] = x[b, a, m, d]
+                out[b, a, m, d] = store(widen(x[b, a, m, d], fmt), fmt)
                 continue
             l = m if head_axis == 1 else a
             pb = 0 if shared else b
@@ -151,15 +183,17 @@ def _make_apply(mul):
             else:
                 j0 = w
                 j1 = w + half
-            x0 = x[b, a, m, j0]
-            x1 = x[b, a, m, j1]
-            out[b, a, m, j0] = mul(x0, c) - mul(x1, s)
-            out[b, a, m, j1] = mul(x1, c) + mul(x0, s)
+            x0 = widen(x[b, a, m, j0], fmt)
+            x1 = widen(x[b, a, m, j1], fmt)
+            out[b, a, m, j0] = store(mul_rn(x0, c) - mul_rn(x1, s), fmt)
+            out[b, a, m, j1] = store(mul_rn(x1, c) + mul_rn(x0, s), fmt)
 
     return kernel
 
 
-_APPLY = {np.dtype(t): _make_apply(mul_for(t)) for t in (np.float32, np.float64)}
+# By the data's dtype: float32 / float64 as they are, 16-bit bits (uint16) in float32.
+_APPLY = {np.dtype(np.float32): _make_apply(_keep), np.dtype(np.float64): _make_apply(_keep),
+          np.dtype(np.uint16): _make_apply(_nearest)}
 
 
 _NO_POSITION = -(1 << 62)
