@@ -46,7 +46,8 @@ def _bags(input, offsets, mode, per_sample_weights, include_last_offset, padding
             raise ValueError("offsets: must be None for 2-D input (each row is a bag), got "
                              f"{_checks.type_name(offsets)}")
         bags, width = input.shape
-        offsets = K.empty((0,), np.int64)
+        # Zero columns: every bag empty, as offsets of zeros (width 0 means 1-D to the kernels).
+        offsets = K.empty((0,), np.int64) if width else K.zeros((bags,), np.int64)
     else:
         if offsets is None:
             raise ValueError("offsets: required with 1-D input (where each bag starts), "
