@@ -328,6 +328,21 @@ def _quantized(dtype, index_dtype) -> None:
         module.dequantize()
 
 
+def _quantized_bag(dtype, index_dtype) -> None:
+    # Pooled int8 / int4 lookups: every mode, 1-D with offsets and 2-D, padding, weighted sums.
+    ids = _ids(index_dtype)
+    flat, offsets = ids.reshape(-1), np.array([0, 3, 3], dtype=index_dtype)
+    table = _activation(dtype, (_ROWS, _DIM + 1))  # an odd D: the 4-bit tail column too
+    psw = np.ones(flat.shape, np.float32)
+    for bits in (8, 4):
+        for mode in ("sum", "mean", "max"):
+            bag = nn.QuantizedEmbeddingBag.from_float(table, bits=bits, mode=mode,
+                                                      padding_idx=0)
+            bag(flat, offsets)
+            bag(ids)
+        nn.QuantizedEmbeddingBag.from_float(table, bits=bits, mode="sum")(flat, offsets, psw)
+
+
 def _half(dtype, index_dtype) -> None:
     # bfloat16 / float16 tables: lookups to float32 and to the table's dtype, max-norm,
     # a dense SGD step and the sparse steps of every optimiser (fused with the lookup's
@@ -411,6 +426,8 @@ CASES: tuple[Case, ...] = (
          "and sparse", _optimisers, seconds=10.0),
     Case("quantized", "int8 / int4 row-wise tables: quantise, look up (with padding), "
          "dequantise", _quantized, seconds=7.6),
+    Case("quantized_bag", "int8 / int4 pooled lookups (sum / mean / max, 1-D and 2-D, "
+         "padding, weights)", _quantized_bag, seconds=8.0),
     Case("rowwise_adagrad", "RowWiseAdagrad dense and sparse, with and without L2 weight "
          "decay (opt-in)", _rowwise_adagrad, default=False, seconds=59.0),
     Case("half", "bfloat16 / float16 tables: lookups to float32 and to the table's dtype, "

@@ -987,3 +987,34 @@ def mrope_rotary(x, positions, inv_freq, section, interleaved=False, scale=1.0, 
     out[..., first] = a * c - b * s
     out[..., second] = b * c + a * s
     return out
+
+
+def quantized_embedding_bag(input, packed, bits, dim, offsets=None, mode="mean",
+                            per_sample_weights=None, include_last_offset=False,
+                            padding_idx=None):
+    """FBGEMM's pooled lookup, one entry at a time: a sum adds
+    ``fma(scale * w, code, acc + bias * w)`` per entry (products rounded to float32),
+    a mean divides that sum by the entries (padding left out), a max keeps the largest
+    ``fma(scale, code, bias)``; empty bags are zeros."""
+    codes, scale, bias = rowwise_parts(packed, bits, dim)
+    flat, bounds = bag_bounds(input, offsets, include_last_offset)
+    psw = None if per_sample_weights is None else np.asarray(per_sample_weights).reshape(-1)
+    pad = None if padding_idx is None else padding_idx % packed.shape[0]
+    out = np.zeros((len(bounds), dim), np.float32)
+    for b, (start, end) in enumerate(bounds):
+        entries = [i for i in range(start, end) if flat[i] != pad]
+        acc = np.zeros(dim, np.float32)
+        for k, i in enumerate(entries):
+            r = flat[i]
+            if mode == "max":
+                row = fma32(codes[r], scale[r], bias[r])
+                acc = row if k == 0 else np.where(row > acc, row, acc)
+                continue
+            s, c = scale[r], bias[r]
+            if psw is not None:
+                s, c = s * np.float32(psw[i]), c * np.float32(psw[i])
+            acc = fma32(codes[r], s, acc + c)
+        if mode == "mean" and entries:
+            acc = acc / np.float32(len(entries))
+        out[b] = acc
+    return out

@@ -44,7 +44,13 @@ from .positional import (
     sinusoidal_pos_embedding,
     timestep_embedding,
 )
-from .quantized import dequantize_rowwise, quantize_rowwise, quantized_embedding, rowwise_width
+from .quantized import (
+    dequantize_rowwise,
+    quantize_rowwise,
+    quantized_embedding,
+    quantized_embedding_bag,
+    rowwise_width,
+)
 from .relative import (
     add_relative_position_bias_,
     log_bucket_position,
@@ -99,6 +105,7 @@ __all__ = [
     "positions_from_padding",
     "quantize_rowwise",
     "quantized_embedding",
+    "quantized_embedding_bag",
     "relative_position_bias",
     "relative_position_bias_grad",
     "relative_position_bucket",

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import _checks, _device
 from ._common import backend_for, check_range, flatten, on_backend
+from .bag import _bags
 from .half import widen_table
 
 #: The table formats numbapos has: (name, bytes per row of D columns, use, error bound).
@@ -35,10 +36,11 @@ TABLE_FORMATS = (
     ("bfloat16 / float16 (Embedding(dtype='bfloat16'))", "2 D",
      "training (float32 gradients and updates, stochastic rounding) and inference",
      "stored values exact; float32 stored rounded to nearest even (2**-9 / 2**-12 relative)"),
-    ("int8 row-wise (quantize_rowwise(t, 8))", "D + 8", "inference only (QuantizedEmbedding)",
+    ("int8 row-wise (quantize_rowwise(t, 8))", "D + 8",
+     "inference only (QuantizedEmbedding, QuantizedEmbeddingBag)",
      "|x - x'| <= (max - min) / 255 / 2: half a step"),
     ("int4 row-wise (quantize_rowwise(t, 4))", "ceil(D / 2) + 4",
-     "inference only (QuantizedEmbedding)",
+     "inference only (QuantizedEmbedding, QuantizedEmbeddingBag)",
      "|x - x'| <= max(scale / 2, |bias - min|): half a step of the float16 "
      "scale = f16((max - bias) / 15), bias = f16(min)"),
 )
@@ -225,4 +227,100 @@ def quantized_embedding(indices, packed, bits, padding_idx=None, out=None, dim=N
         out = K.empty(shape, _FLOAT32)
     K.gather_quantized_rows(flat, packed, bits, dim, -1 if padding_idx is None else padding_idx,
                             out.reshape(flat.size, dim))
+    return out
+
+
+def quantized_embedding_bag(input, packed, bits, offsets=None, mode="mean",
+                            per_sample_weights=None, include_last_offset=False, padding_idx=None,
+                            *, out=None, dim=None):
+    """Sums, means or maxima of bags of rows of a packed quantised table (inference only).
+
+    The bags are laid out as for :func:`~numbapos.functional.embedding_bag`
+    (the same checks and messages) and pooled in float32. Sums, with or
+    without ``per_sample_weights``, are bit-identical to
+    ``torch.ops.quantized.embedding_bag_byte_rowwise_offsets`` /
+    ``embedding_bag_4bit_rowwise_offsets`` (FBGEMM's kernels): for each entry
+    in index order ``acc = fma(scale * w, code, acc + bias * w)``, the two
+    products rounded to float32 (without weights, ``scale`` and ``bias`` as
+    stored).
+
+    Parameters
+    ----------
+    input : array_like of int, 1-D or 2-D
+        Row ids (int32 / int64), each in ``[0, V)``: 1-D with ``offsets``, or
+        2-D, one bag per row (``offsets`` None, ``include_last_offset`` ignored).
+    packed : ndarray of uint8, shape (V, W)
+        A table from :func:`quantize_rowwise` (or PyTorch's prepack ops).
+        Not C-contiguous: copied first.
+    bits : {8, 4}
+        Bits per code of ``packed``.
+    offsets : array_like of int, 1-D, optional
+        Where each bag of a 1-D ``input`` starts: from 0, never decreasing,
+        never past ``len(input)``; equal offsets make empty bags.
+    mode : {"sum", "mean", "max"}, default "mean"
+        How a bag pools. A mean is the sum above divided by the number of
+        entries (padding left out); a max is the largest decoded value
+        ``fma(scale, code, bias)`` per column. PyTorch's quantised ops ignore
+        their ``mode`` and return the sum for mean and max; numbapos does not
+        copy that bug.
+    per_sample_weights : ndarray of float32, optional
+        With ``mode="sum"`` only (the other modes raise, as for float bags):
+        one weight per id, of ``input``'s shape.
+    include_last_offset : bool, default False
+        ``offsets`` ends with ``len(input)``, which it must then equal (as
+        :func:`~numbapos.functional.embedding_bag`).
+    padding_idx : int, optional
+        Row left out of every bag (may be negative, wrapped by V), as float
+        bags do (PyTorch's quantised ops take no ``padding_idx``; their sum
+        over the other entries is the same bits).
+    out : ndarray, optional
+        C-contiguous float32 buffer of shape (B, D).
+    dim : int, optional
+        Columns D, only for an odd D with 4 bits (see :func:`dequantize_rowwise`).
+
+    Returns
+    -------
+    ndarray of float32, shape (B, D)
+        B bags (``len(offsets)``, one fewer with ``include_last_offset``, or
+        ``input.shape[0]`` for 2-D input); a bag with no entry (or padding
+        only) gives zeros.
+
+    Raises
+    ------
+    TypeError
+        Non-integer ids or offsets, ``packed`` not a 2-D uint8 array, weights
+        not float32.
+    ValueError
+        ``bits`` not 8 or 4, a bad ``mode``, bad offsets (not starting at 0,
+        decreasing, past the input's end), offsets with 2-D input,
+        ``per_sample_weights`` of the wrong shape or with a mode other than
+        ``"sum"``, a bad ``padding_idx``, ``dim`` or ``out``.
+    IndexError
+        An id outside ``[0, V)``. Nothing is written when any error is raised.
+        On the GPU bad ids and offsets are raised by the next synchronising
+        call (deferred, as for every CUDA lookup).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numbapos.functional.quantized import quantize_rowwise, quantized_embedding_bag
+    >>> packed = quantize_rowwise(np.array([[0, 1], [2, 4], [8, 8]], np.float32), 8)
+    >>> quantized_embedding_bag(np.array([0, 1, 2]), packed, 8, np.array([0, 2]), mode="sum")
+    array([[2., 5.],
+           [8., 8.]], dtype=float32)
+    """
+    bits = _checks.check_bits(bits)
+    packed, dim = _checks.check_packed(packed, bits, dim)
+    call = _bags(input, offsets, mode, per_sample_weights, include_last_offset, padding_idx,
+                 False, packed.shape[0], _FLOAT32, (packed, out), ("packed", "out"))
+    K = call.K
+    shape = (call.bags, dim)
+    if out is not None:
+        out = _checks.check_out(out, shape, _FLOAT32,
+                                avoid=(packed, call.flat, call.offsets, call.weights))
+    packed = K.contiguous(packed)
+    if out is None:
+        out = K.empty(shape, _FLOAT32)
+    K.pool_quantized_bags(call.flat, call.offsets, call.width, packed, bits, call.mode,
+                          call.padding, call.weights, out)
     return out

@@ -11,7 +11,7 @@ from .module import IncompatibleKeys, Module
 from .normalization import LayerNorm
 from .parameter import Parameter
 from .positional import LearnedPosEmbedding, PositionalEmbedding, SinusoidalPosEmbedding
-from .quantized import QuantizedEmbedding
+from .quantized import QuantizedEmbedding, QuantizedEmbeddingBag
 from .relative import RelativePositionBias
 from .rotary import RotaryEmbedding
 
@@ -31,6 +31,7 @@ __all__ = [
     "Parameter",
     "PositionalEmbedding",
     "QuantizedEmbedding",
+    "QuantizedEmbeddingBag",
     "RelativePositionBias",
     "RotaryEmbedding",
     "Sequential",

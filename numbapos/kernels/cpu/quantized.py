@@ -33,12 +33,13 @@ from ..rowwise import (
     unquantizable,
 )
 from ..scalar import f32_bits, f32_from_bits
-from .arrays import pick
+from .arrays import option, pick
+from .bag import MAX, MEAN, _bag_bounds
 from .jit import kernel
 from .prefetch import AHEAD, prefetch_output_ahead, read_once_prefetch_listed
 from .wide import LANES, decode8_block
 
-__all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
+__all__ = ["dequantize_rows", "gather_quantized_rows", "pool_quantized_bags", "quantize_rows"]
 
 
 # ---------------------------------------------------------------- launchers
@@ -85,6 +86,26 @@ def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
         else:
             kernel = pick(_gather4, out.size)
         kernel(flat, packed, np.int64(padding_idx), out)
+
+
+def pool_quantized_bags(flat, offsets, width, packed, bits, mode, padding, per_sample_weights,
+                        out):
+    """``out[b]``: the sum, mean or max of the decoded rows ``packed[flat[i]]`` of bag ``b``.
+
+    Bags as for ``pool_bags`` of :mod:`.bag` (``offsets`` / ``width``; ``padding``
+    -1 for none, its entries left out; ``mode`` SUM, MEAN or MAX); ``out`` is
+    ``(B, D)`` float32, ``flat`` range-checked. A sum is FBGEMM's: per entry
+    ``acc = fma(scale * w, code, acc + bias * w)`` in float32 (``w`` the entry's
+    weight, the products rounded; without weights ``scale`` and ``bias`` as
+    stored), in index order. A mean divides that sum by the number of entries;
+    a max takes ``fma(scale, code, bias)``. Bags with no entry give zeros.
+    """
+    bags, dim = out.shape
+    if bags == 0 or dim == 0:
+        return
+    kernel = pick(_pool, flat.size * dim + out.size)
+    kernel(flat, offsets, np.int64(width), packed, option(bits == 4), np.int64(mode),
+           np.int64(padding), per_sample_weights, out)
 
 
 # ---------------------------------------------------------------- fma
@@ -286,3 +307,89 @@ def _gather4(flat_idx, packed, padding_idx, out):
             _zero_row(out, i)
         else:
             _decode4(packed, r, out, i)
+
+
+@kernel(inline="always")
+def _scale_bias(packed, r, dim, four):
+    """Row ``r``'s scale and bias as float32 (float16 ones for 4 bits, ``four`` True)."""
+    if four is None:
+        return (f32_from_bits(_read_u32(packed, r, dim)),
+                f32_from_bits(_read_u32(packed, r, dim + 4)))
+    width = (dim + 1) // 2
+    return (f16_from_bits(_read_u16(packed, r, width)),
+            f16_from_bits(_read_u16(packed, r, width + 2)))
+
+
+@kernel(inline="always")
+def _add_row(packed, r, four, scale, bias, acc):
+    """``acc[d] = fma(code_d, scale, acc[d] + bias)``: FBGEMM's step of a pooled sum."""
+    dim = acc.size
+    if four is None:
+        for d in range(dim):
+            acc[d] = fma32(np.float32(packed[r, d]), scale, acc[d] + bias)
+    else:
+        for j in range(dim // 2):  # the nibbles split in float32, as _decode4
+            byte = np.float32(packed[r, j])
+            high = np.floor(byte * np.float32(0.0625))
+            low = byte - high * np.float32(16.0)
+            acc[2 * j] = fma32(low, scale, acc[2 * j] + bias)
+            acc[2 * j + 1] = fma32(high, scale, acc[2 * j + 1] + bias)
+        if dim % 2:
+            acc[dim - 1] = fma32(np.float32(packed[r, dim // 2] & 15), scale,
+                                 acc[dim - 1] + bias)
+
+
+@kernel(inline="always")
+def _max_into(acc, d, value, first):
+    if first or value > acc[d]:  # the earlier entry stays on ties
+        acc[d] = value
+
+
+@kernel(inline="always")
+def _max_row(packed, r, four, scale, bias, acc, first):
+    """``acc[d] = max(acc[d], fma(code_d, scale, bias))`` (the row itself when ``first``)."""
+    dim = acc.size
+    if four is None:
+        for d in range(dim):
+            _max_into(acc, d, fma32(np.float32(packed[r, d]), scale, bias), first)
+    else:
+        for j in range(dim // 2):  # the nibbles split as in _add_row
+            byte = np.float32(packed[r, j])
+            high = np.floor(byte * np.float32(0.0625))
+            low = byte - high * np.float32(16.0)
+            _max_into(acc, 2 * j, fma32(low, scale, bias), first)
+            _max_into(acc, 2 * j + 1, fma32(high, scale, bias), first)
+        if dim % 2:
+            _max_into(acc, dim - 1, fma32(np.float32(packed[r, dim // 2] & 15), scale, bias),
+                      first)
+
+
+@kernel(parallel=True)
+def _pool(flat, offsets, width, packed, four, mode, padding, psw, out):
+    """One bag per iteration, its entries in index order (bit-identical for any thread
+    count); ``four`` (True or None) and ``psw`` (an array or None) pick the compiled code."""
+    bags, dim = out.shape
+    for b in prange(bags):
+        start, end = _bag_bounds(offsets, width, np.int64(flat.size), b)
+        acc = out[b]
+        for d in range(dim):
+            acc[d] = np.float32(0.0)
+        used = 0
+        for i in range(start, end):
+            read_once_prefetch_listed(packed, flat, i + AHEAD)
+            r = flat[i]
+            if r == padding:
+                continue
+            scale, bias = _scale_bias(packed, r, dim, four)
+            if mode == MAX:
+                _max_row(packed, r, four, scale, bias, acc, used == 0)
+            else:
+                if psw is not None:
+                    w = np.float32(psw[i])
+                    scale, bias = scale * w, bias * w
+                _add_row(packed, r, four, scale, bias, acc)
+            used += 1
+        if mode == MEAN and used > 1:
+            count = np.float32(used)
+            for d in range(dim):
+                acc[d] /= count

@@ -36,9 +36,11 @@ from ..rowwise import (
     unquantizable,
 )
 from . import arrays, errors
-from .arrays import THREADS, grid
+from .arrays import MAX_BLOCKS, THREADS, grid
+from .bag import MAX, MEAN, _bounds
+from .fpmath import mul_rn
 
-__all__ = ["dequantize_rows", "gather_quantized_rows", "quantize_rows"]
+__all__ = ["dequantize_rows", "gather_quantized_rows", "pool_quantized_bags", "quantize_rows"]
 
 
 # ---------------------------------------------------------------- launchers
@@ -81,6 +83,22 @@ def gather_quantized_rows(flat, packed, bits, dim, padding_idx, out):
         launch(_gather, grid(flat.size, 1), _row_threads(dim), flat, packed, int(bits),
                np.int64(padding_idx), out, word, host, errors.tag())
         errors.after_launch()
+
+
+def pool_quantized_bags(flat, offsets, width, packed, bits, mode, padding, per_sample_weights,
+                        out):
+    """See the CPU twin: one block per bag, threads along D, each column summed in index
+    order. A bad id is recorded (deferred, as ``input`` / ``num_embeddings``) and left
+    out of its bag; bad offsets were recorded by ``check_bag_offsets``."""
+    bags, dim = out.shape
+    if bags == 0 or dim == 0:
+        return
+    word, host = errors.words()
+    psw = per_sample_weights if per_sample_weights is not None else out[:0, 0]
+    launch(_pool, min(bags, MAX_BLOCKS), _row_threads(dim), flat, offsets, int64(width),
+           packed, int(bits), int64(mode), int64(padding), psw,
+           1 if per_sample_weights is not None else 0, out, word, host, errors.tag("input"))
+    errors.after_launch()
 
 
 def _row_threads(dim: int) -> int:
@@ -138,18 +156,29 @@ def _write_bytes(packed, r, at, value, count):
 
 
 @cuda.jit(device=True)
+def _scale_bias(packed, bits, dim, r):
+    """Row ``r``'s scale and bias as float32 (stored as float16 with 4 bits)."""
+    if bits == 8:
+        return (f32_from_bits(_read_u32(packed, r, dim)),
+                f32_from_bits(_read_u32(packed, r, dim + 4)))
+    width = (dim + 1) // 2
+    return (f16_from_bits(_read_u16(packed, r, width)),
+            f16_from_bits(_read_u16(packed, r, width + 2)))
+
+
+@cuda.jit(device=True)
+def _code(packed, bits, r, d):
+    """Code ``d`` of row ``r`` as float32 (4 bits: the even column in the low nibble)."""
+    if bits == 8:
+        return np.float32(packed[r, d])
+    return np.float32((packed[r, d // 2] >> (4 * (d % 2))) & 15)
+
+
+@cuda.jit(device=True)
 def _decode(packed, bits, dim, r, d):
     """Element ``d`` of the packed row ``r``: ``fma(scale, code, bias)`` in float32."""
-    if bits == 8:
-        scale = f32_from_bits(_read_u32(packed, r, dim))
-        bias = f32_from_bits(_read_u32(packed, r, dim + 4))
-        code = packed[r, d]
-    else:
-        width = (dim + 1) // 2
-        scale = f16_from_bits(_read_u16(packed, r, width))
-        bias = f16_from_bits(_read_u16(packed, r, width + 2))
-        code = (packed[r, d // 2] >> (4 * (d % 2))) & 15
-    return fma32(np.float32(code), scale, bias)
+    scale, bias = _scale_bias(packed, bits, dim, r)
+    return fma32(_code(packed, bits, r, d), scale, bias)
 
 
 @cuda.jit
@@ -220,3 +249,38 @@ def _gather(flat_idx, packed, bits, padding_idx, out, err, err_host, which):
                 out[i, d] = np.float32(0.0)
             else:
                 out[i, d] = _decode(packed, bits, dim, r, d)
+
+
+@cuda.jit
+def _pool(flat, offsets, width, packed, bits, mode, padding, psw, weighted, out, word, host,
+          which):
+    """A block per bag, a thread per column: ``acc = fma(code, scale * w, acc + bias * w)``
+    per entry in index order (the products not fused, as on the CPU), a mean divided by
+    the count, a max of ``fma(code, scale, bias)`` keeping the first on ties."""
+    bags, dim = out.shape
+    size = int64(flat.size)
+    for b in range(cuda.blockIdx.x, bags, cuda.gridDim.x):
+        start, end = _bounds(offsets, width, size, b)
+        start, end = min(max(start, 0), size), min(max(end, 0), size)  # bad offsets: recorded
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            acc = np.float32(0.0)
+            used = 0
+            for i in range(start, end):
+                r = errors.checked(word, host, flat[i], i, packed.shape[0], which)
+                if r < 0 or r == padding:
+                    continue
+                scale, bias = _scale_bias(packed, bits, dim, r)
+                code = _code(packed, bits, r, d)
+                if mode == MAX:
+                    value = fma32(code, scale, bias)
+                    if used == 0 or value > acc:
+                        acc = value
+                else:
+                    if weighted:
+                        w = np.float32(psw[i])
+                        scale, bias = mul_rn(scale, w), mul_rn(bias, w)
+                    acc = fma32(code, scale, acc + bias)
+                used += 1
+            if mode == MEAN and used > 1:
+                acc /= np.float32(used)
+            out[b, d] = acc
