@@ -262,6 +262,8 @@ def test_warmup_caches_every_launched_kernel_for_each_float_dtype(dtypes, index_
             else:
                 expected = wanted & {"float32"} if area is cpu.quantized else wanted
             sigs = signatures[area.__name__][name]
+            if not any(f"Array(float{bits}" in s for s in sigs for bits in (32, 64)):
+                expected = set()  # no float arrays (T5 / DeBERTa buckets: a float32 constant)
             floats = {dtype for dtype in ("float32", "float64") if any(dtype in s for s in sigs)}
             # (a kernel may take float64 arrays besides its data: every wanted dtype appears)
             if not sigs or (floats and not expected <= floats):

@@ -35,9 +35,10 @@ from ..halfbits import BF16, F16, half_from_f32_bits
 from ..scalar import f32_bits
 from ..sincos import sincos
 from ..widen import FLOAT_TABLES, widen
+from . import prefetch  # (a module: its kernels are not this area's launched kernels)
 from .arrays import option, pick
 from .jit import kernel
-from .prefetch import OUTPUT_AHEAD, prefetch_output_ahead
+from .prefetch import OUTPUT_AHEAD
 from .rowcopy import copy_row, put_row, streams
 
 __all__ = ["rotary_apply", "rotary_pick_frequencies", "rotary_table"]
@@ -192,7 +193,7 @@ def _prefetch_16_bit(rows, i):
 @overload(_prefetch_16_bit)
 def _prefetch_16_bit_jit(rows, i):
     if isinstance(rows.dtype, types.Integer):
-        return lambda rows, i: prefetch_output_ahead(rows, i - OUTPUT_AHEAD)
+        return lambda rows, i: prefetch.prefetch_output_ahead(rows, i - OUTPUT_AHEAD)
     return lambda rows, i: None
 
 
