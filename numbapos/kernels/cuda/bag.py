@@ -132,10 +132,13 @@ def _check_offsets(offsets, size, exact_end, word, host, which):
 
 @cuda.jit(device=True)
 def _bounds(offsets, width, size, b):
+    """Bag ``b``'s positions ``[start, end)`` in ``flat`` (of ``size`` ids), kept inside
+    ``[0, size]``: bad offsets are recorded by the kernel that checks them, never read past."""
     if width > 0:
         return b * width, (b + 1) * width
+    start = int64(offsets[b])
     end = int64(offsets[b + 1]) if b + 1 < offsets.size else size
-    return int64(offsets[b]), end
+    return min(max(start, 0), size), min(max(end, 0), size)
 
 
 @cuda.jit
@@ -145,7 +148,6 @@ def _pool(flat, offsets, width, weight, mode, padding, psw, weighted, out, argma
     size = int64(flat.size)
     for b in range(cuda.blockIdx.x, bags, cuda.gridDim.x):
         start, end = _bounds(offsets, width, size, b)
-        start, end = min(max(start, 0), size), min(max(end, 0), size)  # bad offsets: recorded
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
             acc = zero
             used = 0
@@ -179,7 +181,7 @@ def _bag_of(flat, offsets, width, padding, bag_of, sizes):
     for b in range(cuda.grid(1), sizes.size, cuda.gridsize(1)):
         start, end = _bounds(offsets, width, size, b)
         used = 0
-        for i in range(max(start, 0), min(end, size)):
+        for i in range(start, end):
             bag_of[i] = b
             if flat[i] != padding:
                 used += 1

@@ -261,7 +261,6 @@ def _pool(flat, offsets, width, packed, bits, mode, padding, psw, weighted, out,
     size = int64(flat.size)
     for b in range(cuda.blockIdx.x, bags, cuda.gridDim.x):
         start, end = _bounds(offsets, width, size, b)
-        start, end = min(max(start, 0), size), min(max(end, 0), size)  # bad offsets: recorded
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
             acc = np.float32(0.0)
             used = 0
