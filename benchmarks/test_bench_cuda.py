@@ -181,6 +181,68 @@ def test_sinusoid(benchmark, impl):
         _time(benchmark, table, moved)
 
 
+BAG_VOCAB, BAG_DIM, BAGS, BAG_SIZE = 1_000_000, 128, 2048, 20
+BAG_MODES = ["sum", "mean", "max"]
+
+
+@pytest.fixture(scope="module")
+def bag_data():
+    """The recommender shape of issue 37: 2,048 bags of 20 ids from a 1e6 x 128 table."""
+    rng = np.random.default_rng(1)
+    weight = rng.normal(size=(BAG_VOCAB, BAG_DIM)).astype(np.float32)
+    ids = rng.integers(0, BAG_VOCAB, size=BAGS * BAG_SIZE)
+    offsets = np.arange(0, ids.size, BAG_SIZE)
+    grad = rng.normal(size=(BAGS, BAG_DIM)).astype(np.float32)
+    return weight, ids, offsets, grad
+
+
+def _bag_reference(weight, ids, mode):
+    rows = weight[ids].reshape(BAGS, BAG_SIZE, BAG_DIM)
+    return {"sum": rows.sum(1), "mean": rows.mean(1), "max": rows.max(1)}[mode]
+
+
+@pytest.mark.parametrize("mode", BAG_MODES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bag_forward(benchmark, bag_data, impl, mode):
+    """EmbeddingBag forward, 1-D ids with offsets (torch: F.embedding_bag)."""
+    _peer(impl)
+    benchmark.group = f"cuda_bag_forward_{mode}"
+    weight, ids, offsets, _ = bag_data
+    moved = ids.size * BAG_DIM * 4 + BAGS * BAG_DIM * 4
+    if impl == "numbapos":
+        w, i, o = (numbapos.to_device(a, "cuda") for a in (weight, ids, offsets))
+        y = _time(benchmark, lambda: F.embedding_bag(i, w, o, mode=mode), moved)
+        y = numbapos.to_host(y)
+    else:
+        w, i, o = (torch.from_numpy(a).cuda() for a in (weight, ids, offsets))
+        with torch.no_grad():
+            y = _time(benchmark, lambda: torch.nn.functional.embedding_bag(i, w, o, mode=mode),
+                      moved).cpu().numpy()
+    np.testing.assert_allclose(y, _bag_reference(weight, ids, mode), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", BAG_MODES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bag_backward(benchmark, bag_data, impl, mode):
+    """EmbeddingBag table gradient: sparse for sum and mean, dense for max (PyTorch has no
+    sparse max); numbapos deterministic, torch its default kernels."""
+    _peer(impl)
+    benchmark.group = f"cuda_bag_backward_{mode}"
+    weight, ids, offsets, grad = bag_data
+    sparse = mode != "max"
+    if impl == "numbapos":
+        w, i, o, g = (numbapos.to_device(a, "cuda") for a in (weight, ids, offsets, grad))
+        _time(benchmark, lambda: F.embedding_bag_backward(g, i, w, o, mode=mode, sparse=sparse))
+    else:
+        w = torch.from_numpy(weight).cuda().requires_grad_()
+        i, o, g = (torch.from_numpy(a).cuda() for a in (ids, offsets, grad))
+
+        def step():
+            w.grad = None
+            torch.nn.functional.embedding_bag(i, w, o, mode=mode, sparse=sparse).backward(g)
+        _time(benchmark, step)
+
+
 def _torch_bert(weights):
     word = torch.nn.Embedding.from_pretrained(torch.from_numpy(weights[0]), freeze=False)
     pos = torch.nn.Embedding.from_pretrained(torch.from_numpy(weights[1]), freeze=False)

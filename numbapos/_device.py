@@ -312,7 +312,7 @@ def adopt(x):
                             "Numba's CUDA simulator only runs its own device arrays")
         bits = torch_bfloat16_bits(x)
         if bits is not None:
-            return cuda.as_cuda_array(bits).view(bfloat16_dtype())
+            return device_view(cuda.as_cuda_array(bits), bfloat16_dtype())
         return cuda.as_cuda_array(x)
     return x
 
@@ -334,8 +334,35 @@ def to_device(x, device: str):
     if torch_bfloat16_bits(x) is not None:
         x = to_host(x)
     if is_bfloat16(x):  # its bits, copied as uint16 (Numba cannot type bfloat16)
-        return kernels_for("cuda").asarray(x.view(np.uint16)).view(x.dtype)
+        return device_view(kernels_for("cuda").asarray(x.view(np.uint16)), x.dtype)
     return kernels_for("cuda").asarray(x)
+
+
+def device_view(x, dtype):
+    """The device array ``x``'s memory as ``dtype`` (of the same item size), no copy.
+
+    ``DeviceNDArray.view`` of numba-cuda 0.30 fails on a 0-d array (it hands
+    its empty strides on as a list, which its descriptor cache cannot hash).
+    """
+    dtype = np.dtype(dtype)
+    if x.ndim or simulator_enabled():
+        return x.view(dtype)
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray((), (), dtype, stream=x.stream, gpu_data=x.gpu_data)
+
+
+def copy_from_host_(x, host) -> None:
+    """Copy the host array ``host`` (cast to ``x``'s dtype) into the device array ``x``.
+
+    bfloat16 travels as its ``uint16`` bits: numba-cuda hands host memory to
+    the driver through Python's buffer protocol, which has no code for
+    ``ml_dtypes.bfloat16`` on a real GPU.
+    """
+    host = np.ascontiguousarray(host, dtype=x.dtype)
+    if is_bfloat16(x):
+        x, host = device_view(x, np.uint16), host.view(np.uint16)
+    x.copy_to_device(host)
 
 
 def to_host(x):
@@ -476,7 +503,7 @@ def copy(x):
 
         x = adopt(x)
         if is_bfloat16(x):  # copied as its bits (the simulator cannot cast bfloat16)
-            return arrays.copy(x.view(np.uint16)).view(x.dtype)
+            return device_view(arrays.copy(device_view(x, np.uint16)), x.dtype)
         return arrays.copy(x)
     return np.array(x, copy=True)
 

@@ -111,10 +111,18 @@ DEVICES = ["cpu", "cuda"]
 
 
 def dev(a):
-    """A host array as a Numba device array (None passes through), for kernel tests."""
+    """A host array as a Numba device array (None passes through), for kernel tests.
+    bfloat16 goes through numbapos.to_device (as its bits: on a real GPU numba-cuda
+    cannot copy an ml_dtypes array)."""
     from numba import cuda
 
-    return None if a is None else cuda.to_device(np.ascontiguousarray(a))
+    import numbapos
+
+    if a is None:
+        return None
+    if numbapos._device.is_bfloat16(a):
+        return numbapos.to_device(np.ascontiguousarray(a), "cuda")
+    return cuda.to_device(np.ascontiguousarray(a))
 
 
 def nan_device(shape, dtype):

@@ -465,6 +465,9 @@ def memory_view(memory, offset: int, size: int):
                          size, owner=memory)
 
 
+_OWN_MEMORY = ("gpu_data", "_strided_memory_view_shim")  # per array, never copied
+
+
 class ArrayFactory:
     """New device arrays like ``example`` (same shape, dtype, stream), without Numba's
     constructor.
@@ -485,8 +488,12 @@ class ArrayFactory:
     def __init__(self, example, described, context):
         self.cls = type(example)
         _type_of(example)  # Numba caches the type in the array's __dict__: copied below
+        # Not the memory, nor what describes the example's memory: numba-cuda's own launch
+        # reads the data pointer from the cached _strided_memory_view_shim (a new array
+        # carrying the example's would have kernels launched the ordinary way read and
+        # write the example's old block: found on an H200).
         self.state = {name: value for name, value in example.__dict__.items()
-                      if name != "gpu_data" and not name.startswith("_numbapos")}
+                      if name not in _OWN_MEMORY and not name.startswith("_numbapos")}
         self.nbytes = example.alloc_size
         fields = _array_fields(example)
         self.head, self.tail = fields[:4], fields[5:]

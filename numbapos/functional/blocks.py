@@ -600,8 +600,11 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
     y = _result(K, out, shape + (dim,), dtype,
                 avoid=tuple(tables) + tuple(_ids_array(i) for i in ids))
     _clip_tables(K, tables[:3], ids, options, _BERT_NAMES, ids.word.size)
-    stats = K.empty((2,) + shape, dtype)  # one allocation, two views
-    mean, rstd = stats[0], stats[1]
+    if ids.word.size:
+        stats = K.empty((2,) + shape, dtype)  # one allocation, two views
+        mean, rstd = stats[0], stats[1]
+    else:  # numba-cuda 0.30 gives the views of an empty device array wrong shapes
+        mean, rstd = K.empty(shape, dtype), K.empty(shape, dtype)
     kernel_tables, fmt = _kernel_tables(K, tables)
     num_tokens = ids.word.size
     K.bert_forward(ids, BertTables(*kernel_tables), eps, drop, y.reshape(num_tokens, dim),

@@ -308,7 +308,9 @@ def apply_rotary(x, position_ids, inv_freq, *, attention_scaling=1.0, layout="ha
     the bytes of a float32 call), so the result is bit for bit the float32
     call on ``x.astype(float32)`` cast back to ``x``'s dtype (where both
     channels of a pair are NaN, the NaN that comes out may be either one, as
-    IEEE 754 leaves it). transformers rotates a
+    IEEE 754 leaves it; on a GPU every NaN comes out as the GPU's canonical
+    NaN, whose sign and payload float32 arithmetic there does not keep, as
+    in PyTorch CUDA). transformers rotates a
     16-bit ``x`` in its dtype (cos and sin, each product and the sum rounded
     to it): its result differs from this one, rounded once, in about 40 % of
     the elements, by up to two units in the last place of the larger input of

@@ -893,7 +893,7 @@ class Module:
             if _device.device_of(data) == "cpu":
                 np.copyto(data, host, casting="unsafe")
             else:
-                data.copy_to_device(np.ascontiguousarray(host, dtype=data.dtype))
+                _device.copy_from_host_(data, host)
             if isinstance(target, Parameter):
                 target.bump_version()
         return IncompatibleKeys(missing, unexpected)

@@ -630,7 +630,11 @@ class Optimizer:
                                  f"list {len(owner)} parameter(s)")
             param, group = owner[index]
             state[id(param)] = self._load_param_state(values, param, group, index)
-        self.param_groups = groups
+        # The loaded options go into the current group dicts, which the hooks of
+        # fuse_with_backward hold: a fused optimiser steps with the loaded options too.
+        for current, loaded in zip(self.param_groups, groups, strict=True):
+            current.clear()
+            current.update(loaded)
         self.state = state
         self._clocks.clear()  # remade from the loaded step counts at the next step
 

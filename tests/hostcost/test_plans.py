@@ -10,7 +10,8 @@ import stub
 
 CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward",
           "check_sparse_backward", "check_lazy_backward", "check_bert", "check_gpt2",
-          "check_threads", "check_streams", "check_budget", "check_native")
+          "check_threads", "check_streams", "check_budget", "check_native",
+          "check_empty_shapes")
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +77,8 @@ def test_workspaces_stay_within_the_budget(results):
 def test_one_native_call_launches_what_cuda_bindings_would(results):
     # the lookup's gather, then the dense backward's fill, grouping and sums
     assert results["check_native"] == {"kernels": 4, "same": True, "side stream": True}
+
+
+def test_empty_batches_keep_their_shapes(results):
+    assert results["check_empty_shapes"]["shapes"] == [[1, 0, 6], [2, 0, 6], [3, 0, 6]]
+

@@ -317,3 +317,25 @@ def test_frozen_and_gradless_parameters_keep_no_state():
     opt = optim.SGD([a, b], lr=0.1, momentum=0.9)
     opt.step()
     assert opt.state_dict()["state"] == {}
+
+
+@pytest.mark.parametrize("fuse_first", [False, True])
+def test_a_fused_optimiser_steps_with_the_options_it_loads(fuse_first, rng):
+    """Loading a checkpoint after fuse_with_backward replaces the options the hooks use."""
+    weight = rng.normal(size=(6, 3))
+    ids, grad = np.array([1, 4, 1]), np.ones((3, 3))
+    saved = optim.SGD(nn.Embedding(6, 3, _weight=weight.copy()).parameters(), lr=1.0)
+    emb = nn.Embedding(6, 3, sparse=True, _weight=weight.copy())
+    opt = optim.SGD(emb.parameters(), lr=0.01)
+    if fuse_first:
+        opt.fuse_with_backward()
+    opt.load_state_dict(saved.state_dict())
+    if not fuse_first:
+        opt.fuse_with_backward()
+    emb(ids)
+    emb.backward(grad)
+    want = weight.copy()
+    want[1] -= 2.0
+    want[4] -= 1.0
+    np.testing.assert_array_equal(emb.weight.data, want)
+    assert opt.param_groups[0]["lr"] == 1.0

@@ -102,7 +102,8 @@ def _add(scores, slopes, positions, mode, shift):
         b, h, i, j = _unravel(k, heads, rows, cols)
         dist = float64(_distance(positions, mode, shift, b, i, j))
         value = scores[b, h, i, j]
-        scores[b, h, i, j] = value + cast_like(float64(slopes[h]) * dist, value)
+        # The product rounded on its own (as the CPU's), not fused into the add.
+        scores[b, h, i, j] = value + cast_like(mul_f64(float64(slopes[h]), dist), value)
 
 
 @cuda.jit

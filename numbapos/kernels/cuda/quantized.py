@@ -200,8 +200,12 @@ def _quantize(table, bits, out, bad):
             x = table[r, d]
             if unquantizable(x):
                 ok = False
-            low = min(low, x)
-            high = max(high, x)
+            # Comparisons, not min / max (PTX min.f32 returns -0.0 for a tie of zeros;
+            # the CPU, as FBGEMM, keeps the first of equal values).
+            if x < low:
+                low = x
+            if x > high:
+                high = x
         if not ok or row_overflows(low, high, bits):
             cuda.atomic.min(bad, 0, r)
             continue
