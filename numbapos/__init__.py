@@ -50,11 +50,13 @@ from ._device import (
 from ._grad_mode import is_grad_enabled, no_grad
 from ._pool import get_num_threads, set_num_threads
 from ._warmup import warmup
+from .jagged import JaggedArray, KeyedArray, KeyedJaggedArray
 from .sparse import SparseRows
 
 __version__ = "0.1.0"
 
-__all__ = ["SparseRows", "__version__", "config", "cuda", "cuda_available", "cuda_empty_cache",
+__all__ = ["JaggedArray", "KeyedArray", "KeyedJaggedArray", "SparseRows", "__version__",
+           "config", "cuda", "cuda_available", "cuda_empty_cache",
            "device_of",
            "functional", "get_num_threads", "io", "is_grad_enabled", "nn", "no_grad", "optim",
            "set_num_threads", "synchronize", "to_device", "to_host",

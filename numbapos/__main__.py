@@ -128,20 +128,27 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="train a tiny next-token model with and without positions",
         description="Train a tiny next-token model, built only from numbapos parts, on a "
                     "synthetic corpus where the next token depends on the position; compare "
-                    "it with the same model without positions.")
+                    "it with the same model without positions. With --task recsys: train a "
+                    "click model on an EmbeddingBagCollection and compare it with per-id "
+                    "click rates.")
+    demo.add_argument("--task", choices=("lm", "recsys"), default="lm",
+                      help="lm: the next-token model (default); recsys: the click model")
     demo.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                       help="where to train (default: cpu)")
-    demo.add_argument("--steps", type=_int_at_least(1, "a positive integer"), default=300,
+    # The lm task's own options default to None here, so that --task recsys can refuse them.
+    demo.add_argument("--steps", type=_int_at_least(1, "a positive integer"), default=None,
                       help="SGD steps per model (default: 300)")
+    demo.add_argument("--epochs", type=_int_at_least(1, "a positive integer"), default=None,
+                      help="--task recsys: passes over the training impressions (default: 3)")
     demo.add_argument("--seed", type=_int_at_least(0, "an integer >= 0"), default=0,
                       help="seed of data and weights")
-    demo.add_argument("--positions", choices=POSITIONS, default="learned",
+    demo.add_argument("--positions", choices=POSITIONS, default=None,
                       help="position encoding of the model (default: learned)")
-    demo.add_argument("--layer-norm", action=argparse.BooleanOptionalAction, default=True,
+    demo.add_argument("--layer-norm", action=argparse.BooleanOptionalAction, default=None,
                       help="LayerNorm before the tied output head (default: on)")
     demo.add_argument("--plot", metavar="PATH", default=None,
                       help="write a PNG of position similarities and loss curves "
-                           "(needs matplotlib)")
+                           "(--task recsys: loss and AUC curves; needs matplotlib)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_warmup(sub)
     bench = sub.add_parser(
@@ -213,6 +220,28 @@ def main(argv=None) -> int:
 
         return bench.run(args.quick, args.device, args.plot, args.repeat, args.size,
                          args.only)
+    return _demo(parser, args)
+
+
+_LM_OPTIONS = {"steps": 300, "positions": "learned", "layer_norm": True}
+
+
+def _demo(parser, args) -> int:
+    """Run the demo of ``args.task``, refusing the other task's options."""
+    if args.task == "recsys":
+        for name in _LM_OPTIONS:
+            if getattr(args, name) is not None:
+                parser.error(f"--{name.replace('_', '-')}: only with --task lm")
+        from numbapos import demo_recsys
+
+        epochs = demo_recsys.EPOCHS if args.epochs is None else args.epochs
+        return demo_recsys.run(epochs, args.seed, args.device, args.plot,
+                               show_progress=not args.no_progress)
+    if args.epochs is not None:
+        parser.error("--epochs: only with --task recsys")
+    for name, default in _LM_OPTIONS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     from numbapos.demo import run
 
     return run(args.steps, args.seed, args.device, args.positions, args.layer_norm, args.plot,

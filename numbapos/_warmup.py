@@ -107,6 +107,36 @@ def _bag(dtype, index_dtype) -> None:
     _train(nn.EmbeddingBag(_ROWS, _DIM, mode="sum", dtype=dtype, seed=0), flat, offsets)
 
 
+def _collection(dtype, index_dtype) -> None:
+    # A collection of sum / mean / max tables (a table reading two features, a feature read
+    # by two tables): forward, dense and sparse table gradients, weighted sums and the
+    # weights' gradient, the module's forward and backward.
+    from .functional.collection import (
+        CollectionLayout,
+        embedding_bag_collection,
+        embedding_bag_collection_backward,
+    )
+    from .jagged import KeyedJaggedArray
+    from .nn.collection import EmbeddingBagCollection, EmbeddingBagConfig
+
+    values = np.array([1, 2, 0, 3, 1, 2], dtype=index_dtype)
+    lengths = np.array([2, 0, 1, 1, 1, 1], dtype=index_dtype)
+    kjt = KeyedJaggedArray(["a", "b", "c"], values, lengths=lengths,
+                           weights=np.ones(values.shape, dtype))
+    for weighted, poolings in ((False, ("sum", "mean", "max")), (True, ("sum",) * 3)):
+        layout = CollectionLayout([("t0", _ROWS, _DIM, poolings[0], ["a", "b"]),
+                                   ("t1", _ROWS, 3, poolings[1], ["b", "c"]),
+                                   ("t2", _ROWS, 2, poolings[2], ["c"])], weighted)
+        flat = _activation(dtype, (layout.num_elements,))
+        out = embedding_bag_collection(kjt, flat, layout)
+        for sparse in (False, True):
+            embedding_bag_collection_backward(np.ones_like(out), kjt, flat, layout,
+                                              sparse=sparse)
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig("t0", _ROWS, _DIM, ["a", "b", "c"])],
+                                 dtype=dtype, seed=0)
+    ebc.backward(np.ones_like(ebc(kjt).values()))
+
+
 def _renorm(dtype, index_dtype) -> None:
     ids = _ids(index_dtype)
     table = _activation(dtype, (_ROWS, _DIM))
@@ -394,6 +424,8 @@ CASES: tuple[Case, ...] = (
          seconds=4.6),
     Case("bag", "embedding_bag in every mode (1-D and 2-D, padding, weights, max_norm), dense "
          "and sparse gradients, EmbeddingBag fwd + bwd", _bag, seconds=3.0),
+    Case("collection", "EmbeddingBagCollection: sum / mean / max / weighted tables in one "
+         "kernel per direction, dense and sparse gradients", _collection, seconds=2.0),
     Case("renorm", "max_norm clipping for norm_type 2, 1 and inf", _renorm, seconds=0.7),
     Case("padding", "padding_mask, positions_from_padding / _attention_mask", _padding,
          seconds=0.2),

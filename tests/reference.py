@@ -1018,3 +1018,70 @@ def quantized_embedding_bag(input, packed, bits, dim, offsets=None, mode="mean",
             acc = acc / np.float32(len(entries))
         out[b] = acc
     return out
+
+
+# ----------------------------------------------------------------- collections of bags
+# TorchRec's EmbeddingBagCollection: each (table, feature) bag pooled on its own, each
+# table's gradient from its features' bags stacked in input (key) order.
+def key_bags(keys, values, lengths, key):
+    """``(ids, offsets with the last, positions)`` of ``key``'s bags (key-major layout)."""
+    values, lengths = np.asarray(values), np.asarray(lengths)
+    batch = lengths.size // len(keys)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    f = keys.index(key)
+    start, end = offsets[f * batch], offsets[(f + 1) * batch]
+    return values[start:end], offsets[f * batch:(f + 1) * batch + 1] - start, np.arange(start,
+                                                                                        end)
+
+
+def embedding_bag_collection(keys, values, lengths, weights, tables, weight_of_table):
+    """``(B, total)``: ``tables`` is a list of ``(name, pooling, feature_names)``; each
+    (table, feature) bag pooled by ``reference.embedding_bag``, in table then feature order."""
+    columns = []
+    for name, pooling, features in tables:
+        for feature in features:
+            ids, offsets, positions = key_bags(keys, values, lengths, feature)
+            psw = None if weights is None else np.asarray(weights)[positions]
+            columns.append(embedding_bag(ids, weight_of_table[name], offsets, pooling, psw,
+                                             include_last_offset=True))
+    return np.concatenate(columns, axis=1)
+
+
+def embedding_bag_collection_backward(grad_output, keys, values, lengths, weights, tables,
+                                      weight_of_table):
+    """``({name: dense grad}, grad of weights or None)``: a table's features' bags stacked in
+    key order (its rows' terms then come in input order) through
+    ``reference.embedding_bag_backward``; a weight's gradient summed over the tables that
+    read its key, in table order."""
+    grad_output = np.asarray(grad_output)
+    grads = {}
+    grad_weights = None if weights is None else np.zeros(len(values), grad_output.dtype)
+    touched = np.zeros(len(values), bool)
+    col = 0
+    cols = {}
+    for name, _, features in tables:
+        for feature in features:
+            width = weight_of_table[name].shape[1]
+            cols[name, feature] = (col, col + width)
+            col += width
+    for name, pooling, features in tables:
+        ordered = sorted(features, key=keys.index)
+        ids, offsets, grad, positions = [], [0], [], []
+        for feature in ordered:
+            i, o, p = key_bags(keys, values, lengths, feature)
+            ids.append(i)
+            offsets.extend((o[1:] + offsets[-1]).tolist())
+            a, b = cols[name, feature]
+            grad.append(grad_output[:, a:b])
+            positions.append(p)
+        ids, positions = np.concatenate(ids), np.concatenate(positions)
+        psw = None if weights is None else np.asarray(weights)[positions]
+        gw, gp = embedding_bag_backward(np.concatenate(grad), ids, weight_of_table[name],
+                                            np.array(offsets), pooling, psw,
+                                            include_last_offset=True)
+        grads[name] = gw
+        if gp is not None:
+            for k, i in enumerate(positions):
+                grad_weights[i] = gp[k] if not touched[i] else grad_weights[i] + gp[k]
+                touched[i] = True
+    return grads, grad_weights

@@ -20,6 +20,12 @@ from .blocks import (
     gpt2_embeddings_backward,
     positions_from_attention_mask,
 )
+from .collection import (
+    CollectionLayout,
+    embedding_bag_collection,
+    embedding_bag_collection_backward,
+    pack_tables,
+)
 from .dropout import dropout, dropout_backward, dropout_mask
 from .embedding import embedding, embedding_backward, embedding_renorm_, padding_mask
 from .half import store_rounded_, widen_table
@@ -66,6 +72,7 @@ from .rotary import apply_rotary, apply_rotary_backward, rotary_qk
 
 __all__ = [
     "BertEmbeddingsGrads",
+    "CollectionLayout",
     "GPT2EmbeddingsGrads",
     "TableOptions",
     "adagrad_",
@@ -90,6 +97,8 @@ __all__ = [
     "embedding_backward",
     "embedding_bag",
     "embedding_bag_backward",
+    "embedding_bag_collection",
+    "embedding_bag_collection_backward",
     "embedding_renorm_",
     "gpt2_embeddings",
     "gpt2_embeddings_backward",
@@ -98,6 +107,7 @@ __all__ = [
     "layer_norm_backward",
     "layer_norm_forward",
     "log_bucket_position",
+    "pack_tables",
     "padding_mask",
     "positional_mult_add",
     "positional_mult_add_backward",

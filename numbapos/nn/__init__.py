@@ -4,6 +4,7 @@ from . import init
 from .alibi import ALiBi
 from .bag import EmbeddingBag
 from .blocks import BertEmbeddings, GPT2Embeddings
+from .collection import EmbeddingBagCollection, EmbeddingBagConfig
 from .containers import ModuleDict, ModuleList, Sequential
 from .dropout import Dropout
 from .embedding import Embedding
@@ -21,6 +22,8 @@ __all__ = [
     "Dropout",
     "Embedding",
     "EmbeddingBag",
+    "EmbeddingBagCollection",
+    "EmbeddingBagConfig",
     "GPT2Embeddings",
     "IncompatibleKeys",
     "LayerNorm",

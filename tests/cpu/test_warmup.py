@@ -50,7 +50,7 @@ def _same(a, b, where):
 # row pairs (test_optim_kernels.py runs both kernels of each against a scalar loop,
 # every option, in the default run; the fused row-group pairs the groups above reach).
 PAIR_GROUPS = ("embedding", "renorm", "padding", "positional", "sinusoid", "resize", "init",
-               "gpt2", "rope_index", "relative", "bag")
+               "gpt2", "rope_index", "relative", "bag", "collection")
 OTHER_GROUPS = tuple(case.name for case in _warmup.CASES if case.name not in PAIR_GROUPS)
 # The pairs only the other groups reach (named, so that a new pair is reached by the
 # default groups or listed here, where the exhaustive run checks it is reached).
