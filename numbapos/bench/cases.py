@@ -25,8 +25,10 @@ from .data import (
     Inputs,
     Shape,
     Sizes,
+    bag_grad,
     batches,
     bert_block,
+    collection_ids,
     gpt2_block,
     layer_norm_params,
     primed,
@@ -91,6 +93,46 @@ def _sparse_step(fused):
             emb.backward(grad)
             opt.step()
         return primed(step, x)
+    return make
+
+
+def _bag(mode):
+    def make(x, device):
+        weight, ids = _on(device, x.weight, x.ids)
+        return lambda: F.embedding_bag(ids, weight, mode=mode)
+    return make
+
+
+def _bag_sparse_step(fused):
+    def make(x, device):
+        bag = nn.EmbeddingBag(x.shape.vocab, x.shape.dim, mode="sum", sparse=True,
+                              _weight=x.weight.copy(), device=device)
+        opt = optim.SGD(bag.parameters(), lr=1e-3)
+        if fused:
+            opt.fuse_with_backward()
+        id_batches = cycle(_on(device, *batches(x)))
+        (grad,) = _on(device, bag_grad(x))
+
+        def step():
+            bag.zero_grad()
+            bag(next(id_batches))
+            bag.backward(grad)
+            opt.step()
+        return primed(step, x)
+    return make
+
+
+def _collection(tables):
+    def make(x, device):
+        from ..jagged import KeyedJaggedArray
+
+        keys, values, lengths = collection_ids(x, tables)
+        rows = x.shape.vocab // tables
+        ebc = nn.EmbeddingBagCollection(  # its own seeded tables: values do not change times
+            [nn.EmbeddingBagConfig(f"t{t}", rows, x.shape.dim, [key])
+             for t, key in enumerate(keys)], device=device, seed=0)
+        kjt = KeyedJaggedArray(keys, *_on(device, values, lengths))
+        return lambda: ebc(kjt).values()
     return make
 
 
@@ -237,6 +279,30 @@ def headline(sizes: Sizes) -> list[Case]:
                        "torch": peers.torch_t5_bias},
                       lambda s: s.vocab * s.seq * s.seq * 4,
                       "NumPy and PyTorch: transformers' compute_bias (buckets, then a lookup)"))
+    bag = Shape(sizes.bag_vocab, sizes.bag_dim, sizes.bags, sizes.bag_size)
+    bags = f"{bag.batch}x{bag.seq}"
+    table = f"V={bag.vocab}, D={bag.dim}, {bag.batch} bags of {bag.seq} ids"
+    for mode in ("sum", "mean", "max"):
+        cases.append(Case(f"EmbeddingBag {mode}, {bags}", bag,
+                          {"numbapos": _bag(mode), "numpy": peers.numpy_bag(mode),
+                           "torch": peers.torch_bag(mode)},
+                          lambda s: s.tokens * s.dim * 4 + s.batch * s.dim * 4, table))
+    cases.append(Case(f"EmbeddingBag sum + bwd + sparse SGD, {bags}", bag,
+                      {"numbapos": _bag_sparse_step(False),
+                       "torch": peers.torch_bag_sparse_step},
+                      note=f"{table}; PyTorch: sparse=True and optim.SGD, its fastest "
+                           "equivalent"))
+    cases.append(Case(f"EmbeddingBag sum + bwd + SGD fused, {bags}", bag,
+                      {"numbapos": _bag_sparse_step(True),
+                       "torch": peers.torch_bag_sparse_step},
+                      note="the same with SGD.fuse_with_backward"))
+    tables = sizes.collection_tables
+    cases.append(Case(f"EmbeddingBagCollection, {tables} tables, {bags}", bag,
+                      {"numbapos": _collection(tables),
+                       "torch": peers.torch_separate_bags(tables)},
+                      note=f"{tables} tables of {bag.vocab // tables} x {bag.dim}, "
+                           f"{bag.batch} bags of {bag.seq} ids each; PyTorch: {tables} "
+                           "separate F.embedding_bag calls (sum), concatenated"))
     return cases
 
 

@@ -47,13 +47,19 @@ class Sizes(NamedTuple):
     rope_seq: int = 1024
     t5_heads: int = 16
     t5_seq: int = 2048
+    bag_vocab: int = 1_000_000
+    bag_dim: int = 128
+    bags: int = 2048
+    bag_size: int = 20
+    collection_tables: int = 8
 
 
 FULL = Sizes()
 QUICK = FULL._replace(batches=(1, 8, 32))
 TINY = Sizes(vocab=40, dim=8, minilm_dim=4, batch=2, seq=4, step_vocab=50, step_seq=4,
              gpt2_vocab=60, gpt2_positions=16, small_tokens=3, dims=(4, 8), batches=(1, 2),
-             rope_heads=2, rope_head_dim=8, rope_batch=1, rope_seq=4, t5_heads=2, t5_seq=6)
+             rope_heads=2, rope_head_dim=8, rope_batch=1, rope_seq=4, t5_heads=2, t5_seq=6,
+             bag_vocab=50, bag_dim=8, bags=3, bag_size=4, collection_tables=2)
 
 
 class Inputs(NamedTuple):
@@ -142,3 +148,20 @@ def host_tables(block) -> list:
     Buffers (a Dropout's seed and counter) are left out.
     """
     return [np.ascontiguousarray(to_host(p.data)) for p in block.parameters()]
+
+
+def bag_grad(x: Inputs) -> np.ndarray:
+    """A (bags, D) gradient of a pooled result: each bag's first token's row of ``grad``."""
+    return np.ascontiguousarray(x.grad[:, 0])
+
+
+def collection_ids(x: Inputs, tables: int):
+    """``(keys, values, lengths)`` of a key-major jagged batch of ``tables`` features (one
+    per table, ``x.shape.vocab // tables`` rows each), every sample a bag of ``x.shape.seq``
+    ids: ``x.ids`` split into the tables' ranges."""
+    rows = x.shape.vocab // tables
+    keys = [f"f{t}" for t in range(tables)]
+    values = np.concatenate([x.ids.reshape(-1) % rows for _ in range(tables)])
+    lengths = np.full(tables * x.shape.batch, x.shape.seq, np.int64)
+    return keys, values, lengths
+

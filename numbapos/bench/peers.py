@@ -11,8 +11,10 @@ import numpy as np
 
 from .data import (
     LN_EPS,
+    bag_grad,
     batches,
     bert_block,
+    collection_ids,
     gpt2_block,
     host_tables,
     layer_norm_params,
@@ -415,3 +417,57 @@ def torch_rotary(x, device):
             cos, sin = rope(q, ids)
             return apply(q, k, cos, sin)
     return call
+
+
+# ------------------------------------------------------------------ bags
+
+
+def numpy_bag(mode):
+    """NumPy's pooled lookup: the rows gathered, then reduced per bag (one bag per row)."""
+    reduce = {"sum": np.sum, "mean": np.mean, "max": np.max}[mode]
+    return lambda x, device: lambda: reduce(np.take(x.weight, x.ids, axis=0), axis=1)
+
+
+def torch_bag(mode):
+    def make(x, device):
+        torch = _torch()
+        weight, ids = _tensors(device, x.weight, x.ids)
+        return lambda: torch.nn.functional.embedding_bag(ids, weight, mode=mode)
+    return make
+
+
+def torch_bag_sparse_step(x, device):
+    """PyTorch's fastest bag training step: ``sparse=True`` and ``optim.SGD`` (no momentum:
+    PyTorch's SGD takes sparse gradients only without it)."""
+    torch = _torch()
+    bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(x.weight.copy()), freeze=False,
+                                                mode="sum", sparse=True).to(device)
+    opt = torch.optim.SGD(bag.parameters(), lr=1e-3)
+    id_batches = _tensors(device, *batches(x))
+    (grad,) = _tensors(device, bag_grad(x))
+    state = {"i": 0}
+
+    def step():
+        state["i"] += 1
+        opt.zero_grad()
+        bag(id_batches[state["i"] % len(id_batches)]).backward(grad)
+        opt.step()
+    return primed(step, x)
+
+
+def torch_separate_bags(tables):
+    """``tables`` separate ``F.embedding_bag`` sum calls, one per feature (what a model
+    without table batching does), their results concatenated."""
+    def make(x, device):
+        torch = _torch()
+        keys, values, lengths = collection_ids(x, tables)
+        rows = x.shape.vocab // tables
+        weights = _tensors(device, *(x.weight[t * rows:(t + 1) * rows] for t in range(tables)))
+        per = x.shape.batch * x.shape.seq
+        ids = _tensors(device, *(values[t * per:(t + 1) * per].reshape(x.shape.batch, -1)
+                                 for t in range(tables)))
+        bag = torch.nn.functional.embedding_bag
+        return lambda: torch.cat([bag(i, w, mode="sum") for i, w in zip(ids, weights,
+                                                                          strict=True)], 1)
+    return make
+

@@ -110,6 +110,7 @@ def test_every_case_has_numbapos_and_a_peer():
     assert len(set(names)) == len(names)
     for case in every:
         assert "numbapos" in case.sides and len(case.sides) >= 2, case.name
+        assert len(case.name) < report.NAME_WIDTH, case.name  # the table's name column
     assert {p.axis for p in cases.scaling(data.FULL)} == {"D", "batch"}
     assert sorted({p.value for p in cases.scaling(data.FULL) if p.axis == "D"}) == [64, 256, 1024]
 
