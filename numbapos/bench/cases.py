@@ -12,6 +12,7 @@ targets: BERT-base (vocabulary 30522, D = 768) and MiniLM (D = 384) blocks,
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from itertools import cycle
 from typing import NamedTuple
 
@@ -77,23 +78,30 @@ def _backward(sparse):
     return make
 
 
-def _sparse_step(fused):
+def _training_step(module, grad_of, fused, **options):
+    """Forward, backward and SGD of a sparse ``module`` (``nn.Embedding`` or
+    ``nn.EmbeddingBag``), a new batch of ids each step; ``fused``: the update inside the
+    backward (``SGD.fuse_with_backward``: the row sums applied inside the update)."""
     def make(x, device):
-        emb = nn.Embedding(x.shape.vocab, x.shape.dim, sparse=True, _weight=x.weight.copy(),
-                           device=device)
-        opt = optim.SGD(emb.parameters(), lr=1e-3, momentum=0.9)
+        layer = module(x.shape.vocab, x.shape.dim, sparse=True, _weight=x.weight.copy(),
+                       device=device)
+        opt = optim.SGD(layer.parameters(), lr=1e-3, **options)
         if fused:
-            opt.fuse_with_backward()  # the row sums applied inside the update
+            opt.fuse_with_backward()
         id_batches = cycle(_on(device, *batches(x)))
-        (grad,) = _on(device, x.grad)
+        (grad,) = _on(device, grad_of(x))
 
         def step():
-            emb.zero_grad()
-            emb(next(id_batches))
-            emb.backward(grad)
+            layer.zero_grad()
+            layer(next(id_batches))
+            layer.backward(grad)
             opt.step()
         return primed(step, x)
     return make
+
+
+def _sparse_step(fused):
+    return _training_step(nn.Embedding, lambda x: x.grad, fused, momentum=0.9)
 
 
 def _bag(mode):
@@ -104,22 +112,7 @@ def _bag(mode):
 
 
 def _bag_sparse_step(fused):
-    def make(x, device):
-        bag = nn.EmbeddingBag(x.shape.vocab, x.shape.dim, mode="sum", sparse=True,
-                              _weight=x.weight.copy(), device=device)
-        opt = optim.SGD(bag.parameters(), lr=1e-3)
-        if fused:
-            opt.fuse_with_backward()
-        id_batches = cycle(_on(device, *batches(x)))
-        (grad,) = _on(device, bag_grad(x))
-
-        def step():
-            bag.zero_grad()
-            bag(next(id_batches))
-            bag.backward(grad)
-            opt.step()
-        return primed(step, x)
-    return make
+    return _training_step(partial(nn.EmbeddingBag, mode="sum"), bag_grad, fused)
 
 
 def _collection(tables):
