@@ -7,11 +7,16 @@ import numpy as np
 from .. import _checks, _device
 from .._args import TableFormat
 from ..sparse import SparseRows
-from ._common import backend_for, check_range, flatten, on_backend
-from .embedding import _check_clippable
+from ._common import Planned, backend_for, check_range, flatten, on_backend
+from .embedding import _check_clippable, _sparse_rows
 from .half import half_format
 
 __all__ = ["embedding_bag", "embedding_bag_backward"]
+
+# GPU calls replay their launches through a plan per call signature (_gpuhost/plans.py):
+# every scalar the kernels get derives from the arrays' metadata and the options.
+_FORWARDS = Planned("embedding_bag")
+_BACKWARDS = Planned("embedding_bag_backward")
 
 # The kernels' pooling modes (kernels/cpu/bag.py: SUM, MEAN, MAX).
 MODES = {"sum": 0, "mean": 1, "max": 2}
@@ -47,7 +52,10 @@ def _bags(input, offsets, mode, per_sample_weights, include_last_offset, padding
                              f"{_checks.type_name(offsets)}")
         bags, width = input.shape
         # Zero columns: every bag empty, as offsets of zeros (width 0 means 1-D to the kernels).
-        offsets = K.empty((0,), np.int64) if width else K.zeros((bags,), np.int64)
+        # Else no offsets are read: on the GPU an empty view of the ids stands for them (an
+        # empty array of its own would keep the call from being planned).
+        offsets = (None if K.DEVICE != "cpu" else K.empty((0,), np.int64)) if width \
+            else K.zeros((bags,), np.int64)
     else:
         if offsets is None:
             raise ValueError("offsets: required with 1-D input (where each bag starts), "
@@ -61,7 +69,9 @@ def _bags(input, offsets, mode, per_sample_weights, include_last_offset, padding
                 raise ValueError("offsets: include_last_offset=True needs at least one "
                                  "offset (the input's length), got none")
             bags -= 1
-    call.flat, call.offsets, call.width, call.bags = flatten(K, input), offsets, width, bags
+    call.flat = flatten(K, input)
+    call.offsets = call.flat[:0] if offsets is None else offsets
+    call.width, call.bags = width, bags
     call.shape = tuple(input.shape)
     padding = _checks.check_padding_idx(padding_idx, num_rows)
     call.padding = -1 if padding is None else padding
@@ -180,6 +190,24 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0,
     array([[2., 4.],
            [6., 7.]], dtype=float32)
     """
+    if max_norm is None and type(weight) is not np.ndarray:  # a GPU table: its plan if any
+
+        def full():
+            return _forward(input, weight, offsets, None, norm_type, mode,
+                            per_sample_weights, include_last_offset, padding_idx, out,
+                            scale_grad_by_freq)
+
+        return _FORWARDS.call(full, (input, weight, offsets, per_sample_weights, out),
+                              (mode, include_last_offset, padding_idx, scale_grad_by_freq,
+                               norm_type),
+                              outputs=(4,), avoid=((4, 0), (4, 1), (4, 2), (4, 3)))
+    return _forward(input, weight, offsets, max_norm, norm_type, mode, per_sample_weights,
+                    include_last_offset, padding_idx, out, scale_grad_by_freq)
+
+
+def _forward(input, weight, offsets, max_norm, norm_type, mode, per_sample_weights,
+             include_last_offset, padding_idx, out, scale_grad_by_freq):
+    """:func:`embedding_bag`'s ordinary path: every check, then the kernels."""
     weight = _checks.check_table(weight)
     half = _checks.is_half_dtype(weight.dtype)
     result_dtype = _FLOAT32 if half else weight.dtype
@@ -250,6 +278,40 @@ def embedding_bag_backward(grad_output, input, weight, offsets=None, scale_grad_
         As :func:`embedding_bag`; ValueError for a ``grad_output`` not
         ``(B, D)`` of the result's dtype, ``scale_grad_by_freq`` with max.
     """
+    if type(weight) is not np.ndarray:  # GPU data: its plan if any
+
+        def full():
+            return _backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode,
+                             sparse, per_sample_weights, include_last_offset, padding_idx)
+
+        weighted = per_sample_weights is not None
+        return _BACKWARDS.call(
+            full, (grad_output, input, weight, offsets, per_sample_weights),
+            (mode, bool(sparse), include_last_offset, padding_idx, scale_grad_by_freq),
+            unpack=_grad_arrays,
+            pack=lambda made, _: _grads(made, sparse, weighted, weight.shape[0]))
+    return _backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode, sparse,
+                     per_sample_weights, include_last_offset, padding_idx)
+
+
+# A planned backward's result is made of the arrays its call allocates: the SparseRows's
+# (as a planned sparse embedding_backward's) or the dense gradient, then the weights'.
+def _grad_arrays(result):
+    grad_weight, grad_weights = result
+    made = ((grad_weight._indices, grad_weight._used, grad_weight._values)
+            if isinstance(grad_weight, SparseRows) else (grad_weight,))
+    return made + (() if grad_weights is None else (grad_weights,)), None
+
+
+def _grads(made, sparse, weighted, num_rows):
+    parts = 3 if sparse else 1
+    grad_weight = _sparse_rows(made[:parts], num_rows) if sparse else made[0]
+    return grad_weight, (made[parts] if weighted else None)
+
+
+def _backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode, sparse,
+              per_sample_weights, include_last_offset, padding_idx):
+    """:func:`embedding_bag_backward`'s ordinary path."""
     weight = _checks.check_table(weight)
     half = _checks.is_half_dtype(weight.dtype)
     num_rows, dim = weight.shape

@@ -20,7 +20,7 @@ twice, an exact emulation).
 import math
 
 import numpy as np
-from numba import config, cuda, int64
+from numba import config, cuda, float32, int64
 
 from ..._gpuhost.launch import launch
 from ..rowwise import (
@@ -260,30 +260,58 @@ def _pool(flat, offsets, width, packed, bits, mode, padding, psw, weighted, out,
           which):
     """A block per bag, a thread per column: ``acc = fma(code, scale * w, acc + bias * w)``
     per entry in index order (the products not fused, as on the CPU), a mean divided by
-    the count, a max of ``fma(code, scale, bias)`` keeping the first on ties."""
+    the count, a max of ``fma(code, scale, bias)`` keeping the first on ties.
+
+    The block stages ``blockDim`` of the bag's entries at a time in shared memory: each
+    id read and checked once (a bad one recorded and skipped, as padding is), its row's
+    scale and bias decoded once (times the weight), then every thread reads them from
+    there for its column."""
+    rows_s = cuda.shared.array(THREADS, int64)
+    scales_s = cuda.shared.array(THREADS, float32)
+    biases_s = cuda.shared.array(THREADS, float32)
     bags, dim = out.shape
     size = int64(flat.size)
+    t = cuda.threadIdx.x
+    step = cuda.blockDim.x
     for b in range(cuda.blockIdx.x, bags, cuda.gridDim.x):
         start, end = _bounds(offsets, width, size, b)
-        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+        for d0 in range(0, dim, step):  # every thread, so the barriers are uniform
+            d = d0 + t
             acc = np.float32(0.0)
             used = 0
-            for i in range(start, end):
-                r = errors.checked(word, host, flat[i], i, packed.shape[0], which)
-                if r < 0 or r == padding:
+            for first in range(start, end, step):
+                cuda.syncthreads()  # the previous entries were read
+                i = first + t
+                r = int64(-1)
+                if i < end:
+                    r = errors.checked(word, host, flat[i], i, packed.shape[0], which)
+                    if r == padding:
+                        r = -1
+                    if r >= 0:
+                        scale, bias = _scale_bias(packed, bits, dim, r)
+                        if weighted and mode != MAX:
+                            w = np.float32(psw[i])
+                            scale, bias = mul_rn(scale, w), mul_rn(bias, w)
+                        scales_s[t] = scale
+                        biases_s[t] = bias
+                rows_s[t] = r
+                cuda.syncthreads()
+                if d >= dim:
                     continue
-                scale, bias = _scale_bias(packed, bits, dim, r)
-                code = _code(packed, bits, r, d)
-                if mode == MAX:
-                    value = fma32(code, scale, bias)
-                    if used == 0 or value > acc:
-                        acc = value
-                else:
-                    if weighted:
-                        w = np.float32(psw[i])
-                        scale, bias = mul_rn(scale, w), mul_rn(bias, w)
-                    acc = fma32(code, scale, acc + bias)
-                used += 1
+                for j in range(min(step, end - first)):
+                    r = rows_s[j]
+                    if r < 0:
+                        continue
+                    code = _code(packed, bits, r, d)
+                    if mode == MAX:
+                        value = fma32(code, scales_s[j], biases_s[j])
+                        if used == 0 or value > acc:
+                            acc = value
+                    else:
+                        acc = fma32(code, scales_s[j], acc + biases_s[j])
+                    used += 1
+            if d >= dim:
+                continue
             if mode == MEAN and used > 1:
                 acc /= np.float32(used)
             out[b, d] = acc
