@@ -269,3 +269,32 @@ def test_keyed_jagged_array_accessors(device):
     assert same.weights_or_none() is None
     with pytest.raises(ValueError, match="no weights"):
         same.weights()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_wide_float32_tables_sum_in_lanes_with_the_column_loops_bits(rng, weighted):
+    """Float32 tables of D >= 16 sum their leading columns in vector registers (the bags'
+    Lanes loop, 128 / 64 / 32 / 16 at a time) and the rest column by column: the bits of
+    per-table embedding_bag and of the float64 path's float32 operations."""
+    shapes = {"w0": (30, 128), "w1": (20, 40), "w2": (25, 19)}
+    tables = ([("w0", "sum", ["a", "b"]), ("w1", "sum", ["c"]), ("w2", "sum", ["b"])]
+              if weighted else
+              [("w0", "sum", ["a", "b"]), ("w1", "mean", ["c"]), ("w2", "max", ["b"])])
+    batch = 6
+    lengths = rng.integers(0, 7, len(KEYS) * batch)
+    values = rng.integers(0, 19, lengths.sum())
+    weights = rng.standard_normal(values.size).astype(np.float32)
+    tabs = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in shapes}
+    layout = CollectionLayout([(n, *shapes[n], p, fs) for n, p, fs in tables], weighted)
+    kjt = KeyedJaggedArray(KEYS, values, lengths=lengths, weights=weights if weighted else None)
+    out = embedding_bag_collection(kjt, _flat(tabs, tables), layout)
+    col = 0
+    for name, pooling, features in tables:
+        for feature in features:
+            ids, offsets, positions = ref.key_bags(KEYS, values, lengths, feature)
+            want = embedding_bag(ids, tabs[name], offsets, mode=pooling,
+                                 include_last_offset=True,
+                                 per_sample_weights=weights[positions] if weighted else None)
+            dim = shapes[name][1]
+            np.testing.assert_array_equal(out[:, col:col + dim], want)
+            col += dim

@@ -363,7 +363,7 @@ def _pool(flat, offsets, width, weight, mode, padding, psw, out, argmax, fmt, la
             continue
         done = 0
         if lanes is not None:
-            done = _sum_in_lanes(flat, start, end, weight, padding, psw, out, b)
+            done = sum_in_lanes(flat, start, end, weight, padding, psw, out, b, 0, dim)
         if done < dim:
             _sum_columns(flat, start, end, weight, padding, psw, acc, done, fmt)
         if mode == MEAN:
@@ -386,31 +386,35 @@ def count_entries(flat, start, end, padding):
 
 
 @kernel()
-def _sum_in_lanes(flat, start, end, weight, padding, psw, out, b):
-    # Sums bag b's leading columns into out[b] in Lanes (C-contiguous float32 weight and
-    # out); returns how many, a multiple of 16. Not inlined into _pool: registers are
-    # then allocated for these loops alone (inlined, the loop reloaded the table's
-    # address and stride from the stack for every entry, and cache-resident bags took
-    # 0.16 instead of 0.10-0.14 ms).
-    dim = out.shape[1]
+def sum_in_lanes(flat, start, end, weight, padding, psw, out, b, out_column, dim):
+    # Sums the leading columns of one bag, rows weight[flat[i]], into out[b, out_column:]
+    # in Lanes (C-contiguous float32 weight and out); returns how many columns, a
+    # multiple of 16, of the dim to do. Not inlined into _pool: registers are then
+    # allocated for these loops alone (inlined, the loop reloaded the table's address and
+    # stride from the stack for every entry, and cache-resident bags took 0.16 instead of
+    # 0.10-0.14 ms). The collections' kernel calls it per (table, feature) bag.
     done = 0
     while dim - done >= 128:
-        _sum_block(flat, start, end, weight, padding, psw, out, b, done, zeros128())
+        _sum_block(flat, start, end, weight, padding, psw, out, b, done, out_column,
+                   zeros128())
         done += 128
     if dim - done >= 64:
-        _sum_block(flat, start, end, weight, padding, psw, out, b, done, zeros64())
+        _sum_block(flat, start, end, weight, padding, psw, out, b, done, out_column,
+                   zeros64())
         done += 64
     if dim - done >= 32:
-        _sum_block(flat, start, end, weight, padding, psw, out, b, done, zeros32())
+        _sum_block(flat, start, end, weight, padding, psw, out, b, done, out_column,
+                   zeros32())
         done += 32
     if dim - done >= 16:
-        _sum_block(flat, start, end, weight, padding, psw, out, b, done, zeros16())
+        _sum_block(flat, start, end, weight, padding, psw, out, b, done, out_column,
+                   zeros16())
         done += 16
     return done
 
 
 @kernel(inline="always")
-def _sum_block(flat, start, end, weight, padding, psw, out, b, column, acc):
+def _sum_block(flat, start, end, weight, padding, psw, out, b, column, out_column, acc):
     # Columns column .. + lanes of bag b, each lane the column loop's operations in order.
     for i in range(start, end):
         _prefetch_row_ahead(weight, flat, i)
@@ -424,7 +428,7 @@ def _sum_block(flat, start, end, weight, padding, psw, out, b, column, acc):
             acc = fma_lanes(np.float32(psw[i]), row, acc)
         else:
             acc = add_lanes(acc, mul_lanes(np.float32(psw[i]), row))
-    store_lanes(out, b, column, acc)
+    store_lanes(out, b, out_column + column, acc)
 
 
 @kernel(inline="always")

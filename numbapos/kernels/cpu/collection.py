@@ -23,9 +23,10 @@ does: bit-identical for any thread count, no atomics.
 import numpy as np
 from numba import prange
 
+from ..._args import TableFormat
 from ..widen import widen
 from .arrays import option, pick
-from .bag import MAX, MEAN, fused_multiply_add
+from .bag import MAX, MEAN, fused_multiply_add, sum_in_lanes
 from .jit import kernel
 
 __all__ = ["check_collection_ids", "collection_error_tags", "collection_group_sizes",
@@ -82,9 +83,12 @@ def pool_collection(values, offsets, stride, weight, layout, per_sample_weights,
     if slots == 0 or stride == 0:
         return
     kernel = pick(_pool_collection, values.size * 2 + out.size)
+    lanes = (fmt == TableFormat.FLOAT and weight.dtype == np.float32
+             and out.dtype == np.float32 and out.flags.c_contiguous)
     kernel(values, offsets, np.int64(stride), weight, layout.slot_key, layout.slot_table,
-           layout.slot_col, layout.table_start, layout.table_dim, layout.table_mode,
-           per_sample_weights, out, argmax, np.int64(fmt))
+           layout.slot_col, layout.table_start, layout.table_dim, layout.table_rows,
+           layout.table_mode, per_sample_weights, out, argmax, np.int64(fmt),
+           option(fmt != TableFormat.FLOAT), option(lanes))
 
 
 def collection_positions(values, offsets, stride, layout, global_ids, bag_of):
@@ -176,13 +180,19 @@ def _first_bad_id(values, offsets, stride, key_slots, slot_table, table_rows):
 
 
 @kernel(inline="always")
-def _widen_at(weight, at, fmt):
+def _widen_at(weight, at, fmt, half=True):
+    # half None (a float table): the element itself, with no format branch in the loop.
+    if half is None:
+        return weight[at]
     return widen(weight[at], fmt)
 
 
 @kernel(parallel=True)
 def _pool_collection(values, offsets, stride, weight, slot_key, slot_table, slot_col,
-                     table_start, table_dim, table_mode, psw, out, argmax, fmt):
+                     table_start, table_dim, table_rows, table_mode, psw, out, argmax, fmt,
+                     half, lanes):
+    # lanes (True or None): float32 tables and a C-contiguous float32 out, whose sums'
+    # leading columns go through the bags' Lanes loop (the same operations, in registers).
     for bag in prange(slot_key.size * stride):
         s = bag // stride
         b = bag - s * stride
@@ -191,14 +201,20 @@ def _pool_collection(values, offsets, stride, weight, slot_key, slot_table, slot
         t = slot_table[s]
         dim, col, base, mode = table_dim[t], slot_col[s], table_start[t], table_mode[t]
         acc = out[b, col:col + dim]
-        for d in range(dim):
+        done = 0
+        if lanes is not None and mode != MAX:
+            rows = np.int64(table_rows[t])
+            table = weight[base:base + rows * dim].reshape((rows, dim))
+            done = sum_in_lanes(values, start, end, table, np.int64(-1), psw, out, b,
+                                np.int64(col), np.int64(dim))
+        for d in range(done, dim):
             acc[d] = 0
         if mode == MAX:
             first = True
             for i in range(start, end):
                 row = base + np.int64(values[i]) * dim
                 for d in range(dim):
-                    value = _widen_at(weight, row + d, fmt)
+                    value = _widen_at(weight, row + d, fmt, half)
                     if first or value > acc[d]:
                         acc[d] = value
                         if argmax is not None:
@@ -209,15 +225,18 @@ def _pool_collection(values, offsets, stride, weight, slot_key, slot_table, slot
                     argmax[b, col + d] = -1
             continue
         for i in range(start, end):
+            if done == dim:
+                break
             row = base + np.int64(values[i]) * dim
             if psw is None:
-                for d in range(dim):
-                    acc[d] += _widen_at(weight, row + d, fmt)
+                for d in range(done, dim):
+                    acc[d] += _widen_at(weight, row + d, fmt, half)
             else:  # FBGEMM's kernel (embedding_bag's without padding): one rounding each
                 s_i = acc.dtype.type(psw[i])
-                for d in range(dim):
+                for d in range(done, dim):
                     acc[d] = fused_multiply_add(s_i, acc.dtype.type(_widen_at(weight, row + d,
-                                                                              fmt)), acc[d])
+                                                                              fmt, half)),
+                                                acc[d])
         used = end - start
         if mode == MEAN and used > 1:
             count = acc.dtype.type(used)
