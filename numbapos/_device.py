@@ -508,6 +508,17 @@ def copy(x):
     return np.array(x, copy=True)
 
 
+def copy_into(out, x):
+    """``out`` filled with a copy of ``x`` (same shape and dtype, on ``out``'s device;
+    queued on the current stream on a GPU); returns ``out``."""
+    if isinstance(out, np.ndarray):
+        np.copyto(out, x)
+        return out
+    from .kernels.cuda import arrays  # no kernels_for: an op may be under way
+
+    return arrays.copy_into(out, adopt(x))
+
+
 def cuda_empty_cache() -> None:
     """Give the GPU memory that numbapos's caching allocator holds back to the driver.
 

@@ -562,32 +562,49 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
         An id, token type or position outside its table, named with the valid
         range. Nothing runs and nothing is modified when any error is raised.
     """
-    args = (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
-            ln_bias)
-    keywords = dict(token_type_ids=token_type_ids, position_ids=position_ids,
-                    past_length=past_length, eps=eps, p=p, seed=seed, training=training,
-                    counter=counter, out=out, table_options=table_options)
-    if type(word_embeddings) is np.ndarray:
-        return _bert_forward(*args, **keywords)
-    planned = _counter_for_plan(counter, training, p)
-    if planned is None:
-        return _bert_forward(*args, **keywords)
-    device_counter, host_counter = planned
-    return _BERT_FORWARDS.call(
-        lambda: _bert_forward(*args, **keywords),
-        (*args, token_type_ids, position_ids, device_counter, out, None, None),
-        (past_length, eps, p, seed, bool(training),
-         host_counter, table_options),
-        outputs=(9, 10, 11), avoid=tuple((9, i) for i in range(9)))
+    return _bert_forward_call(input_ids, word_embeddings, position_embeddings,
+                              token_type_embeddings, ln_weight, ln_bias, token_type_ids,
+                              position_ids, past_length, eps, p, seed, training, counter, out,
+                              table_options, False)
 
 
 _BERT_FORWARDS = Planned("bert_embeddings_forward")
+_BERT_OUTPUTS = ((9, 10, 11), (9, 10, 11, 12))  # without, with the ids snapshot
+_BERT_AVOID = tuple((9, i) for i in range(9))  # out= must not overlap an input
+
+
+def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
+                       ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p,
+                       seed, training, counter, out, table_options, room):
+    """:func:`bert_embeddings_forward`, planned on the GPU. With ``room`` (what
+    ``nn.BertEmbeddings`` asks for a recorded forward on CUDA ids) it also returns an
+    uninitialised array of ``input_ids``' shape and dtype, in the block of the outputs, for
+    the caller's snapshot of the ids (one allocation for all of them)."""
+    args = (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
+            ln_bias)
+
+    def full():
+        return _bert_forward(*args, token_type_ids=token_type_ids, position_ids=position_ids,
+                             past_length=past_length, eps=eps, p=p, seed=seed,
+                             training=training, counter=counter, out=out,
+                             table_options=table_options, room=room)
+
+    if type(word_embeddings) is np.ndarray:
+        return full()
+    planned = _counter_for_plan(counter, training, p)
+    if planned is None:
+        return full()
+    return _BERT_FORWARDS.call(
+        full, (*args, token_type_ids, position_ids, planned[0], out, None, None, None),
+        (past_length, eps, p, seed, bool(training), planned[1], table_options, room),
+        outputs=_BERT_OUTPUTS[room], avoid=_BERT_AVOID)
 
 
 def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
                   ln_weight, ln_bias, *, token_type_ids, position_ids, past_length, eps, p, seed,
-                  training, counter, out, table_options):
-    """:func:`bert_embeddings_forward`'s ordinary path."""
+                  training, counter, out, table_options, room=False):
+    """:func:`bert_embeddings_forward`'s ordinary path (``room``: see
+    :func:`_bert_forward_call`)."""
     tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
                           ln_weight, ln_bias)
     K = backend_for(tables + (out,), _BERT_NAMES + ("ln_weight", "ln_bias", "out"))
@@ -597,19 +614,46 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
     shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables,
                            inline=_inline_checks(options))
     dim, dtype = tables.word.shape[1], _compute_dtype(tables.word.dtype)[0]
-    y = _result(K, out, shape + (dim,), dtype,
-                avoid=tuple(tables) + tuple(_ids_array(i) for i in ids))
+    if out is not None:
+        out = _checks.check_out(out, shape + (dim,), dtype,
+                                avoid=tuple(tables) + tuple(_ids_array(i) for i in ids))
     _clip_tables(K, tables[:3], ids, options, _BERT_NAMES, ids.word.size)
-    if ids.word.size:
-        stats = K.empty((2,) + shape, dtype)  # one allocation, two views
-        mean, rstd = stats[0], stats[1]
-    else:  # numba-cuda 0.30 gives the views of an empty device array wrong shapes
-        mean, rstd = K.empty(shape, dtype), K.empty(shape, dtype)
-    kernel_tables, fmt = _kernel_tables(K, tables)
     num_tokens = ids.word.size
+    if num_tokens and K.DEVICE == "cuda":
+        y, mean, rstd, snapshot = _bert_outputs(K, out, shape + (dim,), dtype,
+                                                input_ids if room else None)
+    else:
+        y = K.empty(shape + (dim,), dtype) if out is None else out
+        if num_tokens:
+            stats = K.empty((2,) + shape, dtype)  # one allocation, two views
+            mean, rstd = stats[0], stats[1]
+        else:  # numba-cuda 0.30 gives the views of an empty device array wrong shapes
+            mean, rstd = K.empty(shape, dtype), K.empty(shape, dtype)
+        snapshot = K.empty(input_ids.shape, input_ids.dtype) if room else None
+    kernel_tables, fmt = _kernel_tables(K, tables)
     K.bert_forward(ids, BertTables(*kernel_tables), eps, drop, y.reshape(num_tokens, dim),
                    mean.reshape(num_tokens), rstd.reshape(num_tokens), fmt)
-    return y, mean, rstd
+    return (y, mean, rstd, snapshot) if room else (y, mean, rstd)
+
+
+def _bert_outputs(K, out, y_shape, dtype, ids):
+    """``(y, mean, rstd, room for a copy of ids or None)`` of a non-empty GPU forward in one
+    allocation (``y`` there only when ``out`` is None), each part 16-byte aligned."""
+    parts = [] if out is None else [out]
+    wanted = [(y_shape, dtype)] if out is None else []
+    wanted.append(((2,) + y_shape[:-1], dtype))
+    if ids is not None:
+        wanted.append((tuple(ids.shape), np.dtype(ids.dtype)))
+    spans, size = [], 0
+    for part_shape, part_dtype in wanted:
+        nbytes = int(np.prod(part_shape)) * np.dtype(part_dtype).itemsize
+        spans.append((size, size + nbytes))
+        size += -(-nbytes // 16) * 16
+    block = K.empty((size,), np.uint8)
+    for (start, end), (part_shape, part_dtype) in zip(spans, wanted, strict=True):
+        parts.append(block[start:end].view(part_dtype).reshape(part_shape))
+    stats = parts[1]
+    return parts[0], stats[0], stats[1], parts[2] if ids is not None else None
 
 
 def bert_embeddings(input_ids, word_embeddings, position_embeddings, token_type_embeddings,

@@ -66,6 +66,25 @@ def _options(embedding: Embedding) -> F.TableOptions:
                           embedding.max_norm, embedding.norm_type)
 
 
+def _table_options(block, word: Embedding, position: Embedding, token_type: Embedding):
+    """The tables' options, made again only when one of them changed (cached on ``block``)."""
+    key = (word.padding_idx, word.scale_grad_by_freq, word.sparse, word.max_norm,
+           word.norm_type, position.padding_idx, position.scale_grad_by_freq, position.sparse,
+           position.max_norm, position.norm_type, token_type.padding_idx,
+           token_type.scale_grad_by_freq, token_type.sparse, token_type.max_norm,
+           token_type.norm_type)
+    cached = block.__dict__.get("_options_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    options = (F.TableOptions(*key[:5]), F.TableOptions(*key[5:10]), F.TableOptions(*key[10:]))
+    block.__dict__["_options_cache"] = (key, options)
+    return options
+
+
+_WEIGHT_NAMES = {name: f"{name}.weight" for name in
+                 ("word_embeddings", "position_embeddings", "token_type_embeddings", "wte", "wpe")}
+
+
 def _forward_options(*tables: Embedding):
     """The tables' options for a forward call: None when no table clips (the fast path)."""
     if all(table.max_norm is None for table in tables):
@@ -98,14 +117,14 @@ def _bump_clipped(embeddings) -> None:
 
 def _wanted(params) -> tuple:
     """Which of ``params`` (None where the block has none) get a gradient."""
-    return tuple(p is not None and p.requires_grad for p in params)
+    return tuple([p is not None and p.requires_grad for p in params])
 
 
 def _accumulate(params, grads) -> None:
     """Hand each computed gradient to its parameter (``grads`` None when none was wanted)."""
     for param, grad in zip(params, grads or (None,) * len(params), strict=True):
         if param is not None and grad is not None:
-            param.accumulate_grad(grad, fresh=True)
+            param._accumulate_computed(grad)
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -318,8 +337,8 @@ class BertEmbeddings(Module):
                 None if ln.bias is None else ln.bias.data)
 
     def _table_options(self):
-        return (_options(self.word_embeddings), _options(self.position_embeddings),
-                _options(self.token_type_embeddings))
+        return _table_options(self, self.word_embeddings, self.position_embeddings,
+                              self.token_type_embeddings)
 
     @_doc
     def forward(self, input_ids, token_type_ids=None, position_ids=None, past_length=0,
@@ -352,25 +371,45 @@ class BertEmbeddings(Module):
         IndexError
             An id, token type or position out of range (named, with the range).
         """
-        options = self._table_options()
-        drop = self.dropout._draw(self.device)
-        y, mean, rstd = F.bert_embeddings_forward(
-            input_ids, *self._arrays(), token_type_ids=token_type_ids, position_ids=position_ids,
-            past_length=past_length, eps=self.LayerNorm.eps,
-            out=_output(self, input_ids, self.word_embeddings, out), table_options=options, **drop)
+        word, position, token_type = (self.word_embeddings, self.position_embeddings,
+                                      self.token_type_embeddings)
+        options = _table_options(self, word, position, token_type)
+        arrays = self._arrays()
+        data = arrays[0]
+        drop = self.dropout._draw("cpu" if type(data) is np.ndarray else _device.device_of(data))
+        if out is None and type(input_ids) is np.ndarray:
+            out = _output(self, input_ids, word, out)
+        recording = self._recording()
+        # A recorded forward on CUDA ids gets its ids snapshot in the block of its outputs.
+        room = recording and type(input_ids) is type(data) and type(data) is not np.ndarray
+        found = F.blocks._bert_forward_call(
+            input_ids, *arrays, token_type_ids, position_ids, past_length, self.LayerNorm.eps,
+            drop["p"], drop["seed"], drop["training"], drop["counter"], out, options, room)
         self.dropout._advance(drop)
-        tables = (self.word_embeddings, self.position_embeddings, self.token_type_embeddings)
-        _bump_clipped(tables)
-        if self._recording():
-            ids = _snapshots(past_length, input_ids=input_ids, token_type_ids=token_type_ids,
-                             position_ids=position_ids)
+        if options[0].max_norm is not None or options[1].max_norm is not None \
+                or options[2].max_norm is not None:
+            _bump_clipped((word, position, token_type))
+        if recording:
+            ids = {"input_ids": _device.copy_into(found[3], input_ids) if room
+                   else _snapshot(input_ids, "input_ids"),
+                   "token_type_ids": None if token_type_ids is None
+                   else _snapshot(token_type_ids, "token_type_ids"),
+                   "position_ids": None if position_ids is None
+                   else _snapshot(position_ids, "position_ids"),
+                   "past_length": past_length}
             # The backward recomputes each token's row sum from the tables and reads
             # the LayerNorm weight: they are watched, not copied.
-            watched = self._watch(
-                [(f"{name}.weight", m.weight) for name, m in self.named_children()
-                 if isinstance(m, Embedding)] + [("LayerNorm.weight", self.LayerNorm.weight)])
-            self._save_for_backward((ids, mean, rstd, drop, options, watched))
-        return y
+            watched = []
+            for name, child in self._modules.items():
+                if isinstance(child, Embedding):
+                    param = child.weight
+                    watched.append((_WEIGHT_NAMES.get(name) or f"{name}.weight", param,
+                                    param.data, param._version))
+            gamma = self.LayerNorm.weight
+            if gamma is not None:
+                watched.append(("LayerNorm.weight", gamma, gamma.data, gamma._version))
+            self._save_for_backward((ids, found[1], found[2], drop, options, tuple(watched)))
+        return found[0]
 
     @_doc
     def backward(self, grad_output):

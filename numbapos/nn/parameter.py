@@ -6,7 +6,13 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from .. import _device
-from .._checks import check_float_array, check_parameter_data, check_same_device, grad_dtype
+from .._checks import (
+    FLOAT_DTYPES,
+    check_float_array,
+    check_parameter_data,
+    check_same_device,
+    grad_dtype,
+)
 from ..functional import arrays as _arrays
 from ..sparse import SparseRows
 
@@ -318,6 +324,20 @@ class Parameter(NDArrayOperatorsMixin):
             hook(self)
         if isinstance(self.grad, SparseRows):
             self.grad.materialize()  # sum now: the lookup's gradient may change later
+
+    def _accumulate_computed(self, grad) -> None:
+        """``accumulate_grad(grad, fresh=True)`` for a gradient a numbapos backward just
+        computed for this parameter: when it is the first (no hooks, a dense array of the
+        parameter's type, shape and dtype) it is kept without checking it again."""
+        if not self.requires_grad:
+            return
+        data = self.data
+        if (self.grad is None and not self._post_accumulate_grad_hooks
+                and type(grad) is type(data) and grad.shape == data.shape
+                and grad.dtype == data.dtype and grad.dtype in FLOAT_DTYPES):
+            self.grad = grad
+            return
+        self.accumulate_grad(grad, fresh=True)
 
     def __repr__(self) -> str:
         frozen = "" if self.requires_grad else ", requires_grad=False"

@@ -225,18 +225,27 @@ def asarray(host):
 
 
 def copy(x):
-    """A C-contiguous copy of the device array ``x``, queued on the current stream.
+    """A C-contiguous copy of the device array ``x``, queued on the current stream
+    (see :func:`copy_into`)."""
+    out = empty(x.shape, x.dtype)
+    if out.size == 0:
+        return out
+    plans.note_allocation(None)  # a copy, which a plan's replay would not make
+    return copy_into(out, x)
+
+
+def copy_into(out, x):
+    """``out`` (a C-contiguous device array of ``x``'s shape and dtype) filled with a copy
+    of the device array ``x``, queued on the current stream; returns ``out``.
 
     A C-contiguous ``x`` is copied by one ``cuMemcpyDtoDAsync`` (Numba's
     ``copy_to_device`` looks up the context and builds views first: hundreds of
     microseconds of host time); other layouts, and the simulator, take Numba's
     copy.
     """
-    out = empty(x.shape, x.dtype)
-    if out.size == 0:
+    if x.size == 0:
         return out
     stream = streams.current()
-    plans.note_allocation(None)  # a copy, which a plan's replay would not make
     if streams.SIMULATED or not x.is_c_contiguous():
         out.copy_to_device(x, stream=stream)
         streams.record("copy", out, x)
