@@ -8,7 +8,7 @@ partial sums). Launchers never validate; :mod:`numbapos.functional` does, and
 picks the namespace with :func:`numbapos._device.backend`.
 
 The modules directly here are shared by both devices (the keyed hash, the
-16-bit conversions, the optimisers' element updates), compiled for either
+16-bit conversions, the optimisers' element updates, binary searches), compiled for either
 target. The argument tuples the launchers take are in :mod:`numbapos._args`.
 """
 

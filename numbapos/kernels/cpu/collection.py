@@ -24,6 +24,7 @@ import numpy as np
 from numba import prange
 
 from ..._args import TableFormat
+from ..search import first_at_least, last_at_most
 from ..widen import widen
 from .arrays import option, pick
 from .bag import MAX, MEAN, fused_multiply_add, sum_in_lanes
@@ -259,32 +260,6 @@ def _collection_positions(values, offsets, stride, key_slots, slot_table, table_
                                             table_first_row[slot_table[s]] + values[i])
 
 
-@kernel(inline="always")
-def _table_of(first_row, row):
-    # The table whose global rows hold ``row``: the last t with first_row[t] <= row.
-    low, high = 0, first_row.size - 2
-    while low < high:
-        mid = (low + high + 1) // 2
-        if first_row[mid] <= row:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-@kernel(inline="always")
-def _first_group(rows, used, value):
-    # The first group whose global row is >= value (rows ascending).
-    low, high = 0, used
-    while low < high:
-        mid = (low + high) // 2
-        if rows[mid] < value:
-            low = mid + 1
-        else:
-            high = mid
-    return low
-
-
 @kernel(parallel=True)
 def _collection_table_grad(grad, rows, starts, counts, order, used_groups, bag_of, offsets,
                            stride, key_slots, slot_col, first_row, table_dim, table_mode,
@@ -293,13 +268,13 @@ def _collection_table_grad(grad, rows, starts, counts, order, used_groups, bag_o
     per_key = key_slots.shape[1]
     for j in prange(used_groups):
         g = rows[j]
-        t = _table_of(first_row, g)
+        t = last_at_most(first_row, g)
         r = g - first_row[t]
         dim, mode = table_dim[t], table_mode[t]
         if sparse is None:
             at = table_start[t] + r * dim
         else:
-            k = j - _first_group(rows, used_groups, first_row[t])
+            k = j - first_at_least(rows, used_groups, first_row[t])
             rows_out[row_start[t] + k] = r
             at = value_start[t] + k * dim
             if j + 1 == used_groups or rows[j + 1] >= first_row[t + 1]:

@@ -16,6 +16,7 @@ import numpy as np
 from numba import cuda, int64
 
 from ..._gpuhost.launch import launch
+from ..search import first_at_least, last_at_most
 from ..widen import widen
 from . import errors
 from .arrays import MAX_BLOCKS, THREADS, empty, grid
@@ -219,30 +220,6 @@ def _collection_positions(values, offsets, stride, key_slots, slot_table, table_
                 global_ids[i * per_key + m] = row
 
 
-@cuda.jit(device=True)
-def _table_of(first_row, row):
-    low, high = 0, first_row.size - 2
-    while low < high:
-        mid = (low + high + 1) // 2
-        if first_row[mid] <= row:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-@cuda.jit(device=True)
-def _first_group(rows, used, value):
-    low, high = int64(0), used
-    while low < high:
-        mid = (low + high) // 2
-        if rows[mid] < value:
-            low = mid + 1
-        else:
-            high = mid
-    return low
-
-
 @cuda.jit
 def _collection_table_grad(grad, rows, starts, counts, order, used_groups, bag_of, offsets,
                            stride, key_slots, slot_col, first_row, table_dim, table_mode,
@@ -254,11 +231,11 @@ def _collection_table_grad(grad, rows, starts, counts, order, used_groups, bag_o
     per_key = key_slots.shape[1]
     for j in range(cuda.blockIdx.x, distinct, cuda.gridDim.x):
         g = rows[j]
-        t = _table_of(first_row, g)
+        t = last_at_most(first_row, g)
         r = g - first_row[t]
         dim, mode = table_dim[t], table_mode[t]
         if sparse:
-            k = j - _first_group(rows, distinct, first_row[t])
+            k = j - first_at_least(rows, distinct, first_row[t])
             at = value_start[t] + k * dim
             if cuda.threadIdx.x == 0:
                 rows_out[row_start[t] + k] = r
