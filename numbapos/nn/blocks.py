@@ -81,10 +81,6 @@ def _table_options(block, word: Embedding, position: Embedding, token_type: Embe
     return options
 
 
-_WEIGHT_NAMES = {name: f"{name}.weight" for name in
-                 ("word_embeddings", "position_embeddings", "token_type_embeddings", "wte", "wpe")}
-
-
 def _forward_options(*tables: Embedding):
     """The tables' options for a forward call: None when no table clips (the fast path)."""
     if all(table.max_norm is None for table in tables):
@@ -403,7 +399,7 @@ class BertEmbeddings(Module):
             for name, child in self._modules.items():
                 if isinstance(child, Embedding):
                     param = child.weight
-                    watched.append((_WEIGHT_NAMES.get(name) or f"{name}.weight", param,
+                    watched.append((f"{name}.weight", param,
                                     param.data, param._version))
             gamma = self.LayerNorm.weight
             if gamma is not None:

@@ -88,8 +88,7 @@ def pool_collection(values, offsets, stride, weight, layout, per_sample_weights,
              and out.dtype == np.float32 and out.flags.c_contiguous)
     kernel(values, offsets, np.int64(stride), weight, layout.slot_key, layout.slot_table,
            layout.slot_col, layout.table_start, layout.table_dim, layout.table_rows,
-           layout.table_mode, per_sample_weights, out, argmax, np.int64(fmt),
-           option(fmt != TableFormat.FLOAT), option(lanes))
+           layout.table_mode, per_sample_weights, out, argmax, np.int64(fmt), option(lanes))
 
 
 def collection_positions(values, offsets, stride, layout, global_ids, bag_of):
@@ -181,17 +180,14 @@ def _first_bad_id(values, offsets, stride, key_slots, slot_table, table_rows):
 
 
 @kernel(inline="always")
-def _widen_at(weight, at, fmt, half=True):
-    # half None (a float table): the element itself, with no format branch in the loop.
-    if half is None:
-        return weight[at]
+def _widen_at(weight, at, fmt):
     return widen(weight[at], fmt)
 
 
 @kernel(parallel=True)
 def _pool_collection(values, offsets, stride, weight, slot_key, slot_table, slot_col,
                      table_start, table_dim, table_rows, table_mode, psw, out, argmax, fmt,
-                     half, lanes):
+                     lanes):
     # lanes (True or None): float32 tables and a C-contiguous float32 out, whose sums'
     # leading columns go through the bags' Lanes loop (the same operations, in registers).
     for bag in prange(slot_key.size * stride):
@@ -215,7 +211,7 @@ def _pool_collection(values, offsets, stride, weight, slot_key, slot_table, slot
             for i in range(start, end):
                 row = base + np.int64(values[i]) * dim
                 for d in range(dim):
-                    value = _widen_at(weight, row + d, fmt, half)
+                    value = _widen_at(weight, row + d, fmt)
                     if first or value > acc[d]:
                         acc[d] = value
                         if argmax is not None:
@@ -231,12 +227,12 @@ def _pool_collection(values, offsets, stride, weight, slot_key, slot_table, slot
             row = base + np.int64(values[i]) * dim
             if psw is None:
                 for d in range(done, dim):
-                    acc[d] += _widen_at(weight, row + d, fmt, half)
+                    acc[d] += _widen_at(weight, row + d, fmt)
             else:  # FBGEMM's kernel (embedding_bag's without padding): one rounding each
                 s_i = acc.dtype.type(psw[i])
                 for d in range(done, dim):
                     acc[d] = fused_multiply_add(s_i, acc.dtype.type(_widen_at(weight, row + d,
-                                                                              fmt, half)),
+                                                                              fmt)),
                                                 acc[d])
         used = end - start
         if mode == MEAN and used > 1:
