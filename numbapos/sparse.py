@@ -145,7 +145,10 @@ class SparseRows:
         """Sum the rows of an unsummed gradient now (no-op when summed); returns self."""
         if self._pending is not None:
             groups, grad, scale = self._pending
-            self._values, self._pending = _ops.sum_row_groups(groups, grad, scale), None
+            values = _ops.sum_row_groups(groups, grad, scale)
+            if self._used is None:  # the rows were trimmed already (read since): trim these too
+                values = values[:self._indices.shape[0]]
+            self._values, self._pending = values, None
         return self
 
     @property

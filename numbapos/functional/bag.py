@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks, _device
-from .._args import TableFormat
+from .._args import RowGroups, TableFormat
 from ..sparse import SparseRows
 from ._common import Planned, backend_for, check_range, flatten, on_backend
-from .embedding import _check_clippable, _sparse_rows
+from .embedding import _check_clippable, _lazy_arrays, _sparse_rows
 from .half import half_format
 
 __all__ = ["embedding_bag", "embedding_bag_backward"]
@@ -17,6 +17,7 @@ __all__ = ["embedding_bag", "embedding_bag_backward"]
 # every scalar the kernels get derives from the arrays' metadata and the options.
 _FORWARDS = Planned("embedding_bag")
 _BACKWARDS = Planned("embedding_bag_backward")
+_LAZY_BACKWARDS = Planned("embedding_bag_backward, sparse and lazy")
 
 # The kernels' pooling modes (kernels/cpu/bag.py: SUM, MEAN, MAX).
 MODES = {"sum": 0, "mean": 1, "max": 2}
@@ -236,7 +237,8 @@ def _forward(input, weight, offsets, max_norm, norm_type, mode, per_sample_weigh
 
 def embedding_bag_backward(grad_output, input, weight, offsets=None, scale_grad_by_freq=False,
                            mode="mean", sparse=False, per_sample_weights=None,
-                           include_last_offset=False, padding_idx=None):
+                           include_last_offset=False, padding_idx=None, *, lazy=False,
+                           values_out=None):
     """Gradients of :func:`embedding_bag`: of the table and of ``per_sample_weights``.
 
     Deterministic: positions are grouped by row with the stable grouping of
@@ -262,6 +264,23 @@ def embedding_bag_backward(grad_output, input, weight, offsets=None, scale_grad_
     sparse : bool, default False
         Return the table's gradient as :class:`~numbapos.sparse.SparseRows`
         (every mode, unlike PyTorch's max; with ``scale_grad_by_freq`` too).
+    lazy : bool, default False
+        With ``sparse=True`` and plain sums (``mode="sum"``, no
+        ``per_sample_weights``, no ``scale_grad_by_freq``): group the ids by
+        row but leave the row sums undone (``SparseRows.summed`` is False), as
+        :func:`~numbapos.functional.embedding_backward` does with ``lazy``:
+        each row's gradient is then summed from ``grad_output``'s bags when
+        ``values`` is first read or inside a fused optimiser update, which
+        never stores it (the same bits). ``grad_output`` must not change until
+        then. Ignored in the other cases (the rows come summed).
+    values_out : ndarray, optional
+        With ``sparse=True`` (not ``lazy``): a C-contiguous ``(M, D)`` buffer
+        of the gradient's dtype and device with ``M >= input.size`` (an upper
+        bound on the rows used), into whose first rows the values are written
+        (the SparseRows holds a view), as for
+        :func:`~numbapos.functional.embedding_backward`: a training loop reuses
+        one buffer instead of page-faulting a new gradient at every step
+        (``nn.EmbeddingBag`` does on the CPU).
 
     Returns
     -------
@@ -278,7 +297,11 @@ def embedding_bag_backward(grad_output, input, weight, offsets=None, scale_grad_
         As :func:`embedding_bag`; ValueError for a ``grad_output`` not
         ``(B, D)`` of the result's dtype, ``scale_grad_by_freq`` with max.
     """
-    if type(weight) is not np.ndarray:  # GPU data: its plan if any
+    if type(weight) is not np.ndarray and values_out is None:  # GPU data: its plan if any
+        if lazy:
+            return _lazy_backward(grad_output, input, weight, offsets, scale_grad_by_freq,
+                                  mode, sparse, per_sample_weights, include_last_offset,
+                                  padding_idx)
 
         def full():
             return _backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode,
@@ -291,7 +314,7 @@ def embedding_bag_backward(grad_output, input, weight, offsets=None, scale_grad_
             unpack=_grad_arrays,
             pack=lambda made, _: _grads(made, sparse, weighted, weight.shape[0]))
     return _backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode, sparse,
-                     per_sample_weights, include_last_offset, padding_idx)
+                     per_sample_weights, include_last_offset, padding_idx, lazy, values_out)
 
 
 # A planned backward's result is made of the arrays its call allocates: the SparseRows's
@@ -303,6 +326,27 @@ def _grad_arrays(result):
     return made + (() if grad_weights is None else (grad_weights,)), None
 
 
+def _lazy_backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode, sparse,
+                   per_sample_weights, include_last_offset, padding_idx):
+    """A GPU backward with ``lazy``: a plain sum's row groups through their plan (its
+    result is made of the groups' arrays, as a lazy ``embedding_backward``'s), else the
+    ordinary path."""
+
+    def full():
+        return _backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode,
+                         sparse, per_sample_weights, include_last_offset, padding_idx, True)
+
+    if not (sparse and mode == "sum" and per_sample_weights is None and not scale_grad_by_freq
+            and _device.is_c_contiguous(grad_output)):
+        return full()
+    num_rows = weight.shape[0]
+    return _LAZY_BACKWARDS.call(
+        full, (grad_output, input, weight, offsets), (include_last_offset, padding_idx),
+        unpack=lambda result: _lazy_arrays(result[0]),
+        pack=lambda made, _: (SparseRows._unsummed(RowGroups(*made), grad_output, False,
+                                                   num_rows), None))
+
+
 def _grads(made, sparse, weighted, num_rows):
     parts = 3 if sparse else 1
     grad_weight = _sparse_rows(made[:parts], num_rows) if sparse else made[0]
@@ -310,7 +354,8 @@ def _grads(made, sparse, weighted, num_rows):
 
 
 def _backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode, sparse,
-              per_sample_weights, include_last_offset, padding_idx):
+              per_sample_weights, include_last_offset, padding_idx, lazy=False,
+              values_out=None):
     """:func:`embedding_bag_backward`'s ordinary path."""
     weight = _checks.check_table(weight)
     half = _checks.is_half_dtype(weight.dtype)
@@ -325,6 +370,13 @@ def _backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode, spa
         raise ValueError(f"grad_output: expected shape {(call.bags, dim)} and dtype "
                          f"{result_dtype} (the pooled result's), got shape "
                          f"{tuple(grad_output.shape)} and dtype {grad_output.dtype}")
+    if values_out is not None:
+        if not sparse or lazy:
+            raise ValueError("values_out: only for sparse=True without lazy (the values of "
+                             "a SparseRows)")
+        values_out = _checks.check_values_buffer(
+            values_out, call.flat.size, dim, result_dtype,
+            avoid=(grad_output, weight, call.flat, call.offsets, call.weights))
     fmt = half_format(weight.dtype) if half else TableFormat.FLOAT
     table = K.contiguous(weight).view(_UINT16) if half else weight
     grad = K.contiguous(grad_output)
@@ -338,8 +390,14 @@ def _backward(grad_output, input, weight, offsets, scale_grad_by_freq, mode, spa
         K.pool_bags(call.flat, call.offsets, call.width, table, call.mode, call.padding, None,
                     K.empty((call.bags, dim), result_dtype), argmax, int(fmt))
     groups = K.group_rows(call.flat, None if call.padding < 0 else call.padding, num_rows)
+    if (lazy and sparse and call.mode == MODES["sum"] and call.weights is None
+            and not scale_grad_by_freq):
+        return SparseRows._unsummed(K.bags_of_groups(groups, bag_of), grad, False,
+                                    num_rows), None
     if sparse:
-        values = K.empty((groups.rows.shape[0], dim), result_dtype)
+        capacity = groups.rows.shape[0]  # the rows used (CPU) or their upper bound (GPU)
+        values = (K.empty((capacity, dim), result_dtype) if values_out is None
+                  else values_out[:capacity])
         K.bag_table_grad(grad, groups, bag_of, sizes, call.mode, call.weights, argmax,
                          bool(scale_grad_by_freq), values, False)
         grad_weight = SparseRows._grouped(groups, values, num_rows)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks, _device
-from .._alignment import aligned_copy
+from .._alignment import table_copy
 from .._args import TableFormat
 from ._common import backend_for, flatten, on_backend
 
@@ -48,9 +48,9 @@ def to_table_dtype(values, dtype):
 
     16-bit dtypes round to nearest even (``ml_dtypes`` / NumPy casts, which the
     kernels' conversions match bit for bit). From 1 MB on the table starts on a
-    cache line (:mod:`numbapos._alignment`).
+    cache line, from 32 MB on it lies in huge pages (:mod:`numbapos._alignment`).
     """
-    return aligned_copy(values, dtype)
+    return table_copy(values, dtype)
 
 
 def widen_table(table, rows=None):

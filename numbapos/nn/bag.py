@@ -8,6 +8,7 @@ from .. import _checks, _device
 from ..functional.bag import MODES, embedding_bag, embedding_bag_backward
 from ..functional.half import to_table_dtype
 from . import init as initializers
+from ._outputs import OutputBuffer
 from .module import Module
 from .parameter import Parameter
 
@@ -105,6 +106,7 @@ class EmbeddingBag(Module):
                 raise ValueError(f"_weight: expected shape {shape} (num_embeddings, "
                                  f"embedding_dim), got {tuple(table.shape)}")
         self.weight = Parameter(table)
+        self._grad_values = OutputBuffer()  # reused values of sparse gradients (CPU)
         self._place(device)
 
     @classmethod
@@ -156,6 +158,10 @@ class EmbeddingBag(Module):
                 self._watch((("weight", self.weight),))))
         return result
 
+    def _on_device_change(self) -> None:
+        super()._on_device_change()
+        self._grad_values.clear()
+
     def backward(self, grad_output):
         """Accumulate the table gradient of the latest unconsumed :meth:`forward`.
 
@@ -178,11 +184,17 @@ class EmbeddingBag(Module):
             "the shape of the matching forward's output", "the table's gradient dtype")
         if self.mode == "max" or weights is not None:
             self._check_unchanged(watched)
+        lazy = self.sparse and self.weight.fuses_step  # plain sums summed inside the update
+        values_out = None
+        if self.sparse and not lazy and type(self.weight.data) is np.ndarray:
+            # The previous step's gradient values, once that gradient is dropped.
+            values_out = self._grad_values.take((input.size, self.embedding_dim),
+                                                grad_output.dtype)
         grad_weight, grad_weights = embedding_bag_backward(
             grad_output, input, self.weight.data, offsets,
             scale_grad_by_freq=self.scale_grad_by_freq, mode=self.mode, sparse=self.sparse,
             per_sample_weights=weights, include_last_offset=self.include_last_offset,
-            padding_idx=self.padding_idx)
+            padding_idx=self.padding_idx, lazy=lazy, values_out=values_out)
         self._release()
         if self.weight.requires_grad:
             self.weight.accumulate_grad(grad_weight, fresh=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import _checks
-from .._alignment import aligned_copy
+from .._alignment import table_copy
 from ..functional.init import keyed_normal_
 
 Initializer = Callable[[tuple, np.random.Generator], np.ndarray]
@@ -105,11 +105,11 @@ def keyed_normal(seed: int = 0, mean: float = 0.0, std: float = 1.0) -> Initiali
 def make_array(init: Initializer, shape: tuple, dtype, rng: np.random.Generator,
                name: str = "init") -> np.ndarray:
     """Run ``init(shape, rng)`` and return a fresh C-contiguous array of ``dtype`` (from
-    1 MB on, on a cache line: :mod:`numbapos._alignment`)."""
+    1 MB on, on a cache line; from 32 MB on, in huge pages: :mod:`numbapos._alignment`)."""
     if not callable(init):
         raise TypeError(f"{name}: expected a callable init(shape, rng), got "
                         f"{_checks.quote(init)}")
     values = np.asarray(init(tuple(shape), rng))
     if values.shape != tuple(shape):
         raise ValueError(f"{name}: returned shape {values.shape}, expected {tuple(shape)}")
-    return aligned_copy(values, dtype)
+    return table_copy(values, dtype)

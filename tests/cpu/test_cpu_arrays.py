@@ -66,3 +66,30 @@ def test_initialised_tables_are_aligned_and_cast_as_numpy_casts(dtype):
     module = nn.Embedding(LARGE // 64, 64, dtype=np.dtype(dtype).name)
     assert module.weight.data.ctypes.data % LINE_BYTES == 0
     assert module.weight.data.dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_large_tables_lie_in_huge_pages_and_behave_as_numpys(dtype, monkeypatch):
+    import copy
+    import mmap
+    import pickle
+
+    from numbapos import _alignment
+    from numbapos.nn.bag import EmbeddingBag
+
+    monkeypatch.setattr(_alignment, "HUGE_PAGE_MIN_BYTES", 1 << 20)  # a small "large" table
+    values = np.random.default_rng(3).standard_normal((10000, 64))  # >= 1 MB in 16 bits
+    table = _alignment.table_copy(values, dtype)
+    assert table.tobytes() == values.astype(dtype).tobytes()
+    assert table.flags.c_contiguous and table.flags.writeable and table.flags.aligned
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        assert table.ctypes.data % _alignment.HUGE_PAGE_BYTES == 0
+    for same in (pickle.loads(pickle.dumps(table)), copy.deepcopy(table), table.copy()):
+        assert same.tobytes() == table.tobytes()
+    bag = EmbeddingBag(5000, 64, mode="sum", seed=0)  # initialised through make_array
+    assert bag.weight.data.ctypes.data % LINE_BYTES == 0
+    small = _alignment.table_copy(values[:10], dtype)  # below the threshold: NumPy's memory
+    assert small.tobytes() == values[:10].astype(dtype).tobytes()
+    monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)  # macOS, Windows
+    plain = _alignment.table_copy(values, dtype)
+    assert plain.tobytes() == table.tobytes() and plain.ctypes.data % LINE_BYTES == 0

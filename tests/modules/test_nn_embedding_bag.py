@@ -111,10 +111,11 @@ def test_half_table_pools_in_float32():
 @pytest.mark.parametrize("make", [lambda p: numbapos.optim.SGD(p, lr=0.1, momentum=0.9),
                                   numbapos.optim.Adam, numbapos.optim.Adagrad,
                                   numbapos.optim.RowWiseAdagrad])
-def test_every_optimiser_steps_a_sparse_bag_with_the_dense_bits(make):
+@pytest.mark.parametrize("mode", ["mean", "sum"])  # sum: fused, its rows summed in the update
+def test_every_optimiser_steps_a_sparse_bag_with_the_dense_bits(make, mode):
     tables = []
     for sparse, fuse in ((False, False), (True, False), (True, True)):
-        bag = EmbeddingBag(10, 4, mode="mean", sparse=sparse, seed=0)
+        bag = EmbeddingBag(10, 4, mode=mode, sparse=sparse, seed=0)
         opt = make(bag.parameters())
         if fuse:
             opt.fuse_with_backward()
@@ -125,9 +126,33 @@ def test_every_optimiser_steps_a_sparse_bag_with_the_dense_bits(make):
             opt.zero_grad()
         tables.append(bag.weight.data)
     untouched = [0, 3, 4, 6, 7, 8, 9]
-    np.testing.assert_array_equal(tables[1], tables[2])
+    np.testing.assert_array_equal(tables[1].view(np.uint32), tables[2].view(np.uint32))
     np.testing.assert_array_equal(tables[1][[1, 2, 5]], tables[0][[1, 2, 5]])
     start = EmbeddingBag(10, 4, seed=0).weight.data
     for table in tables:  # rows no bag named never move (zero gradients step by zero)
         np.testing.assert_array_equal(table[untouched], start[untouched])
         assert np.all(table[[1, 2, 5]] != start[[1, 2, 5]])
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"], indirect=True)
+def test_a_fused_sgd_step_of_a_sum_bag_is_the_unfused_step(rng, device):
+    ids = rng.integers(0, 30, 40)
+    ids[:6] = [3, 3, 7, 3, 0, 7]  # repeated ids (0 is padding)
+    offsets = np.array([0, 5, 5, 12])
+    grad = rng.standard_normal((4, 6)).astype(np.float32)
+    grad[1] = -0.0  # -0.0 terms, -0.0 table entries: the sign of zero is kept too
+    tables = []
+    for fuse in (False, True):
+        bag = EmbeddingBag(30, 6, mode="sum", sparse=True, padding_idx=0, seed=1,
+                           device=device)
+        bag.weight.data[2] = on(device, np.full(6, -0.0, np.float32))
+        opt = numbapos.optim.SGD(bag.parameters(), lr=0.5, momentum=0.9)
+        if fuse:
+            opt.fuse_with_backward()
+        for step in range(3):
+            bag(on(device, np.roll(ids, step)), on(device, offsets))
+            bag.backward(on(device, grad))
+            opt.step()
+            opt.zero_grad()
+        tables.append(host(bag.weight.data))
+    np.testing.assert_array_equal(tables[0].view(np.uint32), tables[1].view(np.uint32))

@@ -307,3 +307,35 @@ def test_bag_vs_embedding(rng, mode):
     np.testing.assert_array_equal(embedding_bag(ids.reshape(-1), weight, flat_offsets,
                                                 mode=mode),
                                   embedding_bag(ids, weight, mode=mode))
+
+
+LAZY = [(mode, weighted, sgbf, pad) for mode, weighted, sgbf in
+        (("sum", False, False), ("sum", True, False), ("sum", False, True),
+         ("mean", False, False)) for pad in (None, 1)]
+
+
+@pytest.mark.parametrize("device, mode, weighted, sgbf, pad", device_cases(LAZY))
+def test_lazy_backward_leaves_plain_sums_to_the_update_with_the_same_bits(
+        rng, device, mode, weighted, sgbf, pad):
+    ids, offsets, weight = _case(rng, np.float32, np.int64, False, False, V=6, bags=8)
+    ids[:4] = [1, 1, 2, 1]
+    psw = rng.standard_normal(ids.shape).astype(np.float32) if weighted else None
+    grad_out = rng.standard_normal((offsets.size, weight.shape[1])).astype(np.float32)
+    grad_out[:, 0] = -0.0  # a column whose sums are all -0.0 terms
+    args = [on(device, a) for a in (grad_out, ids, weight, offsets)]
+    kwargs = dict(mode=mode, sparse=True, per_sample_weights=on(device, psw),
+                  scale_grad_by_freq=sgbf, padding_idx=pad)
+    summed, _ = embedding_bag_backward(*args, **kwargs)
+    lazy, _ = embedding_bag_backward(*args, lazy=True, **kwargs)
+    plain = mode == "sum" and not weighted and not sgbf
+    assert lazy.summed is not plain
+    np.testing.assert_array_equal(host(lazy.indices), host(summed.indices))
+    np.testing.assert_array_equal(host(lazy.materialize().values).view(np.uint32),
+                                  host(summed.values).view(np.uint32))
+    dense, _ = embedding_bag_backward(*args[:3], on(device, offsets), mode=mode,
+                                      per_sample_weights=on(device, psw),
+                                      scale_grad_by_freq=sgbf, padding_idx=pad)
+    rows = host(summed.indices)
+    assert host(dense)[rows].tobytes() == host(summed.values).tobytes()
+    if plain:  # a plain sum starts from its first term: the -0.0 column stays -0.0
+        assert np.all(np.signbit(host(summed.values)[:, 0]))

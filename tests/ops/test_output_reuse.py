@@ -236,3 +236,61 @@ def test_values_out_of_the_functional_backward():
         F.embedding_backward(grad, ids, 5, sparse=True, lazy=True, values_out=buf)
     with pytest.raises(ValueError, match="must not share memory"):
         F.embedding_backward(grad, ids, 5, sparse=True, values_out=grad.reshape(6, 4))
+
+
+def test_a_sparse_bag_reuses_the_dropped_gradient_values():
+    import numbapos.functional as F
+
+    rng = np.random.default_rng(8)
+    bag = nn.EmbeddingBag(VOCAB, DIM, mode="sum", sparse=True, seed=0)
+    a, b = batches(2)  # one bag per row of 160 ids: 1,280 ids, values above the threshold
+    grads = [rng.normal(size=(BATCH[0], DIM)).astype(np.float32) for _ in range(2)]
+    bag(a)
+    bag.backward(grads[0])
+    kept = bag.weight.grad
+    snapshot = kept.values.copy()
+    bag.zero_grad()
+    bag(b)
+    bag.backward(grads[1])  # `kept` is still referenced: a new buffer
+    np.testing.assert_array_equal(kept.values, snapshot)
+    expected, _ = F.embedding_bag_backward(grads[1], b, bag.weight.data, mode="sum",
+                                           sparse=True)
+    np.testing.assert_array_equal(bag.weight.grad.values, expected.values)
+    where = address(bag.weight.grad.values)
+    del kept
+    bag.zero_grad()
+    bag(a)
+    bag.backward(grads[0])
+    assert address(bag.weight.grad.values) == where  # the dropped gradient's buffer
+    np.testing.assert_array_equal(bag.weight.grad.values, snapshot)
+
+
+def test_values_out_of_the_functional_bag_backward():
+    import numbapos.functional as F
+
+    rng = np.random.default_rng(9)
+    ids, offsets = np.array([3, 1, 3, 2, 3, 1]), np.array([0, 2])
+    weight = rng.normal(size=(8, 4))
+    grad = rng.normal(size=(2, 4))
+    buf = np.full((6, 4), np.nan)
+    got, _ = F.embedding_bag_backward(grad, ids, weight, offsets, mode="mean", sparse=True,
+                                      values_out=buf)
+    expected, _ = F.embedding_bag_backward(grad, ids, weight, offsets, mode="mean",
+                                           sparse=True)
+    np.testing.assert_array_equal(got.indices, expected.indices)
+    np.testing.assert_array_equal(got.values, expected.values)
+    assert np.shares_memory(got.values, buf)
+    for bad, message in [
+        (np.zeros((5, 4)), r"values_out: expected shape \(M, 4\) with M >= 6"),
+        (np.zeros((6, 3)), r"expected shape \(M, 4\)"),
+        (np.zeros((6, 4), np.float32), "dtype float64"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            F.embedding_bag_backward(grad, ids, weight, offsets, sparse=True, values_out=bad)
+    with pytest.raises(ValueError, match="only for sparse=True without lazy"):
+        F.embedding_bag_backward(grad, ids, weight, offsets, values_out=buf)
+    with pytest.raises(ValueError, match="only for sparse=True without lazy"):
+        F.embedding_bag_backward(grad, ids, weight, offsets, sparse=True, lazy=True,
+                                 values_out=buf)
+    with pytest.raises(ValueError, match="must not share memory"):
+        F.embedding_bag_backward(grad, ids, weight, offsets, sparse=True, values_out=weight[:6])

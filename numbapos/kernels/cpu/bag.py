@@ -13,7 +13,11 @@ that divides the sum by the bag's length, weighted sums a fused multiply-add per
 entry without padding (FBGEMM's kernel) and a rounded product added with it, a
 max that keeps the first entry on ties. The table gradient groups positions by
 row (the grouping of ``kernels/cpu/embedding.py``) and sums each row in input
-order, one thread per row: bit-identical for any thread count.
+order, one thread per row: bit-identical for any thread count. A plain sum's
+row starts from its first term, not from +0.0, as ``embedding``'s gradient
+and the fused optimiser updates do (only the sign of a zero whose terms are
+all -0.0 differs from PyTorch's dense gradient); :func:`bags_of_groups` lets
+those updates sum a bag's gradient without storing it.
 
 Float32 sums and means pool 128, 64, 32 or 16 columns at a time in registers
 (:class:`Lanes`, also used by :mod:`.quantized`): every column still takes
@@ -34,8 +38,8 @@ from .jit import kernel
 from .prefetch import AHEAD, half_prefetch_listed
 from .rowaddress import row_address
 
-__all__ = ["bag_positions", "bag_table_grad", "bag_weights_grad", "check_bag_offsets",
-           "pool_bags"]
+__all__ = ["bag_positions", "bag_table_grad", "bag_weights_grad", "bags_of_groups",
+           "check_bag_offsets", "pool_bags"]
 
 # The pooling modes as the kernels see them (numbapos.functional.bag maps the names).
 SUM, MEAN, MAX = 0, 1, 2
@@ -105,6 +109,13 @@ def bag_table_grad(grad_output, groups, bag_of, bag_sizes, mode, per_sample_weig
     kernel(grad_output, groups.rows, groups.starts, groups.counts, groups.order, bag_of,
            bag_sizes, np.int64(mode), per_sample_weights, argmax, option(scale_grad_by_freq),
            out, option(dense))
+
+
+def bags_of_groups(groups, bag_of):
+    """``groups`` (:class:`~numbapos._args.RowGroups`) with each position replaced by its
+    bag: a plain sum's row groups as rows of ``grad_output``, for the fused optimiser
+    updates (``order`` past the grouped positions is never read)."""
+    return groups._replace(order=bag_of[groups.order])
 
 
 def bag_weights_grad(grad_output, flat, bag_of, weight, padding, out, fmt):
@@ -518,10 +529,14 @@ def _bag_of(flat, offsets, width, padding, bag_of, sizes):
 def _table_grad(grad, rows, starts, counts, order, bag_of, bag_sizes, mode, psw, argmax,
                 scale_by_freq, out, dense):
     dim = out.shape[1]
+    plain = argmax is None and scale_by_freq is None and mode == SUM and psw is None
+    # -0.0 + g is g: a plain sum starts from its first term, as the fused optimiser
+    # updates' sums do (sum_segment), so fused and unfused steps give the same bits.
+    start = -0.0 if plain else 0.0
     for j in prange(rows.size):
         acc = out[rows[j]] if dense is not None else out[j]
         for d in range(dim):
-            acc[d] = 0
+            acc[d] = start
         count = counts[j]
         for k in range(starts[j], starts[j] + count):
             i = order[k]
@@ -531,7 +546,7 @@ def _table_grad(grad, rows, starts, counts, order, bag_of, bag_sizes, mode, psw,
                     if argmax[b, d] == i:
                         acc[d] += grad[b, d]
                 continue
-            if scale_by_freq is None and mode == SUM and psw is None:
+            if plain:
                 for d in range(dim):
                     acc[d] += grad[b, d]
                 continue

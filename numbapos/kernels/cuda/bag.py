@@ -29,12 +29,12 @@ from numba import config, cuda, float64, int64
 from ..._gpuhost.launch import launch
 from ..widen import widen
 from . import errors, vector
-from .arrays import MAX_BLOCKS, THREADS, absent, grid
+from .arrays import MAX_BLOCKS, THREADS, absent, empty, grid
 from .fpmath import cast_like, mul_rn
 from .vector import load_lanes, per_lane, row_threads, store_lanes
 
-__all__ = ["bag_positions", "bag_table_grad", "bag_weights_grad", "check_bag_offsets",
-           "pool_bags"]
+__all__ = ["bag_positions", "bag_table_grad", "bag_weights_grad", "bags_of_groups",
+           "check_bag_offsets", "pool_bags"]
 
 SUM, MEAN, MAX = 0, 1, 2  # as kernels/cpu/bag.py
 
@@ -132,6 +132,15 @@ def bag_table_grad(grad_output, groups, bag_of, bag_sizes, mode, per_sample_weig
            1 if per_sample_weights is not None else 0, winners,
            1 if scale_grad_by_freq else 0, out, 1 if dense else 0, out.dtype.type(0),
            errors.device_word())
+
+
+def bags_of_groups(groups, bag_of):
+    """See the CPU twin: one launch over the grouped positions (``groups.used[1]``)."""
+    order = empty(groups.order.shape, np.int64)
+    if order.shape[0]:
+        launch(_bags_of_positions, grid(order.shape[0]), THREADS, groups.order, groups.used,
+               bag_of, order)
+    return groups._replace(order=order)
 
 
 def bag_weights_grad(grad_output, flat, bag_of, weight, padding, out, fmt):
@@ -303,6 +312,13 @@ def _bag_of(flat, offsets, width, padding, bag_of, sizes):
         sizes[b] = used
 
 
+@cuda.jit
+def _bags_of_positions(order, used, bag_of, out):
+    k = cuda.grid(1)
+    if k < used[1]:
+        out[k] = bag_of[order[k]]
+
+
 @cache
 def _table_grad_kernel(lanes, mode):
     """The table gradient of ``mode`` whose threads own ``lanes`` adjacent columns (1, or one
@@ -354,6 +370,7 @@ def _table_grad_kernel(lanes, mode):
         vectors = dim // lanes
         plain = scale_by_freq == 0 and mode == SUM and weighted == 0
         blank = per_lane(_same, lanes, zero)
+        start = per_lane(_same, lanes, -zero) if plain else blank  # the CPU's -0.0 start
         for j in range(cuda.blockIdx.x, used[0], cuda.gridDim.x):
             target = rows[j] if dense else j
             count = counts[j]
@@ -362,7 +379,7 @@ def _table_grad_kernel(lanes, mode):
             for v0 in range(0, vectors, step):  # every thread, so the barriers are uniform
                 d = (v0 + t) * lanes
                 active = d < dim
-                acc = blank
+                acc = start
                 for base in range(first, last, step):
                     cuda.syncthreads()  # the previous positions were read
                     k = base + t
