@@ -452,8 +452,9 @@ def raise_launch_failure(code: int) -> None:
 # ---------------------------------------------------------------- outputs
 
 
-def memory_view(memory, offset: int, size: int):
-    """``size`` bytes of the Numba memory pointer ``memory`` from ``offset``, keeping it alive.
+def memory_view(memory, offset: int, size: int, pointer=None):
+    """``size`` bytes of the Numba memory pointer ``memory`` from ``offset``, keeping it alive
+    (``pointer``: their address, when the caller knows it).
 
     ``MemoryPointer.view`` also counts references for an explicit ``free()`` (an
     ``OwnedPointer`` with a finalizer: about 3 us); a plan's output views only need
@@ -461,8 +462,9 @@ def memory_view(memory, offset: int, size: int):
     """
     from numba.cuda.cudadrv.driver import MemoryPointer, binding
 
-    return MemoryPointer(memory.context, binding.CUdeviceptr(memory.device_pointer_value + offset),
-                         size, owner=memory)
+    if pointer is None:
+        pointer = memory.device_pointer_value + offset
+    return MemoryPointer(memory.context, binding.CUdeviceptr(pointer), size, owner=memory)
 
 
 _OWN_MEMORY = ("gpu_data", "_strided_memory_view_shim")  # per array, never copied
@@ -509,11 +511,13 @@ class ArrayFactory:
         return cls(example, ((example.dtype, example.shape, example.strides, 0), pointer,
                              pointer, pointer + example.alloc_size), context)
 
-    def __call__(self, memory=None):
-        """A new array on ``memory`` (a Numba memory pointer), or on a new block."""
+    def __call__(self, memory=None, pointer=None):
+        """A new array on ``memory`` (a Numba memory pointer, at address ``pointer`` when the
+        caller knows it), or on a new block."""
         if memory is None:
             memory = self.context.memalloc(self.nbytes)
-        pointer = memory.device_pointer_value
+        if pointer is None:
+            pointer = memory.device_pointer_value
         array = self.cls.__new__(self.cls)
         state = array.__dict__
         state.update(self.state)

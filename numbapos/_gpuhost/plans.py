@@ -125,8 +125,11 @@ def clear() -> None:
 def _described(x):
     """``(signature, pointer, first byte, end byte)`` of a Numba device array, worked out
     once per array object (its metadata never changes); None for anything else."""
-    if type(x) is not _device_array_type():
-        return None
+    if type(x) is not _DEVICE_ARRAY[0]:
+        if _DEVICE_ARRAY[0] is not None:
+            return None
+        _DEVICE_ARRAY[0] = _device_array_type()
+        return _described(x)
     try:
         return x._numbapos_plan
     except AttributeError:
@@ -140,12 +143,26 @@ def _described(x):
     return found
 
 
-def _device_array_type():
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+def signature(x):
+    """The part of a plan's key that a Numba device array gives (dtype, shape, strides, the
+    alignment of its pointer); None for anything else."""
+    found = _described(x)
+    return None if found is None else found[0]
 
-    global _device_array_type
-    _device_array_type = lambda: DeviceNDArray  # noqa: E731 (imported once, on a real GPU)
+
+_DEVICE_ARRAY = [None]  # Numba's DeviceNDArray, once imported
+
+
+def _device_array_type():
+    try:
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    except ImportError:  # Numba's simulator, whose arrays no plan describes
+        return _NoDeviceArray
     return DeviceNDArray
+
+
+class _NoDeviceArray:
+    """Stands for Numba's DeviceNDArray where there is none (the simulator)."""
 
 
 def _span(shape, strides, itemsize) -> tuple:
@@ -217,17 +234,20 @@ class Plan:
         context, sizes, outputs, names_blocks = self.outputs
         if sizes:
             blocks = [context.memalloc(size) for size in sizes]
+            starts = [block.device_pointer_value for block in blocks]
+            view = fastlaunch.memory_view
             for position, factory, base, offset in outputs:
-                memory = blocks[base]
+                memory, pointer = blocks[base], starts[base]
                 if offset is not None:  # a view into the block, which it keeps alive
-                    memory = fastlaunch.memory_view(memory, offset, factory.nbytes)
+                    pointer += offset
+                    memory = view(memory, offset, factory.nbytes, pointer)
                 if position == len(arrays):
-                    arrays.append(factory(memory)[0])  # a part of an unpacked result
+                    arrays.append(factory(memory, pointer)[0])  # a part of an unpacked result
                 else:
-                    arrays[position] = factory(memory)[0]
+                    arrays[position] = factory(memory, pointer)[0]
         pointers = [0 if x is None else x._numbapos_plan[1] for x in arrays]
         if names_blocks:  # slots past the op's arrays: the blocks the outputs live in
-            pointers.extend([block.device_pointer_value for block in blocks])
+            pointers.extend(starts)
         pack = _POINTER.pack_into
         native = fastlaunch.native_launcher() if settings.get("cuda_native_launch") else None
         LAUNCHES[0] += len(self.steps)

@@ -164,11 +164,22 @@ def _kernel_tables(K, tables):
 
 def _counter_for_plan(counter, training, p):
     """``(device counter or None, the counter as a plan option)`` of a block's GPU call, or
-    None where it cannot be planned. A device counter is one of the op's arrays; an
-    integer one with active dropout changes at every step."""
+    None where it cannot be planned. A device counter is one of the op's arrays (for a
+    counter the op draws from, :func:`_draws`, the one it advances); an integer one with
+    active dropout changes at every step."""
+    if _draws(counter):
+        return counter.values, "drawn by the op"
     if isinstance(counter, (int, np.integer)):
         return None if training and p else (None, counter)
     return counter, None
+
+
+def _draws(counter) -> bool:
+    """Whether ``counter`` is a dropout module's device counter
+    (``numbapos.kernels.cuda.clock.DeviceCounter``, ``nn.Dropout._draw(defer=True)``), which
+    the op draws from itself: the draw's one-thread launch is the op's (planned with it)
+    and its ``(1,)`` result lies in the op's block of outputs."""
+    return hasattr(counter, "draw_into")
 
 
 def _check_dropout(K, p, seed, training, counter) -> DropoutArgs:
@@ -569,7 +580,9 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
 
 
 _BERT_FORWARDS = Planned("bert_embeddings_forward")
-_BERT_OUTPUTS = ((9, 10, 11), (9, 10, 11, 12))  # without, with the ids snapshot
+# By (ids snapshot, counter drawn by the op): y, mean, rstd, then those two.
+_BERT_OUTPUTS = {(False, False): (9, 10, 11), (True, False): (9, 10, 11, 12),
+                 (False, True): (9, 10, 11, 13), (True, True): (9, 10, 11, 12, 13)}
 _BERT_AVOID = tuple((9, i) for i in range(9))  # out= must not overlap an input
 
 
@@ -579,7 +592,8 @@ def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_ty
     """:func:`bert_embeddings_forward`, planned on the GPU. With ``room`` (what
     ``nn.BertEmbeddings`` asks for a recorded forward on CUDA ids) it also returns an
     uninitialised array of ``input_ids``' shape and dtype, in the block of the outputs, for
-    the caller's snapshot of the ids (one allocation for all of them)."""
+    the caller's snapshot of the ids (one allocation for all of them). A ``counter`` the
+    op draws from (:func:`_draws`) adds the drawn ``(1,)`` counter, last."""
     args = (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
             ln_bias)
 
@@ -595,9 +609,9 @@ def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_ty
     if planned is None:
         return full()
     return _BERT_FORWARDS.call(
-        full, (*args, token_type_ids, position_ids, planned[0], out, None, None, None),
+        full, (*args, token_type_ids, position_ids, planned[0], out, None, None, None, None),
         (past_length, eps, p, seed, bool(training), planned[1], table_options, room),
-        outputs=_BERT_OUTPUTS[room], avoid=_BERT_AVOID)
+        outputs=_BERT_OUTPUTS[room, planned[1] == "drawn by the op"], avoid=_BERT_AVOID)
 
 
 def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
@@ -609,6 +623,9 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
                           ln_weight, ln_bias)
     K = backend_for(tables + (out,), _BERT_NAMES + ("ln_weight", "ln_bias", "out"))
     eps = _checks.check_eps(eps)
+    source = counter if _draws(counter) else None
+    if source is not None:
+        counter = source.values  # checked for the drawn counter (the same metadata)
     drop = _check_dropout(K, p, seed, training, counter)
     options = _check_options(table_options, [t.shape[0] for t in tables[:3]], _BERT_NAMES)
     shape, ids = _bert_ids(K, input_ids, token_type_ids, position_ids, past_length, tables,
@@ -620,8 +637,9 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
     _clip_tables(K, tables[:3], ids, options, _BERT_NAMES, ids.word.size)
     num_tokens = ids.word.size
     if num_tokens and K.DEVICE == "cuda":
-        y, mean, rstd, snapshot = _bert_outputs(K, out, shape + (dim,), dtype,
-                                                input_ids if room else None)
+        y, mean, rstd, snapshot, drawn = _bert_outputs(K, out, shape + (dim,), dtype,
+                                                       input_ids if room else None,
+                                                       source is not None)
     else:
         y = K.empty(shape + (dim,), dtype) if out is None else out
         if num_tokens:
@@ -630,20 +648,26 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
         else:  # numba-cuda 0.30 gives the views of an empty device array wrong shapes
             mean, rstd = K.empty(shape, dtype), K.empty(shape, dtype)
         snapshot = K.empty(input_ids.shape, input_ids.dtype) if room else None
+        drawn = K.empty((1,), np.uint64) if source is not None else None
+    if source is not None:
+        drop = drop._replace(live=source.draw_into(drawn))
     kernel_tables, fmt = _kernel_tables(K, tables)
     K.bert_forward(ids, BertTables(*kernel_tables), eps, drop, y.reshape(num_tokens, dim),
                    mean.reshape(num_tokens), rstd.reshape(num_tokens), fmt)
-    return (y, mean, rstd, snapshot) if room else (y, mean, rstd)
+    return (y, mean, rstd) + ((snapshot,) if room else ()) + ((drawn,) if source else ())
 
 
-def _bert_outputs(K, out, y_shape, dtype, ids):
-    """``(y, mean, rstd, room for a copy of ids or None)`` of a non-empty GPU forward in one
-    allocation (``y`` there only when ``out`` is None), each part 16-byte aligned."""
+def _bert_outputs(K, out, y_shape, dtype, ids, counter=False):
+    """``(y, mean, rstd, room for a copy of ids or None, room for a drawn dropout counter or
+    None)`` of a non-empty GPU forward in one allocation (``y`` there only when ``out`` is
+    None), each part 16-byte aligned."""
     parts = [] if out is None else [out]
     wanted = [(y_shape, dtype)] if out is None else []
     wanted.append(((2,) + y_shape[:-1], dtype))
     if ids is not None:
         wanted.append((tuple(ids.shape), np.dtype(ids.dtype)))
+    if counter:
+        wanted.append(((1,), np.dtype(np.uint64)))
     spans, size = [], 0
     for part_shape, part_dtype in wanted:
         nbytes = int(np.prod(part_shape)) * np.dtype(part_dtype).itemsize
@@ -653,7 +677,9 @@ def _bert_outputs(K, out, y_shape, dtype, ids):
     for (start, end), (part_shape, part_dtype) in zip(spans, wanted, strict=True):
         parts.append(block[start:end].view(part_dtype).reshape(part_shape))
     stats = parts[1]
-    return parts[0], stats[0], stats[1], parts[2] if ids is not None else None
+    rest = iter(parts[2:])
+    return (parts[0], stats[0], stats[1], next(rest) if ids is not None else None,
+            next(rest) if counter else None)
 
 
 def bert_embeddings(input_ids, word_embeddings, position_embeddings, token_type_embeddings,

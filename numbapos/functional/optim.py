@@ -10,6 +10,7 @@ options both here and when an optimiser is built.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -25,7 +26,7 @@ from .._args import (
 )
 from .._docs import fill_doc
 from ..sparse import SparseRows
-from ._common import backend_for
+from ._common import Planned, backend_for
 from .half import half_format
 
 _FLOAT32 = np.dtype(np.float32)
@@ -227,7 +228,11 @@ def _stepvalues():
 
 def _live(K, hyper, clock, param, kind, **options):
     """``hyper`` with its step-dependent values read from ``clock`` on the device, which this
-    advances by one step (``kernels/cuda/clock.py``); ``hyper`` itself without a clock."""
+    advances by one step (``kernels/cuda/clock.py``); ``hyper`` itself without a clock.
+
+    The host's values of those fields are zeroed (the kernels read the clock's), so that
+    the parameters packed for a launch do not change with them (see :func:`_live_rate`).
+    """
     if clock is None:
         return hyper
     if K.DEVICE != "cuda":
@@ -235,9 +240,89 @@ def _live(K, hyper, clock, param, kind, **options):
                         f"parameters only, got a {type(param).__name__}")
     options = {name: float(value) if name != "sparse" else value
                for name, value in options.items()}
+    fields = _LIVE_FIELDS.get((type(hyper), kind))
+    if fields is not None:
+        zero = type(getattr(hyper, fields[0]))(0)
+        hyper = hyper._replace(**dict.fromkeys(fields, zero))
     # A 16-bit table's arithmetic (and so its step's scalars) is float32.
     return K.clock.tick(clock, hyper, _checks.grad_dtype(param.dtype), getattr(K.clock, kind),
                         **options)
+
+
+# The fields of each hyper-parameter tuple that a clock's tick replaces on the device
+# (kernels/cuda/optim.py, ``_live_*``).
+_LIVE_FIELDS = {(SGDHyper, "SGD"): ("lr",)}
+
+# ---------------------------------------------------------------- plans (CUDA)
+
+_SPARSE_SGD = Planned("sparse_sgd_")
+
+
+def _typed(value):
+    """``value`` in a plan's key with its type (``True``, ``1`` and ``1.0`` are equal keys
+    that the checks tell apart)."""
+    return type(value), value
+
+
+def _live_rate(lr, clock):
+    """``lr`` in a plan's key: with a clock the kernels read the clock's rate, so any valid
+    float rate has one key (a scheduler changing it does not make a plan per step)."""
+    if clock is not None and type(lr) is float and 0.0 <= lr < math.inf:
+        return "a valid rate"
+    return _typed(lr)
+
+
+def _planned_sparse(param, grad, clock, rounding_step, stochastic_rounding, seed):
+    """``(arrays, options)`` of a sparse update's plan key beyond ``param`` and its state, or
+    None where the update is not planned.
+
+    Planned: a CUDA step from a gradient numbapos made (private, its count of rows on the
+    device) whose values need no summing or casting before the update, with a clock or
+    none, and for a 16-bit table a device rounding counter. ``arrays`` are the gradient's
+    arrays, the clock's and the counter; ``options`` what the checks of the gradient,
+    the clock and the rounding read.
+    """
+    if type(grad) is not SparseRows or not grad._private or not _device.backend_loaded("cuda"):
+        return None
+    pending = grad._pending
+    if pending is None:
+        rows, values, used = grad._padded()
+        if isinstance(used, int):
+            return None
+        arrays, source, kind = [rows, values, used], values, "summed"
+    else:
+        groups, source, scale = pending
+        arrays, kind = [*groups, source], ("unsummed", _typed(scale))
+    dtype = getattr(param, "dtype", None)
+    if not isinstance(dtype, np.dtype):
+        return None
+    half = _checks.is_half_dtype(dtype)
+    if source.dtype != (_FLOAT32 if half else dtype) and pending is not None:
+        return None  # the update sums the rows first (materialize): not a replay
+    options = (kind, grad._num_rows, clock is None)
+    if clock is not None:
+        if type(clock) is not _clock_type():
+            return None
+        arrays += [clock.values, clock.dyn(_FLOAT32 if half else dtype)]
+    if half:
+        if not _device.is_cuda_array(rounding_step):
+            return None  # a step counted on the host: a new key every step
+        arrays.append(rounding_step)
+        options += (_typed(stochastic_rounding), _typed(seed))
+    return arrays, options
+
+
+def _nothing(K, shape, dtype):
+    """The empty array a kernel gets for an absent state (on the GPU one made once, which a
+    plan may keep)."""
+    if K.DEVICE == "cuda":
+        return K.arrays.absent(dtype, len(shape))
+    return K.empty(shape, dtype)
+
+
+def _clock_type():
+    """The CUDA backend's ``Clock`` class (the backend is in use when this is asked)."""
+    return _device.kernels_for("cuda").clock.Clock
 
 
 def _update_rows(launchers, param, rows, rounding, *rest):
@@ -379,6 +464,28 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
 
     {returns}
     """
+    def full():
+        return _sparse_sgd(param, grad, momentum_buffer, row_started, lr, momentum, dampening,
+                           weight_decay, nesterov, maximize, clock, stochastic_rounding, seed,
+                           rounding_step)
+
+    if type(param) is np.ndarray:
+        return full()
+    planned = _planned_sparse(param, grad, clock, rounding_step, stochastic_rounding, seed)
+    if planned is None:
+        return full()
+    arrays, options = planned
+    values = (momentum, dampening, weight_decay, nesterov, maximize)
+    options += (_live_rate(lr, clock), values, tuple(map(type, values)))
+    # momentum_buffer and row_started must not overlap param, nor each other
+    return _SPARSE_SGD.call(full, (param, momentum_buffer, row_started, *arrays), options,
+                            outputs=(0,), avoid=((1, 0), (2, 0), (2, 1)))
+
+
+def _sparse_sgd(param, grad, momentum_buffer, row_started, lr, momentum, dampening,
+                weight_decay, nesterov, maximize, clock, stochastic_rounding, seed,
+                rounding_step):
+    """:func:`sparse_sgd_`'s ordinary path: every check, then the launches."""
     param, dtype = _sparse_target(param)
     hyper = _sgd_hyper(dtype, lr, momentum, dampening, weight_decay, nesterov, maximize)
     rounding = _rounding(param, stochastic_rounding, seed, rounding_step)
@@ -394,7 +501,7 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
         started = _checks.check_out(row_started, (param.shape[0],), np.dtype(np.bool_),
                                     "row_started", avoid=(param, bufs[0]))
     else:
-        bufs, started = [K.empty((0, 0), dtype)], K.empty((0,), np.bool_)
+        bufs, started = [_nothing(K, (0, 0), dtype)], _nothing(K, (0,), np.bool_)
     _update_rows((K.sgd_rows_, K.sgd_row_groups_), param, rows, rounding, bufs[0], started, hyper)
     return param
 

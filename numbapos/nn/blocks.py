@@ -372,7 +372,9 @@ class BertEmbeddings(Module):
         options = _table_options(self, word, position, token_type)
         arrays = self._arrays()
         data = arrays[0]
-        drop = self.dropout._draw("cpu" if type(data) is np.ndarray else _device.device_of(data))
+        # On CUDA the forward draws the dropout counter itself, into its block of outputs.
+        drop = self.dropout._draw("cpu" if type(data) is np.ndarray else _device.device_of(data),
+                                  defer=True)
         if out is None and type(input_ids) is np.ndarray:
             out = _output(self, input_ids, word, out)
         recording = self._recording()
@@ -381,6 +383,8 @@ class BertEmbeddings(Module):
         found = F.blocks._bert_forward_call(
             input_ids, *arrays, token_type_ids, position_ids, past_length, self.LayerNorm.eps,
             drop["p"], drop["seed"], drop["training"], drop["counter"], out, options, room)
+        if len(found) > 3 + room:
+            self.dropout._drawn(drop, found[-1])
         self.dropout._advance(drop)
         if options[0].max_norm is not None or options[1].max_norm is not None \
                 or options[2].max_norm is not None:

@@ -98,7 +98,7 @@ class Dropout(Module):
     def counter(self, value) -> None:
         self._buffers["counter"][()] = _checks.check_uint64(value, "counter")
 
-    def _draw(self, device: str = "cpu") -> dict:
+    def _draw(self, device: str = "cpu", defer: bool = False) -> dict:
         """The dropout keywords of the next forward on ``device`` (call :meth:`_advance` once
         it succeeded).
 
@@ -106,14 +106,25 @@ class Dropout(Module):
         mask inside their own kernels (the fused blocks, LearnedPosEmbedding).
         On ``"cuda"`` the counter is this draw's device counter (a ``(1,)``
         uint64 CUDA array, see the class notes): the device's counter has
-        advanced already, the host's moves in :meth:`_advance`.
+        advanced already, the host's moves in :meth:`_advance`. With ``defer``
+        it is the :class:`~numbapos.kernels.cuda.clock.DeviceCounter` itself,
+        for an op that draws from it (``draw_into``); :meth:`_drawn` then puts
+        the op's drawn array in its place.
         """
         active = self.training and self.p > 0.0
         counter = int(self._buffers["counter"]) if active else 0
         if active and device == "cuda":
-            counter = self._device_counter().draw()
+            source = self._device_counter()
+            counter = source.prepared() if defer else source.draw()
         return {"p": self.p, "seed": int(self._buffers["seed"]), "training": active,
                 "counter": counter}
+
+    @staticmethod
+    def _drawn(drop: dict, drawn) -> None:
+        """A deferred draw (``_draw(defer=True)``) that the op made into ``drawn``: the device
+        counter's host count advanced, ``drawn`` this forward's counter."""
+        drop["counter"].host += 1
+        drop["counter"] = drawn
 
     def _advance(self, drop: dict) -> None:
         """Move the counter past a mask drawn by a forward that succeeded."""

@@ -14,6 +14,17 @@ from .module import Module
 from .parameter import Parameter
 
 
+def _snapshot(indices):
+    """A copy of a forward's ``indices`` for its backward; a CUDA array of an index dtype,
+    which the lookup took as it is, is copied without checking it again."""
+    if getattr(indices, "dtype", None) in _INDEX_DTYPES and _device.is_cuda_array(indices):
+        return _device.copy(indices)
+    return _device.copy(_checks.check_index_array(indices))
+
+
+_INDEX_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+
+
 class Embedding(Module):
     """A table of ``num_embeddings`` vectors of size ``embedding_dim``, looked up by index.
 
@@ -177,8 +188,8 @@ class Embedding(Module):
         if self._recording():
             # A copy: the backward must use what this forward saw, even if the caller
             # reuses its index buffer in between; the options are fixed here too.
-            self._save_for_backward((_device.copy(_checks.check_index_array(indices)),
-                                     self.padding_idx, self.scale_grad_by_freq, self.sparse))
+            self._save_for_backward((_snapshot(indices), self.padding_idx,
+                                     self.scale_grad_by_freq, self.sparse))
         return result
 
     def _on_device_change(self) -> None:

@@ -162,9 +162,12 @@ class Optimizer:
         #   counter mirroring state["rounding_step"]; see _rounding_counter);
         # - _shadows: the float32 copy of a 16-bit table that _check makes for a dense step
         #   and _apply updates and stores back (empty between steps).
+        # - _checked: per CUDA parameter with a sparse gradient, what :meth:`_check` read
+        #   when it last passed (see _checked_key): the same again passes again.
         self._clocks: dict[int, object] = {}
         self._rounding_counters: dict[int, object] = {}
         self._shadows: dict[int, object] = {}
+        self._checked: dict[int, tuple] = {}
         self.defaults = self._check_options(dict(defaults))
         if isinstance(params, (Parameter, dict)) or _checks.is_array(params) \
                 or not hasattr(params, "__iter__"):
@@ -415,7 +418,47 @@ class Optimizer:
         self.momentum_dtype = _check_momentum_dtype(momentum_dtype)
 
     def _check(self, param: Parameter, group: dict) -> None:
-        """Validate ``param``, its gradient and its state, before any parameter is updated."""
+        """Validate ``param``, its gradient and its state, before any parameter is updated.
+
+        These checks read only metadata; for a CUDA parameter with a gradient numbapos made
+        they are skipped when they read the same as the last time they passed.
+        """
+        key = self._checked_key(param, group)
+        if key is not None and self._checked.get(id(param)) == key:
+            return
+        self._check_all(param, group)
+        if key is not None:
+            self._checked[id(param)] = key
+
+    def _checked_key(self, param: Parameter, group: dict):
+        """Everything :meth:`_check` reads of a CUDA ``param`` whose gradient is a private
+        :class:`SparseRows` (its arrays never handed out: nothing of them is read back), or
+        None for any other parameter: its dtype, shape and layout (``plans.signature``),
+        the gradient's, the group's options and the state's arrays."""
+        grad = param.grad
+        if type(grad) is not SparseRows or not grad._private \
+                or not _device.backend_loaded("cuda"):
+            return None
+        signature = _signature()
+        data = signature(param.data)
+        rows, values, _ = grad._padded()
+        source = signature(grad._source())
+        if data is None or source is None or signature(rows) is None:
+            return None
+        options = tuple(map(group.get, self._OPTIONS))
+        state = []
+        for name, value in self.state.get(id(param), {}).items():
+            if type(value) in (bool, int, float) or value is None:
+                continue  # what _check_state skips
+            found = signature(value)
+            if found is None:
+                return None
+            state.append((name, found))
+        return (type(self), data, grad._num_rows, source, values is None, options,
+                tuple(map(type, options)), self.momentum_dtype, tuple(state))
+
+    def _check_all(self, param: Parameter, group: dict) -> None:
+        """:meth:`_check`'s checks."""
         table = param.data
         if not _checks.is_half_dtype(getattr(table, "dtype", None)):
             self._check_float(param, group)
@@ -716,6 +759,15 @@ def _load_scalar(value, start, name: str):
             raise ValueError(f"{name}: expected a whole number >= 0, got {_checks.quote(value)}")
         return int(value)
     return float(value)
+
+
+def _signature():
+    """``numbapos._gpuhost.plans.signature`` (imported once the CUDA backend is in use)."""
+    global _signature
+    from .._gpuhost.plans import signature
+
+    _signature = lambda: signature  # noqa: E731
+    return signature
 
 
 class HookHandles:

@@ -27,12 +27,14 @@ that of one dropout stream (:class:`numbapos.nn.Dropout`, the blocks'
 dropout), or a 16-bit table's rounding step (:mod:`numbapos.optim`). Each
 draw launches a one-thread kernel that copies the counter into a fresh
 ``(1,)`` array (this forward's counter: its kernels and its backward's read
-it) and advances the counter, so every replay of a captured step draws the
-masks the next eager steps would. The host keeps the authoritative count
-(``host``, the module's ``counter`` buffer): it advances it itself, eagerly
-and at each replay (:meth:`DeviceCounter.replayed`), and never reads the
-device; a value set on the host (the ``counter`` setter, ``load_state_dict``)
-is copied to the device at the next draw or replay. The draw advances
+it; an op that draws itself, the BERT block, puts it in its block of outputs
+and plans the draw with its own launch) and advances the counter, so every
+replay of a captured step draws the masks the next eager steps would. The
+host keeps the authoritative count (``host``, the module's ``counter``
+buffer): it advances it itself, eagerly and at each replay
+(:meth:`DeviceCounter.replayed`), and never reads the device; a value set on
+the host (the ``counter`` setter, ``load_state_dict``) is copied to the
+device at the next draw or replay. The draw advances
 whatever an index error: the counter counts forwards, as on the host.
 """
 
@@ -183,13 +185,24 @@ class DeviceCounter:
     def draw(self):
         """The counter of this draw, in a new ``(1,)`` device array, the device's counter
         advanced by one (one launch); the caller advances the host's (:meth:`advanced`)."""
+        drawn = self.prepared().draw_into(arrays.empty((1,), np.uint64))
+        self.host += 1
+        return drawn
+
+    def prepared(self):
+        """Itself, ready for a draw by an op (:meth:`draw_into`): the host's value copied if
+        it was set there, the draw noted by a capture. The op's caller then advances
+        :attr:`host` once the op ran."""
         self.refresh()
         capture = streams.capturing()
         if capture is not None:
             capture.counters.append(self)  # each replay advances the host's count too
-        drawn = arrays.empty((1,), np.uint64)
+        return self
+
+    def draw_into(self, drawn):
+        """Launch the draw into ``drawn`` (a ``(1,)`` uint64 device array, in an op's block of
+        outputs); returns ``drawn``."""
         launch(_draw, 1, 1, self.values, drawn)
-        self.host += 1
         return drawn
 
     def replayed(self) -> None:
