@@ -126,7 +126,11 @@ def _collection(tables):
             [nn.EmbeddingBagConfig(f"t{t}", rows, x.shape.dim, [key])
              for t, key in enumerate(keys)], device=device, seed=0)
         kjt = KeyedJaggedArray(keys, *_on(device, values, lengths))
-        return lambda: ebc(kjt).values()
+
+        def forward():  # an inference forward, as the peer's (its tables need no gradient)
+            with no_grad():
+                return ebc(kjt).values()
+        return forward
     return make
 
 
@@ -295,8 +299,9 @@ def headline(sizes: Sizes) -> list[Case]:
                       {"numbapos": _collection(tables),
                        "torch": peers.torch_separate_bags(tables)},
                       note=f"{tables} tables of {bag.vocab // tables} x {bag.dim}, "
-                           f"{bag.batch} bags of {bag.seq} ids each; PyTorch: {tables} "
-                           "separate F.embedding_bag calls (sum), concatenated"))
+                           f"{bag.batch} bags of {bag.seq} ids each, the module under "
+                           f"no_grad; PyTorch: {tables} separate F.embedding_bag calls "
+                           "(sum), concatenated"))
     return cases
 
 

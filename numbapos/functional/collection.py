@@ -256,7 +256,9 @@ class _Call:
                  "result_dtype", "layout", "keys")
 
 
-def _call(kjt, weight, layout, arrays, names):
+def _call(kjt, weight, layout, arrays, names, check=True):
+    # check False: the ids are checked by the kernel that reads them (the forward
+    # into a fresh output) or were checked when they were recorded (a module's backward).
     call = _Call()
     if isinstance(weight, (list, tuple)):
         weight = pack_tables(weight, layout)
@@ -290,9 +292,10 @@ def _call(kjt, weight, layout, arrays, names):
         call.weights = K.contiguous(weights)
     call.fmt = half_format(weight.dtype) if half else TableFormat.FLOAT
     call.table = K.contiguous(weight).view(_UINT16) if half else weight
-    bad = K.check_collection_ids(call.values, call.offsets, call.stride, call.lay)
-    if bad >= 0:
-        _raise_bad_id(call, bad)
+    if check:
+        bad = K.check_collection_ids(call.values, call.offsets, call.stride, call.lay)
+        if bad >= 0:
+            _raise_bad_id(call, bad)
     return call
 
 
@@ -380,7 +383,16 @@ def embedding_bag_collection(features, weight, layout, *, out=None):
         An id outside its table, naming the feature, the sample and the id
         (on the GPU at a later call: nothing is modified).
     """
-    call = _call(features, weight, layout, (out,), ("out",))
+    return _forward(features, weight, layout, out, False)[0]
+
+
+def _forward(features, weight, layout, out, save):
+    """:func:`embedding_bag_collection`'s ``out``, and with ``save`` a copy of the ids made
+    by the pooling kernel as it reads them (a module's record for its backward), else None.
+    Into a new output the kernel checks the ids itself (one pass over them instead of
+    two); a caller's ``out`` is left unchanged by a bad id, so they are checked first."""
+    fresh = out is None
+    call = _call(features, weight, layout, (out,), ("out",), check=not fresh)
     K = call.K
     _check_weights_size(call)
     shape = (call.stride, layout.total_dim)
@@ -389,9 +401,12 @@ def embedding_bag_collection(features, weight, layout, *, out=None):
     else:
         out = _checks.check_out(out, shape, call.result_dtype,
                                 avoid=(call.table, call.values, call.offsets, call.weights))
-    K.pool_collection(call.values, call.offsets, call.stride, call.table, call.lay,
-                      call.weights, out, None, int(call.fmt))
-    return out
+    saved = K.empty(tuple(call.values.shape), call.values.dtype) if save else None
+    bad = K.pool_collection(call.values, call.offsets, call.stride, call.table, call.lay,
+                            call.weights, out, None, int(call.fmt), fresh, saved)
+    if bad >= 0:
+        _raise_bad_id(call, bad)
+    return out, saved
 
 
 def _check_weights_size(call):
@@ -432,8 +447,14 @@ def embedding_bag_collection_backward(grad_output, features, weight, layout, *, 
         ``(len(values),)``: per entry, ``dot(grad_output[b, columns], row)``
         summed over the tables reading its key; None unless weighted.
     """
+    return _backward(grad_output, features, weight, layout, sparse, True)
+
+
+def _backward(grad_output, features, weight, layout, sparse, check):
+    """:func:`embedding_bag_collection_backward`; ``check`` False for ids already checked
+    (a module's record of its forward's, which nobody else can change)."""
     grad_output = _checks.check_float_array(grad_output, "grad_output", ndim=2)
-    call = _call(features, weight, layout, (grad_output,), ("grad_output",))
+    call = _call(features, weight, layout, (grad_output,), ("grad_output",), check)
     K = call.K
     _check_weights_size(call)
     shape = (call.stride, layout.total_dim)

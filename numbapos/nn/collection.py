@@ -10,9 +10,9 @@ import numpy as np
 from .. import _checks, _device
 from ..functional.collection import (
     CollectionLayout,
+    _backward,
+    _forward,
     check_pooling,
-    embedding_bag_collection,
-    embedding_bag_collection_backward,
     pack_tables,
 )
 from ..functional.half import to_table_dtype
@@ -221,12 +221,14 @@ class EmbeddingBagCollection(Module):
             raise TypeError(f"features: expected a KeyedJaggedArray, got "
                             f"{_checks.type_name(features)}")
         flat = self._buffer()
-        values = embedding_bag_collection(features, flat, self._layout)
-        if self._recording():
+        recording = self._recording()
+        # Recording, the kernel copies the ids as it reads them (the record's copy).
+        values, ids = _forward(features, flat, self._layout, None, recording)
+        if recording:
             copy = _device.copy
             weights = features.weights_or_none() if self.is_weighted else None
             saved = KeyedJaggedArray._trusted(
-                features.keys(), copy(features.values()), copy(features.offsets()),
+                features.keys(), ids, copy(features.offsets()),
                 None if weights is None else copy(weights), features.stride())
             named = [(f"embedding_bags.{n}.weight", b.weight)
                      for n, b in self.embedding_bags.items()]
@@ -257,8 +259,9 @@ class EmbeddingBagCollection(Module):
             "the shape of the matching forward's output", "the tables' gradient dtype")
         if self.is_weighted or "max" in self._layout.poolings:
             self._check_unchanged(watched)
-        grads, grad_weights = embedding_bag_collection_backward(
-            grad_output, saved, flat, self._layout, sparse=self.sparse)
+        # The recorded ids were checked by the forward and are the record's own copy.
+        grads, grad_weights = _backward(grad_output, saved, flat, self._layout, self.sparse,
+                                        False)
         self._release()
         for param, grad in zip(self._params(), grads, strict=True):
             if param.requires_grad:

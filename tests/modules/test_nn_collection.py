@@ -191,3 +191,30 @@ def test_half_tables_pool_in_float32_as_widened_tables(device, dtype):
         np.testing.assert_array_equal(host(p.grad.to_dense()), q.grad.to_dense())
     ebc.to(dtype="float32")  # the buffer is rebuilt from the cast tables
     np.testing.assert_array_equal(host(ebc(_kjt(device)).values()), host(out))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_backward_uses_the_ids_its_forward_read(device, dtype):
+    """The forward's kernel copies the ids it reads into the record: ids changed after the
+    forward (in place, on either device) leave the backward's gradients those of the ids
+    the forward saw; outside a recording nothing is kept."""
+    ebc = EmbeddingBagCollection(TABLES, seed=5, device=device)
+    twin = EmbeddingBagCollection(TABLES, seed=5)
+    ids = on(device, VALUES.astype(dtype))
+    kjt = KeyedJaggedArray(KEYS, ids, lengths=on(device, LENGTHS))
+    out = ebc(kjt)
+    np.testing.assert_array_equal(host(out.values()), twin(_kjt(values=VALUES)).values())
+    changed = (VALUES[::-1] % 6).astype(dtype)
+    if device == "cpu":
+        ids[:] = changed
+    else:
+        ids.copy_to_device(changed)
+    grad = np.random.default_rng(3).standard_normal((3, 9)).astype(np.float32)
+    ebc.backward(on(device, grad))
+    twin.backward(grad)
+    for p, q in zip(ebc.parameters(), twin.parameters(), strict=True):
+        np.testing.assert_array_equal(host(p.grad.to_dense()), q.grad.to_dense())
+    with numbapos.no_grad():
+        ebc(kjt)
+    with pytest.raises(RuntimeError):
+        ebc.backward(on(device, grad))

@@ -298,3 +298,80 @@ def test_wide_float32_tables_sum_in_lanes_with_the_column_loops_bits(rng, weight
             dim = shapes[name][1]
             np.testing.assert_array_equal(out[:, col:col + dim], want)
             col += dim
+
+
+@pytest.mark.parametrize("threshold", [1 << 40, 1])
+def test_ids_checked_in_the_pooling_kernel_name_the_first_bad_one(rng, parallel_threshold,
+                                                                   threshold):
+    """Into a new output the pooling kernel checks each bag's ids itself (a caller's
+    ``out`` is checked before anything is written): the same first bad position, serial
+    or parallel, whether it lies in a sum, mean or max table's bag or in a key read by
+    two tables of which only one is too small."""
+    parallel_threshold(threshold)
+    tables = TABLES["mixed"]
+    values, lengths, _, tabs = _case(rng, np.float32, tables, batch=40)
+    layout = _layout(tables, False)
+    flat = _flat(tabs, tables)
+    ends = np.cumsum(lengths)
+    # "b" is read by t1 (6 rows) and t2 (4 rows): id 5 is bad for t2 only.
+    b_start, c_start = int(ends[39]), int(ends[79])
+    for position, value, feature, table in [(c_start + 3, 6, "c", "t1"),
+                                            (b_start + 2, 5, "b", "t2"),
+                                            (1, -1, "a", "t0")]:
+        bad = values.copy()
+        bad[position] = value
+        bad[-1] = 99  # a later bad id is not the one named
+        kjt = KeyedJaggedArray(KEYS, bad, lengths=lengths)
+        sample = int(np.searchsorted(ends, position, side="right")) % 40
+        for out in (None, np.full((40, layout.total_dim), 7, np.float32)):
+            with pytest.raises(IndexError, match=rf"id {value} of feature '{feature}' "
+                                                 rf"\(sample {sample}, position {position}\)"
+                                                 rf".*table '{table}'"):
+                embedding_bag_collection(kjt, flat, layout, out=out)
+            if out is not None:
+                np.testing.assert_array_equal(out, 7)
+        with pytest.raises(IndexError, match=rf"position {position}\)"):
+            embedding_bag_collection_backward(np.zeros((40, layout.total_dim), np.float32),
+                                              kjt, flat, layout)
+
+
+@pytest.mark.parametrize("threshold", [1 << 40, 1])
+def test_collection_of_unequal_tables_writes_only_its_columns(rng, parallel_threshold,
+                                                              threshold):
+    """Tables of dims that are and are not multiples of the vector width (1, 15, 16, 17,
+    33, 128, 130), every pooling, empty bags and weights: each slot's columns are its
+    bags' per-table embedding_bag, and the output has no column left unwritten (it is
+    poisoned with NaN first through out=)."""
+    parallel_threshold(threshold)
+    dims = {"d1": 1, "d15": 15, "d16": 16, "d17": 17, "d33": 33, "d128": 128, "d130": 130}
+    keys = ["p", "q", "r"]
+    poolings = ["sum", "mean", "max", "sum", "mean", "max", "sum"]
+    tables = [(name, pooling, [keys[k % 3]] if k % 2 else [keys[k % 3], keys[(k + 1) % 3]])
+              for k, (name, pooling) in enumerate(zip(dims, poolings, strict=True))]
+    batch = 9
+    lengths = rng.integers(0, 6, len(keys) * batch)
+    lengths[::4] = 0  # empty bags, in every key
+    values = rng.integers(0, 11, lengths.sum())
+    tabs = {n: rng.standard_normal((11, d)).astype(np.float32) for n, d in dims.items()}
+    layout = CollectionLayout([(n, 11, dims[n], p, fs) for n, p, fs in tables])
+    kjt = KeyedJaggedArray(keys, values, lengths=lengths)
+    flat = _flat(tabs, tables)
+    out = np.full((batch, layout.total_dim), np.nan, np.float32)
+    embedding_bag_collection(kjt, flat, layout, out=out)
+    np.testing.assert_array_equal(embedding_bag_collection(kjt, flat, layout), out)
+    col = 0
+    for name, pooling, features in tables:
+        for feature in features:
+            ids, offsets, _ = ref.key_bags(keys, values, lengths, feature)
+            want = embedding_bag(ids, tabs[name], offsets, mode=pooling,
+                                 include_last_offset=True)
+            np.testing.assert_array_equal(out[:, col:col + dims[name]], want)
+            col += dims[name]
+    assert col == layout.total_dim
+    weighted_tables = [(n, "sum", fs) for n, _, fs in tables]
+    weights = rng.standard_normal(values.size).astype(np.float32)
+    layout = CollectionLayout([(n, 11, dims[n], p, fs) for n, p, fs in weighted_tables], True)
+    got = embedding_bag_collection(KeyedJaggedArray(keys, values, lengths=lengths,
+                                                    weights=weights), flat, layout)
+    np.testing.assert_array_equal(got, ref.embedding_bag_collection(
+        keys, values, lengths, weights, weighted_tables, tabs))

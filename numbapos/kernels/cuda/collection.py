@@ -19,7 +19,7 @@ from ..._gpuhost.launch import launch
 from ..search import first_at_least, last_at_most
 from ..widen import widen
 from . import errors
-from .arrays import MAX_BLOCKS, THREADS, empty, grid
+from .arrays import MAX_BLOCKS, THREADS, copy_into, empty, grid
 from .bag import fma
 from .fpmath import cast_like, mul_rn
 from .vector import row_threads
@@ -65,11 +65,14 @@ def check_collection_ids(values, offsets, stride, layout):
 
 
 def pool_collection(values, offsets, stride, weight, layout, per_sample_weights, out, argmax,
-                    fmt):
-    """See the CPU twin; a bad id is recorded and left out of its bag."""
+                    fmt, check=False, saved=None):
+    """See the CPU twin; a bad id is recorded (always checked, ``check`` or not) and left
+    out of its bag; returns -1. ``saved`` gets a device copy of ``values``."""
+    if saved is not None:
+        copy_into(saved, values)
     slots = layout.slot_key.shape[0]
     if slots == 0 or stride == 0:
-        return
+        return -1
     word, host = errors.words()
     psw = per_sample_weights if per_sample_weights is not None else out[:0, 0]
     winners = argmax if argmax is not None else empty((0, 1), np.int64)
@@ -80,6 +83,7 @@ def pool_collection(values, offsets, stride, weight, layout, per_sample_weights,
            1 if per_sample_weights is not None else 0, out, winners,
            1 if argmax is not None else 0, int64(fmt), out.dtype.type(0), word, host)
     errors.after_launch()
+    return -1
 
 
 def collection_positions(values, offsets, stride, layout, global_ids, bag_of):
