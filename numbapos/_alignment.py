@@ -8,15 +8,16 @@ makes (kernel outputs, gradients and optimiser state through
 boundary, as PyTorch does. This module imports nothing heavy: making a module
 does not load the kernels.
 
-Tables are read and written a row at a time at random places; in a table of
-hundreds of MB each row then costs a TLB miss on 4 KB pages. The tables the
-modules initialise from :data:`HUGE_PAGE_MIN_BYTES` on therefore lie on a
-2 MB boundary in memory advised for transparent huge pages
-(``madvise(MADV_HUGEPAGE)`` before the first touch; Linux's default THP mode
-``madvise`` honours it): a pooled lookup of 40,960 random rows of a 512 MB
-table took 1.28 instead of 1.46 ms on a 2-core Xeon VM. Where ``mmap`` has no
-such advice (macOS, Windows) or the kernel refuses it, they are ordinary
-aligned arrays.
+Tables are read and written a row at a time at random places. NumPy already
+advises transparent huge pages for its large allocations (Linux), but inside a
+``malloc``'ed block that does not start on a 2 MB boundary; the tables the
+modules initialise from :data:`HUGE_PAGE_MIN_BYTES` on lie instead in a
+private anonymous mapping of their own, advised (``madvise(MADV_HUGEPAGE)``)
+before the first touch and used from a 2 MB boundary: pooled lookups of 40,960
+random rows of a 512 MB table took 10-15 % less time than from NumPy's own
+array (three interleaved runs on a 2-core Xeon VM). Where ``mmap`` has no such
+advice (macOS, Windows) or the kernel refuses it, they are ordinary aligned
+arrays.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def _huge_page_bytes(nbytes: int):
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None:
         return None
-    memory = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES)
+    # Private: Linux backs shared anonymous memory (mmap's default) with huge pages only
+    # where shmem_enabled allows it, which it does not by default.
+    memory = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         memory.madvise(advice)
     except OSError:  # a kernel without THP: ordinary pages, still a fresh zeroed mapping
