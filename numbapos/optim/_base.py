@@ -376,10 +376,12 @@ class Optimizer:
         applies this optimiser's update to that parameter as soon as a module's
         ``backward`` has accumulated its gradient, then drops the gradient
         (``grad = None``); :meth:`step` then has nothing left to do for it.
-        With a sparse :class:`~numbapos.nn.Embedding` the update is fused with
-        the gradient itself (every optimiser here: SGD, Adam/AdamW, Adagrad,
-        RowWiseAdagrad): each used row's gradient is summed and applied in one
-        pass, and the ``(rows, D)`` gradient is never stored. The result is bit-identical
+        With a sparse :class:`~numbapos.nn.Embedding`, or a sparse
+        :class:`~numbapos.nn.EmbeddingBag` in sum mode without
+        ``per_sample_weights`` or ``scale_grad_by_freq``, the update is fused
+        with the gradient itself (every optimiser here: SGD, Adam/AdamW,
+        Adagrad, RowWiseAdagrad): each used row's gradient is summed and
+        applied in one pass, and the ``(rows, D)`` gradient is never stored. The result is bit-identical
         to ``backward`` followed by :meth:`step`, as long as each parameter
         gets one backward per step (a tied or shared parameter updated by two
         backward calls gets two updates, not one on the sum).
