@@ -81,7 +81,11 @@ def tag(name: str = "indices", size_name: str = "num_embeddings", kind: str = "i
     return found
 
 
-_last = threading.local()  # this thread's last context state (see _current_state)
+class _Last(threading.local):
+    state = None  # this thread's last context state (see _current_state)
+
+
+_last = _Last()
 
 
 def _current_state() -> tuple:
@@ -94,7 +98,7 @@ def _current_state() -> tuple:
         # did): tens of microseconds, several times per op. The driver's current
         # handle, and the context object still being its device's primary one
         # (cuda.close() releases it), say whether this thread's last answer holds.
-        last = getattr(_last, "state", None)
+        last = _last.state
         if last is not None:
             driver = streams.bindings()
             err, handle = driver.cuCtxGetCurrent()

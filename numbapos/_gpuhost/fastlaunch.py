@@ -458,13 +458,38 @@ def memory_view(memory, offset: int, size: int, pointer=None):
 
     ``MemoryPointer.view`` also counts references for an explicit ``free()`` (an
     ``OwnedPointer`` with a finalizer: about 3 us); a plan's output views only need
-    their block to live as long as they do, which ``owner`` gives (0.5 us).
+    their block to live as long as they do, which ``owner`` gives. The view's
+    attributes are set directly: those ``MemoryPointer(context, pointer, size,
+    owner=memory)`` sets, checked once against Numba's own.
     """
-    from numba.cuda.cudadrv.driver import MemoryPointer, binding
-
     if pointer is None:
         pointer = memory.device_pointer_value + offset
-    return MemoryPointer(memory.context, binding.CUdeviceptr(pointer), size, owner=memory)
+    if not _VIEW:
+        _VIEW.append(_view_maker())
+    cls, device_pointer, direct = _VIEW[0]
+    handle = device_pointer(pointer)
+    if not direct:  # Numba's MemoryPointer changed: its constructor
+        return cls(memory.context, handle, size, owner=memory)
+    view = cls.__new__(cls)
+    view.__dict__.update(context=memory.context, device_pointer=handle, size=size,
+                         _cuda_memsize_=size, is_managed=False, refct=1, handle=handle,
+                         _owner=memory)
+    return view
+
+
+_VIEW: list = []  # (MemoryPointer, CUdeviceptr, whether set directly), made on first use
+
+
+def _view_maker():
+    from numba.cuda.cudadrv.driver import MemoryPointer, binding
+
+    handle = binding.CUdeviceptr(0)
+    fields = vars(MemoryPointer(None, handle, 0, owner=0))
+    expected = {"context": None, "device_pointer": handle, "size": 0, "_cuda_memsize_": 0,
+                "is_managed": False, "refct": 1, "handle": handle, "_owner": 0}
+    direct = set(fields) == set(expected) and all(
+        fields[name] is value or fields[name] == value for name, value in expected.items())
+    return MemoryPointer, binding.CUdeviceptr, direct
 
 
 _OWN_MEMORY = ("gpu_data", "_strided_memory_view_shim")  # per array, never copied

@@ -62,7 +62,11 @@ MAX_WORKSPACE = 64 << 20  # bytes of scratch a plan may keep; larger calls stay 
 WORKSPACE_BUDGET = 256 << 20  # bytes all plans' workspaces may hold together
 _held = [0]  # bytes the plans' workspaces hold now
 
-_local = threading.local()
+class _Local(threading.local):
+    record = None  # the recording in progress in this thread (a class default: a fast read)
+
+
+_local = _Local()
 _caches: list = []  # every PlanCache, for clear()
 _POINTER = struct.Struct("@Q")
 LAUNCHES = [0]  # kernels launched in this process, planned or not (see .launch.launches)
@@ -89,7 +93,7 @@ class _Recording:
 def recording():
     """Record every launch and allocation in this thread (see :class:`_Recording`)."""
     record = _Recording()
-    outer = getattr(_local, "record", None)
+    outer = _local.record
     _local.record = record
     try:
         yield record
@@ -99,7 +103,7 @@ def recording():
 
 def note_launch(kernel, blocks, threads, stream, args) -> None:
     """Called by :func:`.launch.launch` for every launch: kept while recording."""
-    record = getattr(_local, "record", None)
+    record = _local.record
     if record is not None:
         record.launches.append((kernel, blocks, threads, stream, args))
 
@@ -107,7 +111,7 @@ def note_launch(kernel, blocks, threads, stream, args) -> None:
 def note_allocation(array) -> None:
     """Called by :func:`.arrays.empty` for every array it makes; None for one no plan can
     place (an empty array's null pointer, a copy of host data)."""
-    record = getattr(_local, "record", None)
+    record = _local.record
     if record is not None:
         if array is None:
             record.unplaceable = True

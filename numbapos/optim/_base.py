@@ -381,8 +381,9 @@ class Optimizer:
         ``per_sample_weights`` or ``scale_grad_by_freq``, the update is fused
         with the gradient itself (every optimiser here: SGD, Adam/AdamW,
         Adagrad, RowWiseAdagrad): each used row's gradient is summed and
-        applied in one pass, and the ``(rows, D)`` gradient is never stored. The result is bit-identical
-        to ``backward`` followed by :meth:`step`, as long as each parameter
+        applied in one pass, and the ``(rows, D)`` gradient is never stored.
+        The result is bit-identical to ``backward`` followed by :meth:`step`,
+        as long as each parameter
         gets one backward per step (a tied or shared parameter updated by two
         backward calls gets two updates, not one on the sum).
 
