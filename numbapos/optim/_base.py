@@ -383,9 +383,9 @@ class Optimizer:
         Adagrad, RowWiseAdagrad): each used row's gradient is summed and
         applied in one pass, and the ``(rows, D)`` gradient is never stored.
         The result is bit-identical to ``backward`` followed by :meth:`step`,
-        as long as each parameter
-        gets one backward per step (a tied or shared parameter updated by two
-        backward calls gets two updates, not one on the sum).
+        as long as each parameter gets one backward per step (a tied or shared
+        parameter updated by two backward calls gets two updates, not one on
+        the sum).
 
         Returns
         -------
