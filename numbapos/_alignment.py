@@ -28,7 +28,7 @@ import mmap
 import numpy as np
 
 __all__ = ["ALIGNED_MIN_BYTES", "HUGE_PAGE_MIN_BYTES", "LINE_BYTES", "aligned",
-           "aligned_copy", "table_copy"]
+           "aligned_copy", "table_copy", "table_empty"]
 
 LINE_BYTES = 64
 """The boundary large arrays start on (a cache line)."""
@@ -67,19 +67,26 @@ def aligned_copy(values, dtype) -> np.ndarray:
 
 
 def table_copy(values, dtype) -> np.ndarray:
-    """:func:`aligned_copy` for a table that kernels read and write by rows: from
-    :data:`HUGE_PAGE_MIN_BYTES` on, in memory advised for transparent huge pages (see the
-    module's docstring), else as :func:`aligned_copy`. An ordinary writable NumPy array
-    either way (it pickles, views and copies as any other)."""
+    """:func:`aligned_copy` for a table that kernels read and write by rows: a
+    :func:`table_empty` array holding ``values`` cast to ``dtype``."""
     values = np.asarray(values)
-    dtype = np.dtype(dtype)
-    nbytes = dtype.itemsize * math.prod(values.shape)
-    raw = _huge_page_bytes(nbytes) if nbytes >= HUGE_PAGE_MIN_BYTES else None
-    if raw is None:
-        return aligned_copy(values, dtype)
-    out = raw.view(dtype).reshape(values.shape)
+    out = table_empty(values.shape, dtype)
     out[...] = values
     return out
+
+
+def table_empty(shape, dtype) -> np.ndarray:
+    """An uninitialised C-contiguous table: from :data:`HUGE_PAGE_MIN_BYTES` on, in memory
+    advised for transparent huge pages (see the module's docstring), else as
+    :func:`aligned`'s. An ordinary writable NumPy array either way (it pickles, views and
+    copies as any other)."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if np.ndim(shape) == 0 else tuple(shape)
+    nbytes = dtype.itemsize * math.prod(shape)
+    raw = _huge_page_bytes(nbytes) if nbytes >= HUGE_PAGE_MIN_BYTES else None
+    if raw is None:
+        return aligned(np.empty, shape, dtype)
+    return raw.view(dtype).reshape(shape)
 
 
 def _huge_page_bytes(nbytes: int):

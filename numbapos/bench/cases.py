@@ -29,6 +29,7 @@ from .data import (
     bag_grad,
     batches,
     bert_block,
+    collection_batches,
     collection_ids,
     gpt2_block,
     layer_norm_params,
@@ -131,6 +132,28 @@ def _collection(tables):
             with no_grad():
                 return ebc(kjt).values()
         return forward
+    return make
+
+
+def _collection_step(tables):
+    """Forward, backward and Adagrad fused into the backward of a collection of ``tables``
+    sum tables, a new batch each step (the tables are updated inside ``backward``)."""
+    def make(x, device):
+        from ..jagged import KeyedJaggedArray
+
+        keys = [f"f{t}" for t in range(tables)]
+        ebc = nn.EmbeddingBagCollection(
+            [nn.EmbeddingBagConfig(f"t{t}", x.shape.vocab // tables, x.shape.dim, [key])
+             for t, key in enumerate(keys)], device=device, seed=0)
+        optim.Adagrad(ebc.parameters(), lr=0.01).fuse_with_backward()
+        kjts = cycle([KeyedJaggedArray(keys, *_on(device, values, lengths))
+                      for values, lengths in collection_batches(x, tables)])
+        (grad,) = _on(device, np.tile(bag_grad(x), (1, tables)))
+
+        def step():
+            ebc(next(kjts))
+            ebc.backward(grad)
+        return primed(step, x)
     return make
 
 
@@ -302,6 +325,12 @@ def headline(sizes: Sizes) -> list[Case]:
                            f"{bag.batch} bags of {bag.seq} ids each, the module under "
                            f"no_grad; PyTorch: {tables} separate F.embedding_bag calls "
                            "(sum), concatenated"))
+    cases.append(Case(f"EBC + bwd + Adagrad fused, {tables} tables, {bags}", bag,
+                      {"numbapos": _collection_step(tables),
+                       "torch": peers.torch_collection_step(tables)},
+                      note="the same tables trained: forward, backward, Adagrad fused into "
+                           f"the backward; PyTorch: {tables} sparse EmbeddingBags and "
+                           "optim.Adagrad"))
     return cases
 
 

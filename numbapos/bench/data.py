@@ -155,6 +155,15 @@ def bag_grad(x: Inputs) -> np.ndarray:
     return np.ascontiguousarray(x.grad[:, 0])
 
 
+def collection_batches(x: Inputs, tables: int) -> list:
+    """``(values, lengths)`` of :func:`collection_ids`'s layout for each of :func:`batches`'s
+    batches: a new batch at each training step."""
+    rows = x.shape.vocab // tables
+    lengths = np.full(tables * x.shape.batch, x.shape.seq, np.int64)
+    return [(np.concatenate([ids.reshape(-1) % rows for _ in range(tables)]), lengths)
+            for ids in batches(x)]
+
+
 def collection_ids(x: Inputs, tables: int):
     """``(keys, values, lengths)`` of a key-major jagged batch of ``tables`` features (one
     per table, ``x.shape.vocab // tables`` rows each), every sample a bag of ``x.shape.seq``

@@ -14,6 +14,7 @@ from .data import (
     bag_grad,
     batches,
     bert_block,
+    collection_batches,
     collection_ids,
     gpt2_block,
     host_tables,
@@ -453,6 +454,36 @@ def torch_bag_sparse_step(x, device):
         bag(id_batches[state["i"] % len(id_batches)]).backward(grad)
         opt.step()
     return primed(step, x)
+
+
+def torch_collection_step(tables):
+    """PyTorch's training step of a collection without table batching: ``tables`` sparse
+    ``EmbeddingBag`` s (sum), their outputs concatenated, ``optim.Adagrad`` (which takes
+    sparse gradients)."""
+    def make(x, device):
+        torch = _torch()
+        # Off, as by default, but said explicitly: Adagrad's sparse update warns otherwise.
+        torch.sparse.check_sparse_tensor_invariants.disable()
+        rows = x.shape.vocab // tables
+        bags = [torch.nn.EmbeddingBag.from_pretrained(
+                    torch.from_numpy(x.weight[t * rows:(t + 1) * rows].copy()), freeze=False,
+                    mode="sum", sparse=True).to(device) for t in range(tables)]
+        opt = torch.optim.Adagrad([bag.weight for bag in bags], lr=0.01)
+        per = x.shape.batch * x.shape.seq
+        id_batches = [_tensors(device, *(values[t * per:(t + 1) * per].reshape(x.shape.batch, -1)
+                                         for t in range(tables)))
+                      for values, _ in collection_batches(x, tables)]
+        (grad,) = _tensors(device, np.tile(bag_grad(x), (1, tables)))
+        state = {"i": 0}
+
+        def step():
+            state["i"] += 1
+            opt.zero_grad()
+            ids = id_batches[state["i"] % len(id_batches)]
+            torch.cat([bag(i) for bag, i in zip(bags, ids, strict=True)], 1).backward(grad)
+            opt.step()
+        return primed(step, x)
+    return make
 
 
 def torch_separate_bags(tables):

@@ -450,9 +450,11 @@ def embedding_bag_collection_backward(grad_output, features, weight, layout, *, 
     return _backward(grad_output, features, weight, layout, sparse, True)
 
 
-def _backward(grad_output, features, weight, layout, sparse, check):
+def _backward(grad_output, features, weight, layout, sparse, check, take=None):
     """:func:`embedding_bag_collection_backward`; ``check`` False for ids already checked
-    (a module's record of its forward's, which nobody else can change)."""
+    (a module's record of its forward's, which nobody else can change). ``take(shape,
+    dtype)`` (a module's :class:`~numbapos.nn._outputs.OutputBuffer`'s, on the CPU) may
+    give the memory of a sparse gradient's values (None: a new array)."""
     grad_output = _checks.check_float_array(grad_output, "grad_output", ndim=2)
     call = _call(features, weight, layout, (grad_output,), ("grad_output",), check)
     K = call.K
@@ -483,7 +485,9 @@ def _backward(grad_output, features, weight, layout, sparse, check):
         sizes = [c * d for c, d in zip(caps, dims, strict=True)]
         value_start = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
         rows_out = K.empty((int(row_start[-1]),), np.int64)
-        values = K.empty((int(value_start[-1]),), call.result_dtype)
+        values = None if take is None else take((int(value_start[-1]),), call.result_dtype)
+        if values is None:
+            values = K.empty((int(value_start[-1]),), call.result_dtype)
         used = K.zeros((len(dims), 2), np.int64)
         K.collection_table_grad(grad, groups, bag_of, call.offsets, call.stride, lay,
                                 call.weights, argmax, True, values, rows_out,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _checks, _device
+from .._alignment import table_empty
 from ..functional.collection import (
     CollectionLayout,
     _backward,
@@ -17,6 +18,7 @@ from ..functional.collection import (
 )
 from ..functional.half import to_table_dtype
 from ..jagged import KeyedArray, KeyedJaggedArray
+from ._outputs import OutputBuffer
 from .bag import EmbeddingBag
 from .containers import ModuleDict
 from .module import Module
@@ -174,7 +176,7 @@ class EmbeddingBagCollection(Module):
         self.is_weighted = bool(is_weighted)
         self.sparse = bool(sparse)
         rng = _checks.as_rng(seed)
-        flat = np.empty(self._layout.num_elements, np.float32 if half else dtype)
+        flat = table_empty(self._layout.num_elements, np.float32 if half else dtype)
         for t, table in enumerate(tables):
             bound = np.sqrt(1.0 / table.num_embeddings)
             start, end = self._layout.table_start[t], self._layout.table_start[t + 1]
@@ -188,10 +190,15 @@ class EmbeddingBagCollection(Module):
                                      include_last_offset=True, _weight=view)
             for table, view in zip(tables, views, strict=True)})
         self._flat, self._views = flat, [p.data for p in self._params()]
+        self._grad_values = OutputBuffer()  # reused values of sparse gradients (CPU)
         self._place(device)
 
     def _params(self):
         return [bag.weight for bag in self.embedding_bags.values()]
+
+    def _on_device_change(self) -> None:
+        super()._on_device_change()
+        self._grad_values.clear()
 
     def embedding_bag_configs(self) -> list:
         """The tables' configs (TorchRec's method)."""
@@ -260,8 +267,9 @@ class EmbeddingBagCollection(Module):
         if self.is_weighted or "max" in self._layout.poolings:
             self._check_unchanged(watched)
         # The recorded ids were checked by the forward and are the record's own copy.
+        take = self._grad_values.take if type(flat) is np.ndarray else None
         grads, grad_weights = _backward(grad_output, saved, flat, self._layout, self.sparse,
-                                        False)
+                                        False, take)
         self._release()
         for param, grad in zip(self._params(), grads, strict=True):
             if param.requires_grad:

@@ -294,3 +294,34 @@ def test_values_out_of_the_functional_bag_backward():
                                  values_out=buf)
     with pytest.raises(ValueError, match="must not share memory"):
         F.embedding_bag_backward(grad, ids, weight, offsets, sparse=True, values_out=weight[:6])
+
+
+def test_a_collection_reuses_the_dropped_gradient_values():
+    from numbapos.jagged import KeyedJaggedArray
+
+    rng = np.random.default_rng(10)
+    rows = 100_000  # 2,560 ids, nearly all distinct: values above the reuse threshold
+    ebc = nn.EmbeddingBagCollection([nn.EmbeddingBagConfig("a", rows, DIM, ["x"]),
+                                     nn.EmbeddingBagConfig("b", rows, 64, ["y"])], seed=0)
+    lengths = np.full(16, 160)  # 8 samples x 2 keys
+    grad = rng.normal(size=(8, DIM + 64)).astype(np.float32)
+
+    def step(seed):
+        ids = np.random.default_rng(seed).integers(0, rows, 2560)
+        ebc(KeyedJaggedArray(["x", "y"], ids, lengths=lengths))
+        ebc.backward(grad)
+        return [p.grad for p in ebc.parameters()]
+
+    kept = step(0)
+    snapshot = [g.values.copy() for g in kept]
+    ebc.zero_grad()
+    again = step(0)  # `kept` is still referenced: new memory
+    for g, values in zip(kept, snapshot, strict=True):
+        np.testing.assert_array_equal(g.values, values)
+    where = address(again[0].values)
+    ebc.zero_grad()
+    del kept, again, g
+    grads = step(0)
+    assert address(grads[0].values) == where  # the dropped gradient's memory
+    for g, values in zip(grads, snapshot, strict=True):
+        np.testing.assert_array_equal(g.values, values)
