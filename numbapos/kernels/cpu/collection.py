@@ -336,8 +336,9 @@ def _collection_table_grad(grad, rows, starts, counts, order, used_groups, bag_o
             if j + 1 == used_groups or rows[j + 1] >= first_row[t + 1]:
                 used[t, 0] = k + 1
         acc = out[at:at + dim]
+        start = -0.0 if psw is None and mode != MEAN and mode != MAX else 0.0
         for d in range(dim):
-            acc[d] = 0
+            acc[d] = start  # a plain sum from its first term (-0.0 + g is g), as bags'
         for q in range(starts[j], starts[j] + counts[j]):
             p = order[q]
             i = p // per_key

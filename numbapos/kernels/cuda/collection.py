@@ -247,8 +247,9 @@ def _collection_table_grad(grad, rows, starts, counts, order, used_groups, bag_o
                     used[t, 0] = k + 1
         else:
             at = table_start[t] + r * dim
+        plain = mode != MAX and mode != MEAN and weighted == 0
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            acc = zero
+            acc = -zero if plain else zero  # a plain sum from its first term, as bags'
             for q in range(starts[j], starts[j] + counts[j]):
                 p = order[q]
                 i = p // per_key
