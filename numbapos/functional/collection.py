@@ -127,6 +127,12 @@ class CollectionLayout:
         self.num_elements = int(self.table_start[-1])
         self.first_row = np.concatenate([[0], np.cumsum(self.rows, dtype=np.int64)]).astype(
             np.int64)
+        # Every table an unweighted sum of a feature no other table reads: the gradients
+        # can be left unsummed (see _unsummed_grads).
+        self.plain_sums = (not self.is_weighted
+                           and all(p == "sum" for p in self.poolings)
+                           and all(len(f) == 1 for f in self.features)
+                           and all(c == 1 for c in counts.values()))
         self._arrays = {}
 
     def arrays(self, keys, K) -> LayoutArrays:
@@ -450,11 +456,34 @@ def embedding_bag_collection_backward(grad_output, features, weight, layout, *, 
     return _backward(grad_output, features, weight, layout, sparse, True)
 
 
-def _backward(grad_output, features, weight, layout, sparse, check, take=None):
+def _unsummed_grads(grad, groups, bag_of, stride, layout):
+    """Each table's :class:`~numbapos.sparse.SparseRows` with its rows' sums left undone:
+    its row groups (rows local to the table) over the bags' samples, summed from its
+    columns of ``grad`` (every table a plain sum of its own feature: one slot per key, in
+    table order) by whatever reads the values, a fused update included, with the summed
+    path's bits."""
+    samples = bag_of[groups.order] % stride  # bag = key * stride + sample
+    bounds = np.searchsorted(groups.rows, layout.first_row)
+    grads = []
+    col = 0
+    for t, dim in enumerate(layout.dims_of_table):
+        j0, j1 = int(bounds[t]), int(bounds[t + 1])
+        rows = groups.rows[j0:j1] - layout.first_row[t]
+        table_groups = RowGroups(rows, groups.starts[j0:j1], groups.counts[j0:j1], samples,
+                                 j1 - j0)
+        grads.append(SparseRows._unsummed(table_groups, grad[:, col:col + dim], False,
+                                          layout.rows[t]))
+        col += dim
+    return grads
+
+
+def _backward(grad_output, features, weight, layout, sparse, check, take=None, lazy=False):
     """:func:`embedding_bag_collection_backward`; ``check`` False for ids already checked
     (a module's record of its forward's, which nobody else can change). ``take(shape,
     dtype)`` (a module's :class:`~numbapos.nn._outputs.OutputBuffer`'s, on the CPU) may
-    give the memory of a sparse gradient's values (None: a new array)."""
+    give the memory of a sparse gradient's values (None: a new array). ``lazy`` (sparse,
+    on the CPU, every table a plain sum of its own feature): each table's gradient is
+    left unsummed (:func:`_unsummed_grads`), for fused optimisers."""
     grad_output = _checks.check_float_array(grad_output, "grad_output", ndim=2)
     call = _call(features, weight, layout, (grad_output,), ("grad_output",), check)
     K = call.K
@@ -478,6 +507,8 @@ def _backward(grad_output, features, weight, layout, sparse, check, take=None):
         K.pool_collection(call.values, call.offsets, call.stride, call.table, lay, None,
                           K.empty(shape, call.result_dtype), argmax, int(call.fmt))
     groups = K.group_rows(global_ids, total_rows, total_rows + 1)
+    if lazy and sparse and K.DEVICE == "cpu" and layout.plain_sums:
+        return _unsummed_grads(grad, groups, bag_of, call.stride, layout), None
     dims = layout.dims_of_table
     if sparse:
         caps = K.collection_group_sizes(groups, layout.first_row, size * per_key)

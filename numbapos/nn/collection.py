@@ -268,8 +268,10 @@ class EmbeddingBagCollection(Module):
             self._check_unchanged(watched)
         # The recorded ids were checked by the forward and are the record's own copy.
         take = self._grad_values.take if type(flat) is np.ndarray else None
+        # Every table's update fused: plain sums are summed inside the updates.
+        lazy = self.sparse and all(p.fuses_step or not p.requires_grad for p in self._params())
         grads, grad_weights = _backward(grad_output, saved, flat, self._layout, self.sparse,
-                                        False, take)
+                                        False, take, lazy)
         self._release()
         for param, grad in zip(self._params(), grads, strict=True):
             if param.requires_grad:

@@ -218,3 +218,37 @@ def test_backward_uses_the_ids_its_forward_read(device, dtype):
         ebc(kjt)
     with pytest.raises(RuntimeError):
         ebc.backward(on(device, grad))
+
+
+@pytest.mark.parametrize("make", OPTIMISERS, ids=["sgd", "adam", "adamw", "adagrad",
+                                                  "rowwise_adagrad"])
+def test_fused_plain_sums_are_summed_inside_the_update_with_the_unfused_bits(make,
+                                                                              monkeypatch):
+    from numbapos.functional import collection
+
+    unsummed = []
+    monkeypatch.setattr(collection, "_unsummed_grads",
+                        lambda *a, f=collection._unsummed_grads: unsummed.append(1) or f(*a))
+    tables = [EmbeddingBagConfig("a", 30, 5, ["x"]), EmbeddingBagConfig("b", 20, 3, ["y"])]
+    rng = np.random.default_rng(4)
+    grad = rng.standard_normal((4, 8)).astype(np.float32)
+    grad[1] = -0.0  # -0.0 terms, and a table row of -0.0 below
+    results = []
+    for fuse in (False, True):
+        ebc = EmbeddingBagCollection(tables, seed=3)
+        ebc.embedding_bags["a"].weight.data[7] = -0.0
+        opt = make(ebc.parameters())
+        if fuse:
+            opt.fuse_with_backward()
+        for step in range(3):
+            ids = np.random.default_rng(step).integers(0, 20, 24)
+            ids[:5] = [7, 7, 3, 7, 0]  # repeated ids
+            lengths = np.array([3, 0, 5, 4, 2, 6, 1, 3])
+            ebc(KeyedJaggedArray(["x", "y"], ids, lengths=lengths))
+            ebc.backward(grad)
+            opt.step()
+            opt.zero_grad()
+        results.append([p.data.copy() for p in ebc.parameters()])
+    assert len(unsummed) == 3  # the fused run only
+    for unfused, fused in zip(*results, strict=True):
+        np.testing.assert_array_equal(fused.view(np.uint32), unfused.view(np.uint32))
