@@ -289,14 +289,26 @@ def is_bfloat16(x) -> bool:
     """Whether ``x`` (an array of any library, or a dtype) is ``ml_dtypes.bfloat16``,
     without importing ml_dtypes."""
     dtype = getattr(x, "dtype", x)
-    return getattr(dtype, "name", None) == "bfloat16" and isinstance(dtype, np.dtype)
+    if not isinstance(dtype, np.dtype):
+        return False
+    found = _BFLOAT16.get(dtype)
+    if found is None:  # once per dtype: NumPy works a dtype's name out in Python
+        if len(_BFLOAT16) >= 256:
+            _BFLOAT16.clear()
+        found = _BFLOAT16[dtype] = dtype.name == "bfloat16"
+    return found
+
+
+_BFLOAT16: dict = {}  # dtype -> whether it is ml_dtypes.bfloat16
 
 
 def adopt(x):
     """A CUDA array as a Numba device array, without a copy; anything else unchanged.
 
     Objects with ``__cuda_array_interface__`` (CuPy, PyTorch CUDA tensors) are
-    wrapped with ``numba.cuda.as_cuda_array``; they share memory with ``x``. A
+    wrapped with ``numba.cuda.as_cuda_array`` once per object: later calls with the
+    same object and interface build the wrapper from a cache (see
+    ``_gpuhost/fastlaunch.adopt``); they share memory with ``x``. A
     bfloat16 PyTorch tensor is wrapped through its ``int16`` view and comes
     back as a Numba array of dtype ``ml_dtypes.bfloat16`` (see
     :func:`torch_bfloat16_bits`), as the CPU path views it.
@@ -313,7 +325,9 @@ def adopt(x):
         bits = torch_bfloat16_bits(x)
         if bits is not None:
             return device_view(cuda.as_cuda_array(bits), bfloat16_dtype())
-        return cuda.as_cuda_array(x)
+        from ._gpuhost import fastlaunch  # wrapped once per object (see fastlaunch.adopt)
+
+        return fastlaunch.adopt(x, x.__cuda_array_interface__, cuda.as_cuda_array)
     return x
 
 
@@ -499,8 +513,7 @@ def full(shape, value, dtype, device: str = "cpu"):
 def copy(x):
     """A copy of ``x`` on its own device (NumPy in, NumPy out; CUDA in, Numba device array out)."""
     if is_cuda_array(x):
-        from .kernels.cuda import arrays  # no kernels_for: an op may be under way
-
+        arrays = _cuda_arrays()
         x = adopt(x)
         if is_bfloat16(x):  # copied as its bits (the simulator cannot cast bfloat16)
             return device_view(arrays.copy(device_view(x, np.uint16)), x.dtype)
@@ -514,9 +527,20 @@ def copy_into(out, x):
     if isinstance(out, np.ndarray):
         np.copyto(out, x)
         return out
-    from .kernels.cuda import arrays  # no kernels_for: an op may be under way
+    return _cuda_arrays().copy_into(out, adopt(x))
 
-    return arrays.copy_into(out, adopt(x))
+
+def _cuda_arrays():
+    """``numbapos.kernels.cuda.arrays`` (no kernels_for: an op may be under way)."""
+    found = _ARRAYS_MODULE[0]
+    if found is None:
+        from .kernels.cuda import arrays
+
+        found = _ARRAYS_MODULE[0] = arrays
+    return found
+
+
+_ARRAYS_MODULE = [None]
 
 
 def cuda_empty_cache() -> None:

@@ -103,8 +103,8 @@ def _current_state() -> tuple:
             driver = streams.bindings()
             err, handle = driver.cuCtxGetCurrent()
             if (err == driver.CUresult.CUDA_SUCCESS and int(handle) == last[0]
-                    and last[1].device.primary_context is last[1]):
-                return last[1:]
+                    and last[1][0].device.primary_context is last[1][0]):
+                return last[1]
     # The simulator makes a new context object at every call: it has one word.
     context = None if _SIMULATED else cuda.current_context()
     state = _state.get(id(context))
@@ -119,7 +119,7 @@ def _current_state() -> tuple:
                 host._numbapos_persistent = device._numbapos_persistent = True  # see .plans
                 state = _state[id(context)] = (context, device, host, {})
     if not _SIMULATED:
-        _last.state = (int(context.handle), *state)
+        _last.state = (int(context.handle), state)
     return state
 
 

@@ -35,6 +35,7 @@ import functools
 import inspect
 import struct
 import threading
+import weakref
 
 import numpy as np
 from numba import config as numba_config
@@ -552,3 +553,82 @@ class ArrayFactory:
                                    pointer + self.high)
         return array, pointer
 
+
+
+# ---------------------------------------------------------------- foreign arrays
+
+_ADOPTED: dict = {}  # id(object) -> (weak reference to it, interface key, ArrayFactory)
+MAX_ADOPTED = 1024
+
+
+def _forget_adopted(ref) -> None:
+    entry = _ADOPTED.get(ref.key)
+    if entry is not None and entry[0] is ref:
+        del _ADOPTED[ref.key]
+
+
+class _AdoptedRef(weakref.ref):
+    __slots__ = ("key",)
+
+
+def adopt(x, interface, wrap):
+    """A Numba device array on the memory of ``x`` (a CuPy array, a PyTorch CUDA tensor:
+    an object whose ``__cuda_array_interface__`` is ``interface``); ``wrap(x)`` makes it
+    the first time (``numba.cuda.as_cuda_array``).
+
+    Later calls with the same object, whose interface says the same (pointer, shape,
+    strides, dtype, stream) in the same context, make the array from a factory
+    (about 1 us instead of Numba's constructor and its context lookup). The cache
+    holds a weak reference to the object and never the object itself (each array
+    made holds it, as Numba's does), so a freed object's entry goes with it and a
+    new object at its address is wrapped anew. Objects that cannot be weakly
+    referenced, masked arrays and interfaces with a stream (whose Numba wrapper
+    synchronises it) are wrapped by ``wrap`` every time.
+    """
+    if interface.get("mask") is not None or interface.get("stream") is not None:
+        return wrap(x)
+    from . import errors
+
+    context = errors.current_context()
+    try:
+        key = (interface["data"][0], tuple(interface["shape"]), interface.get("strides"),
+               interface["typestr"], id(context))
+        hash(key)
+    except (KeyError, TypeError, IndexError):
+        return wrap(x)  # Numba's wrapper says what is wrong
+    entry = _ADOPTED.get(id(x))
+    if entry is not None and entry[0]() is x and entry[1] == key:
+        factory = entry[2]
+        pointer = key[0]
+        return factory(_owned_memory(context, pointer, factory.nbytes, x), pointer)[0]
+    made = wrap(x)
+    from . import plans
+
+    described = plans._described(made)  # None for anything but a Numba device array
+    if described is None or not made.size or described[1] != key[0]:
+        return made
+    try:
+        ref = _AdoptedRef(x, _forget_adopted)
+    except TypeError:  # not weakly referenceable: wrapped every time
+        return made
+    ref.key = id(x)
+    if len(_ADOPTED) >= MAX_ADOPTED:
+        _ADOPTED.clear()
+    _ADOPTED[ref.key] = (ref, key, ArrayFactory(made, described, context))
+    return made
+
+
+def _owned_memory(context, pointer: int, size: int, owner):
+    """A Numba memory pointer to ``size`` bytes at ``pointer`` that keeps ``owner`` alive
+    (what ``numba.cuda.as_cuda_array`` builds, its attributes set directly)."""
+    if not _VIEW:
+        _VIEW.append(_view_maker())
+    cls, device_pointer, direct = _VIEW[0]
+    handle = device_pointer(pointer)
+    if not direct:
+        return cls(context, handle, size, owner=owner)
+    memory = cls.__new__(cls)
+    memory.__dict__.update(context=context, device_pointer=handle, size=size,
+                           _cuda_memsize_=size, is_managed=False, refct=1, handle=handle,
+                           _owner=owner)
+    return memory

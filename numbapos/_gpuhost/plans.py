@@ -237,8 +237,11 @@ class Plan:
                 return False
         context, sizes, outputs, names_blocks = self.outputs
         if sizes:
-            blocks = [context.memalloc(size) for size in sizes]
-            starts = [block.device_pointer_value for block in blocks]
+            blocks, starts = [], []  # loops, not comprehensions: no call of their own
+            for size in sizes:
+                block = context.memalloc(size)
+                blocks.append(block)
+                starts.append(block.device_pointer_value)
             view = fastlaunch.memory_view
             for position, factory, base, offset in outputs:
                 memory, pointer = blocks[base], starts[base]
@@ -249,11 +252,15 @@ class Plan:
                     arrays.append(factory(memory, pointer)[0])  # a part of an unpacked result
                 else:
                     arrays[position] = factory(memory, pointer)[0]
-        pointers = [0 if x is None else x._numbapos_plan[1] for x in arrays]
+        pointers = []
+        for x in arrays:
+            pointers.append(0 if x is None else x._numbapos_plan[1])
         if names_blocks:  # slots past the op's arrays: the blocks the outputs live in
             pointers.extend(starts)
         pack = _POINTER.pack_into
-        native = fastlaunch.native_launcher() if settings.get("cuda_native_launch") else None
+        native = _NATIVE[0] if settings.get("cuda_native_launch") else None
+        if native is False:
+            native = _NATIVE[0] = fastlaunch.native_launcher()
         LAUNCHES[0] += len(self.steps)
         with self.lock:
             for step in self.steps:
@@ -269,6 +276,9 @@ class Plan:
                 for step in self.steps:
                     launch_kernel(step, step.function, step.grid, step.block, stream)
         return True
+
+
+_NATIVE = [False]  # fastlaunch.native_launcher(), once asked (None where there is none)
 
 
 class PlanCache:
@@ -303,7 +313,7 @@ class PlanCache:
                     return pack(found[len(arrays):], plan.layout)
                 if len(outputs) == 1:
                     return found[outputs[0]]
-                return tuple(found[i] for i in outputs)
+                return tuple([found[i] for i in outputs])
             return full()
         with recording() as record:
             result = full()
@@ -335,13 +345,20 @@ class PlanCache:
     @staticmethod
     def _key(arrays, options):
         if not (fastlaunch.ENABLED and settings.get("cuda_fast_launch")) \
-                or settings.get("cuda_sync_checks") or streams.capturing() is not None:
+                or settings.get("cuda_sync_checks") or streams._local.capture is not None:
             return None
         signatures = []
+        device_array = _DEVICE_ARRAY[0]
         for x in arrays:
             if x is None:
                 signatures.append(None)
                 continue
+            if type(x) is device_array:  # _described's common case, inline
+                try:
+                    signatures.append(x._numbapos_plan[0])
+                    continue
+                except AttributeError:
+                    pass
             found = _described(x)
             if found is None:
                 return None

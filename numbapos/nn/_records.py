@@ -121,8 +121,9 @@ def _hold_inputs(graph, values) -> None:
     """Make ``graph`` hold the graphs of the recorded calls whose outputs ``values`` are."""
     memo = None
     for value in values:
-        if id(value) not in _OUTPUTS and getattr(value, "base", None) is None:
-            continue  # the usual input: nobody's output, no view
+        if id(value) not in _OUTPUTS and (not isinstance(value, np.ndarray)
+                                          or value.base is None):
+            continue  # the usual input: nobody's output, no NumPy view (see _graph_of)
         upstream = _graph_of(value)
         if upstream is not None:
             memo = {} if memo is None else memo

@@ -268,15 +268,19 @@ class Module:
         if frames:
             module, graph, records, args = frames[-1]
             if module is self:
-                shapes = tuple(a.shape for a in args
-                               if isinstance(getattr(a, "shape", None), tuple))
+                shapes = []  # a loop, not a generator: no call of its own
+                for a in args:
+                    shape = getattr(a, "shape", None)
+                    if isinstance(shape, tuple):
+                        shapes.append(shape)
+                shapes = tuple(shapes)
         record = _Record(context, None if graph is None else weakref.ref(graph), number,
                          self.__dict__.get("training"), shapes)
         if graph is not None:
             records.append(record)
             graph.pending += 1
         stack.append(record)
-        if len(stack) > max_pending():
+        if len(stack) > config.get("max_pending_records"):  # max_pending(), inline
             self._note_gone(channel, stack.pop(0), "dropped")
             if self.__dict__.get("training", False) and not self._warned_pending:
                 object.__setattr__(self, "_warned_pending", True)
@@ -374,8 +378,9 @@ class Module:
         """Consume the record :meth:`_saved_context` gave (after the gradient was validated)."""
         stack = self._saved[channel]
         record = self._current.pop(channel, None)
-        at = next((i for i in range(len(stack) - 1, -1, -1) if stack[i] is record),
-                  len(stack) - 1)
+        at = len(stack) - 1
+        if stack and stack[at] is not record:  # not the latest (backward(..., output=y))
+            at = next((i for i in range(len(stack) - 1, -1, -1) if stack[i] is record), at)
         consumed = self._consumed.setdefault(channel, [])
         consumed.append(stack.pop(at))
         consumed[-1].let_go()

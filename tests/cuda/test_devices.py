@@ -614,3 +614,17 @@ def test_to_device_gives_standard_strides_to_size_one_axes():
     assert tuple(y.strides) == (48, 12, 4)
     assert numbapos.to_device(np.array(3), "cuda").shape == ()
     np.testing.assert_array_equal(host(F.embedding(np.arange(3)[None], on("cuda", x))), x[:3][None])
+
+
+def test_is_bfloat16_tells_bfloat16_from_everything_else_every_time():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    for _ in range(2):  # the second answers come from the per-dtype cache
+        assert _device.is_bfloat16(bf16)
+        assert _device.is_bfloat16(np.zeros(3, bf16))
+        assert not _device.is_bfloat16(np.dtype(np.float16))
+        assert not _device.is_bfloat16(np.zeros(3, np.float32))
+        assert not _device.is_bfloat16(np.dtype([("bfloat16", np.float32)]))
+        assert not _device.is_bfloat16("bfloat16")  # a name, not a dtype
+        assert _device.is_bfloat16(ml_dtypes.bfloat16)  # the scalar type carries its dtype
+        assert not _device.is_bfloat16(None)
