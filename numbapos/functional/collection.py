@@ -471,8 +471,10 @@ def _unsummed_grads(grad, groups, bag_of, stride, layout):
         rows = groups.rows[j0:j1] - layout.first_row[t]
         table_groups = RowGroups(rows, groups.starts[j0:j1], groups.counts[j0:j1], samples,
                                  j1 - j0)
-        grads.append(SparseRows._unsummed(table_groups, grad[:, col:col + dim], False,
-                                          layout.rows[t]))
+        # The table's columns as their own (B, dim) array (a MB or so): the updates'
+        # loops over C-contiguous rows vectorise, over a strided view they did not.
+        columns = np.ascontiguousarray(grad[:, col:col + dim])
+        grads.append(SparseRows._unsummed(table_groups, columns, False, layout.rows[t]))
         col += dim
     return grads
 
