@@ -132,6 +132,12 @@ def _collection(dtype, index_dtype) -> None:
         for sparse in (False, True):
             embedding_bag_collection_backward(np.ones_like(out), kjt, flat, layout,
                                               sparse=sparse)
+    bad = KeyedJaggedArray(["a", "b", "c"], np.array([_ROWS, 0, 0, 0, 0, 0], index_dtype),
+                           lengths=lengths, weights=np.ones(values.shape, dtype))
+    try:  # the search for the first bad id runs only on a bad one
+        embedding_bag_collection(bad, flat, layout)
+    except IndexError:
+        pass
     ebc = EmbeddingBagCollection([EmbeddingBagConfig("t0", _ROWS, _DIM, ["a", "b", "c"])],
                                  dtype=dtype, seed=0)
     ebc.backward(np.ones_like(ebc(kjt).values()))
