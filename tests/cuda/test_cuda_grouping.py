@@ -1,8 +1,10 @@
 """Grouping positions by row on the GPU (numbapos/kernels/cuda/grouping.py): the one-block
-path (up to SMALL_MAX ids) and the radix passes give the same RowGroups, the CPU's groups,
-and gradients with the CPU's bits.
+path (up to SMALL_MAX ids) and the onesweep radix sort give the same RowGroups, the CPU's
+groups, and gradients with the CPU's bits.
 
-On Numba's simulator SMALL_MAX is 256 (4,096 on a GPU), so both paths run at small sizes.
+On Numba's simulator SMALL_MAX is 256 (4,096 on a GPU) and a tile 64 ids (256), so both
+paths run at small sizes and the sort's inputs make many tiles. The simulator runs blocks
+one after another: the look-back never waits there (its summing is tested directly).
 """
 
 import numpy as np
@@ -11,6 +13,8 @@ from conftest import dev
 
 pytest.importorskip("numba.cuda")
 
+from numba import cuda  # noqa: E402
+
 from numbapos._gpuhost import launch  # noqa: E402
 from numbapos.kernels import cpu as cpu_arrays  # noqa: E402
 from numbapos.kernels import cuda as gpu_arrays  # noqa: E402
@@ -18,6 +22,7 @@ from numbapos.kernels.cpu import embedding as cpu  # noqa: E402
 from numbapos.kernels.cuda import errors, grouping  # noqa: E402
 
 SMALL = grouping.SMALL_MAX
+TILE = grouping.TILE
 # The largest table the one-block path packs: row numbers of SMALL_ROW_BITS bits.
 WIDEST = (1 << grouping.SMALL_ROW_BITS) - 1
 
@@ -48,6 +53,11 @@ def _group(path, flat, padding_idx, num):
     return groups, launch.launches() - before
 
 
+def _onesweep_launches(num):
+    """Keys and zeros, histograms, a scatter per 8-bit digit, segments."""
+    return 2 + -(-num.bit_length() // 8) + 1
+
+
 def _assert_cpus_groups(got, flat, padding_idx, num):
     (distinct, grouped), rows, starts, counts, order = got
     expected = cpu.group_rows(flat, padding_idx, num)
@@ -73,16 +83,19 @@ def _assert_cpus_groups(got, flat, padding_idx, num):
     (SMALL, 70_000, None),  # three radix passes, one block
     (SMALL, 2**40, 3),  # six radix passes
     (SMALL, WIDEST, None),  # the widest rows the one block packs
-    (SMALL + 1, 300, 4),  # past the bound: the radix passes
+    (SMALL + 1, 300, 4),  # past the bound: the onesweep sort
+    (SMALL + 1, 5, None),  # one pass
+    (11 * TILE - 3, 70_000, 9),  # three passes, hot rows across tiles
+    (16 * TILE, 60_000, None),  # two passes, whole tiles
 ])
 def test_both_paths_give_the_same_groups_as_the_cpu(rng, n, num, padding_idx):
     flat = _ids(rng, n, num, padding_idx)
-    radix, _ = _group(grouping._group_by_radix_passes, flat, padding_idx, num)
+    radix, _ = _group(grouping._group_by_onesweep, flat, padding_idx, num)
     automatic, launches = _group(grouping.group_rows, flat, padding_idx, num)
     got = _host(radix)
     _assert_cpus_groups(got, flat, padding_idx, num)
     if n > SMALL:
-        assert launches == 3 * -(-num.bit_length() // 8) + 4
+        assert launches == _onesweep_launches(num)
     else:
         assert launches == 1
         small, small_launches = _group(grouping._group_in_one_block, flat, padding_idx, num)
@@ -97,11 +110,11 @@ def test_rows_too_wide_to_pack_take_the_radix_passes(rng):
     num = WIDEST + 1
     flat = np.array([num - 1, 5, num - 1, 0, 5, num - 2], np.int64)
     groups, launches = _group(grouping.group_rows, flat, None, num)
-    assert launches == 3 * -(-num.bit_length() // 8) + 4
+    assert launches == _onesweep_launches(num)
     _assert_cpus_groups(_host(groups), flat, None, num)
 
 
-@pytest.mark.parametrize("n", [6, SMALL, SMALL + 1])
+@pytest.mark.parametrize("n", [6, SMALL, SMALL + 1, 5 * TILE])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 def test_bad_ids_are_recorded_and_grouped_nowhere(rng, n, index_dtype):
     import numbapos
@@ -119,11 +132,47 @@ def test_bad_ids_are_recorded_and_grouped_nowhere(rng, n, index_dtype):
     _assert_cpus_groups(_host(groups), good, num, num + 1)
 
 
-@pytest.mark.parametrize("n", [9, SMALL + 1])
+@pytest.mark.parametrize("n", [9, SMALL + 1, 5 * TILE])
 def test_all_padding_groups_nothing(n):
     used, rows, _, _, order = _host(grouping.group_rows(dev(np.full(n, 3)), 3, 4, errors.tag()))
     assert used == (0, 0) and rows.size == 0
     np.testing.assert_array_equal(order, np.arange(n))
+
+
+def test_onesweep_needs_no_zeroed_memory_and_allocates_twice(rng, monkeypatch):
+    # Its first launch zeroes the histograms, tickets and look-back words: scratch full of
+    # words that read as published prefixes changes nothing.
+    num, n = 70_000, 7 * TILE + 5
+    flat = _ids(rng, n, num, 3)
+    made = []
+
+    def dirty(shape, dtype):
+        made.append(shape)
+        return dev(np.full(shape, (6 << grouping.STATUS_SHIFT) | 12345, dtype))
+
+    monkeypatch.setattr(grouping.arrays, "empty", dirty)
+    got = _host(grouping.group_rows(dev(flat), 3, num, errors.tag()))
+    assert len(made) == 2  # the groups, the scratch
+    _assert_cpus_groups(got, flat, 3, num)
+
+
+@cuda.jit
+def _looked_back(words, args, out):
+    base, stride, tile, aggregate, prefix, use_max = args
+    out[0] = grouping._look_back(words, base, stride, tile, aggregate, prefix, use_max == 1)
+
+
+@pytest.mark.parametrize("use_max", [0, 1])
+def test_look_back_adds_aggregates_up_to_the_first_prefix(use_max):
+    # Pass 1's words (aggregate 3, prefix 4) of digit 2 of tiles 0..5, BINS words a tile:
+    # tile 5 adds tiles 4, 3 (aggregates) and 2 (a prefix), and stops there.
+    bins, shift = grouping.BINS, grouping.STATUS_SHIFT
+    words = np.zeros(6 * bins, np.int64)
+    for tile, status, value in [(0, 4, 1000), (1, 3, 50), (2, 4, 70), (3, 3, 9), (4, 3, 20)]:
+        words[tile * bins + 2] = (status << shift) | value
+    out = dev(np.zeros(1, np.int64))
+    _looked_back[1, 1](dev(words), dev(np.array([2, bins, 5, 3, 4, use_max])), out)
+    assert out.copy_to_host()[0] == (70 if use_max else 70 + 9 + 20)
 
 
 @pytest.mark.parametrize("threads", [32, 64, 1024])

@@ -26,16 +26,24 @@ by row), cuts the segments and writes every array of the result: no scratch,
 and one allocation holds the five arrays. A sparse backward is then two
 launches (group, sum) and a dense one three (zero fill, group, sum).
 
-Above it, ``3 * ceil(bit_length(V) / 8)`` launches for the sort (histogram,
-scan, scatter per pass; 2 passes for V < 65536) and 4 for the segments.
-Both give the same arrays (rows past ``used`` excepted: nothing reads them).
+Above it, a onesweep radix sort (:func:`_group_by_onesweep`) takes
+``ceil(bit_length(V) / 8) + 3`` launches: 5 for V < 65,536 (BERT-base's
+30,522), 6 for V < 2**24. One launch makes the keys (the ids checked) and
+zeroes the counters and look-back words the later ones use; one counts the
+digits of every pass at once (into counts zeroed by the first: blocks of one
+launch cannot share counters that no earlier launch set); each 8-bit pass is
+one scatter launch with a decoupled look-back across tiles (:func:`_onesweep`);
+one launch cuts the segments, with a look-back too (:func:`_segments`). Two allocations: the
+result's five arrays and one scratch block. A sparse backward is then six
+launches (the sum included). Both paths give the same arrays (rows past
+``used`` excepted: nothing reads them).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import config as numba_config
-from numba import cuda, int64
+from numba import cuda, int32, int64
 
 from ..._args import RowGroups
 from ..._gpuhost.launch import launch
@@ -43,15 +51,28 @@ from . import arrays, errors
 
 __all__ = []  # helpers of the embedding and optimiser launchers
 
-# Positions per block of the sort and segment kernels (one per thread) and threads
-# of the one-block scan. Numba's simulator runs every thread as a Python thread:
-# there, small blocks keep the tests fast and still make several blocks of small
-# inputs, so the cross-block paths are tested.
+# Positions per block of the sort and segment kernels (a tile: one per thread, so 256
+# digits and 256 keys a tile on a GPU). Numba's simulator runs every thread as a Python
+# thread: there, smaller tiles of two warps keep the tests fast, and small inputs make
+# many tiles, so the cross-tile and cross-warp paths are tested.
 _SIMULATED = bool(numba_config.ENABLE_CUDASIM)
-TILE = 32 if _SIMULATED else 256
-SCAN_THREADS = 32 if _SIMULATED else 1024
+TILE = 64 if _SIMULATED else 256
 RADIX_BITS = 8
 BINS = 1 << RADIX_BITS
+WARP = 32
+WARPS = TILE // WARP
+MATCH_LANES = TILE if _SIMULATED else 1  # shared memory of _match_any on the simulator
+FULL_MASK = np.int32(-1)  # every lane of a warp
+# The look-back words: ``status << STATUS_SHIFT | value``, written by one atomic exchange,
+# read by an atomic add of 0 (see _look_back). Pass p of the sort publishes AGGREGATE =
+# 2p + 1 (a tile's count alone) then PREFIX = 2p + 2 (the tiles up to it): one array of
+# words serves every pass, as what an earlier pass left there (0 from the first launch, or
+# at most 2p) reads as "not yet". The segments' words use 1 and 2.
+STATUS_SHIFT = 58
+VALUE_MASK = (1 << STATUS_SHIFT) - 1
+MAX_PASSES = 8  # of 64-bit keys; their statuses (up to 16) fit above bit 58 of an int64
+ALL_BINS = MAX_PASSES * BINS  # shared arrays take a constant size, not an expression
+WARP_BINS = WARPS * BINS
 
 # The one-block path: up to SMALL_MAX positions, each a packed int64 ``row << POSITION_BITS
 # | position`` in shared memory (32 KB on a GPU, plus 8 KB of per-thread counts: within
@@ -60,7 +81,6 @@ BINS = 1 << RADIX_BITS
 # the multi-launch path to moderate test sizes.
 SMALL_MAX = 256 if _SIMULATED else 4096
 SMALL_THREADS = 32 if _SIMULATED else 1024
-WARP = 32
 SMALL_MIN_THREADS = 1 if _SIMULATED else WARP  # whole warps on a GPU (see _warp_barrier)
 POSITION_BITS = (SMALL_MAX - 1).bit_length()
 # Rows (and the sentinel, num_rows itself) take at most this many bits in the packed keys,
@@ -84,7 +104,7 @@ def group_rows(flat, padding_idx, num_rows, which):
         return RowGroups(empty, empty, empty, empty, arrays.zeros((2,), np.int64))
     if n <= SMALL_MAX and int(num_rows).bit_length() <= SMALL_ROW_BITS:
         return _group_in_one_block(flat, padding_idx, num_rows, which)
-    return _group_by_radix_passes(flat, padding_idx, num_rows, which)
+    return _group_by_onesweep(flat, padding_idx, num_rows, which)
 
 
 def _group_in_one_block(flat, padding_idx, num_rows, which):
@@ -103,64 +123,63 @@ def _group_in_one_block(flat, padding_idx, num_rows, which):
 def _int64_parts(sizes):
     """Consecutive int64 device arrays of ``sizes``, views of one allocation (a view costs
     less host time than a block of the pool)."""
-    block = arrays.empty((sum(sizes),), np.int64)
-    parts, start = [], 0
+    return _int64_views(arrays.empty((sum(sizes),), np.int64), _spans(sizes))
+
+
+def _spans(sizes):
+    """``(start, size)`` of consecutive parts of ``sizes``."""
+    spans, start = [], 0
     for size in sizes:
-        if _SIMULATED:
-            parts.append(block[start:start + size])
-        else:
-            from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-            view = block.gpu_data.view(8 * start, 8 * (start + size))
-            parts.append(DeviceNDArray((size,), (8,), block.dtype, stream=block.stream,
-                                       gpu_data=view))
+        spans.append((start, size))
         start += size
-    return parts
+    return spans
 
 
-def _group_by_radix_passes(flat, padding_idx, num_rows, which):
-    """:func:`group_rows` by a multi-block radix sort, then the segments (any size)."""
+def _int64_views(block, spans):
+    """Views ``block[start:start + size]`` of an int64 device array, per ``(start, size)``."""
+    if _SIMULATED:
+        return [block[start:start + size] for start, size in spans]
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return [DeviceNDArray((size,), (8,), block.dtype, stream=block.stream,
+                          gpu_data=block.gpu_data.view(8 * start, 8 * (start + size)))
+            for start, size in spans]
+
+
+def _group_by_onesweep(flat, padding_idx, num_rows, which):
+    """:func:`group_rows` by a onesweep radix sort, then the segments (any size):
+    ``passes + 3`` launches, two allocations."""
     n = int(flat.size)
-    used = arrays.empty((2,), np.int64)  # both entries are written below
-    word, host = errors.words()
-    blocks = -(-n // TILE)
+    tiles = -(-n // TILE)
     passes = max(1, -(-int(num_rows).bit_length() // RADIX_BITS))
-    keys = [arrays.empty((n,), np.int64), arrays.empty((n,), np.int64)]
-    positions = [arrays.empty((n,), np.int64), arrays.empty((n,), np.int64)]
-    hist = arrays.empty((BINS * blocks,), np.int64)
-    total = arrays.empty((1,), np.int64)
     sentinel = int(num_rows)
     pad = int(padding_idx) if padding_idx is not None and padding_idx >= 0 else -1
+    word, host = errors.words()
+    rows, starts, counts, order, used = _int64_parts((n, n, n, n, 2))
+    # The scratch, one allocation: two key buffers, the positions between passes (none
+    # for one pass), then what the first launch zeroes: the histograms, the ticket
+    # counters (one per scatter pass, one for the segments), the digits' look-back words
+    # (one array for every pass: see STATUS_SHIFT) and the segments' (two a tile).
+    spare = [n] if passes > 1 else []
+    zeroed = [passes * BINS, passes + 1, tiles * BINS, 2 * tiles]
+    spans = _spans([n, n, *spare, *zeroed])
+    end = spans[-1][0] + spans[-1][1]
+    views = _int64_views(arrays.empty((end,), np.int64),
+                         [*spans, (end - sum(zeroed), sum(zeroed))])
+    keys_a, keys_b = views[:2]
+    moved = views[2] if spare else order  # one pass writes order only
+    hist, tickets, flags, heads, zero = views[-5:]
+    launch(_keys_and_zeros, tiles, TILE, flat, pad, sentinel, word, host, which, keys_a, zero)
+    launch(_histograms, tiles, TILE, keys_a, passes, hist)
+    keys, spare_keys, positions = keys_a, keys_b, order  # pass 0 reads no positions
     for p in range(passes):
-        src, dst = p % 2, (p + 1) % 2
-        shift = p * RADIX_BITS
-        if p == 0:
-            launch(_first_histogram, blocks, TILE, flat, pad, sentinel, word, host, which,
-                   keys[src], hist)
-        else:
-            launch(_histogram, blocks, TILE, keys[src], shift, hist)
-        exclusive_scan(hist, hist, total)
-        launch(_scatter_digit, blocks, TILE, keys[src], positions[src], p == 0, shift, hist,
-               keys[dst], positions[dst])
-    keys, order = keys[passes % 2], positions[passes % 2]
-    rows = arrays.empty((n,), np.int64)
-    starts = arrays.empty((n,), np.int64)
-    counts = arrays.empty((n,), np.int64)
-    heads = arrays.empty((blocks,), np.int64)
-    launch(_count_heads, blocks, TILE, keys, sentinel, heads)
-    exclusive_scan(heads, heads, used)
-    launch(_write_heads, blocks, TILE, keys, sentinel, heads, rows, starts, used)
-    launch(_segment_counts, arrays.grid(n), arrays.THREADS, starts, used, counts)
+        out = order if (passes - 1 - p) % 2 == 0 else moved  # the last pass writes order
+        launch(_onesweep, tiles, TILE, keys, positions, p == 0, p, hist, tickets, flags,
+               spare_keys, out)
+        keys, spare_keys, positions = spare_keys, keys, out
+    launch(_segments, tiles, TILE, keys, sentinel, tickets, passes, heads, rows, starts,
+           counts, used)
     return RowGroups(rows, starts, counts, order, used)
-
-
-def exclusive_scan(x, out, total):
-    """``out[i] = x[0] + ... + x[i - 1]`` (``out`` may be ``x``), ``total[0] = sum(x)``.
-
-    One block: each thread scans a contiguous chunk, a shared-memory scan
-    joins the chunks.
-    """
-    launch(_exclusive_scan, 1, SCAN_THREADS, x, out, total)
 
 
 # ---------------------------------------------------------------- kernels
@@ -171,67 +190,251 @@ def _digit(key, shift):
     return (key >> shift) & (BINS - 1)
 
 
-@cuda.jit(device=True)
-def _block_histogram(key, valid, shift, hist):
-    """Add this block's digits to ``hist[digit * blocks + block]`` (shared counts first)."""
-    counts = cuda.shared.array(BINS, int64)
-    tid = cuda.threadIdx.x
-    for b in range(tid, BINS, cuda.blockDim.x):
-        counts[b] = 0
-    cuda.syncthreads()
-    if valid:
-        cuda.atomic.add(counts, _digit(key, shift), 1)
-    cuda.syncthreads()
-    for b in range(tid, BINS, cuda.blockDim.x):
-        hist[b * cuda.gridDim.x + cuda.blockIdx.x] = counts[b]
-
-
 @cuda.jit
-def _first_histogram(flat, pad, sentinel, word, host, which, keys, hist):
-    """Keys from the indices (bad ones recorded, they and padding become ``sentinel``),
-    written to ``keys``, and the histogram of their lowest digit."""
+def _keys_and_zeros(flat, pad, sentinel, word, host, which, keys, zero):
+    """Launch 1: the keys (bad ids recorded; they and padding become ``sentinel``, which
+    sorts after every row) and ``zero`` (histograms, tickets, look-back words) zeroed.
+    The later launches start after this one ends, so they see the zeros."""
     i = cuda.grid(1)
-    key = int64(0)
-    valid = i < flat.size
-    if valid:
+    if i < flat.size:
         key = errors.checked(word, host, flat[i], i, sentinel, which)
         if key < 0 or key == pad:
             key = sentinel
         keys[i] = key
-    _block_histogram(key, valid, 0, hist)
+    for z in range(i, zero.size, cuda.gridsize(1)):
+        zero[z] = 0
 
 
 @cuda.jit
-def _histogram(keys, shift, hist):
+def _histograms(keys, passes, hist):
+    """Launch 2: every pass's digit counts at once, ``hist[p * BINS + digit]`` (shared
+    counts first; integer atomics give the same counts in any order)."""
+    counts = cuda.shared.array(ALL_BINS, int32)
+    tid = cuda.threadIdx.x
+    bins = passes * BINS
+    for b in range(tid, bins, cuda.blockDim.x):
+        counts[b] = 0
+    cuda.syncthreads()
     i = cuda.grid(1)
-    key = int64(0)
+    if i < keys.size:
+        key = keys[i]
+        for p in range(passes):
+            cuda.atomic.add(counts, p * BINS + _digit(key, p * RADIX_BITS), 1)
+    cuda.syncthreads()
+    for b in range(tid, bins, cuda.blockDim.x):
+        if counts[b]:
+            cuda.atomic.add(hist, b, int64(counts[b]))
+
+
+@cuda.jit(device=True)
+def _publish(words, index, status, value):
+    cuda.atomic.exch(words, index, (int64(status) << STATUS_SHIFT) | value)
+
+
+@cuda.jit(device=True)
+def _look_back(words, base, stride, tile, aggregate, prefix, use_max):
+    """The sum (the max if ``use_max``) of the values of tiles ``0 .. tile - 1``, read
+    from ``words[base + t * stride]``: from tile - 1 backwards, adding aggregates, up to
+    the first inclusive prefix.
+
+    Memory order: nothing but these words passes between the blocks of one launch
+    (keys and positions are read by the next launch), and each word carries its value
+    and status together (one atomic exchange writes it, an atomic add of 0 reads it,
+    again on each spin: a plain load could be hoisted out of the loop), so relaxed
+    atomics suffice, with no fence. Progress: a block waits only for tiles of smaller
+    tickets, handed to blocks already running, which publish their aggregate before
+    they look back themselves (tile 0 its prefix at once), so every wait ends.
+    """
+    total = int64(0)
+    t = tile - 1
+    while t >= 0:
+        word = cuda.atomic.add(words, base + t * stride, int64(0))
+        status = word >> STATUS_SHIFT
+        if status < aggregate:
+            continue  # not yet published by tile t in this pass: read again
+        value = word & VALUE_MASK
+        total = max(total, value) if use_max else total + value
+        if status == prefix:
+            break
+        t -= 1
+    return total
+
+
+@cuda.jit(device=True)
+def _match_any(value, lanes, tid):
+    """The lanes of this thread's warp holding the same ``value`` (a bit each), as
+    ``match_any_sync`` gives; every thread of the block calls it."""
+    if _SIMULATED:  # the simulator has no warp functions: through shared memory
+        lanes[tid] = value
+        cuda.syncthreads()
+        first = tid - tid % WARP
+        mask = int64(0)
+        for lane in range(WARP):
+            if first + lane < cuda.blockDim.x and lanes[first + lane] == value:
+                mask |= int64(1) << lane
+        cuda.syncthreads()
+        return mask
+    return int64(cuda.match_any_sync(FULL_MASK, value)) & 0xFFFFFFFF
+
+
+@cuda.jit(device=True)
+def _exclusive_scan_bins(values, sums, tid, threads):
+    """Exclusive prefix sums of shared ``values[:BINS]`` in place (every thread calls
+    it); ``sums``: shared scratch of ``threads`` values."""
+    cuda.syncthreads()
+    chunk = (BINS + threads - 1) // threads
+    begin = min(tid * chunk, BINS)
+    end = min(begin + chunk, BINS)
+    acc = int64(0)
+    for b in range(begin, end):
+        acc += values[b]
+    sums[tid] = acc
+    block_exclusive_scan(sums, tid, threads)  # synchronises first and last
+    acc = sums[tid]
+    for b in range(begin, end):
+        v = values[b]
+        values[b] = acc
+        acc += v
+    cuda.syncthreads()
+
+
+@cuda.jit
+def _onesweep(keys, positions, first, p, hist, tickets, flags, keys_out, positions_out):
+    """One stable scatter pass of digit ``p`` in one launch (Merrill and Garland's
+    decoupled look-back; Adinets and Merrill, "Onesweep", 2022).
+
+    Each block takes the next tile from the pass's ticket counter, so tiles begin in
+    ticket order whatever order the hardware starts blocks in. Ranks in the tile: the
+    lanes of a warp with the same digit find each other (``match_any_sync``), and a
+    key's rank is its such lanes below plus the keys of its digit in earlier warps. Then
+    per digit the tile publishes its count, adds up the tiles before it
+    (:func:`_look_back`) and publishes its inclusive prefix; tile 0 adds each digit's
+    start (the exclusive scan of the pass's histogram) to its prefix, so every tile's
+    look-back includes it. Each key goes to that base plus its rank: stable.
+    """
+    per_warp = cuda.shared.array(WARP_BINS, int32)  # digit counts, then offsets
+    base = cuda.shared.array(BINS, int64)  # the tile's count of a digit, then its slot
+    starts = cuda.shared.array(BINS, int64)  # tile 0: the digits' starts
+    sums = cuda.shared.array(TILE, int64)
+    lanes = cuda.shared.array(MATCH_LANES, int64)
+    ticket = cuda.shared.array(1, int64)
+    tid = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    if tid == 0:
+        ticket[0] = cuda.atomic.add(tickets, p, 1)
+    for b in range(tid, WARPS * BINS, threads):
+        per_warp[b] = 0
+    cuda.syncthreads()
+    tile = ticket[0]
+    i = tile * TILE + tid
     valid = i < keys.size
+    key = int64(0)
+    digit = int64(-1)
     if valid:
         key = keys[i]
-    _block_histogram(key, valid, shift, hist)
+        digit = _digit(key, p * RADIX_BITS)
+    peers = _match_any(digit, lanes, tid)
+    below = peers & ((int64(1) << (tid % WARP)) - 1)
+    warp = tid // WARP
+    if valid and below == 0:
+        per_warp[warp * BINS + digit] = cuda.popc(peers)
+    cuda.syncthreads()
+    for b in range(tid, BINS, threads):
+        count = int32(0)
+        for w in range(WARPS):
+            c = per_warp[w * BINS + b]
+            per_warp[w * BINS + b] = count
+            count += c
+        base[b] = count
+    cuda.syncthreads()
+    aggregate = 2 * p + 1
+    prefix = 2 * p + 2
+    if tile == 0:  # the same for the whole block
+        for b in range(tid, BINS, threads):
+            starts[b] = hist[p * BINS + b]
+        _exclusive_scan_bins(starts, sums, tid, threads)
+        for b in range(tid, BINS, threads):
+            _publish(flags, b, prefix, starts[b] + base[b])
+            base[b] = starts[b]
+    else:
+        for b in range(tid, BINS, threads):
+            _publish(flags, tile * BINS + b, aggregate, base[b])
+        for b in range(tid, BINS, threads):
+            before = _look_back(flags, b, BINS, tile, aggregate, prefix, False)
+            _publish(flags, tile * BINS + b, prefix, before + base[b])
+            base[b] = before
+    cuda.syncthreads()
+    if valid:
+        dest = base[digit] + per_warp[warp * BINS + digit] + cuda.popc(below)
+        keys_out[dest] = key
+        positions_out[dest] = i if first else positions[i]
 
 
 @cuda.jit
-def _scatter_digit(keys, positions, first, shift, offsets, keys_out, positions_out):
-    """Stable scatter of one digit: each key goes to its digit's offset for this block
-    plus its rank among the block's earlier keys of the same digit."""
-    tile = cuda.shared.array(TILE, int64)
+def _segments(keys, sentinel, tickets, which, words, rows, starts, counts, used):
+    """The segments of the sorted ``keys`` in one launch: ``rows`` / ``starts`` written at
+    each row's first position, ``counts`` at its last, ``used`` at the last grouped one.
+
+    Two inclusive scans run over the positions in ticket order with a decoupled
+    look-back (words ``2 * tile`` and ``2 * tile + 1``): the number of heads (a row's
+    first position), which numbers the segments, and the latest head (its position
+    plus one, 0 for none), where the segment of a row's last position starts.
+    """
+    heads = cuda.shared.array(TILE, int64)
+    latest = cuda.shared.array(TILE, int64)
+    before = cuda.shared.array(2, int64)
+    ticket = cuda.shared.array(1, int64)
     tid = cuda.threadIdx.x
-    i = cuda.grid(1)
-    valid = i < keys.size
-    d = int64(-1)
-    if valid:
-        d = _digit(keys[i], shift)
-    tile[tid] = d
+    threads = cuda.blockDim.x
+    if tid == 0:
+        ticket[0] = cuda.atomic.add(tickets, which, 1)
     cuda.syncthreads()
-    if valid:
-        rank = 0
-        for t in range(tid):
-            if tile[t] == d:
-                rank += 1
-        dest = offsets[d * cuda.gridDim.x + cuda.blockIdx.x] + rank
-        keys_out[dest] = keys[i]
-        positions_out[dest] = i if first else positions[i]
+    tile = ticket[0]
+    n = keys.size
+    i = tile * TILE + tid
+    key = int64(sentinel)
+    if i < n:
+        key = keys[i]
+    grouped = key < sentinel
+    head = grouped and (i == 0 or keys[i - 1] != key)
+    heads[tid] = 1 if head else 0
+    latest[tid] = i + 1 if head else 0
+    offset = 1
+    while offset < threads:
+        cuda.syncthreads()
+        h = int64(0)
+        m = int64(0)
+        if tid >= offset:
+            h = heads[tid - offset]
+            m = latest[tid - offset]
+        cuda.syncthreads()
+        heads[tid] += h
+        latest[tid] = max(latest[tid], m)
+        offset *= 2
+    cuda.syncthreads()
+    if tid < 2:  # thread 0 scans the heads' count, thread 1 the latest head
+        mine = heads[threads - 1] if tid == 0 else latest[threads - 1]
+        earlier = int64(0)
+        if tile > 0:
+            _publish(words, 2 * tile + tid, 1, mine)
+            earlier = _look_back(words, tid, 2, tile, 1, 2, tid == 1)
+        _publish(words, 2 * tile + tid, 2, earlier + mine if tid == 0 else max(earlier, mine))
+        before[tid] = earlier
+    cuda.syncthreads()
+    if grouped:
+        j = before[0] + heads[tid] - 1
+        if head:
+            rows[j] = key
+            starts[j] = i
+        following = keys[i + 1] if i + 1 < n else sentinel
+        if following != key:
+            counts[j] = i + 1 - (max(before[1], latest[tid]) - 1)
+            if following >= sentinel:
+                used[0] = j + 1
+                used[1] = i + 1
+    elif i == 0:
+        used[0] = 0  # nothing grouped
+        used[1] = 0
 
 
 @cuda.jit(device=True)
@@ -259,76 +462,6 @@ def block_exclusive_scan(values, tid, count):
         values[tid] = mine
     cuda.syncthreads()
     return total
-
-
-@cuda.jit
-def _exclusive_scan(x, out, total):
-    sums = cuda.shared.array(SCAN_THREADS, int64)
-    tid = cuda.threadIdx.x
-    threads = cuda.blockDim.x
-    chunk = (x.size + threads - 1) // threads
-    begin = min(tid * chunk, x.size)
-    end = min(begin + chunk, x.size)
-    acc = int64(0)
-    for k in range(begin, end):
-        acc += x[k]
-    sums[tid] = acc
-    whole = block_exclusive_scan(sums, tid, threads)
-    acc = sums[tid]
-    for k in range(begin, end):
-        v = x[k]
-        out[k] = acc
-        acc += v
-    if tid == 0:
-        total[0] = whole
-
-
-@cuda.jit(device=True)
-def _is_head(keys, i, sentinel):
-    key = keys[i]
-    return key < sentinel and (i == 0 or keys[i - 1] != key)
-
-
-@cuda.jit
-def _count_heads(keys, sentinel, heads):
-    """Segments (distinct rows) starting in each block's tile."""
-    flags = cuda.shared.array(TILE, int64)
-    tid = cuda.threadIdx.x
-    i = cuda.grid(1)
-    flags[tid] = 1 if i < keys.size and _is_head(keys, i, sentinel) else 0
-    total = block_exclusive_scan(flags, tid, TILE)
-    if tid == 0:
-        heads[cuda.blockIdx.x] = total
-
-
-@cuda.jit
-def _write_heads(keys, sentinel, offsets, rows, starts, used):
-    """``rows[j]`` / ``starts[j]`` of segment ``j``, and ``used[1]``: the grouped positions."""
-    flags = cuda.shared.array(TILE, int64)
-    tid = cuda.threadIdx.x
-    i = cuda.grid(1)
-    n = keys.size
-    head = i < n and _is_head(keys, i, sentinel)
-    flags[tid] = 1 if head else 0
-    block_exclusive_scan(flags, tid, TILE)
-    if head:
-        j = offsets[cuda.blockIdx.x] + flags[tid]
-        rows[j] = keys[i]
-        starts[j] = i
-    if i < n:
-        key = keys[i]
-        if key < sentinel and (i + 1 == n or keys[i + 1] >= sentinel):
-            used[1] = i + 1
-        elif i == 0 and key >= sentinel:
-            used[1] = 0
-
-
-@cuda.jit
-def _segment_counts(starts, used, counts):
-    distinct = used[0]
-    for j in range(cuda.grid(1), distinct, cuda.gridsize(1)):
-        end = starts[j + 1] if j + 1 < distinct else used[1]
-        counts[j] = end - starts[j]
 
 
 def _block_barrier_after(k, j, size):
