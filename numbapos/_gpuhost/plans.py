@@ -205,7 +205,7 @@ class Plan:
     """An op's launches for one call signature (see the module notes)."""
 
     __slots__ = ("steps", "host_word", "outputs", "avoid", "lock", "keep", "layout",
-                 "workspace", "table")
+                 "workspace", "table", "made", "sizes", "context", "patches")
 
     def __init__(self, steps, host_word, outputs, avoid, keep):
         # ``keep`` holds what the packed parameters point into for the plan's life: the
@@ -225,48 +225,80 @@ class Plan:
                                for step in steps], np.uint64).reshape(len(steps), 8)
         workspace = keep[0] if keep else None
         self.workspace = workspace.size if workspace is not None else 0  # bytes it holds
+        # What run() does per call, worked out once: each output's factory fields and
+        # place, and every slot as (buffer, byte offset, which pointer, byte delta).
+        context, sizes, made, _ = outputs
+        self.context, self.sizes = context, sizes
+        self.made = tuple((position, base, offset, factory.nbytes, factory.cls,
+                           factory.state, factory.head, factory.tail,
+                           (factory.signature, factory.low, factory.high))
+                          for position, factory, base, offset in made)
+        self.patches = tuple((step.buffer, offset, which, delta)
+                             for step in steps for offset, which, delta in step.slots)
 
-    def run(self, arrays: list, stream: int):
+    def run(self, arrays: list, stream: int, native=None):
         """Launch on new arrays of the plan's signature; False where the ordinary path must
-        run instead (an overlap it reports, an error now pending)."""
-        if self.host_word[0] != errors.NONE:
+        run instead (an overlap it reports, an error now pending). ``native``: the
+        setting ``cuda_native_launch`` (read by the caller), None to read it here."""
+        if self.host_word[0] != _NO_ERROR:
             return False
         for output, source in self.avoid:
             a, b = arrays[output]._numbapos_plan, arrays[source]._numbapos_plan
             if a[2] < b[3] and b[2] < a[3]:
                 return False
-        context, sizes, outputs, names_blocks = self.outputs
-        if sizes:
+        starts = None
+        if self.sizes:
+            # Every output lives in one block or a few (the recorded call's allocations);
+            # the arrays and views on them are made here, attributes set directly
+            # (fastlaunch.ArrayFactory and memory_view, inline: no call per output).
+            memalloc = self.context.memalloc
             blocks, starts = [], []  # loops, not comprehensions: no call of their own
-            for size in sizes:
-                block = context.memalloc(size)
+            for size in self.sizes:
+                block = memalloc(size)
                 blocks.append(block)
                 starts.append(block.device_pointer_value)
-            view = fastlaunch.memory_view
-            for position, factory, base, offset in outputs:
+            view_cls, device_pointer, direct = _VIEW[0] if fastlaunch._VIEW else _view()
+            for (position, base, offset, nbytes, cls, state, head, tail,
+                 (signature, low, high)) in self.made:
                 memory, pointer = blocks[base], starts[base]
                 if offset is not None:  # a view into the block, which it keeps alive
                     pointer += offset
-                    memory = view(memory, offset, factory.nbytes, pointer)
+                    if direct:
+                        handle = device_pointer(pointer)
+                        view = view_cls.__new__(view_cls)
+                        view.__dict__.update(context=memory.context, device_pointer=handle,
+                                             size=nbytes, _cuda_memsize_=nbytes,
+                                             is_managed=False, refct=1, handle=handle,
+                                             _owner=memory)
+                        memory = view
+                    else:
+                        memory = fastlaunch.memory_view(memory, offset, nbytes, pointer)
+                array = cls.__new__(cls)
+                fields = array.__dict__
+                fields.update(state)
+                fields["gpu_data"] = memory
+                fields["_numbapos_launch_fields"] = (*head, pointer, *tail)
+                fields["_numbapos_plan"] = (signature, pointer, pointer + low, pointer + high)
                 if position == len(arrays):
-                    arrays.append(factory(memory, pointer)[0])  # a part of an unpacked result
+                    arrays.append(array)  # a part of an unpacked result
                 else:
-                    arrays[position] = factory(memory, pointer)[0]
-        pointers = []
-        for x in arrays:
-            pointers.append(0 if x is None else x._numbapos_plan[1])
-        if names_blocks:  # slots past the op's arrays: the blocks the outputs live in
-            pointers.extend(starts)
+                    arrays[position] = array
+        if native is None:
+            native = settings.get("cuda_native_launch")
+        if native:
+            native = _NATIVE[0]
+            if native is False:
+                native = _NATIVE[0] = fastlaunch.native_launcher()
+        else:
+            native = None
+        count = len(arrays)
         pack = _POINTER.pack_into
-        native = _NATIVE[0] if settings.get("cuda_native_launch") else None
-        if native is False:
-            native = _NATIVE[0] = fastlaunch.native_launcher()
         LAUNCHES[0] += len(self.steps)
         with self.lock:
-            for step in self.steps:
-                buffer = step.buffer
-                for offset, which, delta in step.slots:
-                    pack(buffer, offset, pointers[which] + delta)
+            for buffer, offset, which, delta in self.patches:
+                # Slots past the op's arrays name the blocks the outputs live in.
+                pack(buffer, offset, (arrays[which]._numbapos_plan[1] if which < count
+                                      else starts[which - count]) + delta)
             if native is not None:  # every kernel in one call of compiled code
                 failed = native(self.table, stream)
                 if failed >= 0:
@@ -276,6 +308,15 @@ class Plan:
                 for step in self.steps:
                     launch_kernel(step, step.function, step.grid, step.block, stream)
         return True
+
+
+_NO_ERROR = errors.NONE
+_VIEW = fastlaunch._VIEW  # (MemoryPointer, CUdeviceptr, whether set directly), once made
+
+
+def _view():
+    fastlaunch._VIEW.append(fastlaunch._view_maker())
+    return fastlaunch._VIEW[0]
 
 
 _NATIVE = [False]  # fastlaunch.native_launcher(), once asked (None where there is none)
@@ -302,13 +343,17 @@ class PlanCache:
         value that says how they make the result (kept by the plan), and
         ``pack(arrays, layout)`` makes the result from new ones.
         """
-        key = self._key(arrays, options)
+        values = settings._current  # the settings now, read once (config.get's dict)
+        if values is None:
+            settings.get("cuda_fast_launch")
+            values = settings._current
+        key = self._key(arrays, options, values)
         if key is None:
             return full()
         plan = self.plans.get(key)
         if plan is not None:
             found = list(arrays)
-            if plan.run(found, key[-1]):
+            if plan.run(found, key[-1], values["cuda_native_launch"]):
                 if pack is not None:
                     return pack(found[len(arrays):], plan.layout)
                 if len(outputs) == 1:
@@ -343,9 +388,9 @@ class PlanCache:
         return result
 
     @staticmethod
-    def _key(arrays, options):
-        if not (fastlaunch.ENABLED and settings.get("cuda_fast_launch")) \
-                or settings.get("cuda_sync_checks") or streams._local.capture is not None:
+    def _key(arrays, options, values):
+        if not (fastlaunch.ENABLED and values["cuda_fast_launch"]) \
+                or values["cuda_sync_checks"] or streams._local.capture is not None:
             return None
         signatures = []
         device_array = _DEVICE_ARRAY[0]

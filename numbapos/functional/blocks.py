@@ -590,9 +590,10 @@ def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_ty
                        ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p,
                        seed, training, counter, out, table_options, room):
     """:func:`bert_embeddings_forward`, planned on the GPU. With ``room`` (what
-    ``nn.BertEmbeddings`` asks for a recorded forward on CUDA ids) it also returns an
-    uninitialised array of ``input_ids``' shape and dtype, in the block of the outputs, for
-    the caller's snapshot of the ids (one allocation for all of them). A ``counter`` the
+    ``nn.BertEmbeddings`` asks for a recorded forward on CUDA ids) it also returns a copy of
+    ``input_ids`` (their shape, the dtype the kernel reads them in), in the block of the
+    outputs, that the forward kernel writes as it reads the ids: the caller's snapshot for
+    its backward, with no launch or allocation of its own. A ``counter`` the
     op draws from (:func:`_draws`) adds the drawn ``(1,)`` counter, last."""
     args = (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
             ln_bias)
@@ -637,8 +638,9 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
     _clip_tables(K, tables[:3], ids, options, _BERT_NAMES, ids.word.size)
     num_tokens = ids.word.size
     if num_tokens and K.DEVICE == "cuda":
+        # The ids snapshot has the dtype of the ids the kernel reads (it writes them there).
         y, mean, rstd, snapshot, drawn = _bert_outputs(K, out, shape + (dim,), dtype,
-                                                       input_ids if room else None,
+                                                       ids.word.dtype if room else None,
                                                        source is not None)
     else:
         y = K.empty(shape + (dim,), dtype) if out is None else out
@@ -653,19 +655,21 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
         drop = drop._replace(live=source.draw_into(drawn))
     kernel_tables, fmt = _kernel_tables(K, tables)
     K.bert_forward(ids, BertTables(*kernel_tables), eps, drop, y.reshape(num_tokens, dim),
-                   mean.reshape(num_tokens), rstd.reshape(num_tokens), fmt)
+                   mean.reshape(num_tokens), rstd.reshape(num_tokens), fmt,
+                   snapshot=None if snapshot is None or not num_tokens
+                   else snapshot.reshape(num_tokens))
     return (y, mean, rstd) + ((snapshot,) if room else ()) + ((drawn,) if source else ())
 
 
-def _bert_outputs(K, out, y_shape, dtype, ids, counter=False):
-    """``(y, mean, rstd, room for a copy of ids or None, room for a drawn dropout counter or
-    None)`` of a non-empty GPU forward in one allocation (``y`` there only when ``out`` is
-    None), each part 16-byte aligned."""
+def _bert_outputs(K, out, y_shape, dtype, ids_dtype, counter=False):
+    """``(y, mean, rstd, room for a copy of the ids (of ``ids_dtype``, None: no room) or None,
+    room for a drawn dropout counter or None)`` of a non-empty GPU forward in one
+    allocation (``y`` there only when ``out`` is None), each part 16-byte aligned."""
     parts = [] if out is None else [out]
     wanted = [(y_shape, dtype)] if out is None else []
     wanted.append(((2,) + y_shape[:-1], dtype))
-    if ids is not None:
-        wanted.append((tuple(ids.shape), np.dtype(ids.dtype)))
+    if ids_dtype is not None:
+        wanted.append((y_shape[:-1], np.dtype(ids_dtype)))
     if counter:
         wanted.append(((1,), np.dtype(np.uint64)))
     spans, size = [], 0
@@ -678,7 +682,7 @@ def _bert_outputs(K, out, y_shape, dtype, ids, counter=False):
         parts.append(block[start:end].view(part_dtype).reshape(part_shape))
     stats = parts[1]
     rest = iter(parts[2:])
-    return (parts[0], stats[0], stats[1], next(rest) if ids is not None else None,
+    return (parts[0], stats[0], stats[1], next(rest) if ids_dtype is not None else None,
             next(rest) if counter else None)
 
 

@@ -187,8 +187,26 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, o
     return _lookup(indices, weight, padding_idx, max_norm, norm_type, out, out_dtype)
 
 
-def _lookup(indices, weight, padding_idx, max_norm, norm_type, out, out_dtype):
-    """:func:`embedding`'s ordinary path: every check, then the kernels."""
+_LOOKUPS_KEPT = Planned("embedding, keeping its indices")
+
+
+def _embedding_kept(indices, weight, padding_idx, norm_type, out, out_dtype):
+    """``(embedding(...), a copy of indices)`` for ``nn.Embedding``'s recorded forward on a
+    CUDA table without ``max_norm`` (indices a CUDA int32 / int64 array): the lookup kernel
+    writes the copy as it reads the indices, in the output's allocation (planned)."""
+
+    def full():
+        return _lookup(indices, weight, padding_idx, None, norm_type, out, out_dtype, True)
+
+    return _LOOKUPS_KEPT.call(full, (indices, weight, out, None),
+                              (padding_idx, norm_type, out_dtype), outputs=(2, 3),
+                              avoid=((2, 0), (2, 1)))
+
+
+def _lookup(indices, weight, padding_idx, max_norm, norm_type, out, out_dtype, keep=False):
+    """:func:`embedding`'s ordinary path: every check, then the kernels. With ``keep`` it
+    returns ``(result, a copy of the flat indices of indices' shape)`` (see
+    :func:`_embedding_kept`)."""
     weight = _checks.check_table(weight)
     K = backend_for((weight, out), ("weight", "out"))
     half = _checks.is_half_dtype(weight.dtype)
@@ -211,13 +229,29 @@ def _lookup(indices, weight, padding_idx, max_norm, norm_type, out, out_dtype):
     table = K.contiguous(weight).view(_UINT16) if half else weight
     if max_norm is not None:
         K.renorm_used_rows_(table, flat, max_norm, norm_type, fmt)
-    if out is None:
+    kept = None
+    if keep:
+        out, kept = _with_room(K, out, shape, out_dtype, flat.dtype)
+    elif out is None:
         out = K.empty(shape, out_dtype)
     rows = _device.reshaped(out, (flat.size, dim))
     if half:
         rows = rows.view(_UINT32 if out_dtype == _FLOAT32 else _UINT16)
-    K.gather_rows(flat, table, rows, fmt)
-    return out
+    K.gather_rows(flat, table, rows, fmt, snapshot=kept)
+    return (out, _device.reshaped(kept, tuple(indices.shape))) if keep else out
+
+
+def _with_room(K, out, shape, dtype, index_dtype):
+    """``(out, a flat array of index_dtype for the indices)``: one allocation for both when
+    ``out`` is None (the indices 16-byte aligned after the rows)."""
+    count = int(np.prod(shape[:-1]))
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if out is not None or nbytes == 0:  # (views of an empty device array: see blocks.py)
+        return (K.empty(shape, dtype) if out is None else out), K.empty((count,), index_dtype)
+    start = -(-nbytes // 16) * 16
+    block = K.empty((start + count * np.dtype(index_dtype).itemsize,), np.uint8)
+    return (block[:nbytes].view(dtype).reshape(shape),
+            block[start:].view(index_dtype))
 
 
 def _check_clippable(table, name, why=_RENORM_WRITES):

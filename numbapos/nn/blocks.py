@@ -378,7 +378,8 @@ class BertEmbeddings(Module):
         if out is None and type(input_ids) is np.ndarray:
             out = _output(self, input_ids, word, out)
         recording = self._recording()
-        # A recorded forward on CUDA ids gets its ids snapshot in the block of its outputs.
+        # A recorded forward on CUDA ids gets its ids snapshot in the block of its outputs,
+        # written by the forward kernel as it reads the ids.
         room = recording and type(input_ids) is type(data) and type(data) is not np.ndarray
         found = F.blocks._bert_forward_call(
             input_ids, *arrays, token_type_ids, position_ids, past_length, self.LayerNorm.eps,
@@ -390,8 +391,7 @@ class BertEmbeddings(Module):
                 or options[2].max_norm is not None:
             _bump_clipped((word, position, token_type))
         if recording:
-            ids = {"input_ids": _device.copy_into(found[3], input_ids) if room
-                   else _snapshot(input_ids, "input_ids"),
+            ids = {"input_ids": found[3] if room else _snapshot(input_ids, "input_ids"),
                    "token_type_ids": None if token_type_ids is None
                    else _snapshot(token_type_ids, "token_type_ids"),
                    "position_ids": None if position_ids is None

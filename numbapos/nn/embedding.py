@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
-from ..functional.embedding import _lookup_dtype
+from ..functional.embedding import _embedding_kept, _lookup_dtype
 from ..functional.half import to_table_dtype
 from . import init as initializers
 from ._outputs import OutputBuffer
@@ -177,15 +177,25 @@ class Embedding(Module):
         Outside :class:`numbapos.no_grad` (in either mode) a copy of
         ``indices`` is recorded for the matching :meth:`backward`.
         """
-        dtype = self._lookup_dtype()
-        if out is None and type(self.weight.data) is np.ndarray:
-            out = self._output_buffer(indices, np.shape(indices) + (self.embedding_dim,), dtype)
-        result = F.embedding(indices, self.weight.data, padding_idx=self.padding_idx,
+        data = self.weight.data
+        recording = self._recording()
+        if (recording and self.max_norm is None and type(indices) is type(data)
+                and type(data) is not np.ndarray and indices.dtype in _INDEX_DTYPES):
+            # CUDA indices: the lookup kernel writes the backward's copy as it reads them.
+            result, kept = _embedding_kept(
+                indices, data, self.padding_idx, self.norm_type, out, self.out_dtype)
+            self._save_for_backward((kept, self.padding_idx, self.scale_grad_by_freq,
+                                     self.sparse))
+            return result
+        if out is None and type(data) is np.ndarray:
+            out = self._output_buffer(indices, np.shape(indices) + (self.embedding_dim,),
+                                      self._lookup_dtype())
+        result = F.embedding(indices, data, padding_idx=self.padding_idx,
                              max_norm=self.max_norm, norm_type=self.norm_type, out=out,
                              out_dtype=self.out_dtype)
         if self.max_norm is not None:
             self.weight.bump_version()
-        if self._recording():
+        if recording:
             # A copy: the backward must use what this forward saw, even if the caller
             # reuses its index buffer in between; the options are fixed here too.
             self._save_for_backward((_snapshot(indices), self.padding_idx,

@@ -260,9 +260,11 @@ class Module:
         stack = self._saved.setdefault(channel, [])
         number = self._numbered.get(channel, 0) + 1
         self._numbered[channel] = number
-        for record in stack:
-            if record.dead_since is None and not record.alive:
-                record.dead_since = number
+        for record in stack:  # record.alive, inline: no call per pending record
+            if record.dead_since is None:
+                graph = record.graph
+                if graph is not None and graph() is None:
+                    record.dead_since = number
         frames = _CALLS.frames
         graph = shapes = None
         if frames:
@@ -294,9 +296,11 @@ class Module:
 
     def _note_gone(self, channel: str, record: _Record, why: str) -> None:
         record.let_go()
+        record.context = None  # only its description is needed now (made when read)
         notes = self._gone.setdefault(channel, [])
-        notes.append((record.describe(channel), why))
-        del notes[:-_MAX_GONE]
+        notes.append((record, why))
+        if len(notes) > _MAX_GONE:
+            del notes[0]
 
     def _newest_held(self, channel: str):
         """The latest call of ``channel`` (pending or consumed) whose output is still held."""
@@ -356,7 +360,8 @@ class Module:
                 f"(last in, first out), and a {channel} under numbapos.no_grad() records "
                 "nothing"
             )
-        what, why = notes.pop()
+        record, why = notes.pop()
+        what = record.describe(channel)
         if why == "dropped":
             raise RuntimeError(
                 f"{name}.{call}: the {channel} this {call} belongs to, {what}, was "

@@ -341,3 +341,35 @@ def test_contiguous_casts_on_the_device(dtype):
     np.testing.assert_array_equal(got.copy_to_host(), x.astype(dtype))
     same = dev(x)
     assert gpu_arrays.contiguous(same, np.int32) is same  # no copy when nothing changes
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("which", ["Embedding", "BertEmbeddings"])
+def test_module_keeps_the_ids_its_lookup_kernel_read(which, index_dtype, device):
+    # A recorded forward on CUDA ids: the lookup kernel writes the backward's copy of them
+    # as it reads them, so a caller overwriting its id buffer (on the device) before the
+    # backward changes nothing; the gradients are those of a module whose ids stay put.
+    import numbapos
+    from numbapos import nn
+
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 7, size=(2, 5)).astype(index_dtype)
+    grads = {}
+    for overwrite in (False, True):
+        if which == "Embedding":
+            module = nn.Embedding(7, 8, padding_idx=1, dtype=np.float64, seed=0, device=device)
+        else:
+            module = nn.BertEmbeddings(7, 8, 16, hidden_dropout_prob=0.2, seed=0,
+                                       dtype=np.float64, device=device).train()
+        given = numbapos.to_device(ids, device)
+        y = module(given)
+        if overwrite:
+            numbapos._device.copy_into(given, numbapos.to_device(np.zeros_like(ids), device)) \
+                if device == "cuda" else given.fill(0)
+        module.backward(numbapos.to_device(np.ones(tuple(y.shape)), device))
+        grads[overwrite] = {name: numbapos.to_host(p.grad)
+                            for name, p in module.named_parameters()}
+    for name, grad in grads[False].items():
+        np.testing.assert_array_equal(grads[True][name], grad, err_msg=name)
+    assert np.count_nonzero(grads[False]["weight" if which == "Embedding"
+                                         else "word_embeddings.weight"])

@@ -160,7 +160,8 @@ def test_the_simulated_vector_load_refuses_a_misaligned_row(rng):
     out = placed(np.zeros((2, 8), np.float32))
     word, host = errors.words()
     with pytest.raises(AssertionError, match="misaligned"):
-        gather(4)[1, 32](dev(np.array([0, 1])), weight, out, word, host, errors.tag())
+        gather(4)[1, 32](dev(np.array([0, 1])), weight, out, dev(np.zeros(0, np.int64)), word,
+                         host, errors.tag())
 
 
 def test_vector_gather_zero_fills_a_bad_row_and_defers_the_error(rng):
@@ -395,20 +396,20 @@ PTX = textwrap.dedent("""
     err = (i64, i64, n)
     gather = embedding._gather_kernel
     signatures = {
-        "gather_vec": (gather(-1, 4, 2), (i64, f32, f32, *err)),
+        "gather_vec": (gather(-1, 4, 2), (i64, f32, f32, i64, *err)),
         "gather_view_vec": (gather(-1, 4, 2),
                             (i64, numba.typeof(np.zeros((2, 8), np.float32)[:, 4:]), f32,
-                             *err)),
-        "gather": (gather(-1, 1, 4), (i64, f32, f32, *err)),
+                             i64, *err)),
+        "gather": (gather(-1, 1, 4), (i64, f32, f32, i64, *err)),
         "sum_vec": (embedding._sum_kernel(4), (f32, groups, b, b, f32, i64)),
         "gpt2_vec": (blocks._gpt2_forward_kernel(-1, 4),
                      (i64, tiled, f32, f32, drop, f32, i64, i64, numba.types.UniTuple(n, 2))),
         "bert_vec": (blocks._bert_forward_kernel(np.dtype(np.float32), -1, 4),
                      (numba.types.NamedTuple((i64, tiled, tiled), BertIds),
                       numba.types.NamedTuple((f32, f32, f32, f1, f1), BertTables),
-                      numba.float32, drop, f32, f1, f1, i64, i64, numba.types.UniTuple(n, 3))),
-        "copy16_vec": (gather(-1, 8, 2), (i64, u16, u16, *err)),
-        "widen_vec": (gather(0, 8, 1), (i64, u16, u32, *err)),
+                      numba.float32, drop, f32, f1, f1, i64, i64, i64, numba.types.UniTuple(n, 3))),
+        "copy16_vec": (gather(-1, 8, 2), (i64, u16, u16, i64, *err)),
+        "widen_vec": (gather(0, 8, 1), (i64, u16, u32, i64, *err)),
     }
     for name, (kernel, argtypes) in signatures.items():
         ptx, _ = cuda.compile_ptx(kernel.py_func, argtypes, cc=(9, 0))

@@ -58,7 +58,7 @@ def _with_affine(tables, dim, dtype):
 # ---------------------------------------------------------------- launchers
 
 
-def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
+def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES, snapshot=None):
     """Fused gather + sum + LayerNorm (+ dropout) of every token.
 
     ``ids`` / ``tables`` / ``drop`` are :class:`~numbapos.kernels.args.BertIds`,
@@ -67,8 +67,11 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
     and ``rstd`` ``(T,)``. ``fmt`` is the three tables' format: ``FLOAT_TABLES``
     (-1) for float tables of ``y``'s dtype, or ``halfbits.BF16`` / ``F16`` for
     16-bit tables given as their ``uint16`` bits (widened exactly; ``y``, the
-    LayerNorm parameters and all arithmetic float32).
+    LayerNorm parameters and all arithmetic float32). ``snapshot``: a flat ``(T,)`` array
+    that gets a copy of the word ids (as the CUDA twin's kernel writes it), or None.
     """
+    if snapshot is not None:
+        snapshot[...] = ids.word
     if ids.word.size == 0:
         return
     tables = _with_affine(tables, y.shape[1], y.dtype)

@@ -65,14 +65,17 @@ def check_indices(flat, size, name="indices", size_name="num_embeddings"):
     return int(np.flatnonzero((flat < 0) | (flat >= size))[0])
 
 
-def gather_rows(flat, weight, out, fmt=TableFormat.FLOAT):
+def gather_rows(flat, weight, out, fmt=TableFormat.FLOAT, snapshot=None):
     """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``.
 
     A 16-bit ``weight`` (``uint16`` bits of format ``fmt``) is copied into a
     ``uint16`` ``out``, or widened into a ``uint32`` one (a float32 array's bits).
     An ``out`` of config's ``stream_min_bytes`` (32 MiB) or more (larger than the
-    last-level cache) is copied into with non-temporal stores.
+    last-level cache) is copied into with non-temporal stores. ``snapshot``: an array of
+    ``flat``'s shape that gets a copy of it (as the CUDA twin's kernel writes it), or None.
     """
+    if snapshot is not None:
+        snapshot[...] = flat
     if not flat.size:
         return
     if fmt == TableFormat.FLOAT or out.dtype == np.uint16:

@@ -132,7 +132,7 @@ def _tags(*names):
 # ---------------------------------------------------------------- launchers
 
 
-def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
+def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES, snapshot=None):
     """Fused gather + sum + LayerNorm (+ dropout) of every token: one launch.
 
     ``ids`` / ``tables`` / ``drop`` are :class:`~numbapos._args.BertIds` (its
@@ -142,7 +142,9 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
     in the kernel (deferred errors; a bad token's ``y`` row, mean and rstd
     are zeros). ``fmt``: the tables' :class:`~numbapos._args.TableFormat`, as on
     the CPU (16-bit tables as ``uint16`` bits, widened exactly in the kernel,
-    which is compiled per format).
+    which is compiled per format). ``snapshot``: a flat ``(T,)`` array of the word ids'
+    dtype that the kernel fills with the word ids as it reads them (the backward's copy of
+    them, no launch of its own), or None.
     """
     num_tokens = y.shape[0]
     if num_tokens == 0:
@@ -153,7 +155,8 @@ def bert_forward(ids, tables, eps, drop, y, mean, rstd, fmt=FLOAT_TABLES):
     launch(_bert_forward_kernel(dtype, int(fmt), lanes), row_blocks(num_tokens),
            tree_threads(y.shape[1] // lanes), _kernel_bert_ids(ids, num_tokens),
            _kernel_tables(tables, dtype), dtype.type(eps), kernel_drop(drop, dtype), y, mean,
-           rstd, word, host, _tags(_WORD_TAG, _TYPE_TAG, _BERT_POSITION_TAG))
+           rstd, absent(ids.word.dtype) if snapshot is None else snapshot, word, host,
+           _tags(_WORD_TAG, _TYPE_TAG, _BERT_POSITION_TAG))
     errors.after_launch()
 
 
@@ -361,9 +364,11 @@ def _bert_forward_kernel(dtype, fmt, lanes):
     nbt = numba_float(dtype)
 
     @cuda.jit
-    def bert_forward_tokens(ids, tables, eps, drop, y, mean, rstd, err, err_host, tags):
+    def bert_forward_tokens(ids, tables, eps, drop, y, mean, rstd, snapshot, err, err_host,
+                            tags):
         """One block per token: check its ids, ``s`` into ``y[t]``, moments, then normalise
-        (+ dropout). A token with a bad id records it (thread 0) and gets zeros.
+        (+ dropout). A token with a bad id records it (thread 0) and gets zeros. A
+        non-empty ``snapshot`` gets each word id as read (thread 0), bad ones too.
 
         The per-element arithmetic does not depend on ``lanes``; only which thread adds
         which elements into the moments does (they agree with the CPU to a few ulp)."""
@@ -377,6 +382,8 @@ def _bert_forward_kernel(dtype, fmt, lanes):
         key = drop_key(drop)
         for t in range(cuda.blockIdx.x, num_tokens, cuda.gridDim.x):
             w = int64(ids.word[t])
+            if tid == 0 and snapshot.size:
+                snapshot[t] = ids.word[t]
             k = _id_at(ids.token_type, t)
             p = _id_at(ids.position, t)
             sizes = (tables.word.shape[0], tables.token_type.shape[0], tables.position.shape[0])

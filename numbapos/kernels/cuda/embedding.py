@@ -44,7 +44,7 @@ from ..._args import NormKind, TableFormat
 from ..._gpuhost.launch import launch
 from ..halfbits import f32_value_bits, half_from_f32_bits, half_to_f32_bits, half_value
 from . import errors, grouping, vector
-from .arrays import MAX_BLOCKS, THREADS, grid
+from .arrays import MAX_BLOCKS, THREADS, absent, copy_into, grid
 from .fpmath import cast_like, mul_rn
 from .reduce import block_max, block_sum, tree_threads
 from .vector import load_lanes, per_lane, row_threads, store_lanes
@@ -76,15 +76,21 @@ def check_indices(flat, size, name="indices", size_name="num_embeddings"):
     return -1
 
 
-def gather_rows(flat, weight, out, fmt=TableFormat.FLOAT):
+def gather_rows(flat, weight, out, fmt=TableFormat.FLOAT, snapshot=None):
     """``out[i] = weight[flat[i]]`` for a flat index array and an ``(N, D)`` ``out``.
 
     With ``fmt`` ``BF16`` / ``F16`` ``weight`` is the table's ``uint16`` bits: a
     ``uint16`` ``out`` gets the rows copied, a ``uint32`` one their float32 bits.
     Indices are checked as they are read: a bad one is recorded as the
-    deferred error and its output row is zero-filled.
+    deferred error and its output row is zero-filled. ``snapshot``: a ``(N,)`` array of
+    ``flat``'s dtype that gets each index as the kernel reads it (a backward's copy of
+    them, written by the same launch), or None.
     """
-    if flat.size == 0 or weight.shape[1] == 0:
+    if flat.size == 0:
+        return
+    if weight.shape[1] == 0:
+        if snapshot is not None:
+            copy_into(snapshot, flat)  # no rows to gather: no kernel to write it
         return
     word, host = errors.words()
     if fmt != TableFormat.FLOAT and out.dtype != weight.dtype:  # 16-bit rows widened
@@ -94,8 +100,8 @@ def gather_rows(flat, weight, out, fmt=TableFormat.FLOAT):
         vectors = out.dtype == weight.dtype and vector.aligned(weight, out)
         lanes, unroll = (vector.lanes(weight.dtype), 2) if vectors else (1, 4)
     launch(_gather_kernel(int(fmt), lanes, unroll), min(flat.size, MAX_BLOCKS),
-           row_threads(weight.shape[1] // lanes, unroll), flat, weight, out, word, host,
-           errors.tag())
+           row_threads(weight.shape[1] // lanes, unroll), flat, weight, out,
+           absent(flat.dtype) if snapshot is None else snapshot, word, host, errors.tag())
     errors.after_launch()
 
 
@@ -245,13 +251,16 @@ def _gather_kernel(fmt, lanes, unroll):
         return g
 
     @cuda.jit
-    def _gather_rows(flat_idx, weight, out, word, host, which):
+    def _gather_rows(flat_idx, weight, out, snapshot, word, host, which):
         """One block per output row, threads along D. The id is read once per row and
-        checked (a bad one is recorded and its row zero-filled)."""
+        checked (a bad one is recorded and its row zero-filled); a non-empty ``snapshot``
+        gets it (thread 0), bad ones too."""
         dim = weight.shape[1]
         vectors = dim // lanes
         step = cuda.blockDim.x
         for i in range(cuda.blockIdx.x, flat_idx.size, cuda.gridDim.x):
+            if cuda.threadIdx.x == 0 and snapshot.size:
+                snapshot[i] = flat_idx[i]
             row = errors.checked(word, host, flat_idx[i], i, weight.shape[0], which)
             if row < 0:
                 for d in range(cuda.threadIdx.x, dim, step):
