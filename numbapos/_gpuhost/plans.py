@@ -266,19 +266,21 @@ class Plan:
                     if direct:
                         handle = device_pointer(pointer)
                         view = view_cls.__new__(view_cls)
-                        view.__dict__.update(context=memory.context, device_pointer=handle,
-                                             size=nbytes, _cuda_memsize_=nbytes,
-                                             is_managed=False, refct=1, handle=handle,
-                                             _owner=memory)
+                        # Dicts built, then assigned (here and below): cheaper than update().
+                        fields = {"context": memory.context, "device_pointer": handle,
+                                  "size": nbytes, "_cuda_memsize_": nbytes,
+                                  "is_managed": False, "refct": 1, "handle": handle,
+                                  "_owner": memory}
+                        view.__dict__ = fields
                         memory = view
                     else:
                         memory = fastlaunch.memory_view(memory, offset, nbytes, pointer)
                 array = cls.__new__(cls)
-                fields = array.__dict__
-                fields.update(state)
+                fields = state.copy()
                 fields["gpu_data"] = memory
                 fields["_numbapos_launch_fields"] = (*head, pointer, *tail)
                 fields["_numbapos_plan"] = (signature, pointer, pointer + low, pointer + high)
+                array.__dict__ = fields
                 if position == len(arrays):
                     arrays.append(array)  # a part of an unpacked result
                 else:
@@ -350,7 +352,10 @@ class PlanCache:
         key = self._key(arrays, options, values)
         if key is None:
             return full()
-        plan = self.plans.get(key)
+        try:
+            plan = self.plans.get(key)
+        except TypeError:
+            return full()  # an unhashable option the ordinary path will reject
         if plan is not None:
             found = list(arrays)
             if plan.run(found, key[-1], values["cuda_native_launch"]):
@@ -415,11 +420,7 @@ class PlanCache:
         if context is None:
             return None
         stream = fastlaunch._stream_handle(streams.current())
-        try:
-            hash(options)
-        except TypeError:
-            return None  # an option the ordinary path will reject
-        return (options, tuple(signatures), id(context), stream)
+        return (options, tuple(signatures), id(context), stream)  # hashed by the caller
 
 
 def _build(record, arrays, allocated, avoid, stream):
