@@ -214,6 +214,14 @@ def _backward(sparse):
     return make
 
 
+def _backward_of_many_ids(shape):
+    """A sparse backward of 8 batches of ids at once: the grouping's onesweep radix sort
+    (above the 4,096 ids that one block sorts)."""
+    x = inputs(shape._replace(batch=8 * shape.batch))
+    grad, ids = _on(x.grad, x.ids)
+    return lambda: F.embedding_backward(grad, ids, shape.vocab, sparse=True)
+
+
 def _bert(backward):
     def make(shape):
         x = inputs(shape)
@@ -262,6 +270,7 @@ def cases() -> list[Case]:
         Case("lookup, allocating its output", _lookup),
         Case("sparse backward", _backward(True)),
         Case("dense backward", _backward(False)),
+        Case("sparse backward, 8 batches of ids", _backward_of_many_ids),
         Case("BERT module forward (training, dropout 0.1)", _bert(False)),
         Case("BERT module forward + backward", _bert(True)),
         Case("fused sparse SGD step (momentum 0.9)", _fused_sgd),
