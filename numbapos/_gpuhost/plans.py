@@ -205,7 +205,7 @@ class Plan:
     """An op's launches for one call signature (see the module notes)."""
 
     __slots__ = ("steps", "host_word", "outputs", "avoid", "lock", "keep", "layout",
-                 "workspace", "table", "made", "sizes", "context", "patches")
+                 "workspace", "table", "made", "sizes", "context", "patches", "packed")
 
     def __init__(self, steps, host_word, outputs, avoid, keep):
         # ``keep`` holds what the packed parameters point into for the plan's life: the
@@ -233,8 +233,14 @@ class Plan:
                            factory.state, factory.head, factory.tail,
                            (factory.signature, factory.low, factory.high))
                           for position, factory, base, offset in made)
-        self.patches = tuple((step.buffer, offset, which, delta)
-                             for step in steps for offset, which, delta in step.slots)
+        # The slots grouped by the pointer they take, with the pointer each group last
+        # packed (under the lock): a pointer the same as last call's is not packed again.
+        slots: dict = {}
+        for step in steps:
+            for offset, which, delta in step.slots:
+                slots.setdefault(which, []).append((step.buffer, offset, delta))
+        self.patches = tuple((which, tuple(found)) for which, found in slots.items())
+        self.packed = [None] * len(self.patches)
 
     def run(self, arrays: list, stream: int, native=None):
         """Launch on new arrays of the plan's signature; False where the ordinary path must
@@ -251,7 +257,7 @@ class Plan:
             # Every output lives in one block or a few (the recorded call's allocations);
             # the arrays and views on them are made here, attributes set directly
             # (fastlaunch.ArrayFactory and memory_view, inline: no call per output).
-            memalloc = self.context.memalloc
+            memalloc = self.context.memory_manager.memalloc  # Context.memalloc's own call
             blocks, starts = [], []  # loops, not comprehensions: no call of their own
             for size in self.sizes:
                 block = memalloc(size)
@@ -297,10 +303,16 @@ class Plan:
         pack = _POINTER.pack_into
         LAUNCHES[0] += len(self.steps)
         with self.lock:
-            for buffer, offset, which, delta in self.patches:
+            packed = self.packed
+            for k, (which, slots) in enumerate(self.patches):
                 # Slots past the op's arrays name the blocks the outputs live in.
-                pack(buffer, offset, (arrays[which]._numbapos_plan[1] if which < count
-                                      else starts[which - count]) + delta)
+                pointer = arrays[which]._numbapos_plan[1] if which < count \
+                    else starts[which - count]
+                if pointer != packed[k]:
+                    packed[k] = None  # until every slot holds it
+                    for buffer, offset, delta in slots:
+                        pack(buffer, offset, pointer + delta)
+                    packed[k] = pointer
             if native is not None:  # every kernel in one call of compiled code
                 failed = native(self.table, stream)
                 if failed >= 0:

@@ -322,7 +322,13 @@ def _nothing(K, shape, dtype):
 
 def _clock_type():
     """The CUDA backend's ``Clock`` class (the backend is in use when this is asked)."""
-    return _device.kernels_for("cuda").clock.Clock
+    found = _CLOCK_TYPE[0]
+    if found is None:
+        found = _CLOCK_TYPE[0] = _device.kernels_for("cuda").clock.Clock
+    return found
+
+
+_CLOCK_TYPE = [None]  # the CUDA backend's Clock class, once asked
 
 
 def _update_rows(launchers, param, rows, rounding, *rest):

@@ -16,7 +16,7 @@ import weakref
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _device
 from .._grad_mode import _STATE
 
 # ---------------------------------------------------------------- what ties a record to its call
@@ -37,9 +37,8 @@ class _Graph:
 
     __slots__ = ("held", "pending", "__weakref__")
 
-    def __init__(self):
-        self.held = []
-        self.pending = 0
+    # No __init__: a recorded call makes its graph and sets both (see _recorded), with no
+    # Python call of its own.
 
 
 def _leads_to_records(graph, memo: dict) -> bool:
@@ -103,7 +102,16 @@ def _register_outputs(result, graph) -> bool:
         ref.key = id(item)
         _OUTPUTS[ref.key] = (ref, graph)
         tied = True
+    if tied and type(items) is tuple and items[0] is result \
+            and _device._is_numba_device_array(result):
+        _ARRAYS.add(type(result))
     return tied
+
+
+# Types whose instances are arrays (a tuple shape, weakly referenceable): a recorded call
+# returning one ties it itself (_register_outputs's usual case, inline). Numba's device
+# array types are added as they are met (not imported here).
+_ARRAYS = {np.ndarray}
 
 
 class _Calls(threading.local):
@@ -131,37 +139,43 @@ def _hold_inputs(graph, values) -> None:
                 graph.held.append(upstream)
 
 
-def _run_recorded(method, module, args, kwargs):
-    """Run a recorded call: records pushed inside it are tied to its outputs."""
-    graph = _Graph()
-    _hold_inputs(graph, args)
-    if kwargs:
-        _hold_inputs(graph, [v for k, v in kwargs.items() if k != "out" and k[:4] != "out_"])
-    records = []
-    frames = _CALLS.frames
-    frames.append((module, graph, records, args))
-    try:
-        result = method(module, *args, **kwargs)
-    finally:
-        frames.pop()
-    if records or graph.held:
-        if frames:
-            _, outer, outer_records, _ = frames[-1]
-            outer.held.append(graph)
-            outer_records.extend(records)
-        if not _register_outputs(result, graph) and not frames:
-            for record in records:  # no array to follow: kept until consumed or dropped
-                record.graph = None
-    return result
-
-
 def _recorded(method):
-    """Wrap a subclass's ``forward`` (or ``attend``-like method) as a recorded call."""
+    """Wrap a subclass's ``forward`` (or ``attend``-like method) as a recorded call: records
+    pushed inside it are tied to its outputs."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if not _STATE.enabled:
             return method(self, *args, **kwargs)
-        return _run_recorded(method, self, args, kwargs)
+        graph = _Graph()
+        graph.held = []
+        graph.pending = 0
+        for value in args:  # _hold_inputs, only when an input is an output or a NumPy view
+            if id(value) in _OUTPUTS or (isinstance(value, np.ndarray)
+                                         and value.base is not None):
+                _hold_inputs(graph, args)
+                break
+        if kwargs:
+            _hold_inputs(graph, [v for k, v in kwargs.items() if k != "out" and k[:4] != "out_"])
+        records = []
+        frames = _CALLS.frames
+        frames.append((self, graph, records, args))
+        try:
+            result = method(self, *args, **kwargs)
+        finally:
+            frames.pop()
+        if records or graph.held:
+            if frames:
+                _, outer, outer_records, _ = frames[-1]
+                outer.held.append(graph)
+                outer_records.extend(records)
+            if type(result) in _ARRAYS:
+                ref = _OutputRef(result, _forget_output)
+                ref.key = id(result)
+                _OUTPUTS[ref.key] = (ref, graph)
+            elif not _register_outputs(result, graph) and not frames:
+                for record in records:  # no array to follow: kept until consumed or dropped
+                    record.graph = None
+        return result
 
     call._numbapos_wrapped = True
     return call

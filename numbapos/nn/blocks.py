@@ -9,6 +9,7 @@ import numpy as np
 from .. import _checks, _device
 from .. import functional as F
 from .._docs import MODULE, fill_doc
+from .._grad_mode import _STATE
 from . import _resize
 from . import init as initializers
 from .dropout import Dropout
@@ -81,6 +82,28 @@ def _table_options(block, word: Embedding, position: Embedding, token_type: Embe
     return options
 
 
+# Where an array lives, by its type where the type says it (see _data_device).
+_DEVICE_BY_TYPE = {np.ndarray: "cpu"}
+
+
+def _data_device(data) -> str:
+    """``_device.device_of(data)``; a Numba device array's type is noted in
+    :data:`_DEVICE_BY_TYPE` (other CUDA arrays are told per object)."""
+    device = _device.device_of(data)
+    if device == "cuda" and _device._is_numba_device_array(data):
+        _DEVICE_BY_TYPE[type(data)] = device
+    return device
+
+
+def _watched_tables(block, children):
+    """``(children, ((name of the table, child Embedding), ...))``, cached on ``block``: the
+    tables its backward reads, each child Embedding's in child order."""
+    tables = tuple((f"{name}.weight", child) for name, child in block._modules.items()
+                   if isinstance(child, Embedding))
+    block.__dict__["_watched_cache"] = cached = (children, tables)
+    return cached
+
+
 def _forward_options(*tables: Embedding):
     """The tables' options for a forward call: None when no table clips (the fast path)."""
     if all(table.max_norm is None for table in tables):
@@ -113,7 +136,10 @@ def _bump_clipped(embeddings) -> None:
 
 def _wanted(params) -> tuple:
     """Which of ``params`` (None where the block has none) get a gradient."""
-    return tuple([p is not None and p.requires_grad for p in params])
+    wanted = []  # a loop, not a comprehension: no call of its own
+    for p in params:
+        wanted.append(p is not None and p.requires_grad)
+    return tuple(wanted)
 
 
 def _accumulate(params, grads) -> None:
@@ -370,23 +396,24 @@ class BertEmbeddings(Module):
         word, position, token_type = (self.word_embeddings, self.position_embeddings,
                                       self.token_type_embeddings)
         options = _table_options(self, word, position, token_type)
-        arrays = self._arrays()
-        data = arrays[0]
+        ln = self.LayerNorm
+        gamma, beta = ln.weight, ln.bias
+        data = word.weight.data
+        arrays = (data, position.weight.data, token_type.weight.data,
+                  None if gamma is None else gamma.data, None if beta is None else beta.data)
+        dropout = self.dropout
         # On CUDA the forward draws the dropout counter itself, into its block of outputs.
-        drop = self.dropout._draw("cpu" if type(data) is np.ndarray else _device.device_of(data),
-                                  defer=True)
+        drop = dropout._draw(_DEVICE_BY_TYPE.get(type(data)) or _data_device(data), defer=True)
         if out is None and type(input_ids) is np.ndarray:
             out = _output(self, input_ids, word, out)
-        recording = self._recording()
+        recording = _STATE.enabled  # self._recording()
         # A recorded forward on CUDA ids gets its ids snapshot in the block of its outputs,
         # written by the forward kernel as it reads the ids.
         room = recording and type(input_ids) is type(data) and type(data) is not np.ndarray
         found = F.blocks._bert_forward_call(
-            input_ids, *arrays, token_type_ids, position_ids, past_length, self.LayerNorm.eps,
+            input_ids, *arrays, token_type_ids, position_ids, past_length, ln.eps,
             drop["p"], drop["seed"], drop["training"], drop["counter"], out, options, room)
-        if len(found) > 3 + room:
-            self.dropout._drawn(drop, found[-1])
-        self.dropout._advance(drop)
+        dropout._advance(drop, found[-1] if len(found) > 3 + room else None)
         if options[0].max_norm is not None or options[1].max_norm is not None \
                 or options[2].max_norm is not None:
             _bump_clipped((word, position, token_type))
@@ -399,13 +426,14 @@ class BertEmbeddings(Module):
                    "past_length": past_length}
             # The backward recomputes each token's row sum from the tables and reads
             # the LayerNorm weight: they are watched, not copied.
+            children = tuple(self._modules.values())
+            tables = self.__dict__.get("_watched_cache")
+            if tables is None or tables[0] != children:
+                tables = _watched_tables(self, children)
             watched = []
-            for name, child in self._modules.items():
-                if isinstance(child, Embedding):
-                    param = child.weight
-                    watched.append((f"{name}.weight", param,
-                                    param.data, param._version))
-            gamma = self.LayerNorm.weight
+            for name, child in tables[1]:
+                param = child.weight
+                watched.append((name, param, param.data, param._version))
             if gamma is not None:
                 watched.append(("LayerNorm.weight", gamma, gamma.data, gamma._version))
             self._save_for_backward((ids, found[1], found[2], drop, options, tuple(watched)))

@@ -108,28 +108,32 @@ class Dropout(Module):
         uint64 CUDA array, see the class notes): the device's counter has
         advanced already, the host's moves in :meth:`_advance`. With ``defer``
         it is the :class:`~numbapos.kernels.cuda.clock.DeviceCounter` itself,
-        for an op that draws from it (``draw_into``); :meth:`_drawn` then puts
+        for an op that draws from it (``draw_into``); :meth:`_advance` then puts
         the op's drawn array in its place.
         """
-        active = self.training and self.p > 0.0
-        counter = int(self._buffers["counter"]) if active else 0
+        buffers = self._buffers
+        p = self.p
+        active = self.training and p > 0.0
         if active and device == "cuda":
-            source = self._device_counter()
+            source = self.__dict__.get("_counter_on_device") or self._device_counter()
             counter = source.prepared() if defer else source.draw()
-        return {"p": self.p, "seed": int(self._buffers["seed"]), "training": active,
-                "counter": counter}
+        else:
+            counter = int(buffers["counter"]) if active else 0
+        return {"p": p, "seed": int(buffers["seed"]), "training": active, "counter": counter}
 
-    @staticmethod
-    def _drawn(drop: dict, drawn) -> None:
-        """A deferred draw (``_draw(defer=True)``) that the op made into ``drawn``: the device
-        counter's host count advanced, ``drawn`` this forward's counter."""
-        drop["counter"].host += 1
-        drop["counter"] = drawn
+    def _advance(self, drop: dict, drawn=None) -> None:
+        """Move the counter past a mask drawn by a forward that succeeded.
 
-    def _advance(self, drop: dict) -> None:
-        """Move the counter past a mask drawn by a forward that succeeded."""
+        ``drawn``: the array an op drew a deferred draw (``_draw(defer=True)``)
+        into; the device counter's host count advances too, and ``drawn``
+        becomes ``drop``'s counter (this forward's, for its backward).
+        """
+        if drawn is not None:
+            drop["counter"].host += 1
+            drop["counter"] = drawn
         if drop["training"]:
-            self._buffers["counter"][()] = int(self._buffers["counter"]) + 1
+            counter = self._buffers["counter"]
+            counter[()] = int(counter) + 1
 
     def _device_counter(self):
         """The counter on the device (:class:`numbapos.kernels.cuda.clock.DeviceCounter`),

@@ -257,18 +257,20 @@ class Module:
         raises); in training mode that warns once, as a training forward
         whose backward never runs is usually a bug.
         """
-        stack = self._saved.setdefault(channel, [])
-        number = self._numbered.get(channel, 0) + 1
-        self._numbered[channel] = number
+        stack = self._saved.get(channel)
+        if stack is None:
+            stack = self._saved[channel] = []
+        numbered = self._numbered
+        number = numbered[channel] = numbered.get(channel, 0) + 1
         for record in stack:  # record.alive, inline: no call per pending record
             if record.dead_since is None:
                 graph = record.graph
                 if graph is not None and graph() is None:
                     record.dead_since = number
         frames = _CALLS.frames
-        graph = shapes = None
         if frames:
             module, graph, records, args = frames[-1]
+            shapes = None
             if module is self:
                 shapes = []  # a loop, not a generator: no call of its own
                 for a in args:
@@ -276,13 +278,17 @@ class Module:
                     if isinstance(shape, tuple):
                         shapes.append(shape)
                 shapes = tuple(shapes)
-        record = _Record(context, None if graph is None else weakref.ref(graph), number,
-                         self.__dict__.get("training"), shapes)
-        if graph is not None:
+            record = _Record(context, weakref.ref(graph), number, self.__dict__.get("training"),
+                             shapes)
             records.append(record)
             graph.pending += 1
+        else:
+            record = _Record(context, None, number, self.__dict__.get("training"), None)
         stack.append(record)
-        if len(stack) > config.get("max_pending_records"):  # max_pending(), inline
+        limit = config._current  # max_pending(), inline: get() once the settings are read
+        limit = (config.get("max_pending_records") if limit is None
+                 else limit["max_pending_records"])
+        if len(stack) > limit:
             self._note_gone(channel, stack.pop(0), "dropped")
             if self.__dict__.get("training", False) and not self._warned_pending:
                 object.__setattr__(self, "_warned_pending", True)
@@ -338,7 +344,9 @@ class Module:
             self._current[channel] = record
             return record.context
         newest, leftovers = None, []
-        while stack and not stack[-1].alive and stack[-1].dead_since is not None:
+        # stack[-1].alive, inline (no call): its graph is gone
+        while stack and stack[-1].graph is not None and stack[-1].graph() is None \
+                and stack[-1].dead_since is not None:
             newest = newest or self._newest_held(channel)
             if not self._leftover(stack[-1], newest):
                 break
@@ -467,6 +475,29 @@ class Module:
         for _, param in self.named_parameters():
             yield param
 
+    def _parameter_list(self) -> list:
+        """:meth:`parameters` as a list, walked without generators (each resumption of one is a
+        Python call): the same parameters in the same order, unless a module of the tree
+        overrides the traversal, which is then used."""
+        found, seen, done, todo = [], set(), set(), [self]
+        while todo:
+            module = todo.pop()
+            if id(module) in done:
+                continue
+            kind = type(module)
+            if (kind.named_modules is not Module.named_modules
+                    or module is self and (kind.parameters is not Module.parameters
+                                           or kind.named_parameters
+                                           is not Module.named_parameters)):
+                return list(self.parameters())
+            done.add(id(module))
+            for param in module._parameters.values():
+                if param is not None and id(param) not in seen:
+                    seen.add(id(param))
+                    found.append(param)
+            todo.extend(reversed(module._modules.values()))
+        return found
+
     def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, object]]:
         """Every buffer (non-persistent ones included) with its dotted name."""
         for module_name, module in self.named_modules(prefix):
@@ -540,7 +571,7 @@ class Module:
             False zeroes dense gradients in place (arrays others hold see the
             zeros) and empties row-sparse ones.
         """
-        for param in self.parameters():
+        for param in self._parameter_list():
             grad = param.grad
             if set_to_none or grad is None:
                 param.grad = None

@@ -298,19 +298,20 @@ class Parameter(NDArrayOperatorsMixin):
         """
         if not self.requires_grad:
             return
-        if not isinstance(grad, SparseRows):
+        data = self.data
+        sparse = isinstance(grad, SparseRows)
+        if not sparse:
             grad = check_float_array(grad, "grad")
-        if tuple(grad.shape) != tuple(self.data.shape):
-            raise ValueError(f"grad: expected shape {tuple(self.data.shape)}, got "
-                             f"{tuple(grad.shape)}")
-        if grad.dtype != grad_dtype(self.data.dtype):
-            raise TypeError(f"grad: expected dtype {grad_dtype(self.data.dtype)} (the "
-                            f"gradient dtype of a {self.data.dtype} parameter), got {grad.dtype}")
-        check_same_device((self.data, grad._padded()[0] if isinstance(grad, SparseRows)
-                           else grad),
-                          ("data", "grad"))
+        shape = tuple(data.shape)
+        if tuple(grad.shape) != shape:
+            raise ValueError(f"grad: expected shape {shape}, got {tuple(grad.shape)}")
+        expected = grad_dtype(data.dtype)
+        if grad.dtype != expected:
+            raise TypeError(f"grad: expected dtype {expected} (the gradient dtype of a "
+                            f"{data.dtype} parameter), got {grad.dtype}")
+        check_same_device((data, grad._padded()[0] if sparse else grad), ("data", "grad"))
         if self.grad is None:
-            self.grad = grad if fresh or isinstance(grad, SparseRows) else _device.copy(grad)
+            self.grad = grad if fresh or sparse else _device.copy(grad)
         elif isinstance(self.grad, SparseRows) and isinstance(grad, SparseRows):
             self.grad = self.grad + grad
         elif isinstance(self.grad, SparseRows):

@@ -168,6 +168,10 @@ class Optimizer:
         self._rounding_counters: dict[int, object] = {}
         self._shadows: dict[int, object] = {}
         self._checked: dict[int, tuple] = {}
+        # - _replays: per CUDA parameter stepped inside its backward (fuse_with_backward),
+        #   what the last full step read and used, for the next one to go straight to the
+        #   update while all of it is unchanged (see _replay; subclasses that have one).
+        self._replays: dict[int, tuple] = {}
         self.defaults = self._check_options(dict(defaults))
         if isinstance(params, (Parameter, dict)) or _checks.is_array(params) \
                 or not hasattr(params, "__iter__"):
@@ -403,8 +407,20 @@ class Optimizer:
         """One parameter's update from its fresh gradient, which is then dropped."""
         if param.grad is None or not param.requires_grad:
             return
-        self._check_then_apply([(param, group)])
+        if not self._replay(param, group):
+            self._check_then_apply([(param, group)])
+            self._remember(param, group)
         param.grad = None
+
+    def _replay(self, param: Parameter, group: dict) -> bool:
+        """The fused step of :meth:`_step_one` done the way :meth:`_remember` recorded it,
+        when everything :meth:`_check` and :meth:`_update` would read is as it was then
+        (the check would pass again, the update would use the same state); False, nothing
+        done, otherwise (the full step runs). The base class has none."""
+        return False
+
+    def _remember(self, param: Parameter, group: dict) -> None:
+        """After a full fused step of ``param``: what :meth:`_replay` needs (none here)."""
 
     # 16-bit tables (bfloat16 / float16) are updated in float32 with float32 state and
     # stored back rounded stochastically (or to nearest even). A SparseRows gradient goes
@@ -683,6 +699,7 @@ class Optimizer:
             current.update(loaded)
         self.state = state
         self._clocks.clear()  # remade from the loaded step counts at the next step
+        self._replays.clear()
 
     def _load_groups(self, saved_groups):
         """New groups (saved options, current parameters) and ``index -> (param, group)``."""
@@ -762,6 +779,19 @@ def _load_scalar(value, start, name: str):
             raise ValueError(f"{name}: expected a whole number >= 0, got {_checks.quote(value)}")
         return int(value)
     return float(value)
+
+
+def _grad_key(grad):
+    """What :meth:`Optimizer._checked_key` reads of a private CUDA :class:`SparseRows`
+    gradient (its count of rows, its arrays' signatures, whether its values are summed
+    yet), or None for any other gradient."""
+    if type(grad) is not SparseRows or not grad._private or not _device.backend_loaded("cuda"):
+        return None
+    signature = _signature()
+    rows, source = signature(grad._indices), signature(grad._source())
+    if rows is None or source is None:
+        return None
+    return grad._num_rows, rows, source, grad._pending is None, grad._values is None
 
 
 def _signature():

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
-from .. import _device
+from .. import _checks, _device
 from .._docs import fill_doc
 from ..functional import optim as F
 from ..nn.parameter import Parameter
 from ..sparse import SparseRows
-from ._base import DOC, Optimizer, StateArray, momentum_dtype_doc, num_rows
+from ._base import DOC, Optimizer, StateArray, _grad_key, momentum_dtype_doc, num_rows
+
+_OTHERS = ("momentum", "dampening", "weight_decay", "nesterov", "maximize")  # all but lr
+
+
+# What a replay stands for: a subclass that changes any of these steps in full.
+_REPLAYED = ("_check", "_checked_key", "_check_all", "_check_float", "_check_state",
+             "_check_sparse", "_apply", "_update", "_state", "_spec", "_state_spec", "_clock")
+
+
+def _weak(array):
+    """A weak reference to ``array``, None for None."""
+    return None if array is None else weakref.ref(array)
 
 
 @fill_doc(DOC, momentum_dtype=momentum_dtype_doc("the momentum buffer"))
@@ -107,6 +121,58 @@ class SGD(Optimizer):
         arrays = {"momentum_buffer": StateArray(shape, dtype, 0),
                   "row_started": StateArray((num_rows(shape),), np.dtype(np.bool_), False)}
         return arrays, {"dense_started": False}
+
+    def _remember(self, param: Parameter, group: dict) -> None:
+        # A float CUDA table whose sparse gradient numbapos made, checked with exactly what
+        # _checked_key reads now (the state made by an earlier step, its clock made). The
+        # arrays are held weakly: an entry keeps nothing alive.
+        key = id(param)
+        data, state, clock = param.data, self.state.get(key), self._clocks.get(key)
+        grad = _grad_key(param.grad)
+        if (grad is None or state is None or clock is None
+                or _checks.is_half_dtype(data.dtype)
+                or any(getattr(type(self), name) is not getattr(SGD, name) for name in _REPLAYED)
+                or self._checked.get(key) != self._checked_key(param, group)):
+            self._replays.pop(key, None)
+            return
+        buf, started = state.get("momentum_buffer"), state.get("row_started")
+        others = tuple(map(group.get, _OTHERS))
+        self._replays[key] = (
+            param, group, weakref.ref(data), _weak(buf), _weak(started), clock,
+            self.momentum_dtype, others, tuple(map(type, others)), grad)
+
+    def _replay(self, param: Parameter, group: dict) -> bool:
+        key = id(param)
+        entry = self._replays.get(key)
+        if entry is None:
+            return False
+        (known, known_group, data, buf, started, clock, momentum_dtype, others, types,
+         grad) = entry
+        state = self.state.get(key)
+        data = data()
+        buf = buf() if buf is not None else None
+        started = started() if started is not None else None
+        if (known is not param or known_group is not group or state is None
+                or param.data is not data or data is None
+                or state.get("momentum_buffer") is not buf
+                or state.get("row_started") is not started
+                or self._clocks.get(key) is not clock or self.momentum_dtype is not momentum_dtype
+                or "lr" not in group):
+            return False
+        # The options but the rate, which _check does not read (the update checks it, as
+        # the full step's does; the clock's is set from it as there).
+        current = tuple(map(group.get, _OTHERS))
+        if current != others or tuple(map(type, current)) != types \
+                or _grad_key(param.grad) != grad:
+            return False
+        lr = group["lr"]
+        clock.set_lr(lr)
+        momentum, dampening, weight_decay, nesterov, maximize = others
+        F.sparse_sgd_(data, param.grad, buf, started, lr=lr, momentum=momentum,
+                      dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+                      maximize=maximize, clock=clock)
+        param.bump_version()
+        return True
 
     def _update(self, param: Parameter, group: dict, rounding: dict) -> None:
         data = param.data

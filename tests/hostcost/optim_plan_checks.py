@@ -134,6 +134,74 @@ def check_optimizer_checks() -> dict:
     return {"message": None}
 
 
+def check_fused_replays() -> dict:
+    """The fused SGD step of a module replays (straight to the update) while everything the
+    checks and the update read is unchanged, launching what the full step launches; a new
+    rate (set on the clock), a new momentum, a loaded state_dict and a replaced table each
+    take effect, and the replays hold no array alive."""
+    import gc
+    import weakref
+
+    from numba import cuda
+
+    from numbapos import nn, optim
+
+    rng = np.random.default_rng(6)
+    emb = nn.Embedding(60, 8, sparse=True, device="cuda")
+    opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
+    opt.fuse_with_backward()
+    ids = cuda.to_device(rng.integers(0, 60, (4, 5)))
+    grad = cuda.to_device(rng.standard_normal((4, 5, 8)).astype(np.float32))
+    group, weight = opt.param_groups[0], emb.weight
+    replays = []
+    original = opt._replay
+
+    def replay(param, group):
+        replays.append(original(param, group))
+        return replays[-1]
+
+    opt._replay = replay
+    seen = _spy()
+
+    def step():
+        seen.clear()
+        emb(ids)
+        emb.backward(grad)
+        assert weight.grad is None
+        return seen[:]
+
+    def replayed_as_full():  # a replay, then the full step on the same state: one launch list
+        replayed = step()
+        opt._replays.clear()
+        full = step()
+        return replays[-2:] == [True, False] and _same_but_pointers(replayed, full)
+
+    found = {}
+    for _ in range(3):
+        step()
+    found["first"] = replays[:]  # the state made, then checked with it, then replayed
+    found["same"] = replayed_as_full()
+    step()
+    group["lr"] = 0.05  # a scheduler: still replayed, the clock's rate set
+    step()
+    found["rate"] = [replays[-1], opt._clocks[id(weight)].lr]
+    group["momentum"] = 0.5
+    step()
+    found["momentum"] = [replays[-1], any(0.5 in values for values, *_ in seen),
+                         replayed_as_full()]
+    opt.load_state_dict(opt.state_dict())
+    step()
+    found["loaded"] = replays[-1]
+    step()
+    old = weakref.ref(weight.data)
+    weight.data = cuda.to_device(rng.standard_normal((60, 8)).astype(np.float32))
+    gc.collect()
+    found["old table kept"] = old() is not None
+    step()
+    found["new table"] = [replays[-1], replayed_as_full()]
+    return found
+
+
 def check_bert_draw() -> dict:
     """nn.BertEmbeddings on CUDA: the dropout draw is one of the planned forward's launches,
     its counter in the forward's block, and the host's counts advance once per forward."""

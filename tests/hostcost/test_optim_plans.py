@@ -5,7 +5,7 @@ import pytest
 import stub
 
 CHECKS = ("check_sparse_sgd", "check_sparse_sgd_errors", "check_sparse_sgd_streams",
-          "check_optimizer_checks", "check_bert_draw")
+          "check_optimizer_checks", "check_fused_replays", "check_bert_draw")
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,13 @@ def test_optimizer_checks_still_refuse_changed_state(results):
     assert found["memo"] == 1
     assert found["message"].startswith("param.data: shape (60, 8)") \
         and "momentum buffer was made for shape (61, 8)" in found["message"]
+
+
+def test_fused_sgd_steps_replay_while_nothing_they_read_changed(results):
+    assert results["check_fused_replays"] == {
+        "first": [False, False, True], "same": True, "rate": [True, 0.05],
+        "momentum": [False, True, True], "loaded": False, "old table kept": False,
+        "new table": [False, True]}
 
 
 def test_bert_block_draws_its_dropout_counter_in_its_plan(results):
