@@ -110,8 +110,9 @@ def counters() -> dict:
     return dict(zip(names, values, strict=True))
 
 
-def measure_all(calls: int) -> dict:
-    """Inside a :func:`run` process: every host-cost case measured, and the bench's table.
+def measure_all(calls: int, only: str | None = None) -> dict:
+    """Inside a :func:`run` process: every host-cost case measured (those whose names
+    contain ``only``), and the bench's table.
 
     Returns ``{"skip": reason}`` where numba-cuda cannot compile kernels here
     (no NVVM), else ``{"device", "costs", "errors", "table"}``.
@@ -124,7 +125,7 @@ def measure_all(calls: int) -> dict:
     from numbapos.bench import hostcost, report
 
     errors = []
-    costs = hostcost.run(calls=calls, driver=counters, errors=errors)
+    costs = hostcost.run(calls=calls, only=only, driver=counters, errors=errors)
     table = [report.host_header(), *map(report.format_host, costs), report.host_legend(calls)]
     name = cuda.get_current_device().name
     return {"device": name.decode() if isinstance(name, bytes) else name,

@@ -5,8 +5,9 @@ Every case of :mod:`numbapos.bench.hostcost` runs in one subprocess (kernels com
 once). Per op, launches and device allocations must equal the table exactly, and
 Python calls stay within 10 % of it: a change that adds a launch, an allocation or
 much host Python fails here. Fewer launches or allocations fail too, so that the
-table follows an improvement. Host microseconds are shown in the test summary,
-never asserted.
+table follows an improvement. Host microseconds are shown in the test summary and
+held to issue 36's targets (the rows that reach them; NOT_MET_YET names the others),
+each case measured again before it fails, as this is a timing on a shared machine.
 """
 
 import pytest
@@ -30,18 +31,31 @@ EXPECTED = {
 }
 PYTHON_MARGIN = 1.10
 CALLS = 200
+# Issue 36's host-time targets not reached yet (reported as skips with today's figure).
+NOT_MET_YET = {"BERT module forward (training, dropout 0.1)",
+               "fused sparse SGD step (momentum 0.9)"}
+REMEASURES = 2  # a case over its target is measured again (a busy machine), at most so often
 
 
 @pytest.fixture(scope="module")
-def measured(request, tmp_path_factory):
+def folder(request, tmp_path_factory):
     pytest.importorskip("numba.cuda")
     pytest.importorskip("cuda.bindings")
     pytest.importorskip("cuda.core")
-    folder = stub.built_for(request, tmp_path_factory)
-    result = stub.run(f"import json, stub; print(json.dumps(stub.measure_all({CALLS})))",
-                      folder)
+    return stub.built_for(request, tmp_path_factory)
+
+
+def _measure(folder, only=None, calls=CALLS):
+    result = stub.run(f"import json, stub; print(json.dumps(stub.measure_all({calls}, "
+                      f"{only!r})))", folder)
     if "skip" in result:
         pytest.skip(result["skip"])
+    return result
+
+
+@pytest.fixture(scope="module")
+def measured(request, folder):
+    result = _measure(folder)
     request.config.stash[stub.SUMMARY] = _summary(result)
     return result
 
@@ -79,6 +93,7 @@ def test_every_case_has_a_row():
     from numbapos.bench import hostcost
 
     assert [case.name for case in hostcost.cases()] == list(EXPECTED)
+    assert NOT_MET_YET <= set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -88,6 +103,22 @@ def test_launches_and_allocations_match_the_table(measured, name):
     assert cost["driver"]["launches"] == expected[0], message
     assert cost["allocations"] == expected[1], message
     assert cost["python_calls"] <= expected[2] * PYTHON_MARGIN, message
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_host_time_meets_the_issue_target(measured, folder, name):
+    """Issue 36's host microseconds on the stub driver (the minimum of many calls; a case
+    over its target is measured again in a new process before it fails)."""
+    cost, target = _cost(measured, name), EXPECTED[name][5]
+    best = cost["host_us"]
+    if name in NOT_MET_YET:
+        pytest.skip(f"{name}: {best:.1f} us on the host, issue 36's target of {target} us "
+                    "not reached yet")
+    for _ in range(REMEASURES):
+        if best <= target:
+            break
+        best = min(best, _cost(_measure(folder, name, 4 * CALLS), name)["host_us"])
+    assert best <= target, _described(dict(cost, host_us=best), EXPECTED[name])
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
