@@ -108,19 +108,30 @@ def check_sparse_sgd_streams() -> dict:
             "side stream": handles[1] == {int(side.handle)}}
 
 
-def check_optimizer_checks() -> dict:
-    """The fused SGD step of a module: its checks skipped only while they read the same; a
-    state array of another shape still raises the ordinary message."""
+def _fused_sgd_module(seed):
+    """``(emb, opt, ids, grad, rng)``: a sparse CUDA ``nn.Embedding(60, 8)`` whose SGD
+    (momentum 0.9) is fused with its backward, a batch of (4, 5) ids with its gradient, and
+    the generator that drew them."""
     from numba import cuda
 
     from numbapos import nn, optim
 
-    rng = np.random.default_rng(4)
+    rng = np.random.default_rng(seed)
     emb = nn.Embedding(60, 8, sparse=True, device="cuda")
     opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
     opt.fuse_with_backward()
     ids = cuda.to_device(rng.integers(0, 60, (4, 5)))
     grad = cuda.to_device(rng.standard_normal((4, 5, 8)).astype(np.float32))
+    return emb, opt, ids, grad, rng
+
+
+def check_optimizer_checks() -> dict:
+    """The fused SGD step of a module: its checks skipped only while they read the same; a
+    state array of another shape still raises the ordinary message."""
+    from numba import cuda
+
+
+    emb, opt, ids, grad, _ = _fused_sgd_module(4)
     for _ in range(4):
         emb(ids)
         emb.backward(grad)
@@ -144,14 +155,8 @@ def check_fused_replays() -> dict:
 
     from numba import cuda
 
-    from numbapos import nn, optim
 
-    rng = np.random.default_rng(6)
-    emb = nn.Embedding(60, 8, sparse=True, device="cuda")
-    opt = optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
-    opt.fuse_with_backward()
-    ids = cuda.to_device(rng.integers(0, 60, (4, 5)))
-    grad = cuda.to_device(rng.standard_normal((4, 5, 8)).astype(np.float32))
+    emb, opt, ids, grad, rng = _fused_sgd_module(6)
     group, weight = opt.param_groups[0], emb.weight
     replays = []
     original = opt._replay
