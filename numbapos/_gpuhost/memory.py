@@ -43,7 +43,6 @@ made no CUDA context yet, the user has not chosen another manager
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from collections import defaultdict
@@ -68,11 +67,15 @@ def bucket_size(size: int) -> int:
 
 
 class StreamPools:
-    """Freed blocks by (stream, size bucket): a block is only reused on its own stream."""
+    """Freed blocks by (stream, size bucket): a block is only reused on its own stream.
+
+    A re-entrant lock: a block is given back from an array's ``__del__``, which
+    garbage collection may run inside ``take`` or ``give`` on the same thread.
+    """
 
     def __init__(self):
         self._free = defaultdict(list)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def take(self, stream: int, bucket: int):
         """A cached block of ``bucket`` bytes freed on ``stream``, or None."""
@@ -110,52 +113,106 @@ def _manager_class():
 
     out_of_memory = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
+    class Lent(MemoryPointer):
+        """A pool block lent to its user: given back when this object dies.
+
+        Not Numba's ``weakref.finalize`` per allocation (about 3 us of the host
+        time of every op that allocates) but ``__del__``, which is safe here
+        because the block itself never depends on when this object is
+        collected: while lent it stays referenced by its manager's ``lent``
+        registry, so garbage collection can never run the block's own
+        finalizer (which frees its device memory) first, whatever the order
+        in which it finalises a cycle holding this object. ``free()`` does
+        nothing (``is_managed`` is false): the block goes back when the last
+        array or view holding it dies, as PyTorch's tensors do.
+        """
+
+        def __del__(self):
+            try:
+                home, entry, give, key = self._numbapos_lent
+                if home.pop(id(entry), None) is not None:
+                    give(*key, entry)
+            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to give back to
+                pass
+
+    handle = binding.CUdeviceptr(0)
+    fields = vars(MemoryPointer(None, handle, 0))
+    # Lent objects are made by setting these attributes directly, where Numba's
+    # constructor sets exactly these (checked once); else through the constructor.
+    direct = fields == {"context": None, "device_pointer": handle, "size": 0,
+                        "_cuda_memsize_": 0, "is_managed": False, "refct": 1,
+                        "handle": handle, "_owner": None}
+
     class CachingMemoryManager(NumbaCUDAMemoryManager):
-        """Numba's manager with freed device blocks cached per stream and size bucket."""
+        """Numba's manager with freed device blocks cached per stream and size bucket.
+
+        A block is an ``(owner, handle)`` entry: ``owner`` is what Numba's own
+        ``memalloc`` returned (its finalizer frees the memory when the manager
+        lets go of it), ``handle`` its device pointer. Every block is always
+        either cached in ``pools`` (or a capture's pool) or lent (``lent``, by
+        ``id``), so only :meth:`empty_cache` and :meth:`reset` ever free one.
+        """
 
         serves_captures = True  # its memalloc serves a capture itself (prepare_capture)
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.pools = StreamPools()
+            self.lent: dict = {}
             self._context_proxy = None  # weakref.proxy(self.context), made once
 
         def memalloc(self, size):
             bucket = bucket_size(size)
-            capture = streams.capturing()
-            if capture is not None:
-                return self._capture_alloc(capture, size, bucket)
-            stream = streams.handle(streams.current())
-            block = self.pools.take(stream, bucket)
-            if block is None:
-                try:
-                    block = super().memalloc(bucket)
-                except CudaAPIError as err:
-                    if err.code != out_of_memory:
-                        raise
-                    self.empty_cache()
-                    block = super().memalloc(bucket)
+            local = streams._local  # streams.capturing() and .current(), read directly
+            if local.capture is not None:
+                return self._capture_alloc(local.capture, size, bucket)
+            stream = local.stream and streams.handle(local.stream)
+            entry = self.pools.take(stream, bucket)
+            if entry is None:
+                entry = self._fresh(bucket, out_of_memory)
+            return self._lend(entry, size, self.pools.give, (stream, bucket))
+
+        def _fresh(self, bucket, retry_on=None):
+            """A new ``(owner, handle)`` block of ``bucket`` bytes from the driver."""
+            try:
+                owner = super().memalloc(bucket)
+            except CudaAPIError as err:
+                if retry_on is None or err.code != retry_on:
+                    raise
+                self.empty_cache()
+                owner = super().memalloc(bucket)
+            return owner, owner.device_pointer
+
+        def _lend(self, entry, size, give, key):
+            """A :class:`Lent` pointer of ``size`` bytes on ``entry``, which ``give(*key,
+            entry)`` takes back when it dies."""
             proxy = self._context_proxy
             if proxy is None:
                 proxy = self._context_proxy = weakref.proxy(self.context)
-            return MemoryPointer(proxy, block.device_pointer, size,
-                                 finalizer=functools.partial(self.pools.give, stream, bucket,
-                                                             block))
+            self.lent[id(entry)] = entry
+            handle = entry[1]
+            if direct:
+                memory = Lent.__new__(Lent)
+                memory.__dict__ = {"context": proxy, "device_pointer": handle, "size": size,
+                                   "_cuda_memsize_": size, "is_managed": False, "refct": 1,
+                                   "handle": handle, "_owner": None,
+                                   "_numbapos_lent": (self.lent, entry, give, key)}
+            else:
+                memory = Lent(proxy, handle, size)
+                memory._numbapos_lent = (self.lent, entry, give, key)
+            return memory
 
         def _capture_alloc(self, capture, size, bucket):
-            # The capture's own freed blocks first, then those its warm-up left cached.
-            block = capture.take(bucket)
-            if block is None:
-                block = self.pools.take(streams.handle(capture.home), bucket)
-            if block is None:
+            # The capture's own freed blocks first, then those its warm-up left cached;
+            # freed, a block goes to the capture's pool (the graph's from now on, see
+            # streams.Capture).
+            entry = capture.take(bucket)
+            if entry is None:
+                entry = self.pools.take(streams.handle(capture.home), bucket)
+            if entry is None:
                 with streams.relaxed_capture_mode():
-                    block = super().memalloc(bucket)
-
-            def give_back():
-                capture.give(bucket, block)  # the graph's from now on (see streams.Capture)
-
-            return MemoryPointer(weakref.proxy(self.context), block.device_pointer, size,
-                                 finalizer=give_back)
+                    entry = self._fresh(bucket)
+            return self._lend(entry, size, capture.give, (bucket,))
 
         def empty_cache(self):
             """Drop the cached blocks; Numba's own finalizers free them."""
@@ -163,6 +220,8 @@ def _manager_class():
             self.deallocations.clear()
 
         def reset(self):
+            # The context's memory is freed: lent blocks are not given back either.
+            self.lent.clear()
             self.empty_cache()
             super().reset()
 

@@ -539,3 +539,57 @@ def check_empty_shapes() -> dict:
         shapes.append(list(y.shape))
     return {"shapes": shapes}
 
+
+
+def check_pool() -> dict:
+    """The caching pool lends blocks without a finalizer per allocation: a block comes back
+    when the last array or view on it dies, also when the garbage collector frees it
+    from a reference cycle (its memory not freed meanwhile), and a lent block outlives
+    ``empty_cache``."""
+    from numba import cuda
+
+    manager = cuda.current_context().memory_manager
+    pools = manager.pools
+
+    def allocated(pointer):  # Numba still holds the device memory (not queued to be freed)
+        return any(int(key) == pointer for key in manager.allocations)
+
+    def pointer_of(array):
+        return array.__cuda_array_interface__["data"][0]
+
+    found = {}
+    gc.collect()
+    gc.disable()  # collections when this check says so only
+    try:
+        return _pool_lending(found, pools, allocated, pointer_of, manager)
+    finally:
+        gc.enable()
+
+
+def _pool_lending(found, pools, allocated, pointer_of, manager):
+    from numba import cuda
+
+    x = cuda.device_array(1000, np.float32)
+    first, before = pointer_of(x), pools.cached()
+    found["no finalizer"] = (type(x.gpu_data).__name__ == "Lent"
+                             and not hasattr(x.gpu_data, "_finalizer"))
+    view = x[10:20]
+    del x
+    gc.collect()
+    found["kept by its view"] = pools.cached() == before
+    del view
+    found["back with its view"] = pools.cached() == before + 1
+    cycle = cuda.device_array(1000, np.float32)
+    found["reused"] = pointer_of(cycle) == first
+    cycle.me = cycle
+    del cycle
+    found["in a cycle until collected"] = pools.cached() == before
+    gc.collect()
+    found["back from a cycle"] = pools.cached() == before + 1 and allocated(first)
+    lent = cuda.device_array(1000, np.float32)
+    found["reused after the cycle"] = pointer_of(lent) == first
+    manager.empty_cache()
+    found["lent through empty_cache"] = allocated(first) and pools.cached() == 0
+    del lent
+    found["back after empty_cache"] = pools.cached() == 1 and allocated(first)
+    return found

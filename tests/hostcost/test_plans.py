@@ -11,7 +11,7 @@ import stub
 CHECKS = ("check_lookups", "check_outputs", "check_errors", "check_dense_backward",
           "check_sparse_backward", "check_lazy_backward", "check_bert", "check_gpt2",
           "check_threads", "check_streams", "check_budget", "check_native",
-          "check_empty_shapes")
+          "check_empty_shapes", "check_pool")
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +82,8 @@ def test_one_native_call_launches_what_cuda_bindings_would(results):
 def test_empty_batches_keep_their_shapes(results):
     assert results["check_empty_shapes"]["shapes"] == [[1, 0, 6], [2, 0, 6], [3, 0, 6]]
 
+
+
+def test_the_pool_lends_blocks_without_a_finalizer_each(results):
+    found = results["check_pool"]
+    assert found == dict.fromkeys(found, True) and len(found) == 9
