@@ -533,9 +533,11 @@ class ArrayFactory:
     @classmethod
     def like(cls, example, context):
         """A factory of C-contiguous arrays like ``example`` (a fresh C-contiguous one)."""
+        from .plans import interned  # (plans imports this module)
+
         pointer = _array_fields(example)[4]
-        return cls(example, ((example.dtype, example.shape, example.strides, 0), pointer,
-                             pointer, pointer + example.alloc_size), context)
+        signature = interned((example.dtype, example.shape, example.strides, 0))
+        return cls(example, (signature, pointer, pointer, pointer + example.alloc_size), context)
 
     def __call__(self, memory=None, pointer=None):
         """A new array on ``memory`` (a Numba memory pointer, at address ``pointer`` when the

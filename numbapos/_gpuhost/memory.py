@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import defaultdict
 
 from numba import config, cuda
 
@@ -69,34 +68,40 @@ def bucket_size(size: int) -> int:
 class StreamPools:
     """Freed blocks by (stream, size bucket): a block is only reused on its own stream.
 
-    A re-entrant lock: a block is given back from an array's ``__del__``, which
-    garbage collection may run inside ``take`` or ``give`` on the same thread.
+    No lock: a block is given back from an array's ``__del__``, which garbage
+    collection may run in the middle of ``take`` or ``give`` on the same
+    thread, and each step here (``dict.get`` / ``setdefault``, ``list.pop`` /
+    ``append``) is a single operation that is atomic in CPython and
+    thread-safe in its free-threaded build.
     """
 
     def __init__(self):
-        self._free = defaultdict(list)
-        self._lock = threading.RLock()
+        self._free: dict = {}
 
     def take(self, stream: int, bucket: int):
         """A cached block of ``bucket`` bytes freed on ``stream``, or None."""
-        with self._lock:
-            blocks = self._free.get((stream, bucket))
-            return blocks.pop() if blocks else None
+        blocks = self._free.get((stream, bucket))
+        if blocks:
+            try:
+                return blocks.pop()
+            except IndexError:  # another thread took the last one meanwhile
+                pass
+        return None
 
     def give(self, stream: int, bucket: int, block) -> None:
         """Keep ``block`` for the next allocation of ``bucket`` bytes on ``stream``."""
-        with self._lock:
-            self._free[stream, bucket].append(block)
+        blocks = self._free.get((stream, bucket))
+        if blocks is None:
+            blocks = self._free.setdefault((stream, bucket), [])
+        blocks.append(block)
 
     def clear(self) -> None:
         """Forget every cached block."""
-        with self._lock:
-            self._free.clear()
+        self._free.clear()
 
     def cached(self) -> int:
         """How many blocks are cached."""
-        with self._lock:
-            return sum(len(blocks) for blocks in self._free.values())
+        return sum(len(blocks) for blocks in list(self._free.values()))
 
 
 def _manager_class():

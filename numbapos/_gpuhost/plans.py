@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import struct
 import threading
 import weakref
@@ -142,14 +143,34 @@ def _described(x):
     pointer = fields[4]
     span = _span(x.shape, x.strides, x.dtype.itemsize)
     # A DeviceNDArray's Numba type follows from these (its layout from shape and strides).
-    signature = (x.dtype, x.shape, x.strides, pointer & 15)
+    signature = interned((x.dtype, x.shape, x.strides, pointer & 15))
     found = x._numbapos_plan = (signature, pointer, pointer + span[0], pointer + span[1])
     return found
 
 
+_INTERNED: dict = {}  # (dtype, shape, strides, alignment) -> its number (see interned)
+_NUMBERS = itertools.count()
+MAX_SIGNATURES = 4096  # numbered signatures kept; past it the table starts over
+
+
+def interned(signature: tuple) -> int:
+    """The number of an array's ``signature``: one number per signature, never reused for
+    another, so a plan key holds numbers (hashed several times faster than dtypes and
+    shape tuples: about 1 us per BERT block call). When the table is full it starts over
+    with new numbers; arrays numbered before keep theirs, which still name only their
+    signature (their calls may build a plan of their own, never use another's)."""
+    number = _INTERNED.get(signature)
+    if number is None:
+        if len(_INTERNED) >= MAX_SIGNATURES:
+            _INTERNED.clear()
+        number = _INTERNED.setdefault(signature, next(_NUMBERS))
+    return number
+
+
 def signature(x):
-    """The part of a plan's key that a Numba device array gives (dtype, shape, strides, the
-    alignment of its pointer); None for anything else."""
+    """The part of a plan's key that a Numba device array gives (the number of its dtype,
+    shape, strides and the alignment of its pointer, see :func:`interned`); None for
+    anything else."""
     found = _described(x)
     return None if found is None else found[0]
 

@@ -422,6 +422,7 @@ def check_streams() -> dict:
 
     import numbapos
     import numbapos.functional as F
+    from numbapos._gpuhost import plans as plans_module
 
     lookup = sys.modules["numbapos.functional.embedding"]
     seen = _spy()
@@ -436,7 +437,8 @@ def check_streams() -> dict:
             seen.clear()
             F.embedding(ids, table)
             handles.append(seen[-1][-1])
-    plans = [key for key in lookup._LOOKUPS.cache.plans if key[1][1][1] == (10, 4)]
+    number = plans_module.signature(table)  # the number of the table's signature
+    plans = [key for key in lookup._LOOKUPS.cache.plans if key[1][1] == number]
     return {"plans": len(plans), "default stream": handles[0],
             "side stream": handles[1] == int(side.handle)}
 

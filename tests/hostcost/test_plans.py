@@ -87,3 +87,15 @@ def test_empty_batches_keep_their_shapes(results):
 def test_the_pool_lends_blocks_without_a_finalizer_each(results):
     found = results["check_pool"]
     assert found == dict.fromkeys(found, True) and len(found) == 9
+
+
+def test_signature_numbers_are_never_reused(monkeypatch):
+    plans = pytest.importorskip("numbapos._gpuhost.plans")
+    monkeypatch.setattr(plans, "MAX_SIGNATURES", 2)
+    monkeypatch.setattr(plans, "_INTERNED", {})
+    first = plans.interned(("float32", (3, 4)))
+    assert plans.interned(("float32", (3, 4))) == first
+    second = plans.interned(("float32", (5,)))
+    third = plans.interned(("int64", (5,)))  # the table was full: it started over
+    again = plans.interned(("float32", (3, 4)))
+    assert len({first, second, third, again}) == 4
