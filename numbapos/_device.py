@@ -28,15 +28,22 @@ _INSTALL_HINT = (
 
 _numba_array_types: dict = {}  # type -> whether its instances are Numba device arrays
 
+# type -> the device of its instances, for the types that tell it: NumPy arrays and the
+# Numba device array types met so far (every op asks this of each of its arrays). Other
+# objects (a PyTorch tensor, a list) are told one by one.
+_DEVICE_OF_TYPE: dict = {np.ndarray: "cpu"}
+
 
 def _is_numba_device_array(x) -> bool:
     """A Numba device array (real or simulated), without importing numba.cuda."""
     kind = type(x)
     found = _numba_array_types.get(kind)
-    if found is None:  # once per type: every op asks this of each of its arrays
+    if found is None:  # once per type
         module = kind.__module__ or ""
         found = _numba_array_types[kind] = (module.startswith(("numba.cuda", "numba_cuda"))
                                             and hasattr(kind, "copy_to_host"))
+        if found:
+            _DEVICE_OF_TYPE[kind] = "cuda"
     return found
 
 
@@ -52,7 +59,10 @@ def is_cuda_array(x) -> bool:
 
 def device_of(x) -> str:
     """``"cuda"`` for CUDA arrays, ``"cpu"`` for anything else (NumPy arrays, lists, scalars)."""
-    return "cuda" if is_cuda_array(x) else "cpu"
+    found = _DEVICE_OF_TYPE.get(type(x))
+    if found is None:
+        found = "cuda" if is_cuda_array(x) else "cpu"
+    return found
 
 
 def torch_kind(x) -> str | None:

@@ -596,37 +596,24 @@ def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_ty
     outputs, that the forward kernel writes as it reads the ids: the caller's snapshot for
     its backward, with no launch or allocation of its own. A ``counter`` the
     op draws from (:func:`_draws`) adds the drawn ``(1,)`` counter, last."""
-    args = (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
-            ln_bias)
-    keywords = (token_type_ids, position_ids, past_length, eps, p, seed, training, counter, out,
-                table_options, room)
+    full = functools.partial(  # the ordinary path; cheaper than a closure over all
+        _bert_forward, input_ids, word_embeddings, position_embeddings, token_type_embeddings,
+        ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p, seed, training,
+        counter, out, table_options, room)
     if type(word_embeddings) is np.ndarray:
-        return _bert_full(args, keywords)
-    full = functools.partial(_bert_full, args, keywords)  # cheaper than a closure over all
-    if hasattr(counter, "draw_into"):  # _counter_for_plan's usual case, inline
-        planned = (counter.values, "drawn by the op")
-    else:
-        planned = _counter_for_plan(counter, training, p)
-        if planned is None:
-            return full()
-    cache = _BERT_FORWARDS.cache  # Planned.call once the cache exists, without its call
-    return (_BERT_FORWARDS if cache is None else cache).call(
-        full, (*args, token_type_ids, position_ids, planned[0], out, None, None, None, None),
+        return full()
+    planned = _counter_for_plan(counter, training, p)
+    if planned is None:
+        return full()
+    return _BERT_FORWARDS.call(
+        full, (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
+               ln_bias, token_type_ids, position_ids, planned[0], out, None, None, None, None),
         (past_length, eps, p, seed, bool(training), planned[1], table_options, room),
         _BERT_OUTPUTS[room, planned[1] == "drawn by the op"], _BERT_AVOID)
 
 
-def _bert_full(args, keywords):
-    """``_bert_forward(*args, ...)`` with the keywords of :func:`_bert_forward_call`."""
-    (token_type_ids, position_ids, past_length, eps, p, seed, training, counter, out,
-     table_options, room) = keywords
-    return _bert_forward(*args, token_type_ids=token_type_ids, position_ids=position_ids,
-                         past_length=past_length, eps=eps, p=p, seed=seed, training=training,
-                         counter=counter, out=out, table_options=table_options, room=room)
-
-
 def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
-                  ln_weight, ln_bias, *, token_type_ids, position_ids, past_length, eps, p, seed,
+                  ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p, seed,
                   training, counter, out, table_options, room=False):
     """:func:`bert_embeddings_forward`'s ordinary path (``room``: see
     :func:`_bert_forward_call`)."""

@@ -67,41 +67,17 @@ def _options(embedding: Embedding) -> F.TableOptions:
                           embedding.max_norm, embedding.norm_type)
 
 
-def _table_options(block, word: Embedding, position: Embedding, token_type: Embedding):
-    """The tables' options, made again only when one of them changed (cached on ``block``)."""
-    key = (word.padding_idx, word.scale_grad_by_freq, word.sparse, word.max_norm,
-           word.norm_type, position.padding_idx, position.scale_grad_by_freq, position.sparse,
-           position.max_norm, position.norm_type, token_type.padding_idx,
-           token_type.scale_grad_by_freq, token_type.sparse, token_type.max_norm,
-           token_type.norm_type)
-    cached = block.__dict__.get("_options_cache")
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    options = (F.TableOptions(*key[:5]), F.TableOptions(*key[5:10]), F.TableOptions(*key[10:]))
-    block.__dict__["_options_cache"] = (key, options)
-    return options
-
-
-# Where an array lives, by its type where the type says it (see _data_device).
-_DEVICE_BY_TYPE = {np.ndarray: "cpu"}
-
-
-def _data_device(data) -> str:
-    """``_device.device_of(data)``; a Numba device array's type is noted in
-    :data:`_DEVICE_BY_TYPE` (other CUDA arrays are told per object)."""
-    device = _device.device_of(data)
-    if device == "cuda" and _device._is_numba_device_array(data):
-        _DEVICE_BY_TYPE[type(data)] = device
-    return device
-
-
-def _watched_tables(block, children):
-    """``(children, ((name of the table, child Embedding), ...))``, cached on ``block``: the
-    tables its backward reads, each child Embedding's in child order."""
-    tables = tuple((f"{name}.weight", child) for name, child in block._modules.items()
-                   if isinstance(child, Embedding))
-    block.__dict__["_watched_cache"] = cached = (children, tables)
-    return cached
+def _bert_setup(block):
+    """What a forward of ``block`` derives from its children's settings (kept by
+    ``Module._derived``): the tables' options, whether one clips rows (``max_norm``), and
+    ``(name, the module whose weight it is)`` for each parameter its backward reads (every
+    child Embedding's table, in child order, and the LayerNorm weight)."""
+    options = (_options(block.word_embeddings), _options(block.position_embeddings),
+               _options(block.token_type_embeddings))
+    watched = tuple((f"{name}.weight", child) for name, child in block._modules.items()
+                    if isinstance(child, Embedding))
+    return (options, any(opts.max_norm is not None for opts in options),
+            watched + (("LayerNorm.weight", block.LayerNorm),))
 
 
 def _forward_options(*tables: Embedding):
@@ -359,8 +335,7 @@ class BertEmbeddings(Module):
                 None if ln.bias is None else ln.bias.data)
 
     def _table_options(self):
-        return _table_options(self, self.word_embeddings, self.position_embeddings,
-                              self.token_type_embeddings)
+        return self._derived("_bert_setup", _bert_setup)[0]
 
     @_doc
     def forward(self, input_ids, token_type_ids=None, position_ids=None, past_length=0,
@@ -395,7 +370,7 @@ class BertEmbeddings(Module):
         """
         word, position, token_type = (self.word_embeddings, self.position_embeddings,
                                       self.token_type_embeddings)
-        options = _table_options(self, word, position, token_type)
+        options, clips, weights = self._derived("_bert_setup", _bert_setup)
         ln = self.LayerNorm
         gamma, beta = ln.weight, ln.bias
         data = word.weight.data
@@ -403,7 +378,7 @@ class BertEmbeddings(Module):
                   None if gamma is None else gamma.data, None if beta is None else beta.data)
         dropout = self.dropout
         # On CUDA the forward draws the dropout counter itself, into its block of outputs.
-        drop = dropout._draw(_DEVICE_BY_TYPE.get(type(data)) or _data_device(data), defer=True)
+        drop = dropout._draw(_device.device_of(data), defer=True)
         if out is None and type(input_ids) is np.ndarray:
             out = _output(self, input_ids, word, out)
         recording = _STATE.enabled  # self._recording()
@@ -414,8 +389,7 @@ class BertEmbeddings(Module):
             input_ids, *arrays, token_type_ids, position_ids, past_length, ln.eps,
             drop["p"], drop["seed"], drop["training"], drop["counter"], out, options, room)
         dropout._advance(drop, found[-1] if len(found) > 3 + room else None)
-        if options[0].max_norm is not None or options[1].max_norm is not None \
-                or options[2].max_norm is not None:
+        if clips:
             _bump_clipped((word, position, token_type))
         if recording:
             ids = {"input_ids": found[3] if room else _snapshot(input_ids, "input_ids"),
@@ -426,16 +400,11 @@ class BertEmbeddings(Module):
                    "past_length": past_length}
             # The backward recomputes each token's row sum from the tables and reads
             # the LayerNorm weight: they are watched, not copied.
-            children = tuple(self._modules.values())
-            tables = self.__dict__.get("_watched_cache")
-            if tables is None or tables[0] != children:
-                tables = _watched_tables(self, children)
             watched = []
-            for name, child in tables[1]:
-                param = child.weight
-                watched.append((name, param, param.data, param._version))
-            if gamma is not None:
-                watched.append(("LayerNorm.weight", gamma, gamma.data, gamma._version))
+            for name, owner in weights:
+                param = owner.weight
+                if param is not None:
+                    watched.append((name, param, param.data, param._version))
             self._save_for_backward((ids, found[1], found[2], drop, options, tuple(watched)))
         return found[0]
 

@@ -41,6 +41,11 @@ def _is_dtype_name(text: str) -> bool:
 
 _WARNED_UNREGISTERED: set = set()
 
+# Each assignment or deletion of a Module attribute (a child, a parameter, a setting such as
+# an Embedding's max_norm) replaces this token: what a module derives from such attributes
+# holds while the token it was made under is the current one (Module._derived).
+_EDITS = [object()]
+
 
 def _holds_state(value) -> bool:
     items = value.values() if isinstance(value, dict) else value
@@ -169,6 +174,7 @@ class Module:
                 f"{type(self).__name__}.__init__ must call super().__init__() before "
                 f"assigning attributes (got {name!r})"
             )
+        _EDITS[0] = object()
         if name in self._buffers and not isinstance(getattr(type(self), name, None), property):
             self._buffers[name] = None if value is None else _checks.as_array(value, name)
             object.__setattr__(self, name, self._buffers[name])
@@ -211,6 +217,7 @@ class Module:
     register_module = add_module
 
     def __delattr__(self, name):
+        _EDITS[0] = object()
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         self._buffers.pop(name, None)
@@ -245,6 +252,14 @@ class Module:
         """Whether a forward now records for a backward: outside :class:`numbapos.no_grad`,
         in either mode (the mode is dropout's business only)."""
         return _STATE.enabled
+
+    def _derived(self, name: str, make):
+        """``make(self)``, kept under ``name`` until a Module attribute is next assigned
+        anywhere: what a forward derives from its children's settings, made once."""
+        kept = self.__dict__.get(name)
+        if kept is None or kept[0] is not _EDITS[0]:
+            kept = self.__dict__[name] = (_EDITS[0], make(self))
+        return kept[1]
 
     def _save_for_backward(self, context, channel: str = "forward") -> None:
         """Push ``context`` (owned values only: copies, scalars) for the next backward.
@@ -551,6 +566,7 @@ class Module:
         if name not in self._buffers and (name in self.__dict__ or name in self._parameters):
             raise KeyError(f"register_buffer: attribute {name!r} already exists")
         value = None if tensor is None else _checks.as_array(tensor, name)
+        _EDITS[0] = object()
         self._buffers[name] = value
         if persistent:
             self._non_persistent.discard(name)
@@ -663,6 +679,7 @@ class Module:
                     raise TypeError(f"to: got two dtypes, {dtype!r} and {arg!r}")
                 dtype = arg
         device = None if device is None else _device.check_device(device, "device")
+        _EDITS[0] = object()  # buffers, dtype and device set below
         tables = None
         if dtype is not None:
             dtype = _checks.check_table_dtype(dtype, "dtype")
