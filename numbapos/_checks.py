@@ -402,7 +402,9 @@ def check_table_dtype(dtype, name: str = "dtype") -> np.dtype:
 
 def grad_dtype(dtype) -> np.dtype:
     """The dtype of a gradient of a ``dtype`` parameter: float32 for 16-bit ones, else its own."""
-    return np.dtype(np.float32) if is_half_dtype(dtype) else dtype
+    if dtype is _FLOAT32_DTYPE or dtype is _FLOAT64_DTYPE:  # the common case, by identity
+        return dtype
+    return _FLOAT32_DTYPE if is_half_dtype(dtype) else dtype
 
 
 def _viewed(x, name: str):
@@ -556,6 +558,9 @@ def check_float_like(x, name: str, shape: tuple, dtype: np.dtype, shape_what: st
     or a LayerNorm parameter its input. ``shape_what`` / ``dtype_what`` say
     where the expected values come from, for the message.
     """
+    if ((type(x) is np.ndarray or (_device._is_numba_device_array(x) and x.is_c_contiguous()))
+            and x.dtype == dtype and dtype in FLOAT_DTYPES and x.shape == tuple(shape)):
+        return x  # what the checks below pass, read directly
     x = check_float_array(x, name)
     check_same_shape(x, shape, name, shape_what)
     if x.dtype != dtype:

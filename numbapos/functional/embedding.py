@@ -54,11 +54,6 @@ def _lazy_arrays(result):
     return tuple(result._pending[0]), None
 
 
-def _lazy_rows(made, grad_output, size, scale_grad_by_freq, num_rows):
-    grad = _device.reshaped(grad_output, (size, grad_output.shape[-1]))
-    return SparseRows._unsummed(RowGroups(*made), grad, scale_grad_by_freq, num_rows)
-
-
 def _sparse_arrays_into(result):
     return (result._indices, result._used), None
 
@@ -338,11 +333,14 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
             return _backward(grad_output, indices, num_embeddings, padding_idx,
                              scale_grad_by_freq, True, True, None)
 
+        def lazy_rows(made, _):
+            grad = _device.reshaped(grad_output, (indices.size, grad_output.shape[-1]))
+            return SparseRows._unsummed(RowGroups(*made), grad, scale_grad_by_freq,
+                                        num_embeddings)
+
         return _LAZY_BACKWARDS.call(
-            full_lazy, (grad_output, indices),
-            (num_embeddings, padding_idx, scale_grad_by_freq), unpack=_lazy_arrays,
-            pack=lambda made, _: _lazy_rows(made, grad_output, indices.size,
-                                         scale_grad_by_freq, num_embeddings))
+            full_lazy, (grad_output, indices), (num_embeddings, padding_idx, scale_grad_by_freq),
+            unpack=_lazy_arrays, pack=lazy_rows)
     if type(grad_output) is not _ndarray and not lazy:  # a GPU gradient: its plan if any
 
         def full():

@@ -276,30 +276,20 @@ def _planned_sparse(param, grad, clock, rounding_step, stochastic_rounding, seed
     """``(arrays, options)`` of a sparse update's plan key beyond ``param`` and its state, or
     None where the update is not planned.
 
-    Planned: a CUDA step from a gradient numbapos made (private, its count of rows on the
-    device) whose values need no summing or casting before the update, with a clock or
-    none, and for a 16-bit table a device rounding counter. ``arrays`` are the gradient's
-    arrays, the clock's and the counter; ``options`` what the checks of the gradient,
-    the clock and the rounding read.
+    Planned: a CUDA step from a gradient numbapos made (see :func:`_planned_grad`), with a
+    clock or none, and for a 16-bit table a device rounding counter. ``arrays`` are the
+    gradient's arrays, the clock's and the counter; ``options`` what the checks of the
+    gradient, the clock and the rounding read.
     """
-    if type(grad) is not SparseRows or not grad._private or not _device.backend_loaded("cuda"):
-        return None
-    pending = grad._pending
-    if pending is None:
-        rows, values, used = grad._padded()
-        if isinstance(used, int):
-            return None
-        arrays, source, kind = [rows, values, used], values, "summed"
-    else:
-        groups, source, scale = pending
-        arrays, kind = [*groups, source], ("unsummed", _typed(scale))
     dtype = getattr(param, "dtype", None)
-    if not isinstance(dtype, np.dtype):
+    if not isinstance(dtype, np.dtype) or not _device.backend_loaded("cuda"):
         return None
     half = _checks.is_half_dtype(dtype)
-    if source.dtype != (_FLOAT32 if half else dtype) and pending is not None:
-        return None  # the update sums the rows first (materialize): not a replay
-    options = (kind, grad._num_rows, clock is None)
+    planned = _planned_grad(grad, _FLOAT32 if half else dtype)
+    if planned is None:
+        return None
+    arrays, options = planned
+    options += (clock is None,)
     if clock is not None:
         if type(clock) is not _clock_type():
             return None
@@ -310,6 +300,25 @@ def _planned_sparse(param, grad, clock, rounding_step, stochastic_rounding, seed
         arrays.append(rounding_step)
         options += (_typed(stochastic_rounding), _typed(seed))
     return arrays, options
+
+
+def _planned_grad(grad, dtype):
+    """``(arrays, options)`` of a sparse update's plan key that its gradient gives, for an
+    update in ``dtype``; None where it is not planned: a gradient numbapos did not make
+    (private), one with its count of rows on the host, or with values the update sums and
+    casts first."""
+    if type(grad) is not SparseRows or not grad._private:
+        return None
+    pending = grad._pending
+    if pending is None:
+        rows, values, used = grad._padded()
+        if isinstance(used, int):
+            return None
+        return [rows, values, used], ("summed", grad._num_rows)
+    groups, source, scale = pending  # scale_grad_by_freq, a bool
+    if source.dtype != dtype:
+        return None  # the update sums the rows first (materialize): not a replay
+    return [*groups, source], (("unsummed", scale), grad._num_rows)
 
 
 def _nothing(K, shape, dtype):
@@ -481,11 +490,55 @@ def sparse_sgd_(param, grad, momentum_buffer=None, row_started=None, *, lr, mome
     if planned is None:
         return full()
     arrays, options = planned
-    values = (momentum, dampening, weight_decay, nesterov, maximize)
-    options += (_live_rate(lr, clock), values, tuple(map(type, values)))
-    # momentum_buffer and row_started must not overlap param, nor each other
+    options += (_live_rate(lr, clock), *_typed_values(momentum, dampening, weight_decay,
+                                                      nesterov, maximize))
     return _SPARSE_SGD.call(full, (param, momentum_buffer, row_started, *arrays), options,
-                            outputs=(0,), avoid=((1, 0), (2, 0), (2, 1)))
+                            outputs=(0,), avoid=_SGD_AVOID)
+
+
+# momentum_buffer and row_started must not overlap param, nor each other
+_SGD_AVOID = ((1, 0), (2, 0), (2, 1))
+
+
+def _typed_values(*values):
+    """Options in a plan's key, with their types (see :func:`_typed`)."""
+    return values, tuple(map(type, values))
+
+
+class _SparseSGDReplay:
+    """:func:`sparse_sgd_` of a float32 / float64 CUDA parameter with a clock, the options
+    but the rate fixed: what an optimiser's step fused with the backward calls again while
+    those stay (the part of the plan's key they make is made once).
+
+    ``replay(param, grad, momentum_buffer, row_started, lr)`` is ``sparse_sgd_(param, grad,
+    momentum_buffer, row_started, lr=lr, clock=clock, **options)``, for a ``param`` of the
+    dtype given here.
+    """
+
+    __slots__ = ("_clock", "_dtype", "_values", "_arrays", "_options")
+
+    def __init__(self, dtype, clock, momentum, dampening, weight_decay, nesterov, maximize):
+        self._clock, self._dtype = clock, dtype
+        self._values = (momentum, dampening, weight_decay, nesterov, maximize)
+        self._arrays = (clock.values, clock.dyn(dtype))
+        self._options = _typed_values(*self._values)
+
+    def __call__(self, param, grad, momentum_buffer, row_started, lr):
+        clock = self._clock
+
+        def full():
+            return _sparse_sgd(param, grad, momentum_buffer, row_started, lr, *self._values,
+                               clock, True, 0, 0)
+
+        planned = _planned_grad(grad, self._dtype)
+        if planned is None:
+            return full()
+        arrays, options = planned
+        # The key sparse_sgd_ makes of these (a clock of its type, a float parameter).
+        return _SPARSE_SGD.call(
+            full, (param, momentum_buffer, row_started, *arrays, *self._arrays),
+            options + (False, _live_rate(lr, clock), *self._options), outputs=(0,),
+            avoid=_SGD_AVOID)
 
 
 def _sparse_sgd(param, grad, momentum_buffer, row_started, lr, momentum, dampening,

@@ -226,15 +226,16 @@ class Embedding(Module):
             for a 16-bit table); the record is kept.
         """
         indices, padding_idx, scale_grad_by_freq, sparse = self._saved_context()
+        weight = self.weight
         grad_output = _checks.check_float_like(
             grad_output, "grad_output", tuple(indices.shape) + (self.embedding_dim,),
-            _checks.grad_dtype(self.weight.dtype), "the shape of the matching forward's output",
+            _checks.grad_dtype(weight.data.dtype), "the shape of the matching forward's output",
             "the table's gradient dtype")
         grad = None
-        if self.weight.requires_grad:
-            lazy = sparse and self.weight.fuses_step  # summed inside the optimiser's step
+        if weight.requires_grad:
+            lazy = sparse and weight.fuses_step  # summed inside the optimiser's step
             values_out = None
-            if sparse and not lazy and type(self.weight.data) is np.ndarray:
+            if sparse and not lazy and type(weight.data) is np.ndarray:
                 # The previous step's gradient values, once that gradient is dropped.
                 values_out = self._grad_values.take((indices.size, self.embedding_dim),
                                                     grad_output.dtype)
@@ -244,7 +245,7 @@ class Embedding(Module):
                                         lazy=lazy, values_out=values_out)
         self._release()
         if grad is not None:
-            self.weight.accumulate_grad(grad, fresh=True)
+            weight._accumulate_computed(grad)
         return None
 
     def attend(self, h):

@@ -240,6 +240,7 @@ class Parameter(NDArrayOperatorsMixin):
         """Register an optimiser's fused step (see :attr:`fuses_step`) as a hook."""
         handle = self.register_post_accumulate_grad_hook(hook)
         self._fused_step_hooks.add(handle.id)
+        handle._fused = self._fused_step_hooks  # which its remove() updates too
         return handle
 
     @property
@@ -252,8 +253,6 @@ class Parameter(NDArrayOperatorsMixin):
         """Whether an optimiser's step runs inside the backward
         (:meth:`~numbapos.optim.Optimizer.fuse_with_backward`): a sparse
         :class:`~numbapos.nn.Embedding` then hands it its gradient unsummed."""
-        hooks = self._post_accumulate_grad_hooks
-        self._fused_step_hooks.intersection_update(hooks)  # drop removed handles
         return bool(self._fused_step_hooks)
 
     @property
@@ -310,6 +309,11 @@ class Parameter(NDArrayOperatorsMixin):
             raise TypeError(f"grad: expected dtype {expected} (the gradient dtype of a "
                             f"{data.dtype} parameter), got {grad.dtype}")
         check_same_device((data, grad._padded()[0] if sparse else grad), ("data", "grad"))
+        self._add_grad(grad, fresh)
+
+    def _add_grad(self, grad, fresh: bool) -> None:
+        """:meth:`accumulate_grad` once ``grad`` is checked: the sum, then the hooks."""
+        sparse = isinstance(grad, SparseRows)
         if self.grad is None:
             self.grad = grad if fresh or sparse else _device.copy(grad)
         elif isinstance(self.grad, SparseRows) and isinstance(grad, SparseRows):
@@ -328,17 +332,18 @@ class Parameter(NDArrayOperatorsMixin):
 
     def _accumulate_computed(self, grad) -> None:
         """``accumulate_grad(grad, fresh=True)`` for a gradient a numbapos backward just
-        computed for this parameter: when it is the first (no hooks, a dense array of the
-        parameter's type, shape and dtype) it is kept without checking it again."""
+        computed for this parameter (C-contiguous): one of the parameter's shape and float
+        dtype whose array (a SparseRows's values, summed or not) is of the parameter's type,
+        so on its device, is added without checking it again."""
         if not self.requires_grad:
             return
         data = self.data
-        if (self.grad is None and not self._post_accumulate_grad_hooks
-                and type(grad) is type(data) and grad.shape == data.shape
-                and grad.dtype == data.dtype and grad.dtype in FLOAT_DTYPES):
-            self.grad = grad
-            return
-        self.accumulate_grad(grad, fresh=True)
+        values = grad._source() if type(grad) is SparseRows else grad
+        if (type(values) is type(data) and values.dtype == data.dtype
+                and data.dtype in FLOAT_DTYPES and grad.shape == data.shape):
+            self._add_grad(grad, True)
+        else:
+            self.accumulate_grad(grad, fresh=True)
 
     def __repr__(self) -> str:
         frozen = "" if self.requires_grad else ", requires_grad=False"
@@ -356,8 +361,11 @@ class HookHandle:
 
     def __init__(self, hooks: dict):
         self._hooks = hooks
+        self._fused: set | None = None  # a fused step's: the ids of those (Parameter)
         self.id = HookHandle._next_id
         HookHandle._next_id += 1
 
     def remove(self) -> None:
         self._hooks.pop(self.id, None)
+        if self._fused is not None:
+            self._fused.discard(self.id)

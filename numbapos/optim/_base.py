@@ -355,9 +355,10 @@ class Optimizer:
         IndexError
             A SparseRows row outside the parameter.
         """
-        self._check_then_apply([(param, group) for group in self.param_groups
-                                for param in group["params"]
-                                if param.grad is not None and param.requires_grad])
+        todo = [(param, group) for group in self.param_groups for param in group["params"]
+                if param.grad is not None and param.requires_grad]
+        if todo:  # none left after steps fused with the backward
+            self._check_then_apply(todo)
 
     def _check_then_apply(self, todo) -> None:
         """Check every ``(param, group)`` of ``todo``, then update each: a failed check
@@ -782,16 +783,12 @@ def _load_scalar(value, start, name: str):
 
 
 def _grad_key(grad):
-    """What :meth:`Optimizer._checked_key` reads of a private CUDA :class:`SparseRows`
-    gradient (its count of rows, its arrays' signatures, whether its values are summed
-    yet), or None for any other gradient."""
-    if type(grad) is not SparseRows or not grad._private or not _device.backend_loaded("cuda"):
+    """What :meth:`Optimizer._check` reads of a private :class:`SparseRows` gradient (its
+    shape, and where it lives: the type of its rows' array), or None for any other
+    gradient."""
+    if type(grad) is not SparseRows or not grad._private:
         return None
-    signature = _signature()
-    rows, source = signature(grad._indices), signature(grad._source())
-    if rows is None or source is None:
-        return None
-    return grad._num_rows, rows, source, grad._pending is None, grad._values is None
+    return grad._num_rows, grad._source().shape[1], type(grad._indices)
 
 
 def _signature():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from operator import is_not
 
 import numpy as np
 
@@ -137,17 +138,17 @@ class SGD(Optimizer):
             return
         buf, started = state.get("momentum_buffer"), state.get("row_started")
         others = tuple(map(group.get, _OTHERS))
-        self._replays[key] = (
-            param, group, weakref.ref(data), _weak(buf), _weak(started), clock,
-            self.momentum_dtype, others, tuple(map(type, others)), grad)
+        self._replays[key] = (param, group, weakref.ref(data), _weak(buf), _weak(started), clock,
+                              self.momentum_dtype, others, grad,
+                              F._SparseSGDReplay(data.dtype, clock, *others))
 
     def _replay(self, param: Parameter, group: dict) -> bool:
         key = id(param)
         entry = self._replays.get(key)
         if entry is None:
             return False
-        (known, known_group, data, buf, started, clock, momentum_dtype, others, types,
-         grad) = entry
+        (known, known_group, data, buf, started, clock, momentum_dtype, others, grad,
+         update) = entry
         state = self.state.get(key)
         data = data()
         buf = buf() if buf is not None else None
@@ -160,17 +161,13 @@ class SGD(Optimizer):
                 or "lr" not in group):
             return False
         # The options but the rate, which _check does not read (the update checks it, as
-        # the full step's does; the clock's is set from it as there).
-        current = tuple(map(group.get, _OTHERS))
-        if current != others or tuple(map(type, current)) != types \
-                or _grad_key(param.grad) != grad:
+        # the full step's does; the clock's is set from it as there): the same objects,
+        # so of the same types too.
+        if any(map(is_not, map(group.get, _OTHERS), others)) or _grad_key(param.grad) != grad:
             return False
         lr = group["lr"]
         clock.set_lr(lr)
-        momentum, dampening, weight_decay, nesterov, maximize = others
-        F.sparse_sgd_(data, param.grad, buf, started, lr=lr, momentum=momentum,
-                      dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
-                      maximize=maximize, clock=clock)
+        update(data, param.grad, buf, started, lr)
         param.bump_version()
         return True
 
