@@ -449,10 +449,12 @@ class PlanCache:
         # The context object, checked against the driver's current one (a context made
         # anew after cuda.close() is a new object even where its handle is the old one);
         # the plan holds it, so its id stays its own while the plan lives.
-        context = errors.current_context()
+        context = errors._current_state()[0]  # errors.current_context(), one call less
         if context is None:
             return None
-        stream = fastlaunch._stream_handle(streams.current())
+        stream = streams._local.stream  # streams.current(), read directly
+        if stream:
+            stream = fastlaunch._stream_handle(stream)
         return (options, tuple(signatures), id(context), stream)  # hashed by the caller
 
 
