@@ -283,7 +283,7 @@ class Plan:
             for size in self.sizes:
                 block = memalloc(size)
                 blocks.append(block)
-                starts.append(block.device_pointer_value)
+                starts.append(int(block.device_pointer))  # device_pointer_value, no call
             view_cls, device_pointer, direct = _VIEW[0] if fastlaunch._VIEW else _view()
             for (position, base, offset, nbytes, cls, state, head, tail,
                  (signature, low, high)) in self.made:
@@ -396,7 +396,7 @@ class PlanCache:
                     return pack(found[len(arrays):], plan.layout)
                 if len(outputs) == 1:
                     return found[outputs[0]]
-                return tuple([found[i] for i in outputs])
+                return tuple(map(found.__getitem__, outputs))  # no frame of its own
             return full()
         with recording() as record:
             result = full()

@@ -193,7 +193,8 @@ class DeviceCounter:
         """Itself, ready for a draw by an op (:meth:`draw_into`): the host's value copied if
         it was set there, the draw noted by a capture. The op's caller then advances
         :attr:`host` once the op ran."""
-        self.refresh()
+        if int(self.source()) != self.host:  # refresh()'s check, without its call
+            self.refresh()
         capture = streams.capturing()
         if capture is not None:
             capture.counters.append(self)  # each replay advances the host's count too
