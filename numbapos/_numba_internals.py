@@ -19,8 +19,7 @@ correctness, and numbapos's ``numba`` requirement needs no upper bound:
 ``NUMBAPOS_NUMBA_INTERNALS=0`` (:mod:`numbapos.config`'s ``numba_internals``,
 read once, at the first use of any of these) takes every fallback; CI runs the
 CPU, module, optimiser and stub-driver tests once more that way (with
-``NUMBAPOS_CUDA_FAST_LAUNCH=0``, the same
-switch for numba-cuda's internals).
+``NUMBAPOS_CUDA_FAST_LAUNCH=0``, the same switch for numba-cuda's internals).
 """
 
 from __future__ import annotations
