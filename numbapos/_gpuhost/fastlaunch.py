@@ -468,29 +468,48 @@ def memory_view(memory, offset: int, size: int, pointer=None):
     if not _VIEW:
         _VIEW.append(_view_maker())
     cls, device_pointer, direct = _VIEW[0]
-    handle = device_pointer(pointer)
     if not direct:  # Numba's MemoryPointer changed: its constructor
-        return cls(memory.context, handle, size, owner=memory)
+        return cls(memory.context, device_pointer(pointer), size, owner=memory)
     view = cls.__new__(cls)
-    view.__dict__.update(context=memory.context, device_pointer=handle, size=size,
-                         _cuda_memsize_=size, is_managed=False, refct=1, handle=handle,
-                         _owner=memory)
+    view.__dict__ = {"context": memory.context, "_numbapos_address": pointer, "size": size,
+                     "_cuda_memsize_": size, "is_managed": False, "refct": 1, "_owner": memory}
     return view
 
 
-_VIEW: list = []  # (MemoryPointer, CUdeviceptr, whether set directly), made on first use
+_VIEW: list = []  # (View, CUdeviceptr, whether set directly), made on first use
 
 
 def _view_maker():
+    """``(View, CUdeviceptr, direct)``: ``direct`` when Numba's ``MemoryPointer`` has the
+    attributes a view's ``__dict__`` is given here (checked against one it made);
+    otherwise views are made by its constructor."""
     from numba.cuda.cudadrv.driver import MemoryPointer, binding
 
-    handle = binding.CUdeviceptr(0)
+    device_pointer = binding.CUdeviceptr
+    handle = device_pointer(0)
     fields = vars(MemoryPointer(None, handle, 0, owner=0))
     expected = {"context": None, "device_pointer": handle, "size": 0, "_cuda_memsize_": 0,
                 "is_managed": False, "refct": 1, "handle": handle, "_owner": 0}
     direct = set(fields) == set(expected) and all(
         fields[name] is value or fields[name] == value for name, value in expected.items())
-    return MemoryPointer, binding.CUdeviceptr, direct
+
+    class View(MemoryPointer):
+        """Memory inside another's (a plan's output, an adopted array), made without its
+        ``CUdeviceptr``: Numba's ``device_pointer`` and ``handle`` are made from
+        ``_numbapos_address`` when first read (numbapos's launches read the address
+        from the array's launch fields, so most views never need it: about 0.3 us
+        each)."""
+
+        def __getattr__(self, name):  # only for attributes the instance lacks
+            if name != "device_pointer" and name != "handle":
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute "
+                                     f"{name!r}")
+            state = self.__dict__
+            handle = state["device_pointer"] = state["handle"] = device_pointer(
+                state["_numbapos_address"])
+            return handle
+
+    return View, device_pointer, direct
 
 
 _OWN_MEMORY = ("gpu_data", "_strided_memory_view_shim")  # per array, never copied
@@ -626,11 +645,10 @@ def _owned_memory(context, pointer: int, size: int, owner):
     if not _VIEW:
         _VIEW.append(_view_maker())
     cls, device_pointer, direct = _VIEW[0]
-    handle = device_pointer(pointer)
     if not direct:
-        return cls(context, handle, size, owner=owner)
+        return cls(context, device_pointer(pointer), size, owner=owner)
     memory = cls.__new__(cls)
-    memory.__dict__.update(context=context, device_pointer=handle, size=size,
-                           _cuda_memsize_=size, is_managed=False, refct=1, handle=handle,
-                           _owner=owner)
+    memory.__dict__ = {"context": context, "_numbapos_address": pointer, "size": size,
+                       "_cuda_memsize_": size, "is_managed": False, "refct": 1,
+                       "_owner": owner}
     return memory

@@ -250,7 +250,10 @@ class Plan:
         # place, and every slot as (buffer, byte offset, which pointer, byte delta).
         context, sizes, made, _ = outputs
         self.context, self.sizes = context, sizes
-        self.made = tuple((position, base, offset, factory.nbytes, factory.cls,
+        # An output at the start of its block takes the block itself as its memory, as an
+        # output that is a whole block does (its data pointer is the block's; only the
+        # memory's size, never read for an array, is the block's): no view per call.
+        self.made = tuple((position, base, offset or None, factory.nbytes, factory.cls,
                            factory.state, factory.head, factory.tail,
                            (factory.signature, factory.low, factory.high))
                           for position, factory, base, offset in made)
@@ -284,20 +287,18 @@ class Plan:
                 block = memalloc(size)
                 blocks.append(block)
                 starts.append(int(block.device_pointer))  # device_pointer_value, no call
-            view_cls, device_pointer, direct = _VIEW[0] if fastlaunch._VIEW else _view()
+            view_cls, _, direct = _VIEW[0] if fastlaunch._VIEW else _view()
             for (position, base, offset, nbytes, cls, state, head, tail,
                  (signature, low, high)) in self.made:
                 memory, pointer = blocks[base], starts[base]
                 if offset is not None:  # a view into the block, which it keeps alive
                     pointer += offset
                     if direct:
-                        handle = device_pointer(pointer)
                         view = view_cls.__new__(view_cls)
                         # Dicts built, then assigned (here and below): cheaper than update().
-                        fields = {"context": memory.context, "device_pointer": handle,
+                        fields = {"context": memory.context, "_numbapos_address": pointer,
                                   "size": nbytes, "_cuda_memsize_": nbytes,
-                                  "is_managed": False, "refct": 1, "handle": handle,
-                                  "_owner": memory}
+                                  "is_managed": False, "refct": 1, "_owner": memory}
                         view.__dict__ = fields
                         memory = view
                     else:
@@ -346,7 +347,7 @@ class Plan:
 
 
 _NO_ERROR = errors.NONE
-_VIEW = fastlaunch._VIEW  # (MemoryPointer, CUdeviceptr, whether set directly), once made
+_VIEW = fastlaunch._VIEW  # (fastlaunch View, CUdeviceptr, whether set directly), once made
 
 
 def _view():

@@ -21,22 +21,24 @@ class Planned:
     ``call(full, arrays, options, ...)`` (see ``PlanCache.call``) runs ``full()`` (the op's
     ordinary path) until the CUDA backend is in use, then goes through the
     op's plan cache, which replays the launches ``full`` made for the same
-    call signature (see that module for what an op may plan).
+    call signature (see that module for what an op may plan). From then on
+    ``call`` is the cache's own (no call of this object in between).
     """
 
-    __slots__ = ("op", "cache")
+    __slots__ = ("op", "cache", "call")
 
     def __init__(self, op: str):
         self.op = op
         self.cache = None
+        self.call = self._until_cuda
 
-    def call(self, full, arrays, options, outputs=(), avoid=(), unpack=None, pack=None):
-        cache = self.cache
-        if cache is None:
-            if not _device.backend_loaded("cuda"):
-                return full()
-            cache = self.cache = _device.plan_cache(self.op)
-        return cache.call(full, arrays, options, outputs, avoid, unpack, pack)
+    def _until_cuda(self, full, arrays, options, outputs=(), avoid=(), unpack=None,
+                    pack=None):
+        if not _device.backend_loaded("cuda"):
+            return full()
+        self.cache = _device.plan_cache(self.op)
+        self.call = self.cache.call
+        return self.call(full, arrays, options, outputs, avoid, unpack, pack)
 
 
 def cpu_kernels():

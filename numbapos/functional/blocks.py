@@ -577,29 +577,34 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
     return _bert_forward_call(input_ids, word_embeddings, position_embeddings,
                               token_type_embeddings, ln_weight, ln_bias, token_type_ids,
                               position_ids, past_length, eps, p, seed, training, counter, out,
-                              table_options, False)
+                              table_options, False, False)
 
 
 _BERT_FORWARDS = Planned("bert_embeddings_forward")
-# By (ids snapshot, counter drawn by the op): y, mean, rstd, then those two.
-_BERT_OUTPUTS = {(False, False): (9, 10, 11), (True, False): (9, 10, 11, 12),
-                 (False, True): (9, 10, 11, 13), (True, True): (9, 10, 11, 12, 13)}
+# By (statistics stacked, ids snapshot, counter drawn by the op): y, the statistics (mean
+# and rstd, or both in one array), then those two.
+_BERT_OUTPUTS = {(stacked, room, drawn): (9, 10) + ((11,) if not stacked else ())
+                 + ((12,) if room else ()) + ((13,) if drawn else ())
+                 for stacked in (False, True) for room in (False, True)
+                 for drawn in (False, True)}
 _BERT_AVOID = tuple((9, i) for i in range(9))  # out= must not overlap an input
 
 
 def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
                        ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p,
-                       seed, training, counter, out, table_options, room):
-    """:func:`bert_embeddings_forward`, planned on the GPU. With ``room`` (what
-    ``nn.BertEmbeddings`` asks for a recorded forward on CUDA ids) it also returns a copy of
-    ``input_ids`` (their shape, the dtype the kernel reads them in), in the block of the
-    outputs, that the forward kernel writes as it reads the ids: the caller's snapshot for
-    its backward, with no launch or allocation of its own. A ``counter`` the
-    op draws from (:func:`_draws`) adds the drawn ``(1,)`` counter, last."""
+                       seed, training, counter, out, table_options, room, stacked):
+    """:func:`bert_embeddings_forward`, planned on the GPU. With ``stacked`` (what
+    ``nn.BertEmbeddings`` asks for a recorded forward) ``mean`` and ``rstd`` come as one
+    array of shape ``(2,) + input_ids.shape`` (one output less to make per call; the
+    backward takes it as it is). With ``room`` (a recorded forward on CUDA ids) it also
+    returns a copy of ``input_ids`` (their shape, the dtype the kernel reads them in), in
+    the block of the outputs, that the forward kernel writes as it reads the ids: the
+    caller's snapshot for its backward, with no launch or allocation of its own. A
+    ``counter`` the op draws from (:func:`_draws`) adds the drawn ``(1,)`` counter, last."""
     full = functools.partial(  # the ordinary path; cheaper than a closure over all
         _bert_forward, input_ids, word_embeddings, position_embeddings, token_type_embeddings,
         ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p, seed, training,
-        counter, out, table_options, room)
+        counter, out, table_options, room, stacked)
     if type(word_embeddings) is np.ndarray:
         return full()
     planned = _counter_for_plan(counter, training, p)
@@ -608,14 +613,14 @@ def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_ty
     return _BERT_FORWARDS.call(
         full, (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
                ln_bias, token_type_ids, position_ids, planned[0], out, None, None, None, None),
-        (past_length, eps, p, seed, bool(training), planned[1], table_options, room),
-        _BERT_OUTPUTS[room, planned[1] == "drawn by the op"], _BERT_AVOID)
+        (past_length, eps, p, seed, bool(training), planned[1], table_options, room, stacked),
+        _BERT_OUTPUTS[stacked, room, planned[1] == "drawn by the op"], _BERT_AVOID)
 
 
 def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
                   ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p, seed,
-                  training, counter, out, table_options, room=False):
-    """:func:`bert_embeddings_forward`'s ordinary path (``room``: see
+                  training, counter, out, table_options, room=False, stacked=False):
+    """:func:`bert_embeddings_forward`'s ordinary path (``room``, ``stacked``: see
     :func:`_bert_forward_call`)."""
     tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
                           ln_weight, ln_bias)
@@ -636,32 +641,38 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
     num_tokens = ids.word.size
     if num_tokens and K.DEVICE == "cuda":
         # The ids snapshot has the dtype of the ids the kernel reads (it writes them there).
-        y, mean, rstd, snapshot, drawn = _bert_outputs(K, out, shape + (dim,), dtype,
-                                                       ids.word.dtype if room else None,
-                                                       source is not None)
+        y, stats, snapshot, drawn = _bert_outputs(K, out, shape + (dim,), dtype,
+                                                  ids.word.dtype if room else None,
+                                                  source is not None)
     else:
         y = K.empty(shape + (dim,), dtype) if out is None else out
-        if num_tokens:
-            stats = K.empty((2,) + shape, dtype)  # one allocation, two views
-            mean, rstd = stats[0], stats[1]
-        else:  # numba-cuda 0.30 gives the views of an empty device array wrong shapes
-            mean, rstd = K.empty(shape, dtype), K.empty(shape, dtype)
+        stats = K.empty((2,) + shape, dtype)
         snapshot = K.empty(input_ids.shape, input_ids.dtype) if room else None
         drawn = K.empty((1,), np.uint64) if source is not None else None
     if source is not None:
         drop = drop._replace(live=source.draw_into(drawn))
+    mean, rstd = _unstacked(K, stats, shape)
     kernel_tables, fmt = _kernel_tables(K, tables)
     K.bert_forward(ids, BertTables(*kernel_tables), eps, drop, y.reshape(num_tokens, dim),
                    mean.reshape(num_tokens), rstd.reshape(num_tokens), fmt,
                    snapshot=None if snapshot is None or not num_tokens
                    else snapshot.reshape(num_tokens))
-    return (y, mean, rstd) + ((snapshot,) if room else ()) + ((drawn,) if source else ())
+    return ((y, stats) if stacked else (y, mean, rstd)) + ((snapshot,) if room else ()) \
+        + ((drawn,) if source else ())
+
+
+def _unstacked(K, stats, shape):
+    """``(mean, rstd)``: the two halves of a block's ``(2,) + shape`` statistics."""
+    if stats.size:
+        return stats[0], stats[1]
+    # numba-cuda 0.30 gives the views of an empty device array wrong shapes
+    return K.empty(shape, stats.dtype), K.empty(shape, stats.dtype)
 
 
 def _bert_outputs(K, out, y_shape, dtype, ids_dtype, counter=False):
-    """``(y, mean, rstd, room for a copy of the ids (of ``ids_dtype``, None: no room) or None,
-    room for a drawn dropout counter or None)`` of a non-empty GPU forward in one
-    allocation (``y`` there only when ``out`` is None), each part 16-byte aligned."""
+    """``(y, the (2,) + shape statistics, room for a copy of the ids (of ``ids_dtype``, None:
+    no room) or None, room for a drawn dropout counter or None)`` of a non-empty GPU
+    forward in one allocation (``y`` there only when ``out`` is None), each part 16-byte aligned."""
     parts = [] if out is None else [out]
     wanted = [(y_shape, dtype)] if out is None else []
     wanted.append(((2,) + y_shape[:-1], dtype))
@@ -677,9 +688,8 @@ def _bert_outputs(K, out, y_shape, dtype, ids_dtype, counter=False):
     block = K.empty((size,), np.uint8)
     for (start, end), (part_shape, part_dtype) in zip(spans, wanted, strict=True):
         parts.append(block[start:end].view(part_dtype).reshape(part_shape))
-    stats = parts[1]
     rest = iter(parts[2:])
-    return (parts[0], stats[0], stats[1], next(rest) if ids_dtype is not None else None,
+    return (parts[0], parts[1], next(rest) if ids_dtype is not None else None,
             next(rest) if counter else None)
 
 
@@ -748,24 +758,33 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
         As for the forward call; also ``grad_output`` / ``mean`` / ``rstd`` of
         the wrong shape or dtype and a ``padding_idx`` outside the vocabulary.
     """
-    args = (grad_output, input_ids, word_embeddings, position_embeddings,
-            token_type_embeddings, mean, rstd, ln_weight, ln_bias)
-    keywords = dict(token_type_ids=token_type_ids, position_ids=position_ids,
-                    past_length=past_length, p=p, seed=seed, training=training,
-                    counter=counter, padding_idx=padding_idx, sparse=sparse,
-                    table_options=table_options, output_mask=output_mask)
+    return _bert_backward_call(
+        (grad_output, input_ids, word_embeddings, position_embeddings, token_type_embeddings,
+         mean, rstd, ln_weight, ln_bias),
+        dict(token_type_ids=token_type_ids, position_ids=position_ids, past_length=past_length,
+             p=p, seed=seed, training=training, counter=counter, padding_idx=padding_idx,
+             sparse=sparse, table_options=table_options, output_mask=output_mask,
+             stacked=False))
+
+
+def _bert_backward_call(args, keywords):
+    """:func:`bert_embeddings_backward` of ``args`` (its positional arguments) and
+    ``keywords`` (all of its keywords and ``stacked``: ``mean`` holds both statistics as the
+    forward returned them stacked, ``rstd`` is None), planned on the GPU."""
+    word_embeddings = args[2]
     if type(word_embeddings) is np.ndarray:
         return _bert_backward(*args, **keywords)
-    planned = _counter_for_plan(counter, training, p)
+    training, p, output_mask = keywords["training"], keywords["p"], keywords["output_mask"]
+    planned = _counter_for_plan(keywords["counter"], training, p)
     if planned is None:
         return _bert_backward(*args, **keywords)  # a counter that changes every step
     device_counter, host_counter = planned
     return _BERT_BACKWARDS.call(
         lambda: _bert_backward(*args, **keywords),
-        (*args, token_type_ids, position_ids, device_counter),
-        (past_length, p, seed, bool(training), host_counter,
-         padding_idx, bool(sparse), table_options,
-         None if output_mask is None else tuple(output_mask)),
+        (*args, keywords["token_type_ids"], keywords["position_ids"], device_counter),
+        (keywords["past_length"], p, keywords["seed"], bool(training), host_counter,
+         keywords["padding_idx"], bool(keywords["sparse"]), keywords["table_options"],
+         None if output_mask is None else tuple(output_mask), keywords["stacked"]),
         unpack=_grads_arrays, pack=_grads_from)
 
 
@@ -806,8 +825,9 @@ def _grads_from(made, layout):
 def _bert_backward(grad_output, input_ids, word_embeddings, position_embeddings,
                    token_type_embeddings, mean, rstd, ln_weight, ln_bias, *, token_type_ids,
                    position_ids, past_length, p, seed, training, counter, padding_idx, sparse,
-                   table_options, output_mask):
-    """:func:`bert_embeddings_backward`'s ordinary path."""
+                   table_options, output_mask, stacked=False):
+    """:func:`bert_embeddings_backward`'s ordinary path (``stacked``: see
+    :func:`_bert_backward_call`)."""
     tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
                           ln_weight, ln_bias)
     K = backend_for(tables + (grad_output, mean, rstd),
@@ -830,8 +850,12 @@ def _bert_backward(grad_output, input_ids, word_embeddings, position_embeddings,
     mask = _check_mask(output_mask, 5, _BERT_NAMES + ("ln_weight", "ln_bias"))
     dim, (dtype, what) = tables.word.shape[1], _compute_dtype(tables.word.dtype)
     grad_output = _check_grad(grad_output, shape + (dim,), dtype, what=what)
-    mean = _check_grad(mean, shape, dtype, "mean", what)
-    rstd = _check_grad(rstd, shape, dtype, "rstd", what)
+    if stacked:
+        mean, rstd = _unstacked(K, K.contiguous(_checks.check_float_like(
+            mean, "mean", (2,) + shape, dtype, "(2,) + input_ids.shape", what)), shape)
+    else:
+        mean = _check_grad(mean, shape, dtype, "mean", what)
+        rstd = _check_grad(rstd, shape, dtype, "rstd", what)
     want_w = mask[3] and tables.gamma is not None
     want_b = mask[4] and (tables.gamma is not None or tables.beta is not None)
     fuse_type = (mask[2] and tables.token_type.shape[0] <= FUSED_TYPE_GRAD_MAX_ROWS

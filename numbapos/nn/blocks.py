@@ -387,12 +387,12 @@ class BertEmbeddings(Module):
         room = recording and type(input_ids) is type(data) and type(data) is not np.ndarray
         found = F.blocks._bert_forward_call(
             input_ids, *arrays, token_type_ids, position_ids, past_length, ln.eps,
-            drop["p"], drop["seed"], drop["training"], drop["counter"], out, options, room)
-        dropout._advance(drop, found[-1] if len(found) > 3 + room else None)
+            drop["p"], drop["seed"], drop["training"], drop["counter"], out, options, room, True)
+        dropout._advance(drop, found[-1] if len(found) > 2 + room else None)
         if clips:
             _bump_clipped((word, position, token_type))
         if recording:
-            ids = {"input_ids": found[3] if room else _snapshot(input_ids, "input_ids"),
+            ids = {"input_ids": found[2] if room else _snapshot(input_ids, "input_ids"),
                    "token_type_ids": None if token_type_ids is None
                    else _snapshot(token_type_ids, "token_type_ids"),
                    "position_ids": None if position_ids is None
@@ -405,7 +405,8 @@ class BertEmbeddings(Module):
                 param = owner.weight
                 if param is not None:
                     watched.append((name, param, param.data, param._version))
-            self._save_for_backward((ids, found[1], found[2], drop, options, tuple(watched)))
+            # found[1]: the LayerNorm's mean and rstd, stacked in one array.
+            self._save_for_backward((ids, found[1], drop, options, tuple(watched)))
         return found[0]
 
     @_doc
@@ -424,23 +425,25 @@ class BertEmbeddings(Module):
             changed since it (the gradient would be computed from new values).
         {bad_grad_output}
         """
-        ids, mean, rstd, drop, options, watched = self._saved_context()
+        ids, stats, drop, options, watched = self._saved_context()
         ln = self.LayerNorm
         params = (self.word_embeddings.weight, self.position_embeddings.weight,
                   self.token_type_embeddings.weight, ln.weight, ln.bias)
         want = _wanted(params)
         word, position, token_type, gamma, beta = self._arrays()
-        _checks.check_float_like(grad_output, "grad_output", tuple(mean.shape) + (word.shape[1],),
-                                 mean.dtype, "the shape of the matching forward's output",
+        _checks.check_float_like(grad_output, "grad_output",
+                                 tuple(stats.shape[1:]) + (word.shape[1],), stats.dtype,
+                                 "the shape of the matching forward's output",
                                  "that of the forward's output")
         self._check_unchanged(watched)
         grads = None
         if any(want):
-            grads = F.bert_embeddings_backward(
-                grad_output, ids["input_ids"], word, position, token_type, mean, rstd, gamma,
-                beta, token_type_ids=ids["token_type_ids"], position_ids=ids["position_ids"],
-                past_length=ids["past_length"], table_options=options, output_mask=want,
-                **drop)
+            grads = F.blocks._bert_backward_call(
+                (grad_output, ids["input_ids"], word, position, token_type, stats, None, gamma,
+                 beta),
+                dict(token_type_ids=ids["token_type_ids"], position_ids=ids["position_ids"],
+                     past_length=ids["past_length"], padding_idx=None, sparse=False,
+                     table_options=options, output_mask=want, stacked=True, **drop))
         self._release()
         _accumulate(params, grads)
         return None

@@ -320,6 +320,32 @@ def check_bert() -> dict:
             if hasattr(a, "shape"):
                 assert (a.shape, a.dtype) == (b.shape, b.dtype)
         cases += 1
+        # The module's form: mean and rstd stacked in one output, taken so by the backward.
+        call = (ids, *tables, gamma, beta, None, None, 0, 1e-12, drop["p"], drop["seed"],
+                True, drop["counter"], None, None, False, True)
+        for _ in range(3):
+            y, stats = blocks._bert_forward_call(*call)
+        seen.clear()
+        y, stats = blocks._bert_forward_call(*call)
+        planned = seen[:]
+        seen.clear()
+        y_again, stats_again = blocks._bert_forward(*call)
+        assert len(planned) == 1 and _same_but_pointers(planned, seen), (planned, seen)
+        assert (stats.shape, stats.dtype) == (stats_again.shape, stats_again.dtype) \
+            == ((2, batch, length), np.float32)
+        keywords = dict(token_type_ids=None, position_ids=None, past_length=0,
+                        padding_idx=None, sparse=sparse, table_options=None,
+                        output_mask=None, stacked=True, **drop)
+        args = (grad, ids, *tables, stats, None, gamma, beta)
+        for _ in range(3):
+            blocks._bert_backward_call(args, keywords)
+        seen.clear()
+        blocks._bert_backward_call(args, keywords)
+        planned = seen[:]
+        seen.clear()
+        blocks._bert_backward(*args, **keywords)
+        assert _same_but_pointers(planned, seen), (planned, seen)
+        cases += 1
     return {"bert": cases, "forward_plans": len(blocks._BERT_FORWARDS.cache.plans),
             "backward_plans": len(blocks._BERT_BACKWARDS.cache.plans)}
 

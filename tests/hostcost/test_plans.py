@@ -55,7 +55,7 @@ def test_lazy_backward_replays_into_new_row_groups(results):
 
 
 def test_bert_block_replays_the_ordinary_launches(results):
-    assert results["check_bert"] == {"bert": 2, "forward_plans": 2, "backward_plans": 2}
+    assert results["check_bert"] == {"bert": 4, "forward_plans": 4, "backward_plans": 4}
 
 
 def test_gpt2_block_replays_the_ordinary_launches(results):
