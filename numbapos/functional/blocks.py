@@ -168,7 +168,7 @@ def _counter_for_plan(counter, training, p):
     None where it cannot be planned. A device counter is one of the op's arrays (for a
     counter the op draws from, :func:`_draws`, the one it advances); an integer one with
     active dropout changes at every step."""
-    if _draws(counter):
+    if hasattr(counter, "draw_into"):  # _draws(counter), without its call
         return counter.values, "drawn by the op"
     if isinstance(counter, (int, np.integer)):
         return None if training and p else (None, counter)
@@ -581,30 +581,31 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
 
 
 _BERT_FORWARDS = Planned("bert_embeddings_forward")
-# By (statistics stacked, ids snapshot, counter drawn by the op): y, the statistics (mean
-# and rstd, or both in one array), then those two.
-_BERT_OUTPUTS = {(stacked, room, drawn): (9, 10) + ((11,) if not stacked else ())
-                 + ((12,) if room else ()) + ((13,) if drawn else ())
-                 for stacked in (False, True) for room in (False, True)
+# By (recorded, ids snapshot, counter drawn by the op): y, mean and rstd (recorded: the
+# record, holding both and a drawn counter), the ids snapshot, a counter drawn apart.
+_BERT_OUTPUTS = {(recorded, room, drawn): (9, 10) + (() if recorded else (11,))
+                 + ((12,) if room else ()) + ((13,) if drawn and not recorded else ())
+                 for recorded in (False, True) for room in (False, True)
                  for drawn in (False, True)}
 _BERT_AVOID = tuple((9, i) for i in range(9))  # out= must not overlap an input
 
 
 def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
                        ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p,
-                       seed, training, counter, out, table_options, room, stacked):
-    """:func:`bert_embeddings_forward`, planned on the GPU. With ``stacked`` (what
-    ``nn.BertEmbeddings`` asks for a recorded forward) ``mean`` and ``rstd`` come as one
-    array of shape ``(2,) + input_ids.shape`` (one output less to make per call; the
-    backward takes it as it is). With ``room`` (a recorded forward on CUDA ids) it also
-    returns a copy of ``input_ids`` (their shape, the dtype the kernel reads them in), in
-    the block of the outputs, that the forward kernel writes as it reads the ids: the
-    caller's snapshot for its backward, with no launch or allocation of its own. A
-    ``counter`` the op draws from (:func:`_draws`) adds the drawn ``(1,)`` counter, last."""
+                       seed, training, counter, out, table_options, room, recorded):
+    """:func:`bert_embeddings_forward`, planned on the GPU. With ``recorded`` (what
+    ``nn.BertEmbeddings`` asks for a recorded forward) ``mean``, ``rstd`` and the counter
+    the op draws from, if it does, come as one ``record`` (see :func:`_record_parts`; one
+    output to make per call instead of three; the backward takes it as it is): ``(y,
+    record)``. With ``room`` (a recorded forward on CUDA ids) it also returns a copy of
+    ``input_ids`` (their shape, the dtype the kernel reads them in), in the block of the
+    outputs, that the forward kernel writes as it reads the ids: the caller's snapshot for
+    its backward, with no launch or allocation of its own. Unrecorded, a ``counter`` the
+    op draws from (:func:`_draws`) adds the drawn ``(1,)`` counter, last."""
     full = functools.partial(  # the ordinary path; cheaper than a closure over all
         _bert_forward, input_ids, word_embeddings, position_embeddings, token_type_embeddings,
         ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p, seed, training,
-        counter, out, table_options, room, stacked)
+        counter, out, table_options, room, recorded)
     if type(word_embeddings) is np.ndarray:
         return full()
     planned = _counter_for_plan(counter, training, p)
@@ -613,14 +614,14 @@ def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_ty
     return _BERT_FORWARDS.call(
         full, (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
                ln_bias, token_type_ids, position_ids, planned[0], out, None, None, None, None),
-        (past_length, eps, p, seed, bool(training), planned[1], table_options, room, stacked),
-        _BERT_OUTPUTS[stacked, room, planned[1] == "drawn by the op"], _BERT_AVOID)
+        (past_length, eps, p, seed, bool(training), planned[1], table_options, room, recorded),
+        _BERT_OUTPUTS[recorded, room, planned[1] == "drawn by the op"], _BERT_AVOID)
 
 
 def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
                   ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p, seed,
-                  training, counter, out, table_options, room=False, stacked=False):
-    """:func:`bert_embeddings_forward`'s ordinary path (``room``, ``stacked``: see
+                  training, counter, out, table_options, room=False, recorded=False):
+    """:func:`bert_embeddings_forward`'s ordinary path (``room``, ``recorded``: see
     :func:`_bert_forward_call`)."""
     tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
                           ln_weight, ln_bias)
@@ -639,16 +640,21 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
                                 avoid=tuple(tables) + tuple(_ids_array(i) for i in ids))
     _clip_tables(K, tables[:3], ids, options, _BERT_NAMES, ids.word.size)
     num_tokens = ids.word.size
+    record = None
     if num_tokens and K.DEVICE == "cuda":
         # The ids snapshot has the dtype of the ids the kernel reads (it writes them there).
-        y, stats, snapshot, drawn = _bert_outputs(K, out, shape + (dim,), dtype,
-                                                  ids.word.dtype if room else None,
-                                                  source is not None)
+        y, record, stats, drawn, snapshot = _bert_outputs(
+            K, out, shape + (dim,), dtype, ids.word.dtype if room else None,
+            source is not None, recorded)
     else:
         y = K.empty(shape + (dim,), dtype) if out is None else out
-        stats = K.empty((2,) + shape, dtype)
+        if recorded:
+            record = K.empty((_record_size(shape, dtype, source is not None),), np.uint8)
+            stats, drawn = _record_parts(K, record, shape, dtype, source is not None)
+        else:
+            stats = K.empty((2,) + shape, dtype)
+            drawn = K.empty((1,), np.uint64) if source is not None else None
         snapshot = K.empty(input_ids.shape, input_ids.dtype) if room else None
-        drawn = K.empty((1,), np.uint64) if source is not None else None
     if source is not None:
         drop = drop._replace(live=source.draw_into(drawn))
     mean, rstd = _unstacked(K, stats, shape)
@@ -657,8 +663,9 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
                    mean.reshape(num_tokens), rstd.reshape(num_tokens), fmt,
                    snapshot=None if snapshot is None or not num_tokens
                    else snapshot.reshape(num_tokens))
-    return ((y, stats) if stacked else (y, mean, rstd)) + ((snapshot,) if room else ()) \
-        + ((drawn,) if source else ())
+    if recorded:
+        return (y, record) + ((snapshot,) if room else ())
+    return (y, mean, rstd) + ((snapshot,) if room else ()) + ((drawn,) if source else ())
 
 
 def _unstacked(K, stats, shape):
@@ -669,28 +676,56 @@ def _unstacked(K, stats, shape):
     return K.empty(shape, stats.dtype), K.empty(shape, stats.dtype)
 
 
-def _bert_outputs(K, out, y_shape, dtype, ids_dtype, counter=False):
-    """``(y, the (2,) + shape statistics, room for a copy of the ids (of ``ids_dtype``, None:
-    no room) or None, room for a drawn dropout counter or None)`` of a non-empty GPU
-    forward in one allocation (``y`` there only when ``out`` is None), each part 16-byte aligned."""
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // 16) * 16
+
+
+def _record_size(shape, dtype, counter: bool) -> int:
+    """The bytes of a recorded forward's record (see :func:`_record_parts`)."""
+    nbytes = 2 * int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return _padded(nbytes) + 8 if counter else nbytes
+
+
+def _record_parts(K, record, shape, dtype, counter: bool):
+    """``(statistics, drawn counter or None)`` in a recorded forward's ``record``: a uint8
+    array holding the LayerNorm's mean and rstd as one ``(2,) + shape`` array of
+    ``dtype``, then (16-byte aligned) the ``(1,)`` uint64 dropout counter the forward
+    drew, if it drew one."""
+    nbytes = 2 * int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes:
+        stats = record[:nbytes].view(dtype).reshape((2,) + tuple(shape))
+    else:  # numba-cuda 0.30 gives the views of an empty device array wrong shapes
+        stats = K.empty((2,) + tuple(shape), dtype)
+    start = _padded(nbytes)
+    return stats, record[start:start + 8].view(np.uint64) if counter else None
+
+
+def _bert_outputs(K, out, y_shape, dtype, ids_dtype, counter=False, recorded=False):
+    """``(y, the record or None, the (2,) + shape statistics, room for a drawn dropout
+    counter or None, room for a copy of the ids (of ``ids_dtype``, None: no room) or
+    None)`` of a non-empty GPU forward in one allocation (``y`` there only when ``out`` is
+    None), each part 16-byte aligned; ``recorded``: the statistics and the counter also
+    as one record (:func:`_record_parts`)."""
     parts = [] if out is None else [out]
     wanted = [(y_shape, dtype)] if out is None else []
     wanted.append(((2,) + y_shape[:-1], dtype))
-    if ids_dtype is not None:
-        wanted.append((y_shape[:-1], np.dtype(ids_dtype)))
     if counter:
         wanted.append(((1,), np.dtype(np.uint64)))
+    if ids_dtype is not None:
+        wanted.append((y_shape[:-1], np.dtype(ids_dtype)))
     spans, size = [], 0
     for part_shape, part_dtype in wanted:
         nbytes = int(np.prod(part_shape)) * np.dtype(part_dtype).itemsize
         spans.append((size, size + nbytes))
-        size += -(-nbytes // 16) * 16
+        size += _padded(nbytes)
     block = K.empty((size,), np.uint8)
     for (start, end), (part_shape, part_dtype) in zip(spans, wanted, strict=True):
         parts.append(block[start:end].view(part_dtype).reshape(part_shape))
+    at = 0 if out is not None else 1  # the statistics' part
+    record = block[spans[at][0]:spans[at + counter][1]] if recorded else None
     rest = iter(parts[2:])
-    return (parts[0], parts[1], next(rest) if ids_dtype is not None else None,
-            next(rest) if counter else None)
+    return (parts[0], record, parts[1], next(rest) if counter else None,
+            next(rest) if ids_dtype is not None else None)
 
 
 def bert_embeddings(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
@@ -764,13 +799,16 @@ def bert_embeddings_backward(grad_output, input_ids, word_embeddings, position_e
         dict(token_type_ids=token_type_ids, position_ids=position_ids, past_length=past_length,
              p=p, seed=seed, training=training, counter=counter, padding_idx=padding_idx,
              sparse=sparse, table_options=table_options, output_mask=output_mask,
-             stacked=False))
+             recorded=None))
 
 
 def _bert_backward_call(args, keywords):
     """:func:`bert_embeddings_backward` of ``args`` (its positional arguments) and
-    ``keywords`` (all of its keywords and ``stacked``: ``mean`` holds both statistics as the
-    forward returned them stacked, ``rstd`` is None), planned on the GPU."""
+    ``keywords`` (all of its keywords and ``recorded``), planned on the GPU.
+
+    ``recorded``: None, or ``(input_ids.shape, whether the forward drew its counter)``
+    where ``mean`` is a recorded forward's record (:func:`_bert_forward_call`), ``rstd``
+    None, and a drawn counter is the one in the record (``counter`` is not read)."""
     word_embeddings = args[2]
     if type(word_embeddings) is np.ndarray:
         return _bert_backward(*args, **keywords)
@@ -784,7 +822,7 @@ def _bert_backward_call(args, keywords):
         (*args, keywords["token_type_ids"], keywords["position_ids"], device_counter),
         (keywords["past_length"], p, keywords["seed"], bool(training), host_counter,
          keywords["padding_idx"], bool(keywords["sparse"]), keywords["table_options"],
-         None if output_mask is None else tuple(output_mask), keywords["stacked"]),
+         None if output_mask is None else tuple(output_mask), keywords["recorded"]),
         unpack=_grads_arrays, pack=_grads_from)
 
 
@@ -825,13 +863,18 @@ def _grads_from(made, layout):
 def _bert_backward(grad_output, input_ids, word_embeddings, position_embeddings,
                    token_type_embeddings, mean, rstd, ln_weight, ln_bias, *, token_type_ids,
                    position_ids, past_length, p, seed, training, counter, padding_idx, sparse,
-                   table_options, output_mask, stacked=False):
-    """:func:`bert_embeddings_backward`'s ordinary path (``stacked``: see
+                   table_options, output_mask, recorded=None):
+    """:func:`bert_embeddings_backward`'s ordinary path (``recorded``: see
     :func:`_bert_backward_call`)."""
     tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
                           ln_weight, ln_bias)
     K = backend_for(tables + (grad_output, mean, rstd),
                     _BERT_NAMES + ("ln_weight", "ln_bias", "grad_output", "mean", "rstd"))
+    dim, (dtype, what) = tables.word.shape[1], _compute_dtype(tables.word.dtype)
+    if recorded is not None:
+        stats, drawn = _record_parts(K, mean, recorded[0], dtype, recorded[1])
+        if drawn is not None:
+            counter = drawn
     drop = _check_dropout(K, p, seed, training, counter)
     # Word ids alone (default token types and positions): the backward kernel checks them
     # as it reads them, in place of a check launch; with explicit ids of another kind
@@ -848,11 +891,10 @@ def _bert_backward(grad_output, input_ids, word_embeddings, position_embeddings,
         raise ValueError("padding_idx / sparse: give them inside table_options, not beside it")
     options = _check_options(table_options, [t.shape[0] for t in tables[:3]], _BERT_NAMES)
     mask = _check_mask(output_mask, 5, _BERT_NAMES + ("ln_weight", "ln_bias"))
-    dim, (dtype, what) = tables.word.shape[1], _compute_dtype(tables.word.dtype)
     grad_output = _check_grad(grad_output, shape + (dim,), dtype, what=what)
-    if stacked:
-        mean, rstd = _unstacked(K, K.contiguous(_checks.check_float_like(
-            mean, "mean", (2,) + shape, dtype, "(2,) + input_ids.shape", what)), shape)
+    if recorded is not None:
+        mean, rstd = _unstacked(K, _checks.check_float_like(
+            stats, "mean", (2,) + shape, dtype, "(2,) + input_ids.shape", what), shape)
     else:
         mean = _check_grad(mean, shape, dtype, "mean", what)
         rstd = _check_grad(rstd, shape, dtype, "rstd", what)

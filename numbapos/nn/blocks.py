@@ -388,7 +388,9 @@ class BertEmbeddings(Module):
         found = F.blocks._bert_forward_call(
             input_ids, *arrays, token_type_ids, position_ids, past_length, ln.eps,
             drop["p"], drop["seed"], drop["training"], drop["counter"], out, options, room, True)
-        dropout._advance(drop, found[-1] if len(found) > 2 + room else None)
+        # A counter the op drew lies in its record (found[1]): the backward finds it there.
+        drew = hasattr(drop["counter"], "draw_into")
+        dropout._advance(drop, found[1] if drew else None)
         if clips:
             _bump_clipped((word, position, token_type))
         if recording:
@@ -405,8 +407,9 @@ class BertEmbeddings(Module):
                 param = owner.weight
                 if param is not None:
                     watched.append((name, param, param.data, param._version))
-            # found[1]: the LayerNorm's mean and rstd, stacked in one array.
-            self._save_for_backward((ids, found[1], drop, options, tuple(watched)))
+            y = found[0]
+            self._save_for_backward((ids, found[1], (y.shape[:-1], drew), y.dtype, drop,
+                                     options, tuple(watched)))
         return found[0]
 
     @_doc
@@ -425,25 +428,25 @@ class BertEmbeddings(Module):
             changed since it (the gradient would be computed from new values).
         {bad_grad_output}
         """
-        ids, stats, drop, options, watched = self._saved_context()
+        ids, record, recorded, dtype, drop, options, watched = self._saved_context()
         ln = self.LayerNorm
         params = (self.word_embeddings.weight, self.position_embeddings.weight,
                   self.token_type_embeddings.weight, ln.weight, ln.bias)
         want = _wanted(params)
         word, position, token_type, gamma, beta = self._arrays()
         _checks.check_float_like(grad_output, "grad_output",
-                                 tuple(stats.shape[1:]) + (word.shape[1],), stats.dtype,
+                                 tuple(recorded[0]) + (word.shape[1],), dtype,
                                  "the shape of the matching forward's output",
                                  "that of the forward's output")
         self._check_unchanged(watched)
         grads = None
         if any(want):
             grads = F.blocks._bert_backward_call(
-                (grad_output, ids["input_ids"], word, position, token_type, stats, None, gamma,
-                 beta),
+                (grad_output, ids["input_ids"], word, position, token_type, record, None,
+                 gamma, beta),
                 dict(token_type_ids=ids["token_type_ids"], position_ids=ids["position_ids"],
                      past_length=ids["past_length"], padding_idx=None, sparse=False,
-                     table_options=options, output_mask=want, stacked=True, **drop))
+                     table_options=options, output_mask=want, recorded=recorded, **drop))
         self._release()
         _accumulate(params, grads)
         return None

@@ -125,8 +125,9 @@ class Dropout(Module):
         """Move the counter past a mask drawn by a forward that succeeded.
 
         ``drawn``: the array an op drew a deferred draw (``_draw(defer=True)``)
-        into; the device counter's host count advances too, and ``drawn``
-        becomes ``drop``'s counter (this forward's, for its backward).
+        into, or that holds it (``BertEmbeddings``'s record); the device
+        counter's host count advances too, and ``drawn`` becomes ``drop``'s
+        counter (this forward's, for its backward).
         """
         if drawn is not None:
             drop["counter"].host += 1

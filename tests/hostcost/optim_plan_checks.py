@@ -228,7 +228,7 @@ def check_bert_draw() -> dict:
     seen.clear()
     y = block(ids)
     launches = len(seen)
-    drop = block._saved_context()[2]
+    drop = block._saved_context()[4]
     start, counter = y.device_ctypes_pointer.value, drop["counter"].device_ctypes_pointer.value
     return {"launches": launches, "in the block": start < counter < start + 2 * y.nbytes,
             "counters": [int(block.dropout._buffers["counter"]),

@@ -276,6 +276,7 @@ def check_bert() -> dict:
     from numba import cuda
 
     import numbapos.functional as F
+    from numbapos.kernels.cuda import clock
 
     blocks = sys.modules["numbapos.functional.blocks"]
     seen = _spy()
@@ -320,23 +321,25 @@ def check_bert() -> dict:
             if hasattr(a, "shape"):
                 assert (a.shape, a.dtype) == (b.shape, b.dtype)
         cases += 1
-        # The module's form: mean and rstd stacked in one output, taken so by the backward.
+        # The module's form: mean, rstd and a counter drawn by the op in one record.
+        source = clock.DeviceCounter(lambda: 7, print) if p else 0  # a module's counter
         call = (ids, *tables, gamma, beta, None, None, 0, 1e-12, drop["p"], drop["seed"],
-                True, drop["counter"], None, None, False, True)
+                True, source, None, None, False, True)
         for _ in range(3):
-            y, stats = blocks._bert_forward_call(*call)
+            y, record = blocks._bert_forward_call(*call)
         seen.clear()
-        y, stats = blocks._bert_forward_call(*call)
+        y, record = blocks._bert_forward_call(*call)
         planned = seen[:]
         seen.clear()
-        y_again, stats_again = blocks._bert_forward(*call)
-        assert len(planned) == 1 and _same_but_pointers(planned, seen), (planned, seen)
-        assert (stats.shape, stats.dtype) == (stats_again.shape, stats_again.dtype) \
-            == ((2, batch, length), np.float32)
+        y_again, record_again = blocks._bert_forward(*call)
+        assert len(planned) == 1 + bool(p) and _same_but_pointers(planned, seen), (planned, seen)
+        size = blocks._record_size((batch, length), np.float32, bool(p))
+        assert record.shape == record_again.shape == (size,) and record.dtype == np.uint8
         keywords = dict(token_type_ids=None, position_ids=None, past_length=0,
-                        padding_idx=None, sparse=sparse, table_options=None,
-                        output_mask=None, stacked=True, **drop)
-        args = (grad, ids, *tables, stats, None, gamma, beta)
+                        padding_idx=None, sparse=sparse, table_options=None, output_mask=None,
+                        recorded=((batch, length), bool(p)),
+                        **dict(drop, counter=record if p else 0))
+        args = (grad, ids, *tables, record, None, gamma, beta)
         for _ in range(3):
             blocks._bert_backward_call(args, keywords)
         seen.clear()

@@ -195,7 +195,7 @@ class DeviceCounter:
         :attr:`host` once the op ran."""
         if int(self.source()) != self.host:  # refresh()'s check, without its call
             self.refresh()
-        capture = streams.capturing()
+        capture = streams._local.capture  # streams.capturing(), read directly
         if capture is not None:
             capture.counters.append(self)  # each replay advances the host's count too
         return self
