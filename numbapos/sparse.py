@@ -92,8 +92,11 @@ class SparseRows:
         ``(N, D)`` ``grad`` live on one device; ``values`` will be row ``j``'s
         sum of ``grad`` over its positions.
         """
-        self = cls._grouped(groups, None, num_rows)
+        self = cls.__new__(cls)  # _grouped(groups, None, num_rows), inline
+        self._indices, self._values, self._num_rows = groups.rows, None, num_rows
         self._pending = (groups, grad, bool(scale_grad_by_freq))
+        self._used = None if isinstance(groups.used, int) else groups.used
+        self._private = True
         return self
 
     def _trim(self):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import _checks, _device
@@ -52,6 +54,10 @@ def _sparse_rows(made, num_rows):
 
 def _lazy_arrays(result):
     return tuple(result._pending[0]), None
+
+
+# RowGroups(*arrays) without the Python call of a NamedTuple's __new__.
+_row_groups = functools.partial(tuple.__new__, RowGroups)
 
 
 def _sparse_arrays_into(result):
@@ -335,7 +341,7 @@ def embedding_backward(grad_output, indices, num_embeddings, padding_idx=None,
 
         def lazy_rows(made, _):
             grad = _device.reshaped(grad_output, (indices.size, grad_output.shape[-1]))
-            return SparseRows._unsummed(RowGroups(*made), grad, scale_grad_by_freq,
+            return SparseRows._unsummed(_row_groups(made), grad, scale_grad_by_freq,
                                         num_embeddings)
 
         return _LAZY_BACKWARDS.call(

@@ -535,10 +535,11 @@ class _SparseSGDReplay:
             return full()
         arrays, options = planned
         # The key sparse_sgd_ makes of these (a clock of its type, a float parameter).
+        # _live_rate(lr, clock), inline (the clock is there).
+        rate = "a valid rate" if type(lr) is float and 0.0 <= lr < math.inf else _typed(lr)
         return _SPARSE_SGD.call(
             full, (param, momentum_buffer, row_started, *arrays, *self._arrays),
-            options + (False, _live_rate(lr, clock), *self._options), outputs=(0,),
-            avoid=_SGD_AVOID)
+            options + (False, rate, *self._options), outputs=(0,), avoid=_SGD_AVOID)
 
 
 def _sparse_sgd(param, grad, momentum_buffer, row_started, lr, momentum, dampening,

@@ -242,6 +242,7 @@ class _Record:
 
     __slots__ = ("context", "graph", "number", "training", "shapes", "dead_since")
 
+    # (Module._save_for_backward sets these fields itself, without a call of __init__.)
     def __init__(self, context, graph, number, training, shapes):
         self.context, self.graph, self.number = context, graph, number
         self.training, self.shapes, self.dead_since = training, shapes, None

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _checks, _device
 from .. import functional as F
+from .._grad_mode import _STATE
 from ..functional.embedding import _embedding_kept, _lookup_dtype
 from ..functional.half import to_table_dtype
 from . import init as initializers
@@ -178,7 +179,7 @@ class Embedding(Module):
         ``indices`` is recorded for the matching :meth:`backward`.
         """
         data = self.weight.data
-        recording = self._recording()
+        recording = _STATE.enabled  # self._recording(), inline
         if (recording and self.max_norm is None and type(indices) is type(data)
                 and type(data) is not np.ndarray and indices.dtype in _INDEX_DTYPES):
             # CUDA indices: the lookup kernel writes the backward's copy as it reads them.
@@ -233,7 +234,8 @@ class Embedding(Module):
             "the table's gradient dtype")
         grad = None
         if weight.requires_grad:
-            lazy = sparse and weight.fuses_step  # summed inside the optimiser's step
+            # Summed inside the optimiser's step (weight.fuses_step, read directly).
+            lazy = sparse and bool(weight._fused_step_hooks)
             values_out = None
             if sparse and not lazy and type(weight.data) is np.ndarray:
                 # The previous step's gradient values, once that gradient is dropped.

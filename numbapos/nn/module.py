@@ -282,6 +282,9 @@ class Module:
                 graph = record.graph
                 if graph is not None and graph() is None:
                     record.dead_since = number
+        record = _Record.__new__(_Record)  # its __init__'s fields set here: no call of its own
+        record.context, record.number, record.dead_since = context, number, None
+        record.training = self.__dict__.get("training")
         frames = _CALLS.frames
         if frames:
             module, graph, records, args = frames[-1]
@@ -293,12 +296,11 @@ class Module:
                     if isinstance(shape, tuple):
                         shapes.append(shape)
                 shapes = tuple(shapes)
-            record = _Record(context, weakref.ref(graph), number, self.__dict__.get("training"),
-                             shapes)
+            record.graph, record.shapes = weakref.ref(graph), shapes
             records.append(record)
             graph.pending += 1
         else:
-            record = _Record(context, None, number, self.__dict__.get("training"), None)
+            record.graph = record.shapes = None
         stack.append(record)
         limit = config._current  # max_pending(), inline: get() once the settings are read
         limit = (config.get("max_pending_records") if limit is None
@@ -344,8 +346,17 @@ class Module:
         """
         name = type(self).__name__
         stack = self._saved.get(channel) or []
-        scope = _CALLS.scopes[-1] if _CALLS.scopes else None
-        if scope is not None:
+        scopes = _CALLS.scopes
+        if not scopes and stack:
+            record = stack[-1]
+            graph = record.graph
+            # The usual case: the latest record, not a leftover (its output is held, or it
+            # has no graph, or no later call found its output gone).
+            if graph is None or record.dead_since is None or graph() is not None:
+                self._current[channel] = record
+                return record.context
+        if scopes:
+            scope = scopes[-1]
             within = _reachable(scope)
             record = next((r for r in reversed(stack)
                            if r.graph is not None and r.graph() in within), None)
@@ -409,10 +420,13 @@ class Module:
         at = len(stack) - 1
         if stack and stack[at] is not record:  # not the latest (backward(..., output=y))
             at = next((i for i in range(len(stack) - 1, -1, -1) if stack[i] is record), at)
+        record = stack.pop(at)
+        graph = None if record.graph is None else record.graph()  # record.let_go(), inline
+        if graph is not None:
+            graph.pending -= 1
+        record.context = None
         consumed = self._consumed.setdefault(channel, [])
-        consumed.append(stack.pop(at))
-        consumed[-1].let_go()
-        consumed[-1].context = None
+        consumed.append(record)
         del consumed[:-_MAX_GONE]
 
     def pending_backwards(self, channel: str = "forward") -> int:
@@ -490,10 +504,10 @@ class Module:
         for _, param in self.named_parameters():
             yield param
 
-    def _parameter_list(self) -> list:
+    def _parameter_list(self) -> list | None:
         """:meth:`parameters` as a list, walked without generators (each resumption of one is a
-        Python call): the same parameters in the same order, unless a module of the tree
-        overrides the traversal, which is then used."""
+        Python call): the same parameters in the same order; None where a module of the tree
+        overrides the traversal (then use :meth:`parameters`)."""
         found, seen, done, todo = [], set(), set(), [self]
         while todo:
             module = todo.pop()
@@ -504,7 +518,7 @@ class Module:
                     or module is self and (kind.parameters is not Module.parameters
                                            or kind.named_parameters
                                            is not Module.named_parameters)):
-                return list(self.parameters())
+                return None
             done.add(id(module))
             for param in module._parameters.values():
                 if param is not None and id(param) not in seen:
@@ -587,7 +601,9 @@ class Module:
             False zeroes dense gradients in place (arrays others hold see the
             zeros) and empties row-sparse ones.
         """
-        for param in self._parameter_list():
+        # The tree's parameters change only where a Module attribute is assigned.
+        params = self._derived("_parameters_walked", Module._parameter_list)
+        for param in self.parameters() if params is None else params:
             grad = param.grad
             if set_to_none or grad is None:
                 param.grad = None

@@ -338,9 +338,14 @@ class Parameter(NDArrayOperatorsMixin):
         if not self.requires_grad:
             return
         data = self.data
-        values = grad._source() if type(grad) is SparseRows else grad
+        if type(grad) is SparseRows:
+            values = grad._source()
+            shape = (grad._num_rows, values.shape[1])  # grad.shape, without reading it again
+        else:
+            values = grad
+            shape = grad.shape
         if (type(values) is type(data) and values.dtype == data.dtype
-                and data.dtype in FLOAT_DTYPES and grad.shape == data.shape):
+                and data.dtype in FLOAT_DTYPES and shape == data.shape):
             self._add_grad(grad, True)
         else:
             self.accumulate_grad(grad, fresh=True)

@@ -355,8 +355,11 @@ class Optimizer:
         IndexError
             A SparseRows row outside the parameter.
         """
-        todo = [(param, group) for group in self.param_groups for param in group["params"]
-                if param.grad is not None and param.requires_grad]
+        todo = []  # loops, not a comprehension: no call of their own
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None and param.requires_grad:
+                    todo.append((param, group))
         if todo:  # none left after steps fused with the backward
             self._check_then_apply(todo)
 
