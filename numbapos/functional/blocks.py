@@ -577,35 +577,36 @@ def bert_embeddings_forward(input_ids, word_embeddings, position_embeddings,
     return _bert_forward_call(input_ids, word_embeddings, position_embeddings,
                               token_type_embeddings, ln_weight, ln_bias, token_type_ids,
                               position_ids, past_length, eps, p, seed, training, counter, out,
-                              table_options, False, False)
+                              table_options, False, None)
 
 
 _BERT_FORWARDS = Planned("bert_embeddings_forward")
-# By (recorded, ids snapshot, counter drawn by the op): y, mean and rstd (recorded: the
-# record, holding both and a drawn counter), the ids snapshot, a counter drawn apart.
-_BERT_OUTPUTS = {(recorded, room, drawn): (9, 10) + (() if recorded else (11,))
-                 + ((12,) if room else ()) + ((13,) if drawn and not recorded else ())
-                 for recorded in (False, True) for room in (False, True)
-                 for drawn in (False, True)}
+# By (recorded, counter drawn by the op): y, then the record, or mean, rstd and a drawn
+# counter.
+_BERT_OUTPUTS = {(False, False): (9, 10, 11), (False, True): (9, 10, 11, 13),
+                 (True, False): (9, 10), (True, True): (9, 10)}
 _BERT_AVOID = tuple((9, i) for i in range(9))  # out= must not overlap an input
 
 
 def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
                        ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p,
-                       seed, training, counter, out, table_options, room, recorded):
-    """:func:`bert_embeddings_forward`, planned on the GPU. With ``recorded`` (what
-    ``nn.BertEmbeddings`` asks for a recorded forward) ``mean``, ``rstd`` and the counter
-    the op draws from, if it does, come as one ``record`` (see :func:`_record_parts`; one
-    output to make per call instead of three; the backward takes it as it is): ``(y,
-    record)``. With ``room`` (a recorded forward on CUDA ids) it also returns a copy of
-    ``input_ids`` (their shape, the dtype the kernel reads them in), in the block of the
-    outputs, that the forward kernel writes as it reads the ids: the caller's snapshot for
-    its backward, with no launch or allocation of its own. Unrecorded, a ``counter`` the
-    op draws from (:func:`_draws`) adds the drawn ``(1,)`` counter, last."""
+                       seed, training, counter, out, table_options, recorded, ids_copy):
+    """:func:`bert_embeddings_forward`, planned on the GPU.
+
+    With ``recorded`` (what ``nn.BertEmbeddings`` asks for a recorded forward)
+    it returns ``(y, record)``: ``mean``, ``rstd``, the counter the op draws
+    from (if it does) and, with ``ids_copy`` (a recorded forward on CUDA ids:
+    the dtype the kernel reads them in), a copy of ``input_ids`` that the
+    forward kernel writes as it reads them, all in one uint8 ``record`` (see
+    :func:`_record_parts`; the caller's record for its backward, which takes
+    it as it is) in the block of ``y``: one output to make per call and no
+    launch or allocation of their own. Unrecorded, a ``counter`` the op
+    draws from (:func:`_draws`) adds the drawn ``(1,)`` counter, last.
+    """
     full = functools.partial(  # the ordinary path; cheaper than a closure over all
         _bert_forward, input_ids, word_embeddings, position_embeddings, token_type_embeddings,
         ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p, seed, training,
-        counter, out, table_options, room, recorded)
+        counter, out, table_options, recorded, ids_copy)
     if type(word_embeddings) is np.ndarray:
         return full()
     planned = _counter_for_plan(counter, training, p)
@@ -614,14 +615,15 @@ def _bert_forward_call(input_ids, word_embeddings, position_embeddings, token_ty
     return _BERT_FORWARDS.call(
         full, (input_ids, word_embeddings, position_embeddings, token_type_embeddings, ln_weight,
                ln_bias, token_type_ids, position_ids, planned[0], out, None, None, None, None),
-        (past_length, eps, p, seed, bool(training), planned[1], table_options, room, recorded),
-        _BERT_OUTPUTS[recorded, room, planned[1] == "drawn by the op"], _BERT_AVOID)
+        (past_length, eps, p, seed, bool(training), planned[1], table_options, recorded,
+         ids_copy),
+        _BERT_OUTPUTS[recorded, planned[1] == "drawn by the op"], _BERT_AVOID)
 
 
 def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
                   ln_weight, ln_bias, token_type_ids, position_ids, past_length, eps, p, seed,
-                  training, counter, out, table_options, room=False, recorded=False):
-    """:func:`bert_embeddings_forward`'s ordinary path (``room``, ``recorded``: see
+                  training, counter, out, table_options, recorded=False, ids_copy=None):
+    """:func:`bert_embeddings_forward`'s ordinary path (``recorded``, ``ids_copy``: see
     :func:`_bert_forward_call`)."""
     tables = _bert_tables(word_embeddings, position_embeddings, token_type_embeddings,
                           ln_weight, ln_bias)
@@ -638,23 +640,25 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
     if out is not None:
         out = _checks.check_out(out, shape + (dim,), dtype,
                                 avoid=tuple(tables) + tuple(_ids_array(i) for i in ids))
+    if ids_copy is not None and ids_copy != ids.word.dtype:
+        raise RuntimeError(f"internal: an ids copy of dtype {ids_copy} asked for ids the "
+                           f"kernel reads as {ids.word.dtype}")
     _clip_tables(K, tables[:3], ids, options, _BERT_NAMES, ids.word.size)
     num_tokens = ids.word.size
-    record = None
+    parts = _record_wanted(shape, dtype, source is not None, ids_copy if recorded else None)
     if num_tokens and K.DEVICE == "cuda":
-        # The ids snapshot has the dtype of the ids the kernel reads (it writes them there).
-        y, record, stats, drawn, snapshot = _bert_outputs(
-            K, out, shape + (dim,), dtype, ids.word.dtype if room else None,
-            source is not None, recorded)
+        # y (unless given) and the record's parts in one allocation.
+        y, record, (stats, drawn, snapshot) = _bert_outputs(K, out, shape + (dim,), dtype,
+                                                            parts, recorded)
     else:
         y = K.empty(shape + (dim,), dtype) if out is None else out
         if recorded:
-            record = K.empty((_record_size(shape, dtype, source is not None),), np.uint8)
-            stats, drawn = _record_parts(K, record, shape, dtype, source is not None)
+            record = K.empty((_record_size(parts),), np.uint8)
+            stats, drawn, snapshot = _record_parts(K, record, parts)
         else:
+            record, snapshot = None, None
             stats = K.empty((2,) + shape, dtype)
             drawn = K.empty((1,), np.uint64) if source is not None else None
-        snapshot = K.empty(input_ids.shape, input_ids.dtype) if room else None
     if source is not None:
         drop = drop._replace(live=source.draw_into(drawn))
     mean, rstd = _unstacked(K, stats, shape)
@@ -664,8 +668,8 @@ def _bert_forward(input_ids, word_embeddings, position_embeddings, token_type_em
                    snapshot=None if snapshot is None or not num_tokens
                    else snapshot.reshape(num_tokens))
     if recorded:
-        return (y, record) + ((snapshot,) if room else ())
-    return (y, mean, rstd) + ((snapshot,) if room else ()) + ((drawn,) if source else ())
+        return y, record
+    return (y, mean, rstd) + ((drawn,) if source else ())
 
 
 def _unstacked(K, stats, shape):
@@ -676,56 +680,65 @@ def _unstacked(K, stats, shape):
     return K.empty(shape, stats.dtype), K.empty(shape, stats.dtype)
 
 
-def _padded(nbytes: int) -> int:
-    return -(-nbytes // 16) * 16
+def _record_wanted(shape, dtype, counter: bool, ids_copy) -> list:
+    """``[(shape, dtype) or None]`` of a forward's statistics, drawn counter and ids copy
+    (None: none), in the order they are laid out (see :func:`_record_parts`)."""
+    shape = tuple(shape)
+    return [((2,) + shape, np.dtype(dtype)),
+            ((1,), np.dtype(np.uint64)) if counter else None,
+            (shape, np.dtype(ids_copy)) if ids_copy is not None else None]
 
 
-def _record_size(shape, dtype, counter: bool) -> int:
-    """The bytes of a recorded forward's record (see :func:`_record_parts`)."""
-    nbytes = 2 * int(np.prod(shape)) * np.dtype(dtype).itemsize
-    return _padded(nbytes) + 8 if counter else nbytes
-
-
-def _record_parts(K, record, shape, dtype, counter: bool):
-    """``(statistics, drawn counter or None)`` in a recorded forward's ``record``: a uint8
-    array holding the LayerNorm's mean and rstd as one ``(2,) + shape`` array of
-    ``dtype``, then (16-byte aligned) the ``(1,)`` uint64 dropout counter the forward
-    drew, if it drew one."""
-    nbytes = 2 * int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if nbytes:
-        stats = record[:nbytes].view(dtype).reshape((2,) + tuple(shape))
-    else:  # numba-cuda 0.30 gives the views of an empty device array wrong shapes
-        stats = K.empty((2,) + tuple(shape), dtype)
-    start = _padded(nbytes)
-    return stats, record[start:start + 8].view(np.uint64) if counter else None
-
-
-def _bert_outputs(K, out, y_shape, dtype, ids_dtype, counter=False, recorded=False):
-    """``(y, the record or None, the (2,) + shape statistics, room for a drawn dropout
-    counter or None, room for a copy of the ids (of ``ids_dtype``, None: no room) or
-    None)`` of a non-empty GPU forward in one allocation (``y`` there only when ``out`` is
-    None), each part 16-byte aligned; ``recorded``: the statistics and the counter also
-    as one record (:func:`_record_parts`)."""
-    parts = [] if out is None else [out]
-    wanted = [(y_shape, dtype)] if out is None else []
-    wanted.append(((2,) + y_shape[:-1], dtype))
-    if counter:
-        wanted.append(((1,), np.dtype(np.uint64)))
-    if ids_dtype is not None:
-        wanted.append((y_shape[:-1], np.dtype(ids_dtype)))
+def _spans(wanted) -> list:
+    """``[(first byte, end byte) or None]`` of each part of ``wanted``, each 16-byte aligned."""
     spans, size = [], 0
-    for part_shape, part_dtype in wanted:
-        nbytes = int(np.prod(part_shape)) * np.dtype(part_dtype).itemsize
+    for part in wanted:
+        if part is None:
+            spans.append(None)
+            continue
+        nbytes = int(np.prod(part[0])) * part[1].itemsize
         spans.append((size, size + nbytes))
-        size += _padded(nbytes)
-    block = K.empty((size,), np.uint8)
-    for (start, end), (part_shape, part_dtype) in zip(spans, wanted, strict=True):
-        parts.append(block[start:end].view(part_dtype).reshape(part_shape))
-    at = 0 if out is not None else 1  # the statistics' part
-    record = block[spans[at][0]:spans[at + counter][1]] if recorded else None
-    rest = iter(parts[2:])
-    return (parts[0], record, parts[1], next(rest) if counter else None,
-            next(rest) if ids_dtype is not None else None)
+        size += -(-nbytes // 16) * 16
+    return spans
+
+
+def _record_size(wanted) -> int:
+    """The bytes of a record of the parts ``wanted`` (see :func:`_record_parts`)."""
+    return max(span[1] for span in _spans(wanted) if span is not None)
+
+
+def _record_parts(K, record, wanted) -> list:
+    """The parts of a recorded forward's ``record``: a uint8 array holding the LayerNorm's
+    mean and rstd as one ``(2,) + shape`` array, then the ``(1,)`` uint64 dropout counter
+    the forward drew (None: it drew none), then the copy of its ids (None: none), each
+    16-byte aligned (``wanted``: :func:`_record_wanted`)."""
+    parts = []
+    for part, span in zip(wanted, _spans(wanted), strict=True):
+        if part is None:
+            parts.append(None)
+        elif span[1] > span[0]:
+            parts.append(record[span[0]:span[1]].view(part[1]).reshape(part[0]))
+        else:  # numba-cuda 0.30 gives the views of an empty device array wrong shapes
+            parts.append(K.empty(*part))
+    return parts
+
+
+def _bert_outputs(K, out, y_shape, dtype, wanted, recorded):
+    """``(y, the record or None, its parts)`` of a non-empty GPU forward in one allocation
+    (``y`` there only when ``out`` is None, then the parts of ``wanted``, see
+    :func:`_record_parts`), each part 16-byte aligned; ``recorded``: the parts also as
+    one record."""
+    spans = _spans(wanted if out is not None else [(y_shape, np.dtype(dtype))] + wanted)
+    end = max(span[1] for span in spans if span is not None)
+    block = K.empty((-(-end // 16) * 16,), np.uint8)
+    record_spans = spans if out is not None else spans[1:]
+    if out is None:
+        out = block[spans[0][0]:spans[0][1]].view(dtype).reshape(y_shape)
+    first = record_spans[0][0]
+    parts = [None if part is None else
+             block[span[0]:span[1]].view(part[1]).reshape(part[0])
+             for part, span in zip(wanted, record_spans, strict=True)]
+    return out, block[first:end] if recorded else None, parts
 
 
 def bert_embeddings(input_ids, word_embeddings, position_embeddings, token_type_embeddings,
@@ -806,9 +819,11 @@ def _bert_backward_call(args, keywords):
     """:func:`bert_embeddings_backward` of ``args`` (its positional arguments) and
     ``keywords`` (all of its keywords and ``recorded``), planned on the GPU.
 
-    ``recorded``: None, or ``(input_ids.shape, whether the forward drew its counter)``
-    where ``mean`` is a recorded forward's record (:func:`_bert_forward_call`), ``rstd``
-    None, and a drawn counter is the one in the record (``counter`` is not read)."""
+    ``recorded``: None, or ``(input_ids.shape, whether the forward drew its counter, the
+    dtype of its ids copy or None)`` where ``mean`` is a recorded forward's record
+    (:func:`_bert_forward_call`) and ``rstd`` None; a drawn counter is the one in the
+    record (``counter`` is not read), and so are the ids where it holds a copy
+    (``input_ids`` is not read)."""
     word_embeddings = args[2]
     if type(word_embeddings) is np.ndarray:
         return _bert_backward(*args, **keywords)
@@ -872,9 +887,13 @@ def _bert_backward(grad_output, input_ids, word_embeddings, position_embeddings,
                     _BERT_NAMES + ("ln_weight", "ln_bias", "grad_output", "mean", "rstd"))
     dim, (dtype, what) = tables.word.shape[1], _compute_dtype(tables.word.dtype)
     if recorded is not None:
-        stats, drawn = _record_parts(K, mean, recorded[0], dtype, recorded[1])
+        record_shape, drew, ids_copy = recorded
+        stats, drawn, copied = _record_parts(K, mean, _record_wanted(record_shape, dtype, drew,
+                                                                     ids_copy))
         if drawn is not None:
             counter = drawn
+        if copied is not None:
+            input_ids = copied
     drop = _check_dropout(K, p, seed, training, counter)
     # Word ids alone (default token types and positions): the backward kernel checks them
     # as it reads them, in place of a check launch; with explicit ids of another kind

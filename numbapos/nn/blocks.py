@@ -20,6 +20,7 @@ from .parameter import Parameter
 
 # BERT and GPT-2 initialise their tables from N(0, initializer_range**2).
 INITIALIZER_RANGE = 0.02
+_INT64 = np.dtype(np.int64)  # the ids a block's kernels read when not as given
 
 # Docstring text of both blocks, written once (see numbapos/_docs.py).
 _doc = fill_doc(MODULE, {
@@ -382,19 +383,24 @@ class BertEmbeddings(Module):
         if out is None and type(input_ids) is np.ndarray:
             out = _output(self, input_ids, word, out)
         recording = _STATE.enabled  # self._recording()
-        # A recorded forward on CUDA ids gets its ids snapshot in the block of its outputs,
-        # written by the forward kernel as it reads the ids.
-        room = recording and type(input_ids) is type(data) and type(data) is not np.ndarray
-        found = F.blocks._bert_forward_call(
+        # A recorded forward on CUDA ids gets its ids snapshot in its record (in the
+        # block of its output), written by the forward kernel as it reads the ids: in
+        # the dtype it reads them in (as given; int64 where a table clips rows and the
+        # ids are checked before the kernel; the forward checks that it is so).
+        copy = None
+        if recording and type(input_ids) is type(data) and type(data) is not np.ndarray:
+            copy = _INT64 if clips else input_ids.dtype
+        y, record = F.blocks._bert_forward_call(
             input_ids, *arrays, token_type_ids, position_ids, past_length, ln.eps,
-            drop["p"], drop["seed"], drop["training"], drop["counter"], out, options, room, True)
-        # A counter the op drew lies in its record (found[1]): the backward finds it there.
+            drop["p"], drop["seed"], drop["training"], drop["counter"], out, options, True,
+            copy)
+        # A counter the op drew lies in its record: the backward finds it there.
         drew = hasattr(drop["counter"], "draw_into")
-        dropout._advance(drop, found[1] if drew else None)
+        dropout._advance(drop, record if drew else None)
         if clips:
             _bump_clipped((word, position, token_type))
         if recording:
-            ids = {"input_ids": found[2] if room else _snapshot(input_ids, "input_ids"),
+            ids = {"input_ids": None if copy is not None else _snapshot(input_ids, "input_ids"),
                    "token_type_ids": None if token_type_ids is None
                    else _snapshot(token_type_ids, "token_type_ids"),
                    "position_ids": None if position_ids is None
@@ -407,10 +413,9 @@ class BertEmbeddings(Module):
                 param = owner.weight
                 if param is not None:
                     watched.append((name, param, param.data, param._version))
-            y = found[0]
-            self._save_for_backward((ids, found[1], (y.shape[:-1], drew), y.dtype, drop,
+            self._save_for_backward((ids, record, (y.shape[:-1], drew, copy), y.dtype, drop,
                                      options, tuple(watched)))
-        return found[0]
+        return y
 
     @_doc
     def backward(self, grad_output):

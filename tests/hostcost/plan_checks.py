@@ -321,10 +321,11 @@ def check_bert() -> dict:
             if hasattr(a, "shape"):
                 assert (a.shape, a.dtype) == (b.shape, b.dtype)
         cases += 1
-        # The module's form: mean, rstd and a counter drawn by the op in one record.
+        # The module's form: mean, rstd, a counter drawn by the op and a copy of the ids in
+        # one record.
         source = clock.DeviceCounter(lambda: 7, print) if p else 0  # a module's counter
         call = (ids, *tables, gamma, beta, None, None, 0, 1e-12, drop["p"], drop["seed"],
-                True, source, None, None, False, True)
+                True, source, None, None, True, ids.dtype)
         for _ in range(3):
             y, record = blocks._bert_forward_call(*call)
         seen.clear()
@@ -333,13 +334,14 @@ def check_bert() -> dict:
         seen.clear()
         y_again, record_again = blocks._bert_forward(*call)
         assert len(planned) == 1 + bool(p) and _same_but_pointers(planned, seen), (planned, seen)
-        size = blocks._record_size((batch, length), np.float32, bool(p))
+        size = blocks._record_size(blocks._record_wanted((batch, length), np.float32, bool(p),
+                                                         ids.dtype))
         assert record.shape == record_again.shape == (size,) and record.dtype == np.uint8
         keywords = dict(token_type_ids=None, position_ids=None, past_length=0,
                         padding_idx=None, sparse=sparse, table_options=None, output_mask=None,
-                        recorded=((batch, length), bool(p)),
+                        recorded=((batch, length), bool(p), ids.dtype),
                         **dict(drop, counter=record if p else 0))
-        args = (grad, ids, *tables, record, None, gamma, beta)
+        args = (grad, None, *tables, record, None, gamma, beta)
         for _ in range(3):
             blocks._bert_backward_call(args, keywords)
         seen.clear()

@@ -6,8 +6,8 @@ once). Per op, launches and device allocations must equal the table exactly, and
 Python calls stay within 10 % of it: a change that adds a launch, an allocation or
 much host Python fails here. Fewer launches or allocations fail too, so that the
 table follows an improvement. Host microseconds are shown in the test summary and
-held to issue 36's targets (the rows that reach them; NOT_MET_YET names the others),
-each case measured again before it fails, as this is a timing on a shared machine.
+held to issue 36's targets, each case measured again before it fails, as this is a timing
+on a shared machine.
 """
 
 import pytest
@@ -18,23 +18,23 @@ pytestmark = pytest.mark.slow  # one subprocess compiling every case's kernels: 
 # op: (launches, allocations, Python calls) today, then issue 36's targets
 # (launches, allocations, host microseconds on the stub driver)
 EXPECTED = {
-    "lookup into out=": (1, 0, 7, 1, 0, 10),
-    "lookup, allocating its output": (1, 1, 13, 1, 1, 15),
-    "sparse backward": (2, 2, 23, 3, 2, 40),
-    "dense backward": (3, 1, 13, 4, 2, 40),
+    "lookup into out=": (1, 0, 6, 1, 0, 10),
+    "lookup, allocating its output": (1, 1, 12, 1, 1, 15),
+    "sparse backward": (2, 2, 22, 3, 2, 40),
+    "dense backward": (3, 1, 12, 4, 2, 40),
     # 32,768 ids: "about five" launches (onesweep: a launch per radix pass, three more,
     # then the sum); the issue sets no host time for it: the smaller backward's target
-    "sparse backward, 8 batches of ids": (6, 2, 23, 6, 2, 40),
+    "sparse backward, 8 batches of ids": (6, 2, 22, 6, 2, 40),
     "BERT module forward (training, dropout 0.1)": (2, 1, 22, 2, 2, 30),
     "BERT module forward + backward": (9, 3, 69, 10, 6, 200),
     "fused sparse SGD step (momentum 0.9)": (5, 2, 62, 6, 3, 80),
 }
 PYTHON_MARGIN = 1.10
 CALLS = 200
-# Issue 36's host-time targets not reached yet (reported as skips with today's figure).
-NOT_MET_YET = {"BERT module forward (training, dropout 0.1)",
-               "fused sparse SGD step (momentum 0.9)"}
-REMEASURES = 2  # a case over its target is measured again (a busy machine), at most so often
+# A case over its target is measured again in a new process, at most so often: the machine
+# may be busy (CI's other pytest worker), and a process can land in a slow memory layout
+# (the same tree measured 28 or 38 us for the BERT forward, process to process).
+REMEASURES = 4
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,6 @@ def test_every_case_has_a_row():
     from numbapos.bench import hostcost
 
     assert [case.name for case in hostcost.cases()] == list(EXPECTED)
-    assert NOT_MET_YET <= set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -111,9 +110,6 @@ def test_host_time_meets_the_issue_target(measured, folder, name):
     over its target is measured again in a new process before it fails)."""
     cost, target = _cost(measured, name), EXPECTED[name][5]
     best = cost["host_us"]
-    if name in NOT_MET_YET:
-        pytest.skip(f"{name}: {best:.1f} us on the host, issue 36's target of {target} us "
-                    "not reached yet")
     for _ in range(REMEASURES):
         if best <= target:
             break
