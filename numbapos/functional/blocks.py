@@ -707,17 +707,17 @@ def _record_size(wanted) -> int:
     return max(span[1] for span in _spans(wanted) if span is not None)
 
 
-def _record_parts(K, record, wanted) -> list:
-    """The parts of a recorded forward's ``record``: a uint8 array holding the LayerNorm's
-    mean and rstd as one ``(2,) + shape`` array, then the ``(1,)`` uint64 dropout counter
-    the forward drew (None: it drew none), then the copy of its ids (None: none), each
-    16-byte aligned (``wanted``: :func:`_record_wanted`)."""
+def _record_parts(K, record, wanted, at: int = 0) -> list:
+    """The parts of a recorded forward's ``record`` (from its byte ``at``): a uint8 array
+    holding the LayerNorm's mean and rstd as one ``(2,) + shape`` array, then the ``(1,)``
+    uint64 dropout counter the forward drew (None: it drew none), then the copy of its
+    ids (None: none), each 16-byte aligned (``wanted``: :func:`_record_wanted`)."""
     parts = []
     for part, span in zip(wanted, _spans(wanted), strict=True):
         if part is None:
             parts.append(None)
         elif span[1] > span[0]:
-            parts.append(record[span[0]:span[1]].view(part[1]).reshape(part[0]))
+            parts.append(record[at + span[0]:at + span[1]].view(part[1]).reshape(part[0]))
         else:  # numba-cuda 0.30 gives the views of an empty device array wrong shapes
             parts.append(K.empty(*part))
     return parts
@@ -731,13 +731,11 @@ def _bert_outputs(K, out, y_shape, dtype, wanted, recorded):
     spans = _spans(wanted if out is not None else [(y_shape, np.dtype(dtype))] + wanted)
     end = max(span[1] for span in spans if span is not None)
     block = K.empty((-(-end // 16) * 16,), np.uint8)
-    record_spans = spans if out is not None else spans[1:]
+    first = 0  # where the record starts: after y, if y is there
     if out is None:
         out = block[spans[0][0]:spans[0][1]].view(dtype).reshape(y_shape)
-    first = record_spans[0][0]
-    parts = [None if part is None else
-             block[span[0]:span[1]].view(part[1]).reshape(part[0])
-             for part, span in zip(wanted, record_spans, strict=True)]
+        first = spans[1][0]
+    parts = _record_parts(K, block, wanted, first)
     return out, block[first:end] if recorded else None, parts
 
 
